@@ -1,0 +1,494 @@
+#pragma once
+/// @file
+/// `communicator<Transport>`: every collective operation over any transport, with the algorithm
+/// chosen per call; and the one-line models `ring<T>`, `halving_doubling<T>`, `binomial_tree<T>`,
+/// `bruck<T>`, `tuned<T>` that prefer one family.
+///
+/// @code
+/// auto ranks = dtrain::make_inproc_group(4);           // one endpoint per thread
+/// dtrain::ring<dtrain::inproc_transport> comm(std::move(ranks[r]));
+/// comm.allreduce(std::span(grads), dtrain::reduce_op::avg);
+/// @endcode
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+#include <span>
+#include <string>
+#include <system_error>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dtrain/collective/bruck.hpp"
+#include "dtrain/collective/context.hpp"
+#include "dtrain/collective/dissemination.hpp"
+#include "dtrain/collective/halving_doubling.hpp"
+#include "dtrain/collective/linear.hpp"
+#include "dtrain/collective/pairwise.hpp"
+#include "dtrain/collective/ring.hpp"
+#include "dtrain/collective/selection.hpp"
+#include "dtrain/collective/tree.hpp"
+#include "dtrain/concepts/reduction.hpp"
+#include "dtrain/concepts/transport.hpp"
+#include "dtrain/reduce/host.hpp"
+
+namespace dtrain {
+
+/// How a communicator runs its collectives.
+struct communicator_options {
+  /// Deadline of each call, from its start. A call that cannot finish in time raises
+  /// `errc::timeout` naming the operation, its sequence number and the peer it waited for.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  /// The transport tag all of this communicator's messages use. Two communicators over one
+  /// transport need different tags.
+  std::uint64_t tag = 0x647472'61696e00;  // "dtrain\0"
+  /// Pipeline granularity of the ring and tree algorithms.
+  std::size_t segment_bytes = std::size_t{1} << 20;
+  /// Algorithm rules and cost model. The environment variable DTRAIN_ALGORITHMS (same syntax as
+  /// `selection_table::parse`) adds rules that take precedence over these.
+  selection_table algorithms{};
+};
+
+/// Runs the collective operations of one group over `Transport` (a model of `collective`).
+/// Algorithms are chosen per call by `options().algorithms`; reductions run through `Reduction`.
+/// Not thread-safe: one call at a time, in the same order on every rank.
+template <transport Transport, reduction Reduction = host_reduction>
+class communicator {
+  static_assert(std::is_same_v<typename Transport::memory_space, host_memory>,
+                "the generic algorithms read and write buffers on the host");
+
+ public:
+  using transport_type = Transport;
+  using memory_space = host_memory;
+
+  /// Takes this rank's transport endpoint. @throws dtrain::error if DTRAIN_ALGORITHMS is set
+  /// and cannot be read.
+  explicit communicator(Transport transport, communicator_options options = {},
+                        Reduction reduce = {})
+      : transport_(std::move(transport)), options_(std::move(options)), reduce_(reduce) {
+    if (const char* env = std::getenv("DTRAIN_ALGORITHMS"); env != nullptr && *env != '\0') {
+      selection_table from_env;
+      from_env.parse(env);
+      for (const auto& r : options_.algorithms.rules()) from_env.add(r);
+      from_env.model() = options_.algorithms.model();
+      options_.algorithms = std::move(from_env);
+    }
+    options_.algorithms.model().segment_bytes = static_cast<double>(options_.segment_bytes);
+  }
+
+  int rank() const noexcept { return transport_.rank(); }
+  int size() const noexcept { return transport_.size(); }
+  Transport& transport() noexcept { return transport_; }
+  const communicator_options& options() const noexcept { return options_; }
+  /// The rules and cost model; change them identically on every rank.
+  selection_table& algorithms() noexcept { return options_.algorithms; }
+  /// Sets the per-call timeout.
+  void set_timeout(std::chrono::milliseconds t) noexcept { options_.timeout = t; }
+  /// The sequence number the next collective will carry.
+  std::uint64_t sequence() const noexcept { return seq_; }
+  /// The full message of the last error reported through an `std::error_code` overload.
+  const std::string& last_error() const noexcept { return last_error_; }
+  /// Whether an earlier failure left this communicator unusable.
+  bool broken() const noexcept { return !broken_by_.empty(); }
+
+  // --- broadcast -------------------------------------------------------------------------------
+
+  /// Copies `root`'s `buf` into every rank's `buf`. Algorithms: binomial_tree, ring (chain).
+  template <element T>
+  void broadcast(std::span<T> buf, int root) {
+    check_root(root, coll_op::broadcast);
+    run<T>(coll_op::broadcast, reduce_op::sum, root, buf.size(), buf.size_bytes(),
+           [&](auto& ctx, algorithm a) {
+             if (a == algorithm::ring) {
+               detail::tree_broadcast(ctx, buf, root, detail::chain);
+             } else {
+               detail::tree_broadcast(ctx, buf, root, detail::binomial_tree);
+             }
+           });
+  }
+  template <element T>
+  void broadcast(std::span<T> buf, int root, std::error_code& ec) noexcept {
+    guard(ec, [&] { broadcast(buf, root); });
+  }
+
+  // --- reduce ----------------------------------------------------------------------------------
+
+  /// `root`'s `out` gets the reduction of every rank's `in`; `out` is ignored on other ranks.
+  /// Algorithms: binomial_tree, ring (pipelined chain).
+  template <element T>
+  void reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op, int root) {
+    check_root(root, coll_op::reduce);
+    if (rank() == root) {
+      check(out.size() == in.size(), coll_op::reduce, "the root's out must have in.size() elements");
+      check_no_overlap(in, out, coll_op::reduce);
+    }
+    run<T>(coll_op::reduce, op, root, in.size(), in.size_bytes(), [&](auto& ctx, algorithm a) {
+      auto& scratch = scratch_for<T>();
+      if (a == algorithm::ring) {
+        detail::tree_reduce(ctx, in, out, root, op, reduce_, scratch, detail::chain);
+      } else {
+        detail::tree_reduce(ctx, in, out, root, op, reduce_, scratch, detail::binomial_tree);
+      }
+    });
+  }
+  template <element T>
+  void reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op, int root,
+              std::error_code& ec) noexcept {
+    guard(ec, [&] { reduce<T>(in, out, op, root); });
+  }
+  /// In place: the root's `buf` becomes the reduction; other ranks' `buf` is left unchanged.
+  template <element T>
+  void reduce(std::span<T> buf, reduce_op op, int root) {
+    reduce<T>(std::span<const T>(buf), buf, op, root);
+  }
+  template <element T>
+  void reduce(std::span<T> buf, reduce_op op, int root, std::error_code& ec) noexcept {
+    guard(ec, [&] { reduce<T>(buf, op, root); });
+  }
+
+  // --- allreduce -------------------------------------------------------------------------------
+
+  /// Every rank's `out` gets the reduction of every rank's `in`, bitwise identical on all ranks.
+  /// Algorithms: ring, halving_doubling, recursive_doubling, binomial_tree.
+  template <element T>
+  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
+    check(out.size() == in.size(), coll_op::allreduce, "in and out must have equal sizes");
+    check_no_overlap(in, out, coll_op::allreduce);
+    run<T>(coll_op::allreduce, op, 0, in.size(), in.size_bytes(), [&](auto& ctx, algorithm a) {
+      if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+      auto& scratch = scratch_for<T>();
+      switch (a) {
+        case algorithm::halving_doubling:
+          detail::halving_doubling_allreduce(ctx, out, op, reduce_, scratch);
+          break;
+        case algorithm::recursive_doubling:
+          detail::recursive_doubling_allreduce(ctx, out, op, reduce_, scratch);
+          break;
+        case algorithm::binomial_tree:
+          detail::tree_reduce(ctx, std::span<const T>(out), out, 0, op, reduce_, scratch,
+                              detail::binomial_tree);
+          detail::tree_broadcast(ctx, out, 0, detail::binomial_tree);
+          break;
+        default: detail::ring_allreduce(ctx, out, op, reduce_, scratch); break;
+      }
+    });
+  }
+  template <element T>
+  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op,
+                 std::error_code& ec) noexcept {
+    guard(ec, [&] { allreduce<T>(in, out, op); });
+  }
+  /// In place.
+  template <element T>
+  void allreduce(std::span<T> buf, reduce_op op) {
+    allreduce<T>(std::span<const T>(buf), buf, op);
+  }
+  template <element T>
+  void allreduce(std::span<T> buf, reduce_op op, std::error_code& ec) noexcept {
+    guard(ec, [&] { allreduce<T>(buf, op); });
+  }
+
+  // --- reduce-scatter --------------------------------------------------------------------------
+
+  /// `in` is size() blocks of `out.size()`; rank r's `out` gets the reduction of block r.
+  /// Algorithms: ring, halving_doubling.
+  template <element T>
+  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
+    check(in.size() == out.size() * static_cast<std::size_t>(size()), coll_op::reduce_scatter,
+          "in must hold size() * out.size() elements");
+    check_no_overlap(in, out, coll_op::reduce_scatter);
+    run<T>(coll_op::reduce_scatter, op, 0, out.size(), in.size_bytes(),
+           [&](auto& ctx, algorithm a) {
+             std::vector<T> work(in.begin(), in.end());
+             reduce_scatter_in_place(ctx, a, std::span<T>(work), out.size(), op);
+             auto mine = std::span<T>(work).subspan(static_cast<std::size_t>(rank()) * out.size(),
+                                                    out.size());
+             std::copy(mine.begin(), mine.end(), out.begin());
+           });
+  }
+  template <element T>
+  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op,
+                      std::error_code& ec) noexcept {
+    guard(ec, [&] { reduce_scatter<T>(in, out, op); });
+  }
+  /// In place: the result lands in block `rank()` of `buf`; other blocks are left unspecified.
+  template <element T>
+  void reduce_scatter(std::span<T> buf, reduce_op op) {
+    const auto p = static_cast<std::size_t>(size());
+    check(buf.size() % p == 0, coll_op::reduce_scatter, "buf must hold size() equal blocks");
+    run<T>(coll_op::reduce_scatter, op, 0, buf.size() / p, buf.size_bytes(),
+           [&](auto& ctx, algorithm a) { reduce_scatter_in_place(ctx, a, buf, buf.size() / p, op); });
+  }
+  template <element T>
+  void reduce_scatter(std::span<T> buf, reduce_op op, std::error_code& ec) noexcept {
+    guard(ec, [&] { reduce_scatter<T>(buf, op); });
+  }
+
+  // --- allgather -------------------------------------------------------------------------------
+
+  /// `out` is size() blocks of `in.size()`; block r gets rank r's `in`. Algorithms: ring, bruck.
+  template <element T>
+  void allgather(std::type_identity_t<std::span<const T>> in, std::span<T> out) {
+    const auto p = static_cast<std::size_t>(size());
+    check(out.size() == in.size() * p, coll_op::allgather, "out must hold size() * in.size() elements");
+    auto own = out.subspan(static_cast<std::size_t>(rank()) * in.size(), in.size());
+    check(own.data() == in.data() || !overlaps(in, out), coll_op::allgather,
+          "in overlaps out other than at block rank()");
+    run<T>(coll_op::allgather, reduce_op::sum, 0, in.size(), out.size_bytes(),
+           [&](auto& ctx, algorithm a) {
+             if (a == algorithm::bruck) {
+               detail::bruck_allgather(ctx, in, out);
+             } else {
+               if (own.data() != in.data()) std::copy(in.begin(), in.end(), own.begin());
+               detail::ring_allgather(ctx, out, detail::uniform_offsets(in.size(), size()));
+             }
+           });
+  }
+  template <element T>
+  void allgather(std::type_identity_t<std::span<const T>> in, std::span<T> out,
+                 std::error_code& ec) noexcept {
+    guard(ec, [&] { allgather<T>(in, out); });
+  }
+  /// In place: each rank's contribution is already in block `rank()` of `buf`.
+  template <element T>
+  void allgather(std::span<T> buf) {
+    const auto p = static_cast<std::size_t>(size());
+    check(buf.size() % p == 0, coll_op::allgather, "buf must hold size() equal blocks");
+    const std::size_t n = buf.size() / p;
+    allgather<T>(std::span<const T>(buf.subspan(static_cast<std::size_t>(rank()) * n, n)), buf);
+  }
+  template <element T>
+  void allgather(std::span<T> buf, std::error_code& ec) noexcept {
+    guard(ec, [&] { allgather<T>(buf); });
+  }
+
+  // --- gather / scatter ------------------------------------------------------------------------
+
+  /// The root's `out` (size() blocks of `in.size()`) gets block r = rank r's `in`.
+  /// Algorithms: binomial_tree, linear.
+  template <element T>
+  void gather(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root) {
+    check_root(root, coll_op::gather);
+    if (rank() == root) {
+      check(out.size() == in.size() * static_cast<std::size_t>(size()), coll_op::gather,
+            "the root's out must hold size() * in.size() elements");
+      check_no_overlap(in, out, coll_op::gather);
+    }
+    run<T>(coll_op::gather, reduce_op::sum, root, in.size(), in.size_bytes() * size(),
+           [&](auto& ctx, algorithm a) {
+             if (a == algorithm::linear) {
+               detail::linear_gather(ctx, in, out, root);
+             } else {
+               detail::binomial_gather(ctx, in, out, root);
+             }
+           });
+  }
+  template <element T>
+  void gather(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root,
+              std::error_code& ec) noexcept {
+    guard(ec, [&] { gather<T>(in, out, root); });
+  }
+
+  /// Rank r's `out` gets block r of the root's `in` (size() blocks of `out.size()`).
+  /// Algorithms: binomial_tree, linear.
+  template <element T>
+  void scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root) {
+    check_root(root, coll_op::scatter);
+    if (rank() == root) {
+      check(in.size() == out.size() * static_cast<std::size_t>(size()), coll_op::scatter,
+            "the root's in must hold size() * out.size() elements");
+      check_no_overlap(in, out, coll_op::scatter);
+    }
+    run<T>(coll_op::scatter, reduce_op::sum, root, out.size(), out.size_bytes() * size(),
+           [&](auto& ctx, algorithm a) {
+             if (a == algorithm::linear) {
+               detail::linear_scatter(ctx, in, out, root);
+             } else {
+               detail::binomial_scatter(ctx, in, out, root);
+             }
+           });
+  }
+  template <element T>
+  void scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root,
+               std::error_code& ec) noexcept {
+    guard(ec, [&] { scatter<T>(in, out, root); });
+  }
+
+  // --- alltoall --------------------------------------------------------------------------------
+
+  /// Block j of rank i's `in` becomes block i of rank j's `out`. Algorithms: pairwise, linear.
+  template <element T>
+  void alltoall(std::type_identity_t<std::span<const T>> in, std::span<T> out) {
+    const auto p = static_cast<std::size_t>(size());
+    check(in.size() == out.size() && in.size() % p == 0, coll_op::alltoall,
+          "in and out must be equal and hold size() equal blocks");
+    check_no_overlap(in, out, coll_op::alltoall);
+    run<T>(coll_op::alltoall, reduce_op::sum, 0, in.size() / p, in.size_bytes(),
+           [&](auto& ctx, algorithm a) {
+             if (a == algorithm::linear) {
+               detail::linear_alltoall(ctx, in, out);
+             } else {
+               detail::pairwise_alltoall(ctx, in, out);
+             }
+           });
+  }
+  template <element T>
+  void alltoall(std::type_identity_t<std::span<const T>> in, std::span<T> out,
+                std::error_code& ec) noexcept {
+    guard(ec, [&] { alltoall<T>(in, out); });
+  }
+  /// In place (through one temporary copy of `buf`).
+  template <element T>
+  void alltoall(std::span<T> buf) {
+    std::vector<T> in(buf.begin(), buf.end());
+    alltoall<T>(std::span<const T>(in), buf);
+  }
+  template <element T>
+  void alltoall(std::span<T> buf, std::error_code& ec) noexcept {
+    guard(ec, [&] { alltoall<T>(buf); });
+  }
+
+  // --- barrier ---------------------------------------------------------------------------------
+
+  /// Returns once every rank has entered the barrier. Algorithm: dissemination.
+  void barrier() {
+    run<std::int32_t>(coll_op::barrier, reduce_op::sum, 0, 0, 0,
+                      [&](auto& ctx, algorithm) { detail::dissemination_barrier(ctx); });
+  }
+  void barrier(std::error_code& ec) noexcept {
+    guard(ec, [&] { barrier(); });
+  }
+
+ private:
+  using context = detail::call_context<Transport>;
+
+  template <class T, class Body>
+  void run(coll_op op, reduce_op redop, int root, std::size_t count, std::size_t bytes, Body&& body) {
+    if (broken()) {
+      throw error(errc::broken, "dtrain: rank " + std::to_string(rank()) + ": " +
+                                    std::string(coll_op_name(op)) +
+                                    " on a communicator broken by an earlier error (" +
+                                    broken_by_ + "); build a new communicator");
+    }
+    const algorithm a = options_.algorithms.choose(op, bytes, size());
+    signature sig{op, a, dtype_of_v<T>, redop, root, count, seq_++};
+    context ctx(transport_, options_.tag, sig, deadline::after(options_.timeout),
+                options_.timeout, options_.segment_bytes);
+    try {
+      body(ctx, a);
+    } catch (const error& e) {
+      broken_by_ = e.what();
+      throw;
+    }
+  }
+
+  template <class T>
+  void reduce_scatter_in_place(context& ctx, algorithm a, std::span<T> buf, std::size_t block,
+                               reduce_op op) {
+    auto& scratch = scratch_for<T>();
+    if (a == algorithm::halving_doubling) {
+      detail::halving_doubling_reduce_scatter(ctx, buf, block, op, reduce_, scratch);
+      return;
+    }
+    detail::ring_reduce_scatter(ctx, buf, detail::uniform_offsets(block, size()), op, reduce_, scratch);
+    if (op == reduce_op::avg) {
+      reduce_.finish_average(buf.subspan(static_cast<std::size_t>(rank()) * block, block), size());
+    }
+  }
+
+  template <class F>
+  void guard(std::error_code& ec, F&& f) noexcept {
+    ec.clear();
+    try {
+      f();
+    } catch (const std::system_error& e) {
+      ec = e.code();
+      last_error_ = e.what();
+    } catch (const std::bad_alloc&) {
+      ec = std::make_error_code(std::errc::not_enough_memory);
+      last_error_ = "dtrain: out of memory";
+    } catch (...) {
+      ec = make_error_code(errc::broken);
+      last_error_ = "dtrain: unexpected exception";
+    }
+  }
+
+  void check(bool ok, coll_op op, const char* what) const {
+    if (!ok) {
+      throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(rank()) + ": " +
+                                              std::string(coll_op_name(op)) + ": " + what);
+    }
+  }
+
+  void check_root(int root, coll_op op) const {
+    check(root >= 0 && root < size(), op, "root is not a rank of the group");
+  }
+
+  template <class T>
+  static bool overlaps(std::span<const T> a, std::span<T> b) noexcept {
+    if (a.empty() || b.empty()) return false;
+    auto lt = std::less<const T*>{};
+    return lt(a.data(), b.data() + b.size()) && lt(b.data(), a.data() + a.size());
+  }
+
+  // Out-of-place buffers must not overlap; the same buffer for both is the in-place form.
+  template <class T>
+  void check_no_overlap(std::span<const T> in, std::span<T> out, coll_op op) const {
+    check(in.data() == out.data() || !overlaps(in, out), op, "in and out overlap");
+  }
+
+  template <class T>
+  std::vector<T>& scratch_for() {
+    return std::get<std::vector<T>>(scratch_);
+  }
+
+  Transport transport_;
+  communicator_options options_;
+  Reduction reduce_;
+  std::uint64_t seq_ = 0;
+  std::string broken_by_;
+  std::string last_error_;
+  std::tuple<std::vector<float>, std::vector<double>, std::vector<std::int32_t>,
+             std::vector<std::int64_t>, std::vector<float16>, std::vector<bfloat16>>
+      scratch_;
+};
+
+namespace detail {
+inline communicator_options preferring(communicator_options o, algorithm a) {
+  o.algorithms.prefer(a);
+  return o;
+}
+}  // namespace detail
+
+/// Declares a communicator that prefers one algorithm family wherever it applies.
+#define DTRAIN_DETAIL_FAMILY(name)                                                     \
+  template <transport Transport, reduction Reduction = host_reduction>                 \
+  class name : public communicator<Transport, Reduction> {                              \
+   public:                                                                              \
+    explicit name(Transport t, communicator_options o = {}, Reduction r = {})           \
+        : communicator<Transport, Reduction>(                                           \
+              std::move(t), detail::preferring(std::move(o), algorithm::name), r) {}    \
+  };
+
+/// Ring allreduce / reduce-scatter / allgather, chain broadcast and reduce.
+DTRAIN_DETAIL_FAMILY(ring)
+/// Rabenseifner allreduce and halving reduce-scatter.
+DTRAIN_DETAIL_FAMILY(halving_doubling)
+/// Recursive-doubling allreduce.
+DTRAIN_DETAIL_FAMILY(recursive_doubling)
+/// Binomial-tree broadcast, reduce, gather, scatter (and reduce + broadcast allreduce).
+DTRAIN_DETAIL_FAMILY(binomial_tree)
+/// Bruck allgather.
+DTRAIN_DETAIL_FAMILY(bruck)
+#undef DTRAIN_DETAIL_FAMILY
+
+/// The cost-model choice for every call (the default communicator).
+template <transport Transport, reduction Reduction = host_reduction>
+using tuned = communicator<Transport, Reduction>;
+
+}  // namespace dtrain

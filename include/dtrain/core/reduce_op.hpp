@@ -1,0 +1,61 @@
+#pragma once
+/// @file
+/// Reduction operators and their element-wise semantics.
+
+#include <cstdint>
+#include <string_view>
+
+#include "dtrain/core/config.hpp"
+#include "dtrain/core/element.hpp"
+
+namespace dtrain {
+
+/// How a reduction combines the contributions of the ranks.
+///
+/// `avg` is a sum followed by one division by the number of contributions, done in the element's
+/// compute type: float for float16/bfloat16, integer division (truncating toward zero) for int32
+/// and int64. All operators are commutative and associative on integers; on floating-point types
+/// results depend on the combining order, which each algorithm fixes (see docs/algorithms.md).
+enum class reduce_op : std::uint8_t { sum, prod, min, max, avg };
+
+/// @returns "sum", "prod", "min", "max" or "avg".
+constexpr std::string_view reduce_op_name(reduce_op op) noexcept {
+  switch (op) {
+    case reduce_op::sum: return "sum";
+    case reduce_op::prod: return "prod";
+    case reduce_op::min: return "min";
+    case reduce_op::max: return "max";
+    case reduce_op::avg: return "avg";
+  }
+  return "unknown";
+}
+
+/// The pairwise combining step of `op` in compute type `C` (`avg` combines as `sum`).
+template <reduce_op Op, class C>
+DTRAIN_HOST_DEVICE constexpr C combine(C a, C b) noexcept {
+  if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
+    return a + b;
+  } else if constexpr (Op == reduce_op::prod) {
+    return a * b;
+  } else if constexpr (Op == reduce_op::min) {
+    return b < a ? b : a;
+  } else {
+    return a < b ? b : a;
+  }
+}
+
+/// Combines two elements of type `T` (widening 16-bit storage types to float and rounding back).
+template <reduce_op Op, class T>
+DTRAIN_HOST_DEVICE constexpr T combine_elements(T a, T b) noexcept {
+  using C = compute_type_t<T>;
+  return T(combine<Op>(C(a), C(b)));
+}
+
+/// Turns a sum over `n` contributions into their average, in `T`'s compute type.
+template <class T>
+DTRAIN_HOST_DEVICE constexpr T average_of_sum(T sum, int n) noexcept {
+  using C = compute_type_t<T>;
+  return T(C(sum) / static_cast<C>(n));
+}
+
+}  // namespace dtrain

@@ -1,0 +1,53 @@
+#pragma once
+/// @file
+/// `host_reduction`: element-wise reductions on host memory, written so the compiler vectorises
+/// them (one tight loop per operator and type, non-aliasing pointers, no branches inside).
+
+#include <cstddef>
+#include <span>
+
+#include "dtrain/concepts/element.hpp"
+#include "dtrain/core/config.hpp"
+#include "dtrain/core/memory_space.hpp"
+#include "dtrain/core/reduce_op.hpp"
+
+namespace dtrain {
+
+namespace detail {
+
+template <reduce_op Op, class T>
+void combine_loop(T* DTRAIN_RESTRICT dst, const T* DTRAIN_RESTRICT src, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = combine_elements<Op>(dst[i], src[i]);
+}
+
+}  // namespace detail
+
+/// Reduces host buffers with vectorised loops (a model of `reduction`). With -O3 -march=native
+/// it runs at the speed of a plain `a[i] += b[i]` loop: bench/host_reduce measures both.
+struct host_reduction {
+  using memory_space = host_memory;
+
+  /// `dst[i] = op(dst[i], src[i])` (`avg` combines as sum). @pre equal sizes, no overlap.
+  template <element T>
+  void operator()(std::span<T> dst, std::span<const T> src, reduce_op op) const noexcept {
+    DTRAIN_ASSERT(dst.size() == src.size(), "reduction of buffers of different sizes");
+    T* d = dst.data();
+    const T* s = src.data();
+    std::size_t n = dst.size();
+    switch (op) {
+      case reduce_op::sum:
+      case reduce_op::avg: detail::combine_loop<reduce_op::sum>(d, s, n); break;
+      case reduce_op::prod: detail::combine_loop<reduce_op::prod>(d, s, n); break;
+      case reduce_op::min: detail::combine_loop<reduce_op::min>(d, s, n); break;
+      case reduce_op::max: detail::combine_loop<reduce_op::max>(d, s, n); break;
+    }
+  }
+
+  /// Divides every element of `buf` by `n`: the end of an `avg` reduction over n ranks.
+  template <element T>
+  void finish_average(std::span<T> buf, int n) const noexcept {
+    for (T& x : buf) x = average_of_sum(x, n);
+  }
+};
+
+}  // namespace dtrain

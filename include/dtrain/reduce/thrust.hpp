@@ -1,0 +1,87 @@
+#pragma once
+/// @file
+/// `thrust_reduction`: element-wise reductions through Thrust, so the same code runs on the CPU
+/// (THRUST_DEVICE_SYSTEM CPP or OMP) and on the GPU (CUDA). Link `dtrain::thrust`.
+///
+/// Determinism: each element is combined exactly once per call (`thrust::transform`), so the
+/// result is the same bits on every system and every run; no reassociation happens.
+
+#include <cstddef>
+#include <span>
+#include <type_traits>
+
+#include <thrust/execution_policy.h>
+#include <thrust/transform.h>
+
+#include "dtrain/concepts/element.hpp"
+#include "dtrain/core/config.hpp"
+#include "dtrain/core/memory_space.hpp"
+#include "dtrain/core/reduce_op.hpp"
+
+namespace dtrain {
+
+/// The memory `thrust::device` works on in this build: device memory under CUDA, host memory
+/// under the CPP, OMP and TBB systems.
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+using thrust_device_memory = device_memory;
+#else
+using thrust_device_memory = host_memory;
+#endif
+
+namespace detail {
+
+template <reduce_op Op, class T>
+struct combine_fn {
+  DTRAIN_HOST_DEVICE T operator()(T a, T b) const { return combine_elements<Op>(a, b); }
+};
+
+template <class T>
+struct average_fn {
+  int n;
+  DTRAIN_HOST_DEVICE T operator()(T a) const { return average_of_sum(a, n); }
+};
+
+}  // namespace detail
+
+/// Reduces buffers with Thrust under execution policy `Policy` (a model of `reduction`).
+/// `Policy` defaults to `thrust::device`'s type; pass e.g. `thrust::cuda::par.on(stream)` for
+/// stream-ordered execution on the GPU.
+template <class Policy = std::remove_cvref_t<decltype(thrust::device)>>
+class thrust_reduction {
+ public:
+  using memory_space = thrust_device_memory;
+
+  thrust_reduction() = default;
+  explicit thrust_reduction(Policy policy) : policy_(policy) {}
+
+  /// `dst[i] = op(dst[i], src[i])` (`avg` combines as sum). @pre equal sizes, no overlap.
+  template <element T>
+  void operator()(std::span<T> dst, std::span<const T> src, reduce_op op) const {
+    DTRAIN_ASSERT(dst.size() == src.size(), "reduction of buffers of different sizes");
+    switch (op) {
+      case reduce_op::sum:
+      case reduce_op::avg: run<reduce_op::sum>(dst, src); break;
+      case reduce_op::prod: run<reduce_op::prod>(dst, src); break;
+      case reduce_op::min: run<reduce_op::min>(dst, src); break;
+      case reduce_op::max: run<reduce_op::max>(dst, src); break;
+    }
+  }
+
+  /// Divides every element of `buf` by `n`.
+  template <element T>
+  void finish_average(std::span<T> buf, int n) const {
+    thrust::transform(policy_, buf.data(), buf.data() + buf.size(), buf.data(),
+                      detail::average_fn<T>{n});
+  }
+
+ private:
+  template <reduce_op Op, class T>
+  void run(std::span<T> dst, std::span<const T> src) const {
+    thrust::transform(policy_, dst.data(), dst.data() + dst.size(), src.data(), dst.data(),
+                      detail::combine_fn<Op, T>{});
+  }
+
+  Policy policy_{};
+};
+
+}  // namespace dtrain

@@ -1,0 +1,354 @@
+#pragma once
+/// @file
+/// `inproc_transport`: the ranks of a group are threads of one process.
+///
+/// For fast tests and single-machine use. A message is copied once, straight from the sender's
+/// buffer into the receiver's: a send that finds its receive posted copies at once; otherwise it
+/// waits in the receiver's mailbox until the receive is posted, and the receiver copies.
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "dtrain/concepts/completion.hpp"
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_space.hpp"
+#include "dtrain/core/signature.hpp"
+
+namespace dtrain {
+
+namespace detail::inproc {
+
+// One send or receive. Its phase moves queued -> copying -> done; `queued` and `copying` change
+// under the owning mailbox's lock, `done` under the operation's own lock.
+struct operation {
+  enum class phase { queued, copying, done };
+
+  bool is_send = false;
+  int self = 0;            // the rank that started it
+  int mailbox = 0;         // the mailbox it is queued in (the receiver's)
+  envelope env;            // peer = the other side (or any_peer), tag, signature, size
+  std::span<const std::byte> data;       // send payload
+  std::span<std::byte> buffer;           // fixed receive buffer
+  std::vector<std::byte>* grow = nullptr;  // resizable receive buffer
+
+  phase state = phase::queued;  // guarded by the mailbox lock until done
+  std::mutex m;
+  std::condition_variable cv;
+  bool finished = false;  // guarded by m
+  std::error_code ec;     // guarded by m
+
+  void complete(std::error_code code) {
+    {
+      std::lock_guard lock(m);
+      ec = code;
+      finished = true;
+    }
+    cv.notify_all();
+  }
+};
+
+using operation_ptr = std::shared_ptr<operation>;
+
+struct mailbox {
+  std::mutex m;
+  std::deque<operation_ptr> posted;      // receives of this rank waiting for a send
+  std::deque<operation_ptr> unexpected;  // sends to this rank waiting for a receive
+  bool closed = false;                   // the owner left the group
+};
+
+inline bool matches(const operation& recv, int sender, std::uint64_t tag) {
+  return recv.env.tag == tag && (recv.env.peer == any_peer || recv.env.peer == sender);
+}
+
+// Copies a matched send into a matched receive and completes both. Runs outside any mailbox lock.
+inline void deliver(operation& send, operation& recv) {
+  std::size_t n = send.data.size();
+  recv.env.peer = send.self;
+  recv.env.sig = send.env.sig;
+  recv.env.bytes = n;
+  std::error_code recv_ec;
+  if (recv.grow != nullptr) {
+    recv.grow->resize(n);
+    if (n != 0) std::memcpy(recv.grow->data(), send.data.data(), n);
+  } else if (n > recv.buffer.size()) {
+    recv_ec = make_error_code(errc::message_truncated);
+  } else if (n != 0) {
+    std::memcpy(recv.buffer.data(), send.data.data(), n);
+  }
+  recv.complete(recv_ec);
+  send.complete({});
+}
+
+class fabric {
+ public:
+  explicit fabric(int size)
+      : boxes_(static_cast<std::size_t>(size)),
+        left_(std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(size))) {
+    for (auto& b : boxes_) b = std::make_unique<mailbox>();
+  }
+
+  int size() const noexcept { return static_cast<int>(boxes_.size()); }
+
+  operation_ptr send(int self, int peer, std::uint64_t tag, const signature& sig,
+                     std::span<const std::byte> data) {
+    auto op = std::make_shared<operation>();
+    op->is_send = true;
+    op->self = self;
+    op->mailbox = peer;
+    op->env = envelope{peer, tag, sig, data.size()};
+    op->data = data;
+    mailbox& box = *boxes_[static_cast<std::size_t>(peer)];
+    std::unique_lock lock(box.m);
+    if (box.closed) {
+      lock.unlock();
+      op->state = operation::phase::done;
+      op->complete(make_error_code(errc::peer_lost));
+      return op;
+    }
+    auto it = std::find_if(box.posted.begin(), box.posted.end(),
+                           [&](const operation_ptr& r) { return matches(*r, self, tag); });
+    if (it == box.posted.end()) {
+      box.unexpected.push_back(op);
+      return op;
+    }
+    operation_ptr recv = std::move(*it);
+    box.posted.erase(it);
+    recv->state = operation::phase::copying;
+    op->state = operation::phase::copying;
+    lock.unlock();
+    deliver(*op, *recv);
+    return op;
+  }
+
+  operation_ptr receive(int self, int peer, std::uint64_t tag, std::span<std::byte> buffer,
+                        std::vector<std::byte>* grow) {
+    auto op = std::make_shared<operation>();
+    op->self = self;
+    op->mailbox = self;
+    op->env = envelope{peer, tag, signature{}, 0};
+    op->buffer = buffer;
+    op->grow = grow;
+    mailbox& box = *boxes_[static_cast<std::size_t>(self)];
+    std::unique_lock lock(box.m);
+    auto it = std::find_if(box.unexpected.begin(), box.unexpected.end(),
+                           [&](const operation_ptr& s) { return matches(*op, s->self, s->env.tag); });
+    if (it != box.unexpected.end()) {
+      operation_ptr send = std::move(*it);
+      box.unexpected.erase(it);
+      send->state = operation::phase::copying;
+      op->state = operation::phase::copying;
+      lock.unlock();
+      deliver(*send, *op);
+      return op;
+    }
+    // leave() raises the flag before it scans this mailbox under its lock, so a receive either
+    // sees the flag here or is found and failed by that scan.
+    if (peer != any_peer && left_[static_cast<std::size_t>(peer)].load()) {
+      lock.unlock();
+      op->state = operation::phase::done;
+      op->complete(make_error_code(errc::peer_lost));
+      return op;
+    }
+    box.posted.push_back(op);
+    return op;
+  }
+
+  // Withdraws a queued operation; waits out one that is being copied.
+  void cancel(const operation_ptr& op) noexcept {
+    mailbox& box = *boxes_[static_cast<std::size_t>(op->mailbox)];
+    {
+      std::lock_guard lock(box.m);
+      if (op->state == operation::phase::queued) {
+        auto& queue = op->is_send ? box.unexpected : box.posted;
+        queue.erase(std::remove(queue.begin(), queue.end(), op), queue.end());
+        op->state = operation::phase::done;
+        op->complete(make_error_code(errc::cancelled));
+        return;
+      }
+    }
+    std::unique_lock lock(op->m);
+    op->cv.wait(lock, [&] { return op->finished; });
+  }
+
+  // Rank `self` leaves: everything that needed it fails with peer_lost.
+  void leave(int self) noexcept {
+    left_[static_cast<std::size_t>(self)].store(true);
+    std::vector<operation_ptr> failed;
+    for (std::size_t b = 0; b < boxes_.size(); ++b) {
+      mailbox& box = *boxes_[b];
+      std::lock_guard lock(box.m);
+      if (static_cast<int>(b) == self) {
+        box.closed = true;
+        for (auto& s : box.unexpected) failed.push_back(std::move(s));
+        box.unexpected.clear();
+        for (auto& r : box.posted) failed.push_back(std::move(r));
+        box.posted.clear();
+        continue;
+      }
+      auto waits_on_self = [&](const operation_ptr& r) { return r->env.peer == self; };
+      for (auto& r : box.posted) {
+        if (waits_on_self(r)) failed.push_back(r);
+      }
+      box.posted.erase(std::remove_if(box.posted.begin(), box.posted.end(), waits_on_self),
+                       box.posted.end());
+    }
+    for (auto& op : failed) {
+      op->state = operation::phase::done;
+      op->complete(make_error_code(errc::peer_lost));
+    }
+  }
+
+ private:
+  std::vector<std::unique_ptr<mailbox>> boxes_;
+  std::unique_ptr<std::atomic<bool>[]> left_;  // per rank: it left the group
+};
+
+}  // namespace detail::inproc
+
+/// The completion handle of an in-process send or receive (a model of `completion`).
+class inproc_request {
+ public:
+  inproc_request() = default;
+  inproc_request(std::shared_ptr<detail::inproc::fabric> f, detail::inproc::operation_ptr op)
+      : fabric_(std::move(f)), op_(std::move(op)) {}
+  inproc_request(inproc_request&& other) noexcept = default;
+  inproc_request& operator=(inproc_request&& other) noexcept {
+    if (this != &other) {
+      cancel();
+      fabric_ = std::move(other.fabric_);
+      op_ = std::move(other.op_);
+    }
+    return *this;
+  }
+  ~inproc_request() { cancel(); }
+
+  /// Waits until the operation completes or `d` passes. @returns true on success.
+  bool wait(deadline d, std::error_code& ec) noexcept {
+    if (!op_) {
+      ec.clear();
+      return true;
+    }
+    std::unique_lock lock(op_->m);
+    if (!op_->cv.wait_until(lock, d.time(), [&] { return op_->finished; })) {
+      ec = make_error_code(errc::timeout);
+      return false;
+    }
+    ec = op_->ec;
+    return !ec;
+  }
+
+  /// Throwing form of `wait`. @throws dtrain::error naming the operation, peer and tag.
+  void wait(deadline d) {
+    std::error_code ec;
+    if (!wait(d, ec)) {
+      const envelope& e = op_->env;
+      std::string peer = e.peer == any_peer ? "any rank" : "rank " + std::to_string(e.peer);
+      throw error(ec, std::string(op_->is_send ? "send to " : "receive from ") + peer +
+                          " on tag " + std::to_string(e.tag) + ": " + ec.message());
+    }
+  }
+
+  /// @returns true once the operation has finished, successfully or not.
+  bool test() const noexcept {
+    if (!op_) return true;
+    std::lock_guard lock(op_->m);
+    return op_->finished;
+  }
+
+  /// Withdraws the operation if it has not matched; afterwards its buffer is not referenced.
+  void cancel() noexcept {
+    if (op_ && !test()) fabric_->cancel(op_);
+  }
+
+  /// The envelope of the operation (sender, tag, signature, size once a receive completed).
+  const envelope& info() const noexcept {
+    static const envelope empty{};
+    return op_ ? op_->env : empty;
+  }
+
+ private:
+  std::shared_ptr<detail::inproc::fabric> fabric_;
+  detail::inproc::operation_ptr op_;
+};
+
+/// One rank's endpoint of an in-process group (a model of `transport`). Move-only: the endpoint
+/// is the rank's membership, and destroying it leaves the group, which fails every operation
+/// that still needs this rank with `errc::peer_lost`.
+class inproc_transport {
+ public:
+  using memory_space = host_memory;
+  using request = inproc_request;
+
+  inproc_transport(std::shared_ptr<detail::inproc::fabric> f, int rank) noexcept
+      : fabric_(std::move(f)), rank_(rank) {}
+  inproc_transport(inproc_transport&& other) noexcept
+      : fabric_(std::move(other.fabric_)), rank_(other.rank_) {}
+  inproc_transport& operator=(inproc_transport&& other) noexcept {
+    if (this != &other) {
+      leave();
+      fabric_ = std::move(other.fabric_);
+      rank_ = other.rank_;
+    }
+    return *this;
+  }
+  ~inproc_transport() { leave(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return fabric_ ? fabric_->size() : 0; }
+
+  /// Starts sending `bytes` to `peer` on `tag`. @pre 0 <= peer < size().
+  request isend(int peer, std::uint64_t tag, const signature& sig,
+                std::span<const std::byte> bytes) {
+    DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
+    return {fabric_, fabric_->send(rank_, peer, tag, sig, bytes)};
+  }
+
+  /// Starts receiving from `peer` (or `any_peer`) on `tag` into `buffer`.
+  request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) {
+    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()),
+                  "receive from a rank outside the group");
+    return {fabric_, fabric_->receive(rank_, peer, tag, buffer, nullptr)};
+  }
+
+  /// Starts receiving from `peer` (or `any_peer`) on `tag`, resizing `buffer` to the message.
+  request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) {
+    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()),
+                  "receive from a rank outside the group");
+    return {fabric_, fabric_->receive(rank_, peer, tag, {}, &buffer)};
+  }
+
+  /// Leaves the group now (the destructor does this too).
+  void leave() noexcept {
+    if (fabric_) fabric_->leave(rank_);
+    fabric_.reset();
+  }
+
+ private:
+  std::shared_ptr<detail::inproc::fabric> fabric_;
+  int rank_ = 0;
+};
+
+/// Creates the `size` endpoints of one in-process group; hand endpoint r to the thread of rank r.
+/// @pre size >= 1
+inline std::vector<inproc_transport> make_inproc_group(int size) {
+  DTRAIN_ASSERT(size >= 1, "a group needs at least one rank");
+  auto f = std::make_shared<detail::inproc::fabric>(size);
+  std::vector<inproc_transport> ranks;
+  ranks.reserve(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) ranks.emplace_back(f, r);
+  return ranks;
+}
+
+}  // namespace dtrain

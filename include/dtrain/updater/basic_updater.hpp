@@ -1,0 +1,53 @@
+#pragma once
+/// @file
+/// The state handling every updater shares: `Slots` values per parameter, interleaved, grown on
+/// demand; and the learning rate. A model derives from it and supplies one per-element rule.
+
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+
+/// Base of the updater models (CRTP): `Derived::update(w, g, state, lr)` updates one parameter
+/// `w` from gradient `g` with a pointer to its `Slots` state values and the effective rate.
+template <class Derived, std::floating_point T, std::size_t Slots>
+class basic_updater {
+ public:
+  static constexpr std::size_t state_slots = Slots;
+
+  /// Room for the state of `n` parameters; existing state is kept, new state is zero.
+  void resize(std::size_t n) { state_.resize(n * Slots); parameters_ = n; }
+
+  /// One update of `params[i]` from `grads[i]` with the state of parameter `offset + i`.
+  /// @pre equal sizes; offset + size <= parameters()
+  void step(std::span<T> params, std::span<const T> grads, std::size_t offset, step_info info) {
+    DTRAIN_ASSERT(params.size() == grads.size(), "params and grads differ in size");
+    DTRAIN_ASSERT(offset + params.size() <= parameters_, "updater state too small; call resize");
+    const T lr = static_cast<T>(lr_ * info.lr_scale);
+    T* state = state_.data() + offset * Slots;
+    const auto& self = static_cast<const Derived&>(*this);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      self.update(params[i], grads[i], state + i * Slots, lr);
+    }
+  }
+
+  std::size_t parameters() const noexcept { return parameters_; }
+  std::span<T> state() noexcept { return state_; }
+  double learning_rate() const noexcept { return lr_; }
+  void set_learning_rate(double lr) noexcept { lr_ = lr; }
+
+ protected:
+  explicit basic_updater(double lr) : lr_(lr) {}
+
+ private:
+  double lr_;
+  std::size_t parameters_ = 0;
+  std::vector<T> state_;
+};
+
+}  // namespace dtrain
