@@ -15,14 +15,17 @@ namespace dtrain {
 ///  2. It is trivially copyable and its size is `dtype_size(dtype_of_v<T>)`, so its bytes can be
 ///     sent as they are between ranks of the same architecture (little-endian everywhere dtrain
 ///     runs).
-///  3. `compute_type_t<T>` is the type arithmetic is done in; `T` converts to and from it.
+///  3. `compute_type_t<T>` is the type arithmetic is done in; `T` converts to and from it
+///     (explicitly is enough).
 ///  Semantics: elements have no identity or state; equal bits mean equal values for reductions.
 ///  A minimal model: `float`; a rejected type: `char` (no tag), `std::string` (not trivial).
 template <class T>
 concept element = requires { { dtype_of<T>::value } -> std::convertible_to<dtype>; } &&
                   std::is_trivially_copyable_v<T> &&
                   sizeof(T) == dtype_size(dtype_of<T>::value) &&
-                  std::convertible_to<T, compute_type_t<T>> &&
-                  std::constructible_from<T, compute_type_t<T>>;
+                  requires(T t, compute_type_t<T> c) {
+                    static_cast<compute_type_t<T>>(t);  // explicit is enough: float16 -> float
+                    static_cast<T>(c);
+                  };
 
 }  // namespace dtrain

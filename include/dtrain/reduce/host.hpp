@@ -8,6 +8,7 @@
 
 #include "dtrain/concepts/element.hpp"
 #include "dtrain/core/config.hpp"
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
 

@@ -1,0 +1,97 @@
+#pragma once
+// Minimal models of each concept: they have exactly what the concept requires and nothing more,
+// so the concept tests prove that the requirements are sufficient, and the broken variants
+// prove each clause is checked.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "dtrain/concepts/completion.hpp"
+#include "dtrain/concepts/consistency.hpp"
+#include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/memory_space.hpp"
+#include "dtrain/core/reduce_op.hpp"
+
+namespace dtrain::archetypes {
+
+struct completion_archetype {
+  completion_archetype() = default;
+  completion_archetype(completion_archetype&&) = default;
+  completion_archetype& operator=(completion_archetype&&) = default;
+  bool wait(deadline, std::error_code&) noexcept { return true; }
+  void wait(deadline) {}
+  bool test() noexcept { return true; }
+  void cancel() noexcept {}
+  const envelope& info() const noexcept { return env_; }
+  envelope env_;
+};
+
+struct transport_archetype {
+  using memory_space = host_memory;
+  int rank() const noexcept { return 0; }
+  int size() const noexcept { return 1; }
+  completion_archetype isend(int, std::uint64_t, const signature&, std::span<const std::byte>) { return {}; }
+  completion_archetype irecv(int, std::uint64_t, std::span<std::byte>) { return {}; }
+  completion_archetype irecv(int, std::uint64_t, std::vector<std::byte>&) { return {}; }
+};
+
+struct collective_archetype {
+  using memory_space = host_memory;
+  int rank() const noexcept { return 0; }
+  int size() const noexcept { return 1; }
+  template <class T> void broadcast(std::span<T>, int) {}
+  template <class T> void broadcast(std::span<T>, int, std::error_code&) noexcept {}
+  template <class T> void gather(std::span<const T>, std::span<T>, int) {}
+  template <class T> void gather(std::span<const T>, std::span<T>, int, std::error_code&) noexcept {}
+  template <class T> void scatter(std::span<const T>, std::span<T>, int) {}
+  template <class T> void scatter(std::span<const T>, std::span<T>, int, std::error_code&) noexcept {}
+  template <class T> void reduce(std::span<const T>, std::span<T>, reduce_op, int) {}
+  template <class T> void reduce(std::span<const T>, std::span<T>, reduce_op, int, std::error_code&) noexcept {}
+  template <class T> void reduce(std::span<T>, reduce_op, int) {}
+  template <class T> void allreduce(std::span<const T>, std::span<T>, reduce_op) {}
+  template <class T> void allreduce(std::span<const T>, std::span<T>, reduce_op, std::error_code&) noexcept {}
+  template <class T> void allreduce(std::span<T>, reduce_op) {}
+  template <class T> void allreduce(std::span<T>, reduce_op, std::error_code&) noexcept {}
+  template <class T> void reduce_scatter(std::span<const T>, std::span<T>, reduce_op) {}
+  template <class T> void reduce_scatter(std::span<const T>, std::span<T>, reduce_op, std::error_code&) noexcept {}
+  template <class T> void reduce_scatter(std::span<T>, reduce_op) {}
+  template <class T> void allgather(std::span<const T>, std::span<T>) {}
+  template <class T> void allgather(std::span<const T>, std::span<T>, std::error_code&) noexcept {}
+  template <class T> void allgather(std::span<T>) {}
+  template <class T> void alltoall(std::span<const T>, std::span<T>) {}
+  template <class T> void alltoall(std::span<const T>, std::span<T>, std::error_code&) noexcept {}
+  template <class T> void alltoall(std::span<T>) {}
+  void barrier() {}
+  void barrier(std::error_code&) noexcept {}
+};
+
+struct reduction_archetype {
+  using memory_space = host_memory;
+  template <class T> void operator()(std::span<T>, std::span<const T>, reduce_op) const {}
+  template <class T> void finish_average(std::span<T>, int) const {}
+};
+
+struct consistency_archetype {
+  static constexpr std::string_view name = "archetype";
+  std::int64_t staleness_bound() const noexcept { return 0; }
+  bool may_advance(std::int64_t, std::int64_t) const noexcept { return true; }
+  int pushes_to_apply(int) const noexcept { return 1; }
+  std::int64_t visible_clock(std::int64_t) const noexcept { return -1; }
+};
+
+struct updater_archetype {
+  static constexpr std::string_view name = "archetype";
+  static constexpr std::size_t state_slots = 0;
+  void resize(std::size_t) {}
+  void step(std::span<float>, std::span<const float>, std::size_t, step_info) {}
+  std::size_t parameters() const noexcept { return 0; }
+  std::span<float> state() noexcept { return {}; }
+  double learning_rate() const noexcept { return 0; }
+  void set_learning_rate(double) noexcept {}
+};
+
+}  // namespace dtrain::archetypes

@@ -1,0 +1,218 @@
+// Failures are reported, typed and on time: mismatched collectives name both operations, missed
+// deadlines name the operation, its sequence number and the peer, and nothing hangs.
+
+#include <chrono>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "../catch.hpp"
+#include "../support.hpp"
+#include "dtrain/collective/communicator.hpp"
+
+using namespace dtrain;
+using namespace std::chrono_literals;
+
+namespace {
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+communicator_options with_timeout(std::chrono::milliseconds t) {
+  communicator_options o;
+  o.timeout = t;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("errors: a different collective on another rank is a mismatch naming both",
+          "[collective][errors]") {
+  std::vector<std::string> messages(2);
+  std::vector<std::error_code> codes(2);
+  auto start = std::chrono::steady_clock::now();
+  test::run_ranks(2, [&](int r, inproc_transport t) {
+    ring<inproc_transport> c(std::move(t), with_timeout(5s));
+    std::vector<float> v(100, 1.0f);
+    std::error_code ec;
+    if (r == 0) {
+      c.allreduce(std::span(v), reduce_op::sum, ec);
+    } else {
+      c.broadcast(std::span(v), 0, ec);
+    }
+    codes[static_cast<std::size_t>(r)] = ec;
+    messages[static_cast<std::size_t>(r)] = c.last_error();
+  });
+  CHECK(std::chrono::steady_clock::now() - start < 4s);  // well before the deadline
+  // Rank 1 (in broadcast) receives rank 0's allreduce message first.
+  CHECK(codes[1] == errc::collective_mismatch);
+  CHECK(contains(messages[1], "rank 1 is in broadcast #0"));
+  CHECK(contains(messages[1], "rank 0 sent a message of allreduce #0 (ring, float32 sum, count 100)"));
+  // Rank 0 either sees rank 1's broadcast message or loses rank 1 when it gives up.
+  CHECK(codes[0]);
+  CHECK((codes[0] == errc::collective_mismatch || codes[0] == errc::peer_lost));
+}
+
+TEST_CASE("errors: mismatched count, type, op and sequence are all caught",
+          "[collective][errors]") {
+  enum class variant { count, type, op, skipped_call };
+  for (variant v : {variant::count, variant::type, variant::op, variant::skipped_call}) {
+    std::error_code rank1;
+    std::string msg;
+    test::run_ranks(2, [&](int r, inproc_transport t) {
+      binomial_tree<inproc_transport> c(std::move(t), with_timeout(5s));
+      std::vector<float> f(10, 1.0f);
+      std::vector<double> d(10, 1.0);
+      std::error_code ec;
+      if (r == 0) {
+        if (v == variant::skipped_call) c.barrier(ec);  // rank 0 runs one call more
+        if (!ec) c.reduce(std::span(f), reduce_op::sum, 1, ec);
+        return;
+      }
+      switch (v) {
+        case variant::count: c.reduce(std::span(f).first(9), reduce_op::sum, 1, ec); break;
+        case variant::type: c.reduce(std::span(d), reduce_op::sum, 1, ec); break;
+        case variant::op: c.reduce(std::span(f), reduce_op::max, 1, ec); break;
+        case variant::skipped_call: c.reduce(std::span(f), reduce_op::sum, 1, ec); break;
+      }
+      rank1 = ec;
+      msg = c.last_error();
+    });
+    INFO(msg);
+    CHECK(rank1 == errc::collective_mismatch);
+    CHECK(contains(msg, "collective mismatch"));
+  }
+}
+
+TEST_CASE("errors: a root mismatch is caught on the rank that receives", "[collective][errors]") {
+  std::error_code ec0;
+  std::string msg0;
+  test::run_ranks(2, [&](int r, inproc_transport t) {
+    binomial_tree<inproc_transport> c(std::move(t), with_timeout(2s));
+    std::vector<float> f(10, 1.0f);
+    std::error_code ec;
+    c.reduce(std::span(f), reduce_op::sum, r == 0 ? 0 : 1, ec);  // each thinks it is root
+    if (r == 0) {
+      ec0 = ec;
+      msg0 = c.last_error();
+    }
+  });
+  // Both are roots, so both wait to receive; each gets the other's... nothing: a timeout that
+  // names the peer, within the deadline.
+  INFO(msg0);
+  CHECK(ec0 == errc::timeout);
+  CHECK(contains(msg0, "waiting for rank 1"));
+}
+
+TEST_CASE("errors: a missed deadline names the operation, sequence number and peer, on time",
+          "[collective][errors]") {
+  std::string msg;
+  std::error_code code;
+  std::chrono::steady_clock::duration took{};
+  test::run_ranks(3, [&](int r, inproc_transport t) {
+    ring<inproc_transport> c(std::move(t), with_timeout(300ms));
+    std::vector<float> v(64, 1.0f);
+    c.allreduce(std::span(v), reduce_op::sum);  // #0 succeeds everywhere
+    if (r == 2) {
+      std::this_thread::sleep_for(1s);  // rank 2 never joins #1 in time; it stays in the group
+      return;
+    }
+    auto start = std::chrono::steady_clock::now();
+    std::error_code ec;
+    c.allreduce(std::span(v), reduce_op::sum, ec);
+    if (r == 0) {
+      took = std::chrono::steady_clock::now() - start;
+      code = ec;
+      msg = c.last_error();
+    }
+  });
+  INFO(msg);
+  CHECK(code == errc::timeout);
+  CHECK(contains(msg, "allreduce #1 (ring, float32 sum, count 64)"));
+  CHECK(contains(msg, "timed out after 300 ms"));
+  CHECK(contains(msg, "rank 2"));  // rank 0's left neighbour in the ring
+  CHECK(took >= 300ms);
+  CHECK(took < 900ms);
+}
+
+TEST_CASE("errors: a rank that dies mid-collective fails the others with peer_lost, at once",
+          "[collective][errors]") {
+  std::vector<std::error_code> codes(4);
+  std::vector<std::string> msgs(4);
+  auto start = std::chrono::steady_clock::now();
+  test::run_ranks(4, [&](int r, inproc_transport t) {
+    halving_doubling<inproc_transport> c(std::move(t), with_timeout(20s));
+    std::vector<double> v(1000, 1.0);
+    if (r == 3) return;  // leaves the group without taking part: its endpoint is destroyed
+    std::error_code ec;
+    c.allreduce(std::span(v), reduce_op::sum, ec);
+    codes[static_cast<std::size_t>(r)] = ec;
+    msgs[static_cast<std::size_t>(r)] = c.last_error();
+  });
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << msgs[static_cast<std::size_t>(r)]);
+    CHECK(codes[static_cast<std::size_t>(r)]);
+  }
+  // Rank 2 exchanges with rank 3 directly; its error names it.
+  CHECK(codes[2] == errc::peer_lost);
+  CHECK(contains(msgs[2], "rank 3 left the group"));
+}
+
+TEST_CASE("errors: after a failure the communicator refuses further calls", "[collective][errors]") {
+  test::run_ranks(2, [&](int r, inproc_transport t) {
+    ring<inproc_transport> c(std::move(t), with_timeout(100ms));
+    std::vector<float> v(8, 1.0f);
+    if (r == 1) {
+      std::this_thread::sleep_for(300ms);
+      return;
+    }
+    std::error_code ec;
+    c.allreduce(std::span(v), reduce_op::sum, ec);
+    CHECK(ec == errc::timeout);
+    CHECK(c.broken());
+    try {
+      c.barrier();
+      FAIL("a broken communicator ran a collective");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::broken);
+      CHECK(contains(e.what(), "build a new communicator"));
+    }
+  });
+}
+
+TEST_CASE("errors: invalid arguments are typed errors raised before any communication",
+          "[collective][errors]") {
+  test::run_ranks(1, [&](int, inproc_transport t) {
+    communicator<inproc_transport> c(std::move(t));
+    std::vector<float> a(10), b(7);
+    std::error_code ec;
+    c.allreduce<float>(a, std::span(b), reduce_op::sum, ec);
+    CHECK(ec == errc::invalid_argument);
+    CHECK(contains(c.last_error(), "allreduce: in and out must have equal sizes"));
+    c.broadcast(std::span(a), 3, ec);
+    CHECK(ec == errc::invalid_argument);
+    c.allreduce<float>(std::span(a).first(6), std::span(a).last(6), reduce_op::sum, ec);
+    CHECK(ec == errc::invalid_argument);
+    CHECK(contains(c.last_error(), "overlap"));
+    c.reduce_scatter<float>(a, std::span(b), reduce_op::sum, ec);
+    CHECK(ec == errc::invalid_argument);
+    CHECK_FALSE(c.broken());  // nothing was sent, so the group is still consistent
+    CHECK(c.sequence() == 0);
+    c.allreduce(std::span(a), reduce_op::sum, ec);
+    CHECK_FALSE(ec);
+  });
+}
+
+TEST_CASE("errors: the throwing forms throw dtrain::error with the same code", "[collective][errors]") {
+  test::run_ranks(2, [&](int r, inproc_transport t) {
+    communicator<inproc_transport> c(std::move(t), with_timeout(200ms));
+    std::vector<int> v(4);
+    if (r == 1) return;
+    try {
+      c.allgather(std::span(v));
+      FAIL("no error");
+    } catch (const error& e) {
+      CHECK((e.code() == errc::peer_lost || e.code() == errc::timeout));
+      CHECK(contains(e.what(), "allgather #0"));
+    }
+  });
+}

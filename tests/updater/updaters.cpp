@@ -1,0 +1,163 @@
+// Each updater against its equations, stepped serially here in double precision, and against
+// closed forms where they exist.
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "../catch.hpp"
+#include "dtrain/updater/adagrad.hpp"
+#include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/momentum.hpp"
+#include "dtrain/updater/rmsprop.hpp"
+#include "dtrain/updater/sgd.hpp"
+#include "dtrain/updater/staleness_aware.hpp"
+
+using namespace dtrain;
+
+namespace {
+// A deterministic gradient sequence for parameter i at step k.
+double grad(std::size_t i, int k) { return std::sin(0.7 * static_cast<double>(i) + 1.3 * k) + 0.1 * k; }
+
+template <class U, class Ref>
+void check_against(U u, Ref reference, std::size_t n, int steps, double tol) {
+  std::vector<double> w(n), ref_w(n);
+  for (std::size_t i = 0; i < n; ++i) w[i] = ref_w[i] = 0.5 - 0.01 * static_cast<double>(i);
+  u.resize(n);
+  std::vector<double> state(n * 3, 0.0);
+  for (int k = 0; k < steps; ++k) {
+    std::vector<double> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = grad(i, k);
+    // Step in two slices, as a sharded server would: state follows the offset.
+    std::size_t half = n / 2;
+    u.step(std::span(w).first(half), std::span<const double>(g).first(half), 0, step_info{});
+    u.step(std::span(w).subspan(half), std::span<const double>(g).subspan(half), half, step_info{});
+    for (std::size_t i = 0; i < n; ++i) reference(ref_w[i], g[i], &state[i * 3], k + 1);
+  }
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(w[i] == Approx(ref_w[i]).epsilon(tol));
+}
+}  // namespace
+
+TEST_CASE("sgd: w - lr * sum of gradients", "[updater]") {
+  sgd<double> u(0.1);
+  u.resize(1);
+  std::vector<double> w{1.0};
+  for (int k = 0; k < 10; ++k) {
+    std::vector<double> g{2.0};
+    u.step(std::span(w), std::span<const double>(g), 0, {});
+  }
+  CHECK(w[0] == Approx(1.0 - 0.1 * 2.0 * 10));  // closed form
+  CHECK(u.state().empty());
+}
+
+TEST_CASE("momentum: heavy ball and Nesterov follow their recurrences", "[updater]") {
+  // Closed form for a constant gradient g: v_k = g (1 - mu^k) / (1 - mu).
+  momentum<double> hb(0.1, 0.9);
+  hb.resize(1);
+  std::vector<double> x{0.0};
+  double expect = 0;
+  for (int k = 1; k <= 20; ++k) {
+    std::vector<double> g{1.0};
+    hb.step(std::span(x), std::span<const double>(g), 0, {});
+    expect -= 0.1 * (1 - std::pow(0.9, k)) / (1 - 0.9);
+  }
+  CHECK(x[0] == Approx(expect));
+  CHECK(hb.state()[0] == Approx((1 - std::pow(0.9, 20)) / 0.1));
+  check_against(momentum<double>(0.05, 0.8, true),
+                [](double& w, double g, double* s, int) {
+                  s[0] = 0.8 * s[0] + g;
+                  w -= 0.05 * (g + 0.8 * s[0]);
+                },
+                37, 25, 1e-12);
+}
+
+TEST_CASE("adagrad: lr * g / (sqrt(sum g^2) + eps)", "[updater]") {
+  check_against(adagrad<double>(0.3, 1e-10),
+                [](double& w, double g, double* s, int) {
+                  s[0] += g * g;
+                  w -= 0.3 * g / (std::sqrt(s[0]) + 1e-10);
+                },
+                29, 30, 1e-12);
+  // Closed form, constant gradient g: sum_k = k g^2, so step k moves lr / sqrt(k).
+  adagrad<double> u(1.0, 0.0);
+  u.resize(1);
+  std::vector<double> w{0.0};
+  double expect = 0;
+  for (int k = 1; k <= 16; ++k) {
+    std::vector<double> g{3.0};
+    u.step(std::span(w), std::span<const double>(g), 0, {});
+    expect -= 1.0 / std::sqrt(static_cast<double>(k));
+  }
+  CHECK(w[0] == Approx(expect));
+}
+
+TEST_CASE("rmsprop: running mean of squares", "[updater]") {
+  check_against(rmsprop<double>(0.01, 0.9, 1e-8),
+                [](double& w, double g, double* s, int) {
+                  s[0] = 0.9 * s[0] + 0.1 * g * g;
+                  w -= 0.01 * g / (std::sqrt(s[0]) + 1e-8);
+                },
+                31, 40, 1e-12);
+}
+
+TEST_CASE("adam: bias-corrected moments", "[updater]") {
+  check_against(adam<double>(0.01, 0.9, 0.999, 1e-8),
+                [](double& w, double g, double* s, int k) {
+                  s[0] = 0.9 * s[0] + 0.1 * g;
+                  s[1] = 0.999 * s[1] + 0.001 * g * g;
+                  double mh = s[0] / (1 - std::pow(0.9, k));
+                  double vh = s[1] / (1 - std::pow(0.999, k));
+                  w -= 0.01 * mh / (std::sqrt(vh) + 1e-8);
+                },
+                33, 50, 1e-10);
+  // Closed form: with a constant gradient, m_hat = g and v_hat = g^2 at every step, so each step
+  // moves lr * g / (|g| + eps), i.e. lr * sign(g) for eps = 0.
+  adam<double> u(0.05, 0.9, 0.999, 0.0);
+  u.resize(2);
+  std::vector<double> w{0.0, 0.0};
+  for (int k = 0; k < 12; ++k) {
+    std::vector<double> g{4.0, -0.25};
+    u.step(std::span(w), std::span<const double>(g), 0, {});
+  }
+  CHECK(w[0] == Approx(-0.05 * 12));
+  CHECK(w[1] == Approx(0.05 * 12));
+  CHECK(u.state()[2] == 12.0);  // the per-parameter step count
+}
+
+TEST_CASE("adam: a sparse key stepped less often keeps its own bias correction", "[updater]") {
+  adam<double> u(0.1, 0.9, 0.999, 0.0);
+  u.resize(2);
+  std::vector<double> w{0.0, 0.0};
+  std::vector<double> g{1.0};
+  for (int k = 0; k < 5; ++k) u.step(std::span(w).first(1), std::span<const double>(g), 0, {});
+  u.step(std::span(w).last(1), std::span<const double>(g), 1, {});  // first touch of key 1
+  CHECK(w[1] == Approx(-0.1));  // a first step is always lr * sign(g)
+  CHECK(u.state()[2] == 5.0);
+  CHECK(u.state()[5] == 1.0);
+}
+
+TEST_CASE("staleness_aware: the rate is divided by the staleness", "[updater]") {
+  staleness_aware<sgd<double>> u(0.4);
+  u.resize(1);
+  std::vector<double> w{0.0};
+  std::vector<double> g{1.0};
+  u.step(std::span(w), std::span<const double>(g), 0, step_info{4, 1.0});
+  CHECK(w[0] == Approx(-0.1));
+  u.step(std::span(w), std::span<const double>(g), 0, step_info{0, 1.0});  // fresh: full rate
+  CHECK(w[0] == Approx(-0.5));
+  u.set_learning_rate(1.0);
+  u.step(std::span(w), std::span<const double>(g), 0, step_info{2, 0.5});  // schedule * 1/2
+  CHECK(w[0] == Approx(-0.75));
+}
+
+TEST_CASE("updaters: resize keeps existing state", "[updater]") {
+  momentum<float> u(0.1f, 0.5);
+  u.resize(2);
+  std::vector<float> w{0.0f, 0.0f}, g{1.0f, 2.0f};
+  u.step(std::span(w), std::span<const float>(g), 0, {});
+  u.resize(5);
+  CHECK(u.parameters() == 5);
+  CHECK(u.state()[0] == 1.0f);
+  CHECK(u.state()[1] == 2.0f);
+  CHECK(u.state()[4] == 0.0f);
+}
