@@ -1,0 +1,101 @@
+// The host reduction against a plain `a[i] += b[i]` loop and memcpy, all compiled here with
+// -O3 -march=native, on buffers of --mib MiB. Bandwidth counts bytes read and written:
+// 3n for a reduction (read a, read b, write a), 2n for a copy.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "dtrain/reduce/host.hpp"
+#include "report.hpp"
+
+namespace {
+
+// The baseline the issue names; noinline so it is compiled as its own loop, like a user's.
+[[gnu::noinline]] void plain_add(float* a, const float* b, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+template <class F>
+double best_seconds(int reps, F&& f) {
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    f();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+template <class T>
+double reduce_gbps(std::size_t bytes, dtrain::reduce_op op, int reps) {
+  std::size_t n = bytes / sizeof(T);
+  std::vector<T> a(n, static_cast<T>(static_cast<dtrain::compute_type_t<T>>(1))), b(a);
+  dtrain::host_reduction reduce;
+  double s = best_seconds(reps, [&] { reduce(std::span<T>(a), std::span<const T>(b), op); });
+  return 3.0 * static_cast<double>(n * sizeof(T)) / s / 1e9;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::size_t mib = 64;
+  int reps = 20;
+  std::string json;
+  CLI::App app{"dtrain host reduction vs a plain loop and memcpy"};
+  app.add_option("--mib", mib, "buffer size in MiB");
+  app.add_option("--reps", reps, "repetitions (best is reported)");
+  app.add_option("--json", json, "write the results as JSON to this file");
+  CLI11_PARSE(app, argc, argv);
+
+  const std::size_t bytes = mib << 20;
+  const std::size_t n = bytes / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 2.0f), c(n);
+  dtrain::host_reduction reduce;
+  // Interleave the contenders so that frequency and cache effects hit all of them alike.
+  double plain = 1e30, ours = 1e30, copy = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    plain = std::min(plain, best_seconds(reps, [&] { plain_add(a.data(), b.data(), n); }));
+    ours = std::min(ours, best_seconds(reps, [&] {
+                      reduce(std::span<float>(a), std::span<const float>(b), dtrain::reduce_op::sum);
+                    }));
+    copy = std::min(copy, best_seconds(reps, [&] { std::memcpy(c.data(), b.data(), bytes); }));
+  }
+  auto gbps = [&](double s, double factor) { return factor * static_cast<double>(bytes) / s / 1e9; };
+  fmt::print("# host reduction, float32, {} MiB buffers, best of {}x3 runs\n", mib, reps);
+  fmt::print("{:<28} {:>10} {:>10} {:>9}\n", "kernel", "time(ms)", "GB/s", "vs plain");
+  fmt::print("{:<28} {:>10.3f} {:>10.2f} {:>9.3f}\n", "plain a[i] += b[i]", plain * 1e3, gbps(plain, 3), 1.0);
+  fmt::print("{:<28} {:>10.3f} {:>10.2f} {:>9.3f}\n", "dtrain host_reduction sum", ours * 1e3, gbps(ours, 3), plain / ours);
+  fmt::print("{:<28} {:>10.3f} {:>10.2f} {:>9}\n", "memcpy", copy * 1e3, gbps(copy, 2), "-");
+
+  fmt::print("\n# every op and type, {} MiB, GB/s (3 bytes moved per byte reduced)\n", mib);
+  fmt::print("{:<10} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "type", "sum", "prod", "min", "max", "avg");
+  std::string rows;
+  auto line = [&]<class T>(const char* name) {
+    std::vector<double> g;
+    for (auto op : {dtrain::reduce_op::sum, dtrain::reduce_op::prod, dtrain::reduce_op::min,
+                    dtrain::reduce_op::max, dtrain::reduce_op::avg}) {
+      g.push_back(reduce_gbps<T>(bytes, op, std::max(3, reps / 4)));
+    }
+    fmt::print("{:<10} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f}\n", name, g[0], g[1], g[2], g[3], g[4]);
+    rows += fmt::format("{}{{\"type\": \"{}\", \"sum\": {:.3f}, \"prod\": {:.3f}, \"min\": {:.3f}, \"max\": {:.3f}, \"avg\": {:.3f}}}",
+                        rows.empty() ? "" : ",\n    ", name, g[0], g[1], g[2], g[3], g[4]);
+  };
+  line.operator()<float>("float32");
+  line.operator()<double>("float64");
+  line.operator()<std::int32_t>("int32");
+  line.operator()<std::int64_t>("int64");
+  line.operator()<dtrain::float16>("float16");
+  line.operator()<dtrain::bfloat16>("bfloat16");
+  dtrain::bench::write_file(
+      json, fmt::format("{{\n  \"mib\": {},\n  \"plain_add_GBps\": {:.3f},\n  \"host_reduction_GBps\": {:.3f},\n"
+                        "  \"memcpy_GBps\": {:.3f},\n  \"ratio_to_plain\": {:.4f},\n  \"by_type\": [\n    {}\n  ]\n}}\n",
+                        mib, gbps(plain, 3), gbps(ours, 3), gbps(copy, 2), plain / ours, rows));
+  return 0;
+}
