@@ -14,16 +14,17 @@
 namespace dtrain::detail {
 
 /// Bruck allgather: `out` (p blocks of `in.size()`) gets every rank's `in` in rank order.
-/// `in` may alias block `rank` of `out`.
+/// `in` may alias block `rank` of `out`. `tmp` is working room, resized to p blocks.
 template <transport Transport, element T>
-void bruck_allgather(call_context<Transport>& ctx, std::span<const T> in, std::span<T> out) {
+void bruck_allgather(call_context<Transport>& ctx, std::span<const T> in, std::span<T> out,
+                     std::vector<T>& tmp) {
   const int p = ctx.size();
   const int r = ctx.rank();
   const std::size_t n = in.size();
   // Blocks in the order rank, rank+1, ..., rank-1.
-  std::vector<T> tmp(static_cast<std::size_t>(p) * n);
+  tmp.resize(static_cast<std::size_t>(p) * n);
   std::copy(in.begin(), in.end(), tmp.begin());
-  std::span<T> held(tmp);
+  std::span<T> held(tmp.data(), static_cast<std::size_t>(p) * n);
   for (int dist = 1; dist < p; dist *= 2) {
     const std::size_t blocks = static_cast<std::size_t>(std::min(dist, p - dist));
     ctx.exchange(mod(r - dist, p), std::span<const T>(held.subspan(0, blocks * n)), mod(r + dist, p),

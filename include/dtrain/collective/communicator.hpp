@@ -204,10 +204,11 @@ class communicator {
     check_no_overlap(in, out, coll_op::reduce_scatter);
     run<T>(coll_op::reduce_scatter, op, 0, out.size(), in.size_bytes(),
            [&](auto& ctx, algorithm a) {
-             std::vector<T> work(in.begin(), in.end());
-             reduce_scatter_in_place(ctx, a, std::span<T>(work), out.size(), op);
-             auto mine = std::span<T>(work).subspan(static_cast<std::size_t>(rank()) * out.size(),
-                                                    out.size());
+             auto& staging = staging_for<T>();
+             staging.assign(in.begin(), in.end());  // reused across calls: no page faults
+             std::span<T> work(staging);
+             reduce_scatter_in_place(ctx, a, work, out.size(), op);
+             auto mine = work.subspan(static_cast<std::size_t>(rank()) * out.size(), out.size());
              std::copy(mine.begin(), mine.end(), out.begin());
            });
   }
@@ -242,7 +243,7 @@ class communicator {
     run<T>(coll_op::allgather, reduce_op::sum, 0, in.size(), out.size_bytes(),
            [&](auto& ctx, algorithm a) {
              if (a == algorithm::bruck) {
-               detail::bruck_allgather(ctx, in, out);
+               detail::bruck_allgather(ctx, in, out, staging_for<T>());
              } else {
                if (own.data() != in.data()) std::copy(in.begin(), in.end(), own.begin());
                detail::ring_allgather(ctx, out, detail::uniform_offsets(in.size(), size()));
@@ -345,7 +346,8 @@ class communicator {
   /// In place (through one temporary copy of `buf`).
   template <element T>
   void alltoall(std::span<T> buf) {
-    std::vector<T> in(buf.begin(), buf.end());
+    auto& in = staging_for<T>();
+    in.assign(buf.begin(), buf.end());
     alltoall<T>(std::span<const T>(in), buf);
   }
   template <element T>
@@ -442,9 +444,15 @@ class communicator {
     check(in.data() == out.data() || !overlaps(in, out), op, "in and out overlap");
   }
 
+  // Receive room for the algorithms.
   template <class T>
   std::vector<T>& scratch_for() {
     return std::get<std::vector<T>>(scratch_);
+  }
+  // Working copies of whole inputs (reduce-scatter's, Bruck's rotation, in-place alltoall's).
+  template <class T>
+  std::vector<T>& staging_for() {
+    return std::get<std::vector<T>>(staging_);
   }
 
   Transport transport_;
@@ -453,9 +461,10 @@ class communicator {
   std::uint64_t seq_ = 0;
   std::string broken_by_;
   std::string last_error_;
-  std::tuple<std::vector<float>, std::vector<double>, std::vector<std::int32_t>,
-             std::vector<std::int64_t>, std::vector<float16>, std::vector<bfloat16>>
-      scratch_;
+  using buffers = std::tuple<std::vector<float>, std::vector<double>, std::vector<std::int32_t>,
+                             std::vector<std::int64_t>, std::vector<float16>, std::vector<bfloat16>>;
+  buffers scratch_;
+  buffers staging_;
 };
 
 namespace detail {
