@@ -112,25 +112,31 @@ void fold_out(call_context<Transport>& ctx, const fold_shape& f, std::span<T> pa
   }
 }
 
+/// An allreduce over the power-of-two core: the fold hands the folded ranks' data in, `core_body`
+/// runs on the core ranks with (shape, core rank), and the fold hands the result back out.
+template <transport Transport, element T, class Reduction, class CoreBody>
+void folded_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
+                      const Reduction& reduce, std::vector<T>& scratch, CoreBody core_body) {
+  if (ctx.size() == 1) return;
+  fold_shape f(ctx.size());
+  fold_in(ctx, f, data, op, reduce, scratch);
+  if (const int me = f.core_rank(ctx.rank()); me >= 0) core_body(f, me);
+  fold_out(ctx, f, data);
+}
+
 /// Rabenseifner allreduce in place.
 template <transport Transport, element T, class Reduction>
 void halving_doubling_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
                                 const Reduction& reduce, std::vector<T>& scratch) {
-  const int p = ctx.size();
-  if (p == 1) return;
-  fold_shape f(p);
-  fold_in(ctx, f, data, op, reduce, scratch);
-  const int me = f.core_rank(ctx.rank());
-  if (me >= 0) {
+  folded_allreduce(ctx, data, op, reduce, scratch, [&](const fold_shape& f, int me) {
     auto core_offs = balanced_offsets(data.size(), f.core);
     halving_reduce_scatter(ctx, f, me, data, core_offs, op, reduce, scratch);
     if (op == reduce_op::avg) {
       auto c = static_cast<std::size_t>(me);
-      reduce.finish_average(data.subspan(core_offs[c], core_offs[c + 1] - core_offs[c]), p);
+      reduce.finish_average(data.subspan(core_offs[c], core_offs[c + 1] - core_offs[c]), ctx.size());
     }
     doubling_allgather(ctx, f, me, data, core_offs);
-  }
-  fold_out(ctx, f, data);
+  });
 }
 
 /// Halving reduce-scatter in place over `p` blocks of `block` elements: afterwards block `rank`
@@ -167,12 +173,7 @@ void halving_doubling_reduce_scatter(call_context<Transport>& ctx, std::span<T> 
 template <transport Transport, element T, class Reduction>
 void recursive_doubling_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
                                   const Reduction& reduce, std::vector<T>& scratch) {
-  const int p = ctx.size();
-  if (p == 1) return;
-  fold_shape f(p);
-  fold_in(ctx, f, data, op, reduce, scratch);
-  const int me = f.core_rank(ctx.rank());
-  if (me >= 0) {
+  folded_allreduce(ctx, data, op, reduce, scratch, [&](const fold_shape& f, int me) {
     scratch.resize(std::max(scratch.size(), data.size()));
     std::span<T> got(scratch.data(), data.size());
     for (int mask = 1; mask < f.core; mask *= 2) {
@@ -180,9 +181,8 @@ void recursive_doubling_allreduce(call_context<Transport>& ctx, std::span<T> dat
       ctx.exchange(partner, std::span<const T>(data), partner, got);
       reduce(data, std::span<const T>(got), op);
     }
-    if (op == reduce_op::avg) reduce.finish_average(data, p);
-  }
-  fold_out(ctx, f, data);
+    if (op == reduce_op::avg) reduce.finish_average(data, ctx.size());
+  });
 }
 
 }  // namespace dtrain::detail
