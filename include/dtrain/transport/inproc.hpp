@@ -186,28 +186,30 @@ class fabric {
   void leave(int self) noexcept {
     left_[static_cast<std::size_t>(self)].store(true);
     std::vector<operation_ptr> failed;
+    // `state` is guarded by the mailbox lock, so it is set before the lock is released.
+    auto take = [&failed](operation_ptr op) {
+      op->state = operation::phase::done;
+      failed.push_back(std::move(op));
+    };
     for (std::size_t b = 0; b < boxes_.size(); ++b) {
       mailbox& box = *boxes_[b];
       std::lock_guard lock(box.m);
       if (static_cast<int>(b) == self) {
         box.closed = true;
-        for (auto& s : box.unexpected) failed.push_back(std::move(s));
+        for (auto& s : box.unexpected) take(std::move(s));
         box.unexpected.clear();
-        for (auto& r : box.posted) failed.push_back(std::move(r));
+        for (auto& r : box.posted) take(std::move(r));
         box.posted.clear();
         continue;
       }
       auto waits_on_self = [&](const operation_ptr& r) { return r->env.peer == self; };
       for (auto& r : box.posted) {
-        if (waits_on_self(r)) failed.push_back(r);
+        if (waits_on_self(r)) take(r);
       }
       box.posted.erase(std::remove_if(box.posted.begin(), box.posted.end(), waits_on_self),
                        box.posted.end());
     }
-    for (auto& op : failed) {
-      op->state = operation::phase::done;
-      op->complete(make_error_code(errc::peer_lost));
-    }
+    for (auto& op : failed) op->complete(make_error_code(errc::peer_lost));
   }
 
  private:
