@@ -1,0 +1,13 @@
+# Fails when the C++ example in README.md differs from the compiled copy in tests/docs/readme.cpp.
+file(READ "${README}" readme)
+file(READ "${SOURCE}" source)
+string(REGEX MATCH "```cpp\n(.*)```\n\nA complete" block "${readme}")
+set(block "${CMAKE_MATCH_1}")
+string(FIND "${source}" "// README begin\n" begin)
+string(FIND "${source}" "// README end\n" end)
+math(EXPR begin "${begin} + 16")
+math(EXPR length "${end} - ${begin}")
+string(SUBSTRING "${source}" ${begin} ${length} snippet)
+if(NOT block STREQUAL snippet)
+  message(FATAL_ERROR "README.md's example differs from tests/docs/readme.cpp; keep them identical")
+endif()
