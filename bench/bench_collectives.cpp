@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -96,35 +95,30 @@ bench::row measure(const options& o, coll_op op, algorithm algo, std::size_t byt
   const std::size_t total = bytes / sizeof(float);
   const std::size_t count = blocks ? std::max<std::size_t>(1, total / P) : total;  // what the call takes
   const std::size_t elems = blocks ? count * P : count;
-  auto group = make_inproc_group(p);
   std::vector<double> per_rank(P);
   std::atomic<long> wrong{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < p; ++r) {
-    threads.emplace_back([&, r, t = std::move(group[static_cast<std::size_t>(r)])]() mutable {
-      communicator_options co;
-      co.algorithms.force(op, algo);
-      communicator<inproc_transport> c(std::move(t), co);
-      std::vector<float> in(elems), out(elems);
-      // in[i] = (r + 1) * (i % 7) on every rank gives every op a closed-form result.
-      for (std::size_t i = 0; i < elems; ++i) in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 7));
-      // Warm up, then agree on an iteration count that fills about o.seconds.
-      auto t0 = std::chrono::steady_clock::now();
-      run_once(c, op, in, out, count, false);
-      run_once(c, op, in, out, count, false);
-      double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 2;
-      std::vector<double> guess{std::clamp(o.seconds / std::max(one, 1e-7), 3.0, 10000.0)};
-      c.broadcast(std::span(guess), 0);
-      const int iters = static_cast<int>(guess[0]);
-      c.barrier();
-      auto start = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) run_once(c, op, in, out, count, false);
-      per_rank[static_cast<std::size_t>(r)] =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
-      wrong += run_once(c, op, in, out, count, true);
-    });
-  }
-  for (auto& t : threads) t.join();
+  run_inproc(p, [&](int r, inproc_transport t) {
+    communicator_options co;
+    co.algorithms.force(op, algo);
+    communicator<inproc_transport> c(std::move(t), co);
+    std::vector<float> in(elems), out(elems);
+    // in[i] = (r + 1) * (i % 7) on every rank gives every op a closed-form result.
+    for (std::size_t i = 0; i < elems; ++i) in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 7));
+    // Warm up, then agree on an iteration count that fills about o.seconds.
+    auto t0 = std::chrono::steady_clock::now();
+    run_once(c, op, in, out, count, false);
+    run_once(c, op, in, out, count, false);
+    double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 2;
+    std::vector<double> guess{std::clamp(o.seconds / std::max(one, 1e-7), 3.0, 10000.0)};
+    c.broadcast(std::span(guess), 0);
+    const int iters = static_cast<int>(guess[0]);
+    c.barrier();
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters; ++i) run_once(c, op, in, out, count, false);
+    per_rank[static_cast<std::size_t>(r)] =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+    wrong += run_once(c, op, in, out, count, true);
+  });
   bench::row row;
   row.op = std::string(coll_op_name(op));
   row.algo = std::string(algorithm_name(algo));

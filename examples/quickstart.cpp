@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -39,52 +38,47 @@ int main(int argc, char** argv) {
   using collective = dtrain::tuned<dtrain::inproc_transport>;
   using updater = dtrain::momentum<double>;
 
-  auto group = dtrain::make_inproc_group(ranks);
   std::vector<std::vector<double>> final_weights(static_cast<std::size_t>(ranks));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      collective comm(std::move(group[static_cast<std::size_t>(r)]));
-      updater opt(lr, 0.9);
-      const auto d = static_cast<std::size_t>(features);
-      // This rank's shard: x ~ N(0, 1), y = x . truth + noise.
-      std::mt19937 local(static_cast<unsigned>(1000 + r));
-      std::normal_distribution<double> n01;
-      std::vector<double> x(samples_per_rank * d), y(samples_per_rank);
-      for (std::size_t s = 0; s < samples_per_rank; ++s) {
-        double dot = 0;
-        for (std::size_t j = 0; j < d; ++j) dot += (x[s * d + j] = n01(local)) * truth[j];
-        y[s] = dot + 0.01 * n01(local);
-      }
-      std::vector<double> w(d, 0.0), grad(d);
-      opt.resize(d);
-      comm.broadcast(std::span(w), 0);  // every replica starts from rank 0's weights
-      for (int epoch = 1; epoch <= epochs; ++epoch) {
-        double epoch_loss = 0;
-        std::size_t steps = 0;
-        for (std::size_t begin = 0; begin + batch <= samples_per_rank; begin += batch, ++steps) {
-          std::fill(grad.begin(), grad.end(), 0.0);
-          std::vector<double> loss{0.0};
-          for (std::size_t s = begin; s < begin + batch; ++s) {
-            double err = -y[s];
-            for (std::size_t j = 0; j < d; ++j) err += x[s * d + j] * w[j];
-            loss[0] += 0.5 * err * err / static_cast<double>(batch);
-            for (std::size_t j = 0; j < d; ++j) grad[j] += err * x[s * d + j] / static_cast<double>(batch);
-          }
-          comm.allreduce(std::span(grad), dtrain::reduce_op::avg);  // the data-parallel step
-          comm.allreduce(std::span(loss), dtrain::reduce_op::avg);
-          opt.step(std::span(w), std::span<const double>(grad), 0, {});
-          epoch_loss += loss[0];
+  dtrain::run_inproc(ranks, [&](int r, dtrain::inproc_transport endpoint) {  // a thread per rank
+    collective comm(std::move(endpoint));
+    updater opt(lr, 0.9);
+    const auto d = static_cast<std::size_t>(features);
+    // This rank's shard: x ~ N(0, 1), y = x . truth + noise.
+    std::mt19937 local(static_cast<unsigned>(1000 + r));
+    std::normal_distribution<double> n01;
+    std::vector<double> x(samples_per_rank * d), y(samples_per_rank);
+    for (std::size_t s = 0; s < samples_per_rank; ++s) {
+      double dot = 0;
+      for (std::size_t j = 0; j < d; ++j) dot += (x[s * d + j] = n01(local)) * truth[j];
+      y[s] = dot + 0.01 * n01(local);
+    }
+    std::vector<double> w(d, 0.0), grad(d);
+    opt.resize(d);
+    comm.broadcast(std::span(w), 0);  // every replica starts from rank 0's weights
+    for (int epoch = 1; epoch <= epochs; ++epoch) {
+      double epoch_loss = 0;
+      std::size_t steps = 0;
+      for (std::size_t begin = 0; begin + batch <= samples_per_rank; begin += batch, ++steps) {
+        std::fill(grad.begin(), grad.end(), 0.0);
+        std::vector<double> loss{0.0};
+        for (std::size_t s = begin; s < begin + batch; ++s) {
+          double err = -y[s];
+          for (std::size_t j = 0; j < d; ++j) err += x[s * d + j] * w[j];
+          loss[0] += 0.5 * err * err / static_cast<double>(batch);
+          for (std::size_t j = 0; j < d; ++j) grad[j] += err * x[s * d + j] / static_cast<double>(batch);
         }
-        if (r == 0) {
-          fmt::print("epoch {:>3}  steps {:>5}  mean loss {:.6f}\n", epoch, steps * static_cast<std::size_t>(epoch),
-                     epoch_loss / static_cast<double>(steps));
-        }
+        comm.allreduce(std::span(grad), dtrain::reduce_op::avg);  // the data-parallel step
+        comm.allreduce(std::span(loss), dtrain::reduce_op::avg);
+        opt.step(std::span(w), std::span<const double>(grad), 0, {});
+        epoch_loss += loss[0];
       }
-      final_weights[static_cast<std::size_t>(r)] = w;
-    });
-  }
-  for (auto& t : threads) t.join();
+      if (r == 0) {
+        fmt::print("epoch {:>3}  steps {:>5}  mean loss {:.6f}\n", epoch, steps * static_cast<std::size_t>(epoch),
+                   epoch_loss / static_cast<double>(steps));
+      }
+    }
+    final_weights[static_cast<std::size_t>(r)] = w;
+  });
 
   double err = 0;
   for (std::size_t j = 0; j < truth.size(); ++j) err = std::max(err, std::fabs(final_weights[0][j] - truth[j]));

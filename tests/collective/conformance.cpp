@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "../catch.hpp"
-#include "../support.hpp"
+#include "dtrain/transport/inproc.hpp"
 #include "dtrain/collective/communicator.hpp"
 
 using namespace dtrain;
@@ -121,7 +121,7 @@ void run_case(const spec& s) {
     }
   };
 
-  test::run_ranks(p, [&](int r, inproc_transport t) {
+  run_inproc(p, [&](int r, inproc_transport t) {
     communicator_options o;
     o.algorithms.force(s.op, s.algo);
     o.timeout = std::chrono::seconds(120);
@@ -293,7 +293,7 @@ TEST_CASE("conformance: barrier lets nobody out before everyone is in", "[collec
   for (int p = 1; p <= max_world; ++p) {
     std::atomic<int> arrived{0};
     std::atomic<int> early{0};
-    test::run_ranks(p, [&](int r, inproc_transport t) {
+    run_inproc(p, [&](int r, inproc_transport t) {
       communicator<inproc_transport> c(std::move(t));
       for (int round = 0; round < 20; ++round) {
         std::this_thread::sleep_for(std::chrono::microseconds((r * 37 + round * 11) % 300));
@@ -312,7 +312,7 @@ TEST_CASE("conformance: the automatic choice runs every collective correctly", "
   // Sizes on both sides of the cost model's crossovers, with whatever it picks.
   for (int p : {2, 5, 8}) {
     for (std::size_t n : {std::size_t{3}, std::size_t{5000}, std::size_t{300000}}) {
-      test::run_ranks(p, [&](int r, inproc_transport t) {
+      run_inproc(p, [&](int r, inproc_transport t) {
         tuned<inproc_transport> c(std::move(t));
         std::vector<double> v(n), ref(n);
         for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>((r + 1) * (i % 13));

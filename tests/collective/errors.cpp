@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "../catch.hpp"
-#include "../support.hpp"
+#include "dtrain/transport/inproc.hpp"
 #include "dtrain/collective/communicator.hpp"
 
 using namespace dtrain;
@@ -29,7 +29,7 @@ TEST_CASE("errors: a different collective on another rank is a mismatch naming b
   std::vector<std::string> messages(2);
   std::vector<std::error_code> codes(2);
   auto start = std::chrono::steady_clock::now();
-  test::run_ranks(2, [&](int r, inproc_transport t) {
+  run_inproc(2, [&](int r, inproc_transport t) {
     ring<inproc_transport> c(std::move(t), with_timeout(5s));
     std::vector<float> v(100, 1.0f);
     std::error_code ec;
@@ -57,7 +57,7 @@ TEST_CASE("errors: mismatched count, type, op and sequence are all caught",
   for (variant v : {variant::count, variant::type, variant::op, variant::skipped_call}) {
     std::error_code rank1;
     std::string msg;
-    test::run_ranks(2, [&](int r, inproc_transport t) {
+    run_inproc(2, [&](int r, inproc_transport t) {
       binomial_tree<inproc_transport> c(std::move(t), with_timeout(5s));
       std::vector<float> f(10, 1.0f);
       std::vector<double> d(10, 1.0);
@@ -85,7 +85,7 @@ TEST_CASE("errors: mismatched count, type, op and sequence are all caught",
 TEST_CASE("errors: a root mismatch is caught on the rank that receives", "[collective][errors]") {
   std::error_code ec0;
   std::string msg0;
-  test::run_ranks(2, [&](int r, inproc_transport t) {
+  run_inproc(2, [&](int r, inproc_transport t) {
     binomial_tree<inproc_transport> c(std::move(t), with_timeout(2s));
     std::vector<float> f(10, 1.0f);
     std::error_code ec;
@@ -107,7 +107,7 @@ TEST_CASE("errors: a missed deadline names the operation, sequence number and pe
   std::string msg;
   std::error_code code;
   std::chrono::steady_clock::duration took{};
-  test::run_ranks(3, [&](int r, inproc_transport t) {
+  run_inproc(3, [&](int r, inproc_transport t) {
     ring<inproc_transport> c(std::move(t), with_timeout(300ms));
     std::vector<float> v(64, 1.0f);
     c.allreduce(std::span(v), reduce_op::sum);  // #0 succeeds everywhere
@@ -138,7 +138,7 @@ TEST_CASE("errors: a rank that dies mid-collective fails the others with peer_lo
   std::vector<std::error_code> codes(4);
   std::vector<std::string> msgs(4);
   auto start = std::chrono::steady_clock::now();
-  test::run_ranks(4, [&](int r, inproc_transport t) {
+  run_inproc(4, [&](int r, inproc_transport t) {
     halving_doubling<inproc_transport> c(std::move(t), with_timeout(20s));
     std::vector<double> v(1000, 1.0);
     if (r == 3) return;  // leaves the group without taking part: its endpoint is destroyed
@@ -158,7 +158,7 @@ TEST_CASE("errors: a rank that dies mid-collective fails the others with peer_lo
 }
 
 TEST_CASE("errors: after a failure the communicator refuses further calls", "[collective][errors]") {
-  test::run_ranks(2, [&](int r, inproc_transport t) {
+  run_inproc(2, [&](int r, inproc_transport t) {
     ring<inproc_transport> c(std::move(t), with_timeout(100ms));
     std::vector<float> v(8, 1.0f);
     if (r == 1) {
@@ -181,7 +181,7 @@ TEST_CASE("errors: after a failure the communicator refuses further calls", "[co
 
 TEST_CASE("errors: invalid arguments are typed errors raised before any communication",
           "[collective][errors]") {
-  test::run_ranks(1, [&](int, inproc_transport t) {
+  run_inproc(1, [&](int, inproc_transport t) {
     communicator<inproc_transport> c(std::move(t));
     std::vector<float> a(10), b(7);
     std::error_code ec;
@@ -203,7 +203,7 @@ TEST_CASE("errors: invalid arguments are typed errors raised before any communic
 }
 
 TEST_CASE("errors: the throwing forms throw dtrain::error with the same code", "[collective][errors]") {
-  test::run_ranks(2, [&](int r, inproc_transport t) {
+  run_inproc(2, [&](int r, inproc_transport t) {
     communicator<inproc_transport> c(std::move(t), with_timeout(200ms));
     std::vector<int> v(4);
     if (r == 1) return;

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "../catch.hpp"
-#include "../support.hpp"
+#include "dtrain/transport/inproc.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/selection.hpp"
 
@@ -83,7 +83,7 @@ TEST_CASE("selection: rules parse from text, and bad text is a clear error", "[c
 
 TEST_CASE("selection: the family models prefer their algorithm, and calls carry it",
           "[collective][selection]") {
-  test::run_ranks(3, [](int, inproc_transport t) {
+  run_inproc(3, [](int, inproc_transport t) {
     bruck<inproc_transport> c(std::move(t));
     CHECK(c.options().algorithms.choose(coll_op::allgather, 1u << 30, 3) == algorithm::bruck);
     // Operations Bruck does not implement fall back to the model.
@@ -93,12 +93,12 @@ TEST_CASE("selection: the family models prefer their algorithm, and calls carry 
 
 TEST_CASE("selection: DTRAIN_ALGORITHMS overrides the code's choice", "[collective][selection]") {
   ::setenv("DTRAIN_ALGORITHMS", "allgather=ring", 1);
-  test::run_ranks(2, [](int, inproc_transport t) {
+  run_inproc(2, [](int, inproc_transport t) {
     bruck<inproc_transport> c(std::move(t));
     CHECK(c.options().algorithms.choose(coll_op::allgather, 10, 2) == algorithm::ring);
   });
   ::setenv("DTRAIN_ALGORITHMS", "allgather=bruck,", 1);
-  test::run_ranks(2, [](int, inproc_transport t) {
+  run_inproc(2, [](int, inproc_transport t) {
     ring<inproc_transport> c(std::move(t));
     CHECK(c.options().algorithms.choose(coll_op::allgather, 10, 2) == algorithm::bruck);
   });

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "../catch.hpp"
-#include "../support.hpp"
+#include "dtrain/transport/inproc.hpp"
 
 namespace {
 void compute_gradients(std::span<double> weights, std::span<double> grads) {
@@ -35,7 +35,7 @@ TEST_CASE("README: the example trains identical replicas towards the target", "[
   const int p = 3;
   std::vector<std::vector<double>> w(p, std::vector<double>(4));
   for (int r = 0; r < p; ++r) w[static_cast<std::size_t>(r)].assign(4, r * 10.0);  // only rank 0's counts
-  dtrain::test::run_ranks(p, [&](int r, dtrain::inproc_transport t) {
+  dtrain::run_inproc(p, [&](int r, dtrain::inproc_transport t) {
     std::vector<double> g(4);
     train(std::move(t), std::span(w[static_cast<std::size_t>(r)]), std::span(g));
   });

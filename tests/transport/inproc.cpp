@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "../catch.hpp"
-#include "../support.hpp"
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/transport/inproc.hpp"
 
@@ -74,7 +73,7 @@ TEST_CASE("inproc: per (sender, tag) order is kept and tags do not mix", "[trans
 }
 
 TEST_CASE("inproc: any_peer receives and resizing receives", "[transport][inproc]") {
-  test::run_ranks(4, [](int rank, inproc_transport t) {
+  run_inproc(4, [](int rank, inproc_transport t) {
     if (rank == 0) {
       std::vector<bool> seen(4, false);
       for (int i = 0; i < 3; ++i) {
@@ -185,7 +184,7 @@ TEST_CASE("inproc: many threads sending and receiving at once lose nothing",
           "[transport][inproc]") {
   constexpr int p = 6;
   constexpr int rounds = 300;
-  test::run_ranks(p, [](int rank, inproc_transport t) {
+  run_inproc(p, [](int rank, inproc_transport t) {
     // Every rank sends `rounds` numbered messages to every other rank and checks what it gets.
     std::vector<std::vector<int>> out(p * rounds);
     std::vector<inproc_request> sends;
@@ -210,4 +209,34 @@ TEST_CASE("inproc: many threads sending and receiving at once lose nothing",
       }
     }
   });
+}
+
+TEST_CASE("run_inproc: runs every rank on its own thread and rethrows the first failure",
+          "[transport][inproc]") {
+  std::vector<std::thread::id> ids(4);
+  run_inproc(4, [&](int rank, inproc_transport t) {
+    REQUIRE(t.rank() == rank);
+    REQUIRE(t.size() == 4);
+    ids[static_cast<std::size_t>(rank)] = std::this_thread::get_id();
+  });
+  std::sort(ids.begin(), ids.end());
+  CHECK(std::unique(ids.begin(), ids.end()) == ids.end());
+  CHECK(std::find(ids.begin(), ids.end(), std::this_thread::get_id()) == ids.end());
+
+  // Rank 1 fails; rank 0, waiting on it, is released by peer_lost rather than its deadline.
+  std::error_code rank0;
+  auto start = std::chrono::steady_clock::now();
+  try {
+    run_inproc(2, [&](int rank, inproc_transport t) {
+      if (rank == 1) throw error(errc::invalid_argument, "rank 1 gave up");
+      std::vector<int> in(1);
+      t.irecv(1, 0, bytes_of(in)).wait(deadline::after(30s), rank0);
+    });
+    FAIL("the failure of rank 1 was not rethrown");
+  } catch (const error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()) == "rank 1 gave up: invalid argument");
+  }
+  CHECK(rank0 == errc::peer_lost);
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
 }

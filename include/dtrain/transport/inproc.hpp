@@ -12,11 +12,13 @@
 #include <cstddef>
 #include <cstring>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -351,6 +353,32 @@ inline std::vector<inproc_transport> make_inproc_group(int size) {
   ranks.reserve(static_cast<std::size_t>(size));
   for (int r = 0; r < size; ++r) ranks.emplace_back(f, r);
   return ranks;
+}
+
+/// Runs `body(rank, endpoint)` for every rank of a new in-process group, each on its own thread,
+/// and returns when all have finished. If any rank throws, the first exception is rethrown here
+/// (after every thread has been joined); a rank that throws leaves the group as its endpoint is
+/// destroyed, so the others fail with `errc::peer_lost` instead of waiting for their deadlines.
+/// @pre size >= 1
+template <class Body>
+void run_inproc(int size, Body&& body) {
+  auto endpoints = make_inproc_group(size);
+  std::exception_ptr first;
+  std::mutex m;
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r, t = std::move(endpoints[static_cast<std::size_t>(r)])]() mutable {
+      try {
+        body(r, std::move(t));
+      } catch (...) {
+        std::lock_guard lock(m);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first) std::rethrow_exception(first);
 }
 
 }  // namespace dtrain
