@@ -104,6 +104,10 @@ class call_context {
     if (ok) return;
     std::string what = p.is_send ? "send to " : "receive from ";
     what += peer_name(p.peer);
+    // Transports that know more (which rank was lost, and how) say so.
+    if constexpr (requires { p.req.detail(); }) {
+      if (!p.req.detail().empty()) what += ": " + std::string(p.req.detail());
+    }
     if (ec == errc::timeout) {
       fail(errc::timeout, "timed out after " + std::to_string(timeout_.count()) +
                               " ms waiting for " + peer_name(p.peer) + " (" + what + ")");

@@ -25,6 +25,7 @@ enum class errc {
   cancelled,            ///< the operation was cancelled before it completed
   broken,               ///< a previous failure left the communicator unusable; rebuild it
   unsupported,          ///< the operation or type is not supported by this model
+  auth_failed,          ///< a peer could not prove it holds the job token
 };
 
 namespace detail {
@@ -44,6 +45,7 @@ class error_category_impl final : public std::error_category {
       case errc::cancelled: return "operation cancelled";
       case errc::broken: return "communicator broken by an earlier error";
       case errc::unsupported: return "unsupported operation";
+      case errc::auth_failed: return "authentication failed";
     }
     return "unknown dtrain error";
   }

@@ -1,0 +1,924 @@
+#pragma once
+// The type-independent core of tcp_transport: one I/O thread, one connection per peer, message
+// matching, the write pump, failure propagation and the graceful goodbye.
+//
+// Receives: the I/O thread reads each frame header, then looks for a posted receive from that
+// peer on that tag. If one is posted the payload goes straight into its buffer; otherwise into a
+// fresh "unexpected" buffer that a later receive copies from (MPI's eager protocol).
+// Sends: the calling thread writes with non-blocking sendmsg (header and payload gathered, no
+// copy) as long as the socket takes the bytes; the rest is finished by the I/O thread when the
+// socket becomes writable. Only one writer per connection at a time, so frames never interleave.
+
+#include <utility>  // before Asio (Boost 1.74)
+
+#include <boost/asio.hpp>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "dtrain/concepts/completion.hpp"
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/frame.hpp"
+#include "dtrain/detail/handshake.hpp"
+#include "dtrain/detail/log.hpp"
+#include "dtrain/transport/progress.hpp"
+
+namespace dtrain::detail::tcp_engine {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+/// Settings the engine needs (a subset of tcp_options, without the rendezvous parts).
+struct settings {
+  std::chrono::milliseconds handshake_timeout{10000};
+  std::chrono::milliseconds linger{10000};
+  std::uint64_t max_frame_bytes = std::uint64_t{1} << 30;
+  int socket_buffer_bytes = 0;
+  bool abort_group_on_peer_loss = true;
+  std::string token;
+  std::uint64_t epoch = 0;
+};
+
+// One send or receive.
+struct operation {
+  enum class phase { queued, active, done };
+
+  bool is_send = false;
+  frame_kind kind = frame_kind::data;
+  envelope env;                            // peer, tag, signature, size
+  std::span<const std::byte> data;         // send payload
+  std::string owned;                       // payload of control frames
+  std::span<std::byte> buffer;             // fixed receive buffer
+  std::vector<std::byte>* grow = nullptr;  // resizable receive buffer
+
+  phase state = phase::queued;  // guarded by the engine lock
+  frame_bytes header{};         // encoded when its write starts (sends)
+  std::size_t written = 0;      // header + payload bytes written so far
+
+  completion_flag flag;
+  std::error_code ec;  // written before flag.set()
+  std::string detail;  // why it failed, for the error text
+  std::atomic<bool> completing{false};
+
+  // The first completion wins: a failure path and a finishing read may race to complete it.
+  void complete(std::error_code code, std::string why = {}) {
+    if (completing.exchange(true)) return;
+    ec = code;
+    detail = std::move(why);
+    flag.set();
+  }
+  std::size_t total() const noexcept { return frame_header::size + data.size(); }
+};
+using op_ptr = std::shared_ptr<operation>;
+
+// A message that arrived before its receive was posted.
+struct incoming {
+  int peer = 0;
+  std::uint64_t tag = 0;
+  signature sig{};
+  std::size_t length = 0;
+  std::unique_ptr<std::byte[]> data;
+  bool complete = false;  // payload fully read; guarded by the engine lock
+  op_ptr claimed;         // the receive that matched it before its payload arrived
+};
+using incoming_ptr = std::shared_ptr<incoming>;
+
+struct connection {
+  explicit connection(int p, tcp::socket s) : peer(p), socket(std::move(s)) {}
+  int peer;
+  tcp::socket socket;
+  int fd = -1;
+
+  // Reader: touched only by the I/O thread.
+  frame_bytes rx_header{};
+  std::uint64_t rx_seq = 0;
+  std::vector<std::byte> rx_scratch;  // discarded payloads and abort text
+
+  // Writer and state: guarded by the engine lock.
+  std::deque<op_ptr> sendq;
+  bool writing = false;  // one writer at a time owns sendq.front()
+  std::uint64_t tx_seq = 0;
+  bool open = true;           // false once failed or closed
+  bool departed = false;      // the peer said goodbye
+  bool goodbye_acked = false; // the peer read everything up to our goodbye
+  std::string lost;           // why the connection failed
+};
+
+inline bool matches(const operation& recv, int sender, std::uint64_t tag) {
+  return recv.env.tag == tag && (recv.env.peer == any_peer || recv.env.peer == sender);
+}
+
+inline std::string rank_text(int r) { return "rank " + std::to_string(r); }
+
+class engine {
+ public:
+  engine(int rank, int size, settings s)
+      : rank_(rank), size_(size), settings_(std::move(s)), conns_(static_cast<std::size_t>(size)),
+        acceptor_(io_), work_(asio::make_work_guard(io_)) {}
+
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+  ~engine() {
+    stop();
+    conns_.clear();  // sockets go before the io_context they belong to
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const settings& config() const noexcept { return settings_; }
+
+  // --- connection set-up --------------------------------------------------------------------
+
+  /// Binds and listens; @returns the port. @throws dtrain::error naming the address.
+  std::uint16_t listen(const std::string& bind_address, std::uint16_t port) {
+    boost::system::error_code ec;
+    auto addr = asio::ip::make_address(bind_address, ec);
+    if (ec) throw error(errc::invalid_argument, "dtrain: bind address '" + bind_address + "' is not an IP address");
+    tcp::endpoint ep(addr, port);
+    acceptor_.open(ep.protocol(), ec);
+    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(ep, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) {
+      throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(rank_) +
+                                              " cannot listen on " + bind_address + ":" +
+                                              std::to_string(port) + ": " + ec.message());
+    }
+    return acceptor_.local_endpoint().port();
+  }
+
+  /// Starts the I/O thread and the accept loop (peers with a higher rank connect to us).
+  void start() {
+    accept_next();
+    io_thread_ = std::thread([this] { io_.run(); });
+  }
+
+  /// Connects to `peer` at host:port, retrying with backoff until `d`. @throws dtrain::error
+  void connect_to(int peer, const std::string& host, std::uint16_t port, deadline d) {
+    auto backoff = std::chrono::milliseconds(10);
+    std::string last;
+    while (true) {
+      std::error_code ec;
+      std::string why;
+      if (try_connect(peer, host, port, d, ec, why)) return;
+      if (ec != errc::peer_lost && ec != errc::timeout) {
+        // Refused by the peer (wrong token, wrong group): retrying cannot help.
+        throw error(ec, "dtrain: rank " + std::to_string(rank_) + " connecting to rank " +
+                            std::to_string(peer) + " at " + host + ":" + std::to_string(port) +
+                            ": " + why);
+      }
+      last = why;
+      if (d.expired()) break;
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(backoff, d.remaining()));
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    }
+    throw error(errc::timeout, "dtrain: rank " + std::to_string(rank_) + " could not connect to rank " +
+                                   std::to_string(peer) + " at " + host + ":" + std::to_string(port) +
+                                   " before the deadline (last error: " + last + ")");
+  }
+
+  /// Waits until every rank above this one has connected. @throws dtrain::error naming the
+  /// ranks still missing.
+  void wait_for_accepts(deadline d, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(m_);
+    auto all_in = [&] {
+      for (int p = rank_ + 1; p < size_; ++p) {
+        if (!conns_[static_cast<std::size_t>(p)]) return false;
+      }
+      return true;
+    };
+    if (accept_cv_.wait_until(lock, d.time(), all_in)) return;
+    std::string missing;
+    for (int p = rank_ + 1; p < size_; ++p) {
+      if (!conns_[static_cast<std::size_t>(p)]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    }
+    throw error(errc::timeout, "dtrain: rank " + std::to_string(rank_) + " timed out after " +
+                                   std::to_string(timeout.count()) + " ms waiting for rank(s) " +
+                                   missing + " to connect (epoch " + std::to_string(settings_.epoch) + ")");
+  }
+
+  /// The group is connected; incoming connections are no longer admitted.
+  void close_listener() {
+    asio::post(io_, [this] {
+      boost::system::error_code ignored;
+      acceptor_.close(ignored);
+    });
+  }
+
+  // --- messages -----------------------------------------------------------------------------
+
+  op_ptr send(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
+    auto op = std::make_shared<operation>();
+    op->is_send = true;
+    op->env = envelope{peer, tag, sig, bytes.size()};
+    op->data = bytes;
+    if (bytes.size() > settings_.max_frame_bytes) {
+      op->complete(make_error_code(errc::invalid_argument),
+                   "a message of " + std::to_string(bytes.size()) + " bytes exceeds max_frame_bytes (" +
+                       std::to_string(settings_.max_frame_bytes) + ")");
+      return op;
+    }
+    if (peer == rank_) {
+      send_to_self(op);
+      return op;
+    }
+    enqueue(*conns_[static_cast<std::size_t>(peer)], op);
+    return op;
+  }
+
+  op_ptr receive(int peer, std::uint64_t tag, std::span<std::byte> buffer, std::vector<std::byte>* grow) {
+    auto op = std::make_shared<operation>();
+    op->env = envelope{peer, tag, signature{}, 0};
+    op->buffer = buffer;
+    op->grow = grow;
+    std::unique_lock lock(m_);
+    if (failed_) {
+      lock.unlock();
+      op->complete(make_error_code(errc::peer_lost), failure_);
+      return op;
+    }
+    auto it = std::find_if(unexpected_.begin(), unexpected_.end(), [&](const incoming_ptr& in) {
+      return matches(*op, in->peer, in->tag);
+    });
+    if (it != unexpected_.end()) {
+      incoming_ptr in = std::move(*it);
+      unexpected_.erase(it);
+      if (!in->complete) {
+        in->claimed = op;  // the reader delivers when the payload is in
+        op->state = operation::phase::active;
+        return op;
+      }
+      lock.unlock();
+      deliver(*in, *op);
+      return op;
+    }
+    if (peer != any_peer && peer != rank_) {
+      const connection& c = *conns_[static_cast<std::size_t>(peer)];
+      if (!c.open || c.departed) {
+        lock.unlock();
+        op->complete(make_error_code(errc::peer_lost), departure_text(c));
+        return op;
+      }
+    }
+    posted_.push_back(op);
+    return op;
+  }
+
+  /// Withdraws a queued operation. One whose bytes are moving is given the linger time to
+  /// finish; after that its connection is closed, which ends it. Never blocks past that.
+  void cancel(const op_ptr& op) noexcept {
+    {
+      std::lock_guard lock(m_);
+      if (op->flag.done()) return;
+      if (op->state == operation::phase::queued) {
+        if (op->is_send) {
+          auto& q = conns_[static_cast<std::size_t>(op->env.peer)]->sendq;
+          q.erase(std::remove(q.begin(), q.end(), op), q.end());
+        } else {
+          posted_.erase(std::remove(posted_.begin(), posted_.end(), op), posted_.end());
+        }
+        op->complete(make_error_code(errc::cancelled));
+        return;
+      }
+    }
+    if (op->flag.done()) return;
+    if (op->flag.block_until(deadline::after(settings_.linger))) return;
+    int peer = op->env.peer;
+    if (peer >= 0 && peer != rank_) {
+      connection_failed(*conns_[static_cast<std::size_t>(peer)], errc::cancelled,
+                        "an operation in flight was cancelled and did not finish in time");
+    }
+    op->flag.block_until(deadline::after(std::chrono::seconds(5)));
+  }
+
+  /// Graceful shutdown: flush every connection, say goodbye, wait (up to the linger time) for
+  /// each peer to confirm it has read everything, then stop the I/O thread.
+  void stop() noexcept {
+    if (!io_thread_.joinable()) return;
+    std::vector<connection*> open;
+    {
+      std::lock_guard lock(m_);
+      if (!failed_) {
+        for (auto& c : conns_) {
+          if (c && c->open) open.push_back(c.get());
+        }
+      }
+    }
+    for (connection* c : open) {
+      auto bye = std::make_shared<operation>();
+      bye->is_send = true;
+      bye->kind = frame_kind::goodbye;
+      bye->env.peer = c->peer;
+      enqueue(*c, bye);
+    }
+    {
+      std::unique_lock lock(m_);
+      stopping_ = true;
+      state_cv_.wait_until(lock, deadline::after(settings_.linger).time(), [&] {
+        return std::all_of(open.begin(), open.end(), [](connection* c) { return c->goodbye_acked || !c->open; });
+      });
+    }
+    work_.reset();
+    io_.stop();
+    io_thread_.join();
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    for (auto& c : conns_) {
+      if (c) c->socket.close(ignored);
+    }
+    fail_everything(make_error_code(errc::cancelled), "the transport was shut down");
+  }
+
+  /// Text for errors after the group failed; empty while it is healthy.
+  std::string failure() const {
+    std::lock_guard lock(m_);
+    return failure_;
+  }
+
+ private:
+  // --- accepting and connecting -------------------------------------------------------------
+
+  void accept_next() {
+    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
+      if (ec) {
+        if (ec != asio::error::operation_aborted && acceptor_.is_open()) accept_next();
+        return;
+      }
+      auto sock = std::make_shared<tcp::socket>(std::move(s));
+      std::string from = endpoint_text(*sock);
+      handshake::accept(
+          *sock, settings_.token, settings_.handshake_timeout,
+          [this](const auth::hello& h) { return admit(h); },
+          [this, sock, from](std::error_code hec, std::string why, const auth::hello& h) {
+            if (hec) {
+              log(log_level::warn, "rank " + std::to_string(rank_) + " refused a connection from " +
+                                       from + ": " + why);
+              boost::system::error_code ignored;
+              sock->close(ignored);
+              return;
+            }
+            log(log_level::debug, "rank " + std::to_string(rank_) + " accepted rank " +
+                                      std::to_string(h.rank) + " from " + from);
+            adopt(h.rank, std::move(*sock));
+          });
+      accept_next();
+    });
+  }
+
+  std::string admit(const auth::hello& h) {
+    if (h.who != auth::role::transport) return "this port serves a transport, not a store";
+    if (h.world != size_) {
+      return "group size " + std::to_string(h.world) + " where this group has " + std::to_string(size_);
+    }
+    if (h.epoch != settings_.epoch) {
+      return "epoch " + std::to_string(h.epoch) + " where this group is at epoch " + std::to_string(settings_.epoch);
+    }
+    if (h.rank <= rank_ || h.rank >= size_) {
+      return "rank " + std::to_string(h.rank) + " cannot connect to rank " + std::to_string(rank_) +
+             " (only higher ranks connect)";
+    }
+    std::lock_guard lock(m_);
+    if (conns_[static_cast<std::size_t>(h.rank)]) return "rank " + std::to_string(h.rank) + " is already connected";
+    return {};
+  }
+
+  bool try_connect(int peer, const std::string& host, std::uint16_t port, deadline d,
+                   std::error_code& ec, std::string& why) {
+    auto sock = std::make_shared<tcp::socket>(io_);
+    auto result = std::make_shared<std::promise<std::pair<std::error_code, std::string>>>();
+    auto future = result->get_future();
+    auto resolver = std::make_shared<tcp::resolver>(io_);
+    auth::hello mine;
+    mine.who = auth::role::transport;
+    mine.rank = rank_;
+    mine.world = size_;
+    mine.epoch = settings_.epoch;
+    auto timeout = std::min(settings_.handshake_timeout,
+                            std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()) +
+                                std::chrono::milliseconds(1));
+    asio::post(io_, [=, this] {
+      resolver->async_resolve(
+          host, std::to_string(port),
+          [=, this](boost::system::error_code rec, tcp::resolver::results_type eps) {
+            if (rec) {
+              result->set_value({make_error_code(errc::peer_lost), "cannot resolve " + host + ": " + rec.message()});
+              return;
+            }
+            asio::async_connect(*sock, eps, [=, this](boost::system::error_code cec, const tcp::endpoint&) {
+              if (cec) {
+                result->set_value({make_error_code(errc::peer_lost), cec.message()});
+                return;
+              }
+              handshake::connect(*sock, settings_.token, timeout, mine,
+                                 [=](std::error_code hec, std::string text, const auth::hello&) {
+                                   result->set_value({hec, std::move(text)});
+                                 });
+            });
+          });
+    });
+    if (future.wait_until(d.time() + std::chrono::milliseconds(50)) != std::future_status::ready) {
+      asio::post(io_, [sock, resolver] {
+        boost::system::error_code ignored;
+        resolver->cancel();
+        sock->close(ignored);
+      });
+      future.wait();  // closing the socket ends whichever step was pending
+      ec = make_error_code(errc::timeout);
+      why = "no answer before the deadline";
+      return false;
+    }
+    auto [hec, text] = future.get();
+    if (hec) {
+      ec = hec;
+      why = text;
+      asio::post(io_, [sock] {
+        boost::system::error_code ignored;
+        sock->close(ignored);
+      });
+      return false;
+    }
+    std::promise<void> adopted;
+    asio::post(io_, [&, this] {
+      adopt(peer, std::move(*sock));
+      adopted.set_value();
+    });
+    adopted.get_future().wait();
+    return true;
+  }
+
+  // Runs on the I/O thread: the connection joins the group and its reader starts.
+  void adopt(int peer, tcp::socket s) {
+    tune_socket(s, settings_.socket_buffer_bytes);
+    auto c = std::make_unique<connection>(peer, std::move(s));
+    c->fd = c->socket.native_handle();
+    c->socket.non_blocking(true);
+    connection& ref = *c;
+    {
+      std::lock_guard lock(m_);
+      conns_[static_cast<std::size_t>(peer)] = std::move(c);
+    }
+    accept_cv_.notify_all();
+    read_header(ref);
+  }
+
+  // --- reading (I/O thread) -----------------------------------------------------------------
+
+  void read_header(connection& c) {
+    asio::async_read(c.socket, asio::buffer(c.rx_header),
+                     [this, &c](boost::system::error_code ec, std::size_t) {
+                       if (ec) return read_failed(c, ec);
+                       on_header(c);
+                     });
+  }
+
+  void read_failed(connection& c, const boost::system::error_code& ec) {
+    bool expected;
+    {
+      std::lock_guard lock(m_);
+      expected = c.departed || !c.open || stopping_;
+    }
+    if (ec == asio::error::eof && expected) {
+      std::lock_guard lock(m_);
+      c.open = false;
+      state_cv_.notify_all();
+      return;
+    }
+    if (ec == asio::error::operation_aborted && expected) return;
+    connection_failed(c, errc::peer_lost,
+                      ec == asio::error::eof ? "closed the connection without saying goodbye (process exited or was killed)"
+                                             : "connection error: " + ec.message());
+  }
+
+  void on_header(connection& c) {
+    auto r = decode_frame(c.rx_header, c.rx_seq, settings_.max_frame_bytes);
+    if (!r.ok) {
+      log(log_level::error, "rank " + std::to_string(rank_) + " closing the connection to rank " +
+                                std::to_string(c.peer) + ": malformed frame: " + r.error);
+      connection_failed(c, errc::protocol_error, "sent a malformed frame (" + r.error + ")");
+      return;
+    }
+    ++c.rx_seq;
+    const frame_header& h = r.header;
+    switch (h.kind) {
+      case frame_kind::data: return on_data(c, h);
+      case frame_kind::goodbye: return on_goodbye(c, h);
+      case frame_kind::goodbye_ack: {
+        std::lock_guard lock(m_);
+        c.goodbye_acked = true;
+        state_cv_.notify_all();
+        break;
+      }
+      case frame_kind::abort: return on_abort(c, h);
+    }
+    read_discard(c, h.length, [this, &c] { read_header(c); });
+  }
+
+  void on_data(connection& c, const frame_header& h) {
+    const auto len = static_cast<std::size_t>(h.length);
+    std::unique_lock lock(m_);
+    auto it = std::find_if(posted_.begin(), posted_.end(),
+                           [&](const op_ptr& r) { return matches(*r, c.peer, h.tag); });
+    if (it != posted_.end()) {
+      op_ptr recv = std::move(*it);
+      posted_.erase(it);
+      recv->state = operation::phase::active;
+      lock.unlock();
+      recv->env.peer = c.peer;
+      recv->env.sig = h.sig;
+      recv->env.bytes = len;
+      std::byte* dst = nullptr;
+      if (recv->grow != nullptr) {
+        recv->grow->resize(len);
+        dst = recv->grow->data();
+      } else if (len <= recv->buffer.size()) {
+        dst = recv->buffer.data();
+      }
+      if (dst == nullptr) {  // too large for the posted buffer: consume it, report truncation
+        return read_discard(c, len, [this, &c, recv] {
+          recv->complete(make_error_code(errc::message_truncated));
+          read_header(c);
+        });
+      }
+      return read_payload(
+          c, dst, len,
+          [this, &c, recv] {
+            recv->complete({});
+            read_header(c);
+          },
+          [recv, &c] { recv->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " was lost mid-message"); });
+    }
+    auto in = std::make_shared<incoming>();
+    in->peer = c.peer;
+    in->tag = h.tag;
+    in->sig = h.sig;
+    in->length = len;
+    in->data = std::make_unique_for_overwrite<std::byte[]>(len == 0 ? 1 : len);
+    unexpected_.push_back(in);
+    lock.unlock();
+    read_payload(c, in->data.get(), len, [this, &c, in] {
+      std::unique_lock l(m_);
+      in->complete = true;
+      op_ptr claimant = std::move(in->claimed);
+      l.unlock();
+      if (claimant) deliver(*in, *claimant);
+      read_header(c);
+    }, [this, &c, in] {
+      std::unique_lock l(m_);
+      op_ptr claimant = std::move(in->claimed);
+      l.unlock();
+      if (claimant) claimant->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " was lost mid-message");
+    });
+  }
+
+  template <class Then, class OnError>
+  void read_payload(connection& c, std::byte* dst, std::size_t len, Then then, OnError on_error) {
+    if (len == 0) return then();
+    asio::async_read(c.socket, asio::buffer(dst, len),
+                     [this, &c, then, on_error](boost::system::error_code ec, std::size_t) mutable {
+                       if (ec) {
+                         on_error();
+                         return read_failed(c, ec);
+                       }
+                       then();
+                     });
+  }
+
+  template <class Then>
+  void read_discard(connection& c, std::size_t remaining, Then then) {
+    if (remaining == 0) return then();
+    c.rx_scratch.resize(std::min<std::size_t>(remaining, 1 << 16));
+    std::size_t n = c.rx_scratch.size();
+    asio::async_read(c.socket, asio::buffer(c.rx_scratch.data(), n),
+                     [this, &c, remaining, n, then](boost::system::error_code ec, std::size_t) {
+                       if (ec) return read_failed(c, ec);
+                       read_discard(c, remaining - n, then);
+                     });
+  }
+
+  void on_goodbye(connection& c, const frame_header& h) {
+    std::vector<op_ptr> orphans;
+    {
+      std::lock_guard lock(m_);
+      c.departed = true;
+      // Everything the peer sent came before its goodbye; receives still waiting on it never
+      // will be satisfied.
+      for (auto& r : posted_) {
+        if (r->env.peer == c.peer) orphans.push_back(r);
+      }
+      std::erase_if(posted_, [&](const op_ptr& r) { return r->env.peer == c.peer; });
+    }
+    for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), departure_text(c));
+    auto ack = std::make_shared<operation>();
+    ack->is_send = true;
+    ack->kind = frame_kind::goodbye_ack;
+    ack->env.peer = c.peer;
+    enqueue(c, ack);
+    read_discard(c, h.length, [this, &c] { read_header(c); });
+  }
+
+  void on_abort(connection& c, const frame_header& h) {
+    std::size_t n = std::min<std::size_t>(h.length, 4096);
+    if (h.length > 4096) {
+      connection_failed(c, errc::protocol_error, "sent an abort frame longer than 4096 bytes");
+      return;
+    }
+    c.rx_scratch.resize(n);
+    asio::async_read(c.socket, asio::buffer(c.rx_scratch.data(), n),
+                     [this, &c](boost::system::error_code ec, std::size_t got) {
+                       if (ec) return read_failed(c, ec);
+                       std::string text;
+                       for (std::size_t i = 0; i < got; ++i) {
+                         auto ch = static_cast<char>(c.rx_scratch[i]);
+                         text.push_back(ch >= ' ' && ch <= '~' ? ch : '?');
+                       }
+                       group_failed(rank_text(c.peer) + " aborted the group: " + text, c.peer);
+                       read_header(c);
+                     });
+  }
+
+  // --- writing ------------------------------------------------------------------------------
+
+  void enqueue(connection& c, const op_ptr& op) {
+    {
+      std::lock_guard lock(m_);
+      if (!c.open || (failed_ && op->kind == frame_kind::data)) {
+        std::string why = c.open ? failure_ : departure_text(c);
+        op->complete(make_error_code(errc::peer_lost), why);
+        return;
+      }
+      if (c.departed && op->kind == frame_kind::data) {
+        op->complete(make_error_code(errc::peer_lost), departure_text(c));
+        return;
+      }
+      c.sendq.push_back(op);
+      if (c.writing) return;
+      c.writing = true;
+    }
+    pump(c);
+  }
+
+  // Writes queued frames while the socket takes them. Called by the one writer (the thread that
+  // set `writing`); hands over to the I/O thread when the socket is full.
+  void pump(connection& c) {
+    while (true) {
+      op_ptr op;
+      {
+        std::lock_guard lock(m_);
+        if (c.sendq.empty() || !c.open) {
+          c.writing = false;
+          if (!c.open) fail_queue(c);
+          return;
+        }
+        op = c.sendq.front();
+        if (op->state == operation::phase::queued) {
+          frame_header h;
+          h.kind = op->kind;
+          h.tag = op->env.tag;
+          h.seq = c.tx_seq++;
+          h.length = op->kind == frame_kind::data ? op->data.size() : op->owned.size();
+          h.sig = op->env.sig;
+          op->header = encode_frame(h);
+          if (op->kind != frame_kind::data) op->data = std::as_bytes(std::span(op->owned));
+          op->state = operation::phase::active;
+        }
+      }
+      while (op->written < op->total()) {
+        iovec iov[2];
+        int n = 0;
+        if (op->written < frame_header::size) {
+          iov[n].iov_base = op->header.data() + op->written;
+          iov[n++].iov_len = frame_header::size - op->written;
+        }
+        std::size_t done_payload = op->written > frame_header::size ? op->written - frame_header::size : 0;
+        if (done_payload < op->data.size()) {
+          iov[n].iov_base = const_cast<std::byte*>(op->data.data()) + done_payload;
+          iov[n++].iov_len = op->data.size() - done_payload;
+        }
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(n);
+        ssize_t sent = ::sendmsg(c.fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (sent > 0) {
+          op->written += static_cast<std::size_t>(sent);
+          continue;
+        }
+        if (sent < 0 && errno == EINTR) continue;
+        if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          wait_writable(c);
+          return;
+        }
+        int err = errno;
+        {
+          std::lock_guard lock(m_);
+          c.sendq.pop_front();
+          c.writing = false;
+        }
+        op->complete(make_error_code(errc::peer_lost), "write failed: " + std::string(std::strerror(err)));
+        connection_failed(c, errc::peer_lost, "write failed: " + std::string(std::strerror(err)));
+        return;
+      }
+      {
+        std::lock_guard lock(m_);
+        c.sendq.pop_front();
+      }
+      op->complete({});
+    }
+  }
+
+  void wait_writable(connection& c) {
+    asio::post(io_, [this, &c] {
+      c.socket.async_wait(tcp::socket::wait_write, [this, &c](boost::system::error_code ec) {
+        // An error here means the socket was closed under us; pump then fails the queue.
+        if (ec && !stopping_) connection_failed(c, errc::peer_lost, "connection closed: " + ec.message());
+        pump(c);
+      });
+    });
+  }
+
+  // --- failure ------------------------------------------------------------------------------
+
+  // Fails everything queued on `c` except the frame a writer owns (it fails that itself).
+  // Requires the engine lock.
+  void fail_queue(connection& c) {
+    std::deque<op_ptr> q;
+    if (c.writing && !c.sendq.empty()) {
+      q.assign(c.sendq.begin() + 1, c.sendq.end());
+      c.sendq.erase(c.sendq.begin() + 1, c.sendq.end());
+    } else {
+      q.swap(c.sendq);
+    }
+    for (auto& op : q) op->complete(make_error_code(errc::peer_lost), departure_text(c));
+  }
+
+  void connection_failed(connection& c, errc code, const std::string& why) {
+    std::vector<op_ptr> orphans;
+    {
+      std::lock_guard lock(m_);
+      if (!c.open) return;
+      c.open = false;
+      c.lost = rank_text(c.peer) + " " + why;
+      (void)code;
+      for (auto& r : posted_) {
+        if (r->env.peer == c.peer) orphans.push_back(r);
+      }
+      std::erase_if(posted_, [&](const op_ptr& r) { return r->env.peer == c.peer; });
+      fail_queue(c);
+      // Half-read messages from this peer will never complete.
+      std::erase_if(unexpected_, [&](const incoming_ptr& in) { return in->peer == c.peer && !in->complete; });
+      state_cv_.notify_all();
+    }
+    for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), c.lost);
+    // shutdown, not close: a writer may still hold the descriptor, which must not be reused
+    // under it. The socket is closed when the engine stops.
+    ::shutdown(c.fd, SHUT_RDWR);
+    if (settings_.abort_group_on_peer_loss && !stopping_) {
+      group_failed(c.lost, c.peer);
+    }
+  }
+
+  // The group cannot go on: fail every waiting receive, and tell the other peers why, so that
+  // ranks that never talked to the lost one fail at once too, naming it.
+  void group_failed(const std::string& why, int source) {
+    std::vector<op_ptr> orphans;
+    std::vector<connection*> others;
+    {
+      std::lock_guard lock(m_);
+      if (failed_) return;
+      failed_ = true;
+      failure_ = why;
+      orphans.assign(posted_.begin(), posted_.end());
+      posted_.clear();
+      for (auto& c : conns_) {
+        if (c && c->open && c->peer != source && !c->departed) others.push_back(c.get());
+      }
+    }
+    log(log_level::warn, "rank " + std::to_string(rank_) + ": group failed: " + why);
+    for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), why);
+    for (connection* c : others) {
+      auto abort = std::make_shared<operation>();
+      abort->is_send = true;
+      abort->kind = frame_kind::abort;
+      abort->env.peer = c->peer;
+      abort->owned = "rank " + std::to_string(rank_) + " reports: " + why;
+      if (abort->owned.size() > 4000) abort->owned.resize(4000);
+      enqueue(*c, abort);
+    }
+  }
+
+  void fail_everything(std::error_code ec, const std::string& why) {
+    std::vector<op_ptr> orphans;
+    {
+      std::lock_guard lock(m_);
+      orphans.assign(posted_.begin(), posted_.end());
+      posted_.clear();
+      for (auto& in : unexpected_) {
+        if (in->claimed) orphans.push_back(std::move(in->claimed));
+      }
+      for (auto& c : conns_) {
+        if (!c) continue;
+        for (auto& op : c->sendq) orphans.push_back(op);
+        c->sendq.clear();
+        c->writing = false;
+        c->open = false;
+      }
+    }
+    for (auto& op : orphans) {
+      if (!op->flag.done()) op->complete(ec, why);
+    }
+  }
+
+  std::string departure_text(const connection& c) const {
+    if (!c.lost.empty()) return c.lost;
+    if (c.departed) return rank_text(c.peer) + " has shut down its transport";
+    return rank_text(c.peer) + " is not connected";
+  }
+
+  // --- local delivery -----------------------------------------------------------------------
+
+  void send_to_self(const op_ptr& op) {
+    std::unique_lock lock(m_);
+    auto it = std::find_if(posted_.begin(), posted_.end(),
+                           [&](const op_ptr& r) { return matches(*r, rank_, op->env.tag); });
+    if (it != posted_.end()) {
+      op_ptr recv = std::move(*it);
+      posted_.erase(it);
+      recv->state = operation::phase::active;
+      lock.unlock();
+      incoming in;
+      in.peer = rank_;
+      in.tag = op->env.tag;
+      in.sig = op->env.sig;
+      in.length = op->data.size();
+      copy_into(in, op->data.data(), *recv);
+      op->complete({});
+      return;
+    }
+    auto in = std::make_shared<incoming>();
+    in->peer = rank_;
+    in->tag = op->env.tag;
+    in->sig = op->env.sig;
+    in->length = op->data.size();
+    in->data = std::make_unique_for_overwrite<std::byte[]>(in->length == 0 ? 1 : in->length);
+    if (in->length != 0) std::memcpy(in->data.get(), op->data.data(), in->length);
+    in->complete = true;
+    unexpected_.push_back(std::move(in));
+    lock.unlock();
+    op->complete({});
+  }
+
+  static void deliver(const incoming& in, operation& recv) { copy_into(in, in.data.get(), recv); }
+
+  static void copy_into(const incoming& in, const std::byte* src, operation& recv) {
+    recv.env.peer = in.peer;
+    recv.env.sig = in.sig;
+    recv.env.bytes = in.length;
+    if (recv.grow != nullptr) {
+      recv.grow->resize(in.length);
+      if (in.length != 0) std::memcpy(recv.grow->data(), src, in.length);
+    } else if (in.length > recv.buffer.size()) {
+      recv.complete(make_error_code(errc::message_truncated));
+      return;
+    } else if (in.length != 0) {
+      std::memcpy(recv.buffer.data(), src, in.length);
+    }
+    recv.complete({});
+  }
+
+  int rank_;
+  int size_;
+  settings settings_;
+
+  mutable std::mutex m_;
+  std::condition_variable accept_cv_;
+  std::condition_variable state_cv_;
+  std::vector<std::unique_ptr<connection>> conns_;  // by peer rank; null for self
+  std::deque<op_ptr> posted_;
+  std::deque<incoming_ptr> unexpected_;
+  bool failed_ = false;
+  std::atomic<bool> stopping_{false};
+  std::string failure_;
+
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::thread io_thread_;
+};
+
+}  // namespace dtrain::detail::tcp_engine

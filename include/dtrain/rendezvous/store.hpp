@@ -1,0 +1,96 @@
+#pragma once
+/// @file
+/// The `store` concept: the key-value store ranks meet through before they can talk directly.
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+
+namespace dtrain {
+
+/// A store is a key-value map shared by every rank of a job.
+///  1. `s.set(key, value, deadline, ec)` stores bytes under `key`, replacing any value.
+///  2. `s.get(key, deadline, ec)` returns the value, waiting until some rank sets it or the
+///     deadline passes (`errc::timeout`).
+///  3. `s.add(key, delta, deadline, ec)` adds `delta` to the integer under `key` (0 if unset) and
+///     returns the new value, atomically across ranks.
+///  4. Each has a throwing form without `ec` that raises `dtrain::error` naming the key.
+///  Semantics: every call is bounded by its deadline; calls may come from several threads; keys
+///  are opaque text up to 4096 bytes, values up to 64 MiB. Groups rebuilt without restarting
+///  prefix their keys with an epoch (see `epoch_key`).
+///  Models: `tcp_store`, `file_store`.
+template <class S>
+concept store = requires(S& s, const std::string& key, std::span<const std::byte> value, deadline d,
+                         std::int64_t delta, std::error_code& ec) {
+  { s.set(key, value, d, ec) } noexcept -> std::same_as<bool>;
+  { s.get(key, d, ec) } noexcept -> std::same_as<std::vector<std::byte>>;
+  { s.add(key, delta, d, ec) } noexcept -> std::same_as<std::int64_t>;
+  { s.set(key, value, d) } -> std::same_as<void>;
+  { s.get(key, d) } -> std::same_as<std::vector<std::byte>>;
+  { s.add(key, delta, d) } -> std::same_as<std::int64_t>;
+};
+
+/// `key` in rendezvous epoch `epoch`: "e<epoch>/<key>".
+inline std::string epoch_key(std::uint64_t epoch, std::string_view key) {
+  std::string out = "e" + std::to_string(epoch) + "/";
+  out.append(key);
+  return out;
+}
+
+inline std::span<const std::byte> as_value(std::string_view text) noexcept {
+  return std::as_bytes(std::span(text.data(), text.size()));
+}
+inline std::string value_text(const std::vector<std::byte>& v) {
+  return {reinterpret_cast<const char*>(v.data()), v.size()};
+}
+
+namespace detail {
+
+inline constexpr std::size_t max_store_key = 4096;
+inline constexpr std::size_t max_store_value = std::size_t{64} << 20;
+
+/// The throwing forms of a store's operations, written once over its `ec` forms.
+template <class Derived>
+class store_throwing_forms {
+ public:
+  void set(const std::string& key, std::span<const std::byte> value, deadline d) {
+    std::error_code ec;
+    self().set(key, value, d, ec);
+    throw_if(ec, "dtrain: store set '" + key + "': " + ec.message());
+  }
+  std::vector<std::byte> get(const std::string& key, deadline d) {
+    std::error_code ec;
+    auto v = self().get(key, d, ec);
+    throw_if(ec, "dtrain: store get '" + key + "': " +
+                     (ec == errc::timeout ? "no rank set it before the deadline" : ec.message()));
+    return v;
+  }
+  std::int64_t add(const std::string& key, std::int64_t delta, deadline d) {
+    std::error_code ec;
+    auto v = self().add(key, delta, d, ec);
+    throw_if(ec, "dtrain: store add '" + key + "': " + ec.message());
+    return v;
+  }
+
+ private:
+  Derived& self() { return static_cast<Derived&>(*this); }
+};
+
+inline bool valid_store_call(const std::string& key, std::size_t value_size, std::error_code& ec) {
+  if (key.empty() || key.size() > max_store_key || value_size > max_store_value) {
+    ec = make_error_code(errc::invalid_argument);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace detail
+}  // namespace dtrain

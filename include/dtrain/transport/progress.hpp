@@ -1,0 +1,72 @@
+#pragma once
+/// @file
+/// Progress policies: how a thread waiting for a transport operation spends its time.
+///
+/// A policy is a type with `static bool wait(completion_flag&, deadline)`. The transport's own
+/// I/O thread makes progress either way; the policy decides only how the waiter notices.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "dtrain/core/deadline.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace dtrain {
+
+/// The completion state of one operation, as waited on by a progress policy.
+class completion_flag {
+ public:
+  bool done() const noexcept { return done_.load(std::memory_order_acquire); }
+
+  /// Marks the operation finished and wakes its waiters. Called once, by whichever thread
+  /// finished the operation.
+  void set() noexcept {
+    {
+      std::lock_guard lock(m_);
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+
+  /// Blocks until set or `d` passes. @returns whether it was set.
+  bool block_until(deadline d) noexcept {
+    std::unique_lock lock(m_);
+    return cv_.wait_until(lock, d.time(), [&] { return done(); });
+  }
+
+ private:
+  std::atomic<bool> done_{false};
+  std::mutex m_;
+  std::condition_variable cv_;
+};
+
+/// Blocks on a condition variable: no CPU while waiting; wake-up costs a few microseconds. The
+/// default, and the right choice whenever ranks share cores with their I/O threads.
+struct blocking {
+  static bool wait(completion_flag& f, deadline d) noexcept { return f.done() || f.block_until(d); }
+};
+
+/// Spins for `SpinMicros` microseconds before blocking: for latency-bound jobs with a core to
+/// spare per rank. Spinning on a machine with fewer cores than busy threads slows everything.
+template <int SpinMicros = 50>
+struct spin_then_block {
+  static_assert(SpinMicros >= 0, "the spin time cannot be negative");
+  static bool wait(completion_flag& f, deadline d) noexcept {
+    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(SpinMicros);
+    if (until > d.time()) until = d.time();
+    while (!f.done()) {
+      if (std::chrono::steady_clock::now() >= until) return f.block_until(d);
+#if defined(__x86_64__) || defined(__i386__)
+      _mm_pause();
+#endif
+    }
+    return true;
+  }
+};
+
+}  // namespace dtrain

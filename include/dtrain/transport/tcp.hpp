@@ -1,0 +1,327 @@
+#pragma once
+/// @file
+/// `tcp_transport`: the ranks of a group are processes, on one machine or many, joined by TCP
+/// through Boost.Asio. Link `dtrain::asio` (Boost headers, OpenSSL's libcrypto).
+///
+/// ```cpp
+/// auto t = dtrain::tcp_transport::from_environment();  // dtrain-run, mpirun, srun, torchrun
+/// dtrain::communicator<dtrain::tcp_transport> comm(std::move(t));
+/// comm.allreduce(std::span(grads), dtrain::reduce_op::sum);
+/// ```
+/// Each pair of ranks shares one connection; every connection is authenticated with the job
+/// token (see docs/launching.md). Frames follow core/frame.hpp. See docs/transports.md for the
+/// data path, failure behaviour and shutdown.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include "dtrain/concepts/completion.hpp"
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_space.hpp"
+#include "dtrain/detail/netif.hpp"
+#include "dtrain/detail/tcp_engine.hpp"
+#include "dtrain/rendezvous/environment.hpp"
+#include "dtrain/rendezvous/file_store.hpp"
+#include "dtrain/rendezvous/store.hpp"
+#include "dtrain/rendezvous/tcp_store.hpp"
+#include "dtrain/transport/progress.hpp"
+
+namespace dtrain {
+
+/// How a TCP group is formed and behaves. Fields left empty are taken from the environment by
+/// `from_environment` (DTRAIN_IFNAME, DTRAIN_BIND_ADDR, DTRAIN_ADVERTISE_ADDR, DTRAIN_PORT).
+struct tcp_options {
+  /// Deadline for forming the group: rendezvous, connecting, handshakes.
+  std::chrono::milliseconds timeout{60000};
+  /// How long shutdown waits for peers to confirm they have read everything sent to them.
+  std::chrono::milliseconds linger{10000};
+  /// Interface whose address is advertised to peers ("eth0"); empty: see `advertise_address`.
+  std::string interface;
+  /// Address advertised to peers (an IP or a hostname). Empty: the address of `interface`, else
+  /// the local address that routes to the rendezvous store, else the host name's address.
+  std::string advertise_address;
+  /// Address the listening socket binds to. Empty: the advertised address (one interface, not
+  /// all); "0.0.0.0" listens on every interface, which must be asked for.
+  std::string bind_address;
+  std::uint16_t port = 0;  ///< listening port; 0 picks a free one
+  /// Largest frame payload accepted or sent. Larger incoming frames close the connection.
+  std::uint64_t max_frame_bytes = std::uint64_t{1} << 30;
+  /// SO_SNDBUF/SO_RCVBUF; 0 keeps the kernel's autotuning (usually the faster choice).
+  int socket_buffer_bytes = 0;
+  /// The job token; unset: $DTRAIN_TOKEN, else the file $DTRAIN_TOKEN_FILE.
+  std::optional<std::string> token;
+  /// A lost peer fails the whole group at once, on every rank (what collectives need). Off for
+  /// a parameter server that outlives its workers.
+  bool abort_group_on_peer_loss = true;
+  /// Rendezvous epoch: a group rebuilt without restarting uses a new epoch, so its keys and
+  /// handshakes never mix with the old group's.
+  std::uint64_t epoch = 0;
+
+  /// The options with the environment's DTRAIN_* settings filled in where these are empty.
+  tcp_options with_environment() const {
+    tcp_options o = *this;
+    auto pick = [](std::string& field, const char* name) {
+      if (const char* v = std::getenv(name); field.empty() && v != nullptr) field = v;
+    };
+    pick(o.interface, "DTRAIN_IFNAME");
+    pick(o.advertise_address, "DTRAIN_ADVERTISE_ADDR");
+    pick(o.bind_address, "DTRAIN_BIND_ADDR");
+    if (const char* p = std::getenv("DTRAIN_PORT"); o.port == 0 && p != nullptr) {
+      o.port = detail::env::to_port("DTRAIN_PORT", p);
+    }
+    if (const char* t = std::getenv("DTRAIN_TIMEOUT_MS")) {
+      o.timeout = std::chrono::milliseconds(detail::env::to_int("DTRAIN_TIMEOUT_MS", t));
+    }
+    return o;
+  }
+};
+
+/// The completion handle of a TCP send or receive (a model of `completion`).
+template <class Progress>
+class basic_tcp_request {
+ public:
+  basic_tcp_request() = default;
+  basic_tcp_request(std::shared_ptr<detail::tcp_engine::engine> e, detail::tcp_engine::op_ptr op)
+      : engine_(std::move(e)), op_(std::move(op)) {}
+  basic_tcp_request(basic_tcp_request&&) noexcept = default;
+  basic_tcp_request& operator=(basic_tcp_request&& other) noexcept {
+    if (this != &other) {
+      cancel();
+      engine_ = std::move(other.engine_);
+      op_ = std::move(other.op_);
+    }
+    return *this;
+  }
+  ~basic_tcp_request() { cancel(); }
+
+  /// Waits until the operation completes or `d` passes. @returns true on success.
+  bool wait(deadline d, std::error_code& ec) noexcept {
+    if (!op_) {
+      ec.clear();
+      return true;
+    }
+    if (!Progress::wait(op_->flag, d)) {
+      ec = make_error_code(errc::timeout);
+      return false;
+    }
+    ec = op_->ec;
+    return !ec;
+  }
+
+  /// Throwing form of `wait`. @throws dtrain::error naming the operation, the peer, the tag and
+  /// (after a failure) what went wrong on the wire.
+  void wait(deadline d) {
+    std::error_code ec;
+    if (wait(d, ec)) return;
+    const envelope& e = op_->env;
+    std::string peer = e.peer == any_peer ? "any rank" : "rank " + std::to_string(e.peer);
+    std::string what = std::string(op_->is_send ? "send to " : "receive from ") + peer + " on tag " +
+                       std::to_string(e.tag) + ": " + ec.message();
+    if (!detail().empty()) what += " (" + detail() + ")";
+    throw error(ec, what);
+  }
+
+  /// @returns true once the operation has finished, successfully or not.
+  bool test() const noexcept { return !op_ || op_->flag.done(); }
+
+  /// Withdraws the operation if its bytes have not started moving; otherwise lets it finish
+  /// (bounded by the linger time, after which its connection is closed).
+  void cancel() noexcept {
+    if (op_ && !test()) engine_->cancel(op_);
+  }
+
+  /// The operation's envelope; for a receive, complete after a successful wait.
+  const envelope& info() const noexcept {
+    static const envelope empty{};
+    return op_ ? op_->env : empty;
+  }
+
+  /// Why the operation failed, in words (which peer was lost and how); empty on success.
+  const std::string& detail() const noexcept {
+    static const std::string none;
+    return op_ && op_->flag.done() ? op_->detail : none;
+  }
+
+ private:
+  std::shared_ptr<detail::tcp_engine::engine> engine_;
+  detail::tcp_engine::op_ptr op_;
+};
+
+/// One rank's endpoint of a TCP group (a model of `transport`). Move-only; destroying it shuts
+/// down gracefully: queued sends are flushed and every peer confirms it has read them before the
+/// connections close, so a rank may exit right after its last collective.
+/// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
+template <class Progress = blocking>
+class basic_tcp_transport {
+ public:
+  using memory_space = host_memory;
+  using request = basic_tcp_request<Progress>;
+
+  /// Forms the group of `size` ranks through `store`: publishes this rank's address, connects
+  /// to every lower rank (retrying until the deadline), accepts every higher rank, and waits
+  /// until all ranks are connected.
+  /// @throws dtrain::error naming the ranks that did not connect, or why a peer was refused
+  template <class Store>
+  static basic_tcp_transport connect(Store& store, int rank, int size, tcp_options options = {},
+                                     std::string route_hint = {}) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(rank) + " of a group of " +
+                                              std::to_string(size));
+    }
+    const deadline d = deadline::after(options.timeout);
+    detail::tcp_engine::settings s;
+    s.handshake_timeout = std::min(options.timeout, std::chrono::milliseconds(10000));
+    s.linger = options.linger;
+    s.max_frame_bytes = options.max_frame_bytes;
+    s.socket_buffer_bytes = options.socket_buffer_bytes;
+    s.abort_group_on_peer_loss = options.abort_group_on_peer_loss;
+    s.token = detail::auth::load_token(options.token);
+    s.epoch = options.epoch;
+    if (s.token.empty() && rank == 0 && size > 1) {
+      detail::log(detail::log_level::warn,
+                  "no job token (DTRAIN_TOKEN or DTRAIN_TOKEN_FILE): connections are not authenticated");
+    }
+    auto engine = std::make_shared<detail::tcp_engine::engine>(rank, size, std::move(s));
+
+    std::string advertise = choose_address(options, route_hint);
+    std::string bind = options.bind_address.empty() ? resolve_ip(advertise) : options.bind_address;
+    std::uint16_t port = engine->listen(bind, options.port);
+    detail::log(detail::log_level::info,
+                "rank " + std::to_string(rank) + " listens on " + bind + ":" + std::to_string(port) +
+                    " (interface " + detail::netif::name_of(resolve_ip(advertise)) + "), advertised as " +
+                    advertise + ":" + std::to_string(port));
+    engine->start();
+    store.set(epoch_key(options.epoch, "addr/" + std::to_string(rank)),
+              as_value(advertise + ":" + std::to_string(port)), d);
+    for (int peer = 0; peer < rank; ++peer) {
+      auto where = value_text(store.get(epoch_key(options.epoch, "addr/" + std::to_string(peer)), d));
+      auto colon = where.rfind(':');
+      engine->connect_to(peer, where.substr(0, colon),
+                         static_cast<std::uint16_t>(std::stoi(where.substr(colon + 1))), d);
+    }
+    engine->wait_for_accepts(d, options.timeout);
+    engine->close_listener();
+    // Nobody leaves before everyone is connected: rank 0 may be serving the store.
+    std::string ready = epoch_key(options.epoch, "ready");
+    if (store.add(ready, 1, d) == size) store.set(ready + "/all", as_value("1"), d);
+    store.get(ready + "/all", d);
+    return basic_tcp_transport(std::move(engine));
+  }
+
+  /// Forms the group the launcher describes (see `detect_launch`): a file store when
+  /// DTRAIN_STORE_DIR is set; otherwise a TCP store served by the launcher (DTRAIN_STORE) or by
+  /// rank 0 at the master address and port.
+  /// @throws dtrain::error when the environment is incomplete or the group cannot form
+  static basic_tcp_transport from_environment(tcp_options options = {}) {
+    options = options.with_environment();
+    launch_environment env = detect_launch();
+    const deadline d = deadline::after(options.timeout);
+    auto token = detail::auth::load_token(options.token);
+    options.token = token;
+    if (!env.store_dir.empty()) {
+      file_store store(env.store_dir);
+      return connect(store, env.rank, env.size, options);
+    }
+    std::shared_ptr<tcp_store_server> server;
+    if (!env.store_external && env.rank == 0) {
+      server = std::make_shared<tcp_store_server>(
+          options.bind_address.empty() ? resolve_ip(env.store_host) : options.bind_address, env.store_port, token);
+      detail::log(detail::log_level::info, "rank 0 serves the rendezvous store on " + env.store_host + ":" +
+                                               std::to_string(server->port()));
+      if (env.store_port == 0) env.store_port = server->port();
+    }
+    tcp_store store(env.store_host, env.store_port, d, token);
+    auto t = connect(store, env.rank, env.size, options, env.store_host);
+    t.keepalive_ = std::move(server);
+    return t;
+  }
+
+  basic_tcp_transport(basic_tcp_transport&&) noexcept = default;
+  basic_tcp_transport& operator=(basic_tcp_transport&& other) noexcept {
+    if (this != &other) {
+      leave();
+      engine_ = std::move(other.engine_);
+      keepalive_ = std::move(other.keepalive_);
+    }
+    return *this;
+  }
+  ~basic_tcp_transport() { leave(); }
+
+  int rank() const noexcept { return engine_ ? engine_->rank() : 0; }
+  int size() const noexcept { return engine_ ? engine_->size() : 0; }
+
+  /// Starts sending `bytes` to `peer` on `tag`. @pre 0 <= peer < size()
+  request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
+    DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
+    return {engine_, engine_->send(peer, tag, sig, bytes)};
+  }
+
+  /// Starts receiving from `peer` (or `any_peer`) on `tag` into `buffer`.
+  request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) {
+    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
+    return {engine_, engine_->receive(peer, tag, buffer, nullptr)};
+  }
+
+  /// Starts receiving from `peer` (or `any_peer`) on `tag`, resizing `buffer` to the message.
+  request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) {
+    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
+    return {engine_, engine_->receive(peer, tag, {}, &buffer)};
+  }
+
+  /// Why the group failed (which rank was lost, and how); empty while it is healthy.
+  std::string failure() const { return engine_ ? engine_->failure() : std::string(); }
+
+  /// Shuts down now (the destructor does this too): flush, say goodbye, close.
+  void leave() noexcept {
+    if (engine_) engine_->stop();
+    engine_.reset();
+    keepalive_.reset();
+  }
+
+ private:
+  explicit basic_tcp_transport(std::shared_ptr<detail::tcp_engine::engine> e) : engine_(std::move(e)) {}
+
+  static std::string resolve_ip(const std::string& host) {
+    boost::system::error_code ec;
+    auto addr = boost::asio::ip::make_address(host, ec);
+    if (!ec) return addr.to_string();
+    boost::asio::io_context io;
+    detail::tcp::resolver r(io);
+    auto results = r.resolve(detail::tcp::v4(), host, "", ec);
+    if (ec || results.empty()) {
+      throw error(errc::invalid_argument, "dtrain: cannot resolve host name '" + host + "': " + ec.message());
+    }
+    return results.begin()->endpoint().address().to_string();
+  }
+
+  static std::string choose_address(const tcp_options& o, const std::string& route_hint) {
+    if (!o.interface.empty()) return detail::netif::address_of(o.interface);
+    if (!o.advertise_address.empty()) return o.advertise_address;
+    if (!route_hint.empty()) {
+      if (auto a = detail::netif::source_address_towards(route_hint); !a.empty()) return a;
+    }
+    char host[256] = {};
+    if (gethostname(host, sizeof host - 1) == 0) {
+      if (auto a = detail::netif::source_address_towards(host); !a.empty()) return a;
+    }
+    return "127.0.0.1";
+  }
+
+  std::shared_ptr<detail::tcp_engine::engine> engine_;
+  std::shared_ptr<void> keepalive_;  // the store server rank 0 hosts for the group's lifetime
+};
+
+using tcp_transport = basic_tcp_transport<blocking>;
+using tcp_request = basic_tcp_request<blocking>;
+
+}  // namespace dtrain
