@@ -544,13 +544,16 @@ class engine {
       recv->env.sig = h.sig;
       recv->env.bytes = len;
       std::byte* dst = nullptr;
+      bool fits = true;
       if (recv->grow != nullptr) {
         recv->grow->resize(len);
         dst = recv->grow->data();
       } else if (len <= recv->buffer.size()) {
         dst = recv->buffer.data();
+      } else {
+        fits = false;
       }
-      if (dst == nullptr) {  // too large for the posted buffer: consume it, report truncation
+      if (!fits) {  // too large for the posted buffer: consume it, report truncation
         return read_discard(c, len, [this, &c, recv] {
           recv->complete(make_error_code(errc::message_truncated));
           read_header(c);

@@ -1,0 +1,39 @@
+# TCP transport, rendezvous and launching: real sockets, real processes.
+
+dtrain_add_test(test_rendezvous SOURCES rendezvous/stores.cpp rendezvous/environment.cpp LIBS dtrain::asio)
+dtrain_add_test(test_tcp SOURCES transport/tcp.cpp LIBS dtrain::asio)
+
+add_executable(tcp_worker transport/tcp_worker.cpp)
+target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)
+
+# Every collective and algorithm across 2..6 processes started by dtrain-run.
+foreach(n RANGE 2 6)
+  add_test(NAME tcp_conformance_dtrain_run_${n}
+           COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> conformance)
+  set_tests_properties(tcp_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600
+                       PASS_REGULAR_EXPRESSION "conformance: [0-9]+ cases on ${n} ranks: all correct")
+endforeach()
+
+# The same under Open MPI's mpirun: rank and size from OMPI_COMM_WORLD_*, rank 0 serves the store.
+find_program(DTRAIN_MPIRUN mpirun)
+if(DTRAIN_MPIRUN)
+  foreach(n 2 3 5)
+    add_test(NAME tcp_conformance_mpirun_${n}
+             COMMAND ${DTRAIN_MPIRUN} --allow-run-as-root --oversubscribe -np ${n}
+                     $<TARGET_FILE:tcp_worker> conformance)
+    set_tests_properties(tcp_conformance_mpirun_${n} PROPERTIES TIMEOUT 600
+                         PASS_REGULAR_EXPRESSION "conformance: [0-9]+ cases on ${n} ranks: all correct")
+  endforeach()
+endif()
+
+# Faults across processes: SIGKILL mid-allreduce, a wrong token, junk on every listening port,
+# a mismatched collective. The test program starts the worker processes itself.
+dtrain_add_test(test_tcp_faults SOURCES transport/tcp_faults.cpp LIBS dtrain::asio)
+target_compile_definitions(test_tcp_faults PRIVATE
+                           DTRAIN_TCP_WORKER="$<TARGET_FILE:tcp_worker>"
+                           DTRAIN_RUN="$<TARGET_FILE:dtrain-run>")
+add_dependencies(test_tcp_faults tcp_worker dtrain-run)
+
+# Ranks in separate network namespaces joined by veth pairs (root only; skips otherwise).
+add_test(NAME tcp_netns COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/transport/netns.sh $<TARGET_FILE:tcp_worker> 3)
+set_tests_properties(tcp_netns PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)

@@ -1,0 +1,279 @@
+// tcp_transport with real sockets on loopback, ranks as threads of this process (the
+// multi-process tests are tcp_worker + tcp_faults): matching and ordering, the eager and direct
+// paths, truncation, self-sends, graceful shutdown, malformed frames from an authenticated peer,
+// group formation errors, the spin progress policy.
+
+#include <atomic>
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "../catch.hpp"
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/transport/tcp.hpp"
+
+using namespace dtrain;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string token = "test-token";
+
+tcp_options test_options() {
+  tcp_options o;
+  o.token = token;
+  o.timeout = 20s;
+  o.linger = 5s;
+  return o;
+}
+
+// Runs body(rank, transport) on `n` threads, each a TCP rank; rethrows the first failure.
+template <class Transport = tcp_transport, class Body>
+void run_tcp(int n, Body body, tcp_options o = test_options()) {
+  tcp_store_server server("127.0.0.1", 0, token);
+  std::exception_ptr first;
+  std::mutex m;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+        auto t = Transport::connect(store, r, n, o, "127.0.0.1");
+        body(r, t);
+      } catch (...) {
+        std::lock_guard lock(m);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+std::span<const std::byte> bytes_of(const std::vector<int>& v) { return std::as_bytes(std::span(v)); }
+std::span<std::byte> bytes_of(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
+
+signature sig_for(std::uint64_t count) {
+  signature s;
+  s.count = count;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("tcp: messages on one tag arrive in order, whichever side comes first", "[tcp]") {
+  run_tcp(2, [](int r, tcp_transport& t) {
+    constexpr int messages = 50;
+    if (r == 0) {
+      std::vector<std::vector<int>> out(messages);
+      std::vector<tcp_request> sends;
+      for (int i = 0; i < messages; ++i) {
+        out[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(i * 1000 + 1), i);
+        sends.push_back(t.isend(1, 7, sig_for(static_cast<std::uint64_t>(i)), bytes_of(out[static_cast<std::size_t>(i)])));
+      }
+      for (auto& s : sends) s.wait(deadline::after(10s));
+    } else {
+      for (int i = 0; i < messages; ++i) {
+        if (i == messages / 2) std::this_thread::sleep_for(50ms);  // later ones arrive unexpected
+        std::vector<int> in(static_cast<std::size_t>(i * 1000 + 1), -1);
+        auto req = t.irecv(0, 7, bytes_of(in));
+        req.wait(deadline::after(10s));
+        CHECK(req.info().peer == 0);
+        CHECK(req.info().sig.count == static_cast<std::uint64_t>(i));
+        CHECK(req.info().bytes == in.size() * sizeof(int));
+        CHECK(std::all_of(in.begin(), in.end(), [i](int x) { return x == i; }));
+      }
+    }
+  });
+}
+
+TEST_CASE("tcp: any_peer, tags, self-sends, resizing receives", "[tcp]") {
+  run_tcp(3, [](int r, tcp_transport& t) {
+    std::vector<int> mine(100, r);
+    auto self = t.isend(r, 99, sig_for(1), bytes_of(mine));
+    std::vector<int> back(100, -1);
+    t.irecv(r, 99, bytes_of(back)).wait(deadline::after(5s));
+    self.wait(deadline::after(5s));
+    CHECK(back == mine);
+    if (r == 0) {
+      std::set<int> from;
+      for (int i = 0; i < 2; ++i) {
+        std::vector<std::byte> v;
+        auto req = t.irecv(any_peer, 5, v);
+        req.wait(deadline::after(5s));
+        from.insert(req.info().peer);
+        CHECK(v.size() == static_cast<std::size_t>(req.info().peer) * 4000);
+      }
+      CHECK(from == std::set<int>{1, 2});
+    } else {
+      std::vector<int> payload(static_cast<std::size_t>(r) * 1000, r);
+      t.isend(0, 5, sig_for(0), bytes_of(payload)).wait(deadline::after(5s));
+    }
+  });
+}
+
+TEST_CASE("tcp: a message larger than the posted buffer is reported as truncated and consumed", "[tcp]") {
+  run_tcp(2, [](int r, tcp_transport& t) {
+    if (r == 0) {
+      std::vector<int> big(1000, 1), next(10, 2);
+      auto a = t.isend(1, 1, sig_for(1000), bytes_of(big));
+      auto b = t.isend(1, 1, sig_for(10), bytes_of(next));
+      a.wait(deadline::after(5s));
+      b.wait(deadline::after(5s));
+    } else {
+      std::vector<int> small(10, -1);
+      auto req = t.irecv(0, 1, bytes_of(small));
+      std::error_code ec;
+      CHECK_FALSE(req.wait(deadline::after(5s), ec));
+      CHECK(ec == errc::message_truncated);
+      CHECK(req.info().sig.count == 1000);  // names what was sent, for mismatch reports
+      t.irecv(0, 1, bytes_of(small)).wait(deadline::after(5s));  // the stream kept its place
+      CHECK(std::all_of(small.begin(), small.end(), [](int x) { return x == 2; }));
+    }
+  });
+}
+
+TEST_CASE("tcp: a rank that exits right after sending loses nothing (graceful shutdown)", "[tcp]") {
+  constexpr std::size_t n = 16 << 20;
+  run_tcp(2, [](int r, tcp_transport& t) {
+    if (r == 1) {
+      std::vector<int> out(n / sizeof(int));
+      std::iota(out.begin(), out.end(), 0);
+      t.isend(0, 3, sig_for(0), bytes_of(out)).wait(deadline::after(10s));
+      t.leave();  // as if the process exited now
+    } else {
+      std::this_thread::sleep_for(300ms);  // the receive is posted late
+      std::vector<int> in(n / sizeof(int), -1);
+      t.irecv(1, 3, bytes_of(in)).wait(deadline::after(10s));
+      for (std::size_t i = 0; i < in.size(); ++i) {
+        if (in[i] != static_cast<int>(i)) FAIL("element " << i << " is " << in[i]);
+      }
+      // The peer has gone: a new receive from it fails at once, naming it.
+      std::vector<int> more(1);
+      auto req = t.irecv(1, 3, bytes_of(more));
+      std::error_code ec;
+      CHECK_FALSE(req.wait(deadline::after(5s), ec));
+      CHECK(ec == errc::peer_lost);
+      CHECK(req.detail().find("rank 1") != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("tcp: collectives run unchanged over it, blocking and spinning", "[tcp]") {
+  auto body = [](int r, auto& t) {
+    using T = std::remove_reference_t<decltype(t)>;
+    communicator<T> c(std::move(t));
+    std::vector<double> v(100003);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<double>(r * 7 + static_cast<int>(i % 13));
+    c.allreduce(std::span(v), reduce_op::sum);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      double want = 0;
+      for (int q = 0; q < 4; ++q) want += q * 7 + static_cast<int>(i % 13);
+      if (v[i] != want) FAIL("element " << i);
+    }
+    std::vector<int> all(4 * 5);
+    std::vector<int> mine(5, r);
+    c.template allgather<int>(mine, std::span(all));
+    for (std::size_t i = 0; i < all.size(); ++i) CHECK(all[i] == static_cast<int>(i / 5));
+  };
+  run_tcp(4, body);
+  run_tcp<basic_tcp_transport<spin_then_block<20>>>(4, body);
+}
+
+TEST_CASE("tcp: an oversized frame from an authenticated peer closes only that connection", "[tcp]") {
+  tcp_store_server server("127.0.0.1", 0, token);
+  std::atomic<bool> sent{false};
+  std::thread fake([&] {
+    // Speaks the real handshake as rank 1, then sends a header announcing 2 GiB.
+    tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+    auto where = value_text(store.get(epoch_key(0, "addr/0"), deadline::after(10s)));
+    boost::asio::io_context io;
+    detail::tcp::socket s(io);
+    detail::tcp::resolver res(io);
+    auto colon = where.rfind(':');
+    boost::asio::connect(s, res.resolve(where.substr(0, colon), where.substr(colon + 1)));
+    std::error_code hs;
+    bool done = false;
+    detail::auth::hello me;
+    me.rank = 1;
+    me.world = 2;
+    detail::handshake::connect(s, token, 5s, me, [&](std::error_code ec, std::string, const detail::auth::hello&) {
+      hs = ec;
+      done = true;
+    });
+    io.run();
+    REQUIRE(done);
+    REQUIRE_FALSE(hs);
+    if (store.add(epoch_key(0, "ready"), 1, deadline::after(10s)) == 2) {
+      store.set(epoch_key(0, "ready/all"), as_value("1"), deadline::after(10s));
+    }
+    frame_header h;
+    h.length = std::uint64_t{2} << 30;
+    auto b = encode_frame(h);
+    boost::asio::write(s, boost::asio::buffer(b));
+    sent = true;
+    std::this_thread::sleep_for(500ms);
+  });
+  {
+    tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+    auto t = tcp_transport::connect(store, 0, 2, test_options(), "127.0.0.1");
+    std::vector<int> in(10);
+    auto req = t.irecv(1, 0, bytes_of(in));
+    std::error_code ec;
+    CHECK_FALSE(req.wait(deadline::after(10s), ec));
+    CHECK(ec == errc::peer_lost);
+    INFO(req.detail());
+    CHECK(req.detail().find("malformed frame") != std::string::npos);
+    CHECK(req.detail().find("exceeds the maximum") != std::string::npos);
+    CHECK(t.failure().find("rank 1") != std::string::npos);
+  }
+  fake.join();
+  CHECK(sent);
+}
+
+TEST_CASE("tcp: a rank that never shows up is named in the timeout", "[tcp]") {
+  tcp_store_server server("127.0.0.1", 0, token);
+  auto o = test_options();
+  o.timeout = 1500ms;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {  // ranks 0 and 1 of a group of 3
+    ts.emplace_back([&, r] {
+      try {
+        tcp_store store("127.0.0.1", server.port(), deadline::after(5s), token);
+        tcp_transport::connect(store, r, 3, o, "127.0.0.1");
+      } catch (const error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  INFO(errors[0]);
+  CHECK(errors[0].find("rank(s) 2") != std::string::npos);
+  CHECK(errors[1].find("rank(s) 2") != std::string::npos);
+}
+
+TEST_CASE("tcp: a peer with another token is refused at the handshake", "[tcp]") {
+  tcp_store_server server("127.0.0.1", 0, token);
+  auto o = test_options();
+  o.timeout = 2s;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r] {
+      auto mine = o;
+      if (r == 1) mine.token = "not-the-token";
+      try {
+        tcp_store store("127.0.0.1", server.port(), deadline::after(5s), token);
+        tcp_transport::connect(store, r, 2, mine, "127.0.0.1");
+      } catch (const error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  INFO(errors[1]);
+  CHECK(errors[1].find("token") != std::string::npos);
+  CHECK(errors[0].find("rank(s) 1") != std::string::npos);  // rank 0 never admitted it
+}

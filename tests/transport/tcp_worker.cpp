@@ -1,0 +1,165 @@
+// One rank of a multi-process TCP test, started by dtrain-run, mpirun or the fault tests.
+//
+//   tcp_worker conformance     every collective and algorithm against the serial reference
+//   tcp_worker allreduce-loop  allreduces of 1M floats for a few seconds, each result checked
+//   tcp_worker mismatch        rank 0 calls allreduce while the others call broadcast
+//
+// Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k makes rank k SIGKILL itself in the middle
+// of the allreduce loop; DTRAIN_TEST_DELAY_MS=t delays every rank but 0 before it joins.
+// Exit status: 0 success, 1 wrong result, 3 the expected failure was reported as documented,
+// 2 anything else.
+
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "../collective/conformance_case.hpp"
+#include "dtrain/transport/tcp.hpp"
+
+using namespace dtrain;
+using namespace dtrain::conformance;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
+}
+
+template <class T>
+bool run_one(communicator<tcp_transport>& c, const spec& s) {
+  const std::vector<T> expect = expected_results<T>(s);
+  bool ok = true;
+  auto check = [&](int r, std::span<const T> got, const std::function<T(std::size_t)>& want) {
+    for (std::size_t i = 0; i < got.size() && ok; ++i) {
+      if (!(got[i] == want(i))) {
+        std::fprintf(stderr, "WRONG: %s rank %d element %zu\n", describe_case(s, dtype_of_v<T>).c_str(), r, i);
+        ok = false;
+      }
+    }
+  };
+  c.algorithms() = selection_table{};
+  c.algorithms().force(s.op, s.algo);
+  run_rank<T>(s, c.rank(), c, expect, check);
+  return ok;
+}
+
+int run_conformance(communicator<tcp_transport>& c) {
+  const int p = c.size();
+  int cases = 0;
+  bool ok = true;
+  const coll_op ops[] = {coll_op::broadcast, coll_op::reduce, coll_op::allreduce, coll_op::reduce_scatter,
+                         coll_op::allgather, coll_op::gather, coll_op::scatter, coll_op::alltoall};
+  for (coll_op op : ops) {
+    const bool reducing = takes_reduce_op(op);
+    const bool blocks = op == coll_op::reduce_scatter || op == coll_op::allgather || op == coll_op::gather ||
+                        op == coll_op::scatter || op == coll_op::alltoall;
+    const bool has_in_place = op != coll_op::broadcast && op != coll_op::gather && op != coll_op::scatter;
+    for (algorithm a : all_algorithms) {
+      if (!supports(op, a)) continue;
+      std::vector<std::size_t> counts{0, 1, 7, 1000, blocks ? std::size_t{65536} / static_cast<std::size_t>(p) + 3 : 300007};
+      for (std::size_t n : counts) {
+        const bool large = n > 1000;
+        std::vector<int> roots = is_rooted(op) ? std::vector<int>{0, p - 1} : std::vector<int>{0};
+        if (roots.size() == 2 && roots[0] == roots[1]) roots.pop_back();
+        std::vector<reduce_op> rops = reducing && !large
+                                          ? std::vector<reduce_op>{reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}
+                                          : std::vector<reduce_op>{reduce_op::sum};
+        std::vector<bool> places = has_in_place ? std::vector<bool>{false, true} : std::vector<bool>{false};
+        for (int root : roots) {
+          for (reduce_op rop : rops) {
+            for (bool in_place : places) {
+              spec s{op, a, p, n, rop, root, in_place};
+              ok = run_one<float>(c, s) && ok;
+              ok = run_one<std::int32_t>(c, s) && ok;
+              if (!large) {
+                ok = run_one<double>(c, s) && ok;
+                ok = run_one<bfloat16>(c, s) && ok;
+                cases += 2;
+              }
+              cases += 2;
+            }
+          }
+        }
+      }
+    }
+  }
+  c.barrier();
+  if (c.rank() == 0) std::printf("conformance: %d cases on %d ranks: %s\n", cases, p, ok ? "all correct" : "WRONG RESULTS");
+  return ok ? 0 : 1;
+}
+
+int allreduce_loop(communicator<tcp_transport>& c) {
+  const int kill_rank = env_int("DTRAIN_TEST_KILL_RANK", -1);
+  const auto duration = std::chrono::milliseconds(env_int("DTRAIN_TEST_LOOP_MS", 2000));
+  const std::size_t n = 1 << 20;
+  std::vector<float> v(n);
+  const float expect = static_cast<float>(c.size() * (c.size() + 1) / 2);
+  auto start = clock_type::now();
+  int iterations = 0;
+  while (clock_type::now() - start < duration) {
+    std::fill(v.begin(), v.end(), static_cast<float>(c.rank() + 1));
+    if (c.rank() == kill_rank && iterations == 5) {
+      // Mid-collective: post the first sends, then die without any goodbye.
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        ::raise(SIGKILL);
+      }).detach();
+    }
+    c.allreduce(std::span(v), reduce_op::sum);
+    for (float x : v) {
+      if (x != expect) {
+        std::fprintf(stderr, "WRONG: allreduce gave %g where %g was expected\n", static_cast<double>(x),
+                     static_cast<double>(expect));
+        return 1;
+      }
+    }
+    ++iterations;
+  }
+  std::printf("allreduce-loop: rank %d ran %d allreduces, all correct\n", c.rank(), iterations);
+  return 0;
+}
+
+int mismatch(communicator<tcp_transport>& c) {
+  std::vector<float> v(1000, 1.0f);
+  if (c.rank() == 0) {
+    c.allreduce(std::span(v), reduce_op::sum);
+  } else {
+    c.broadcast(std::span(v), 0);
+  }
+  std::fprintf(stderr, "a mismatched collective was not detected\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "conformance";
+  auto t0 = clock_type::now();
+  try {
+    tcp_options o;
+    o.timeout = std::chrono::milliseconds(env_int("DTRAIN_TIMEOUT_MS", 60000));
+    if (int delay = env_int("DTRAIN_TEST_DELAY_MS", 0); delay > 0 && env_int("DTRAIN_RANK", 0) != 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+    }
+    communicator_options co;
+    co.timeout = o.timeout;
+    communicator<tcp_transport> c(tcp_transport::from_environment(o), co);
+    if (mode == "conformance") return run_conformance(c);
+    if (mode == "allreduce-loop") return allreduce_loop(c);
+    if (mode == "mismatch") return mismatch(c);
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  } catch (const dtrain::error& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count();
+    std::printf("caught dtrain::error [%s] after %lld ms: %s\n", e.code().message().c_str(),
+                static_cast<long long>(ms), e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+}

@@ -1,0 +1,193 @@
+// dtrain-run: starts N local processes of one dtrain job.
+//
+//   dtrain-run -n 4 [--timeout-ms T] [--] prog args...
+//
+// It serves the job's rendezvous store, generates a job token (unless DTRAIN_TOKEN or
+// DTRAIN_TOKEN_FILE is set), gives each child DTRAIN_RANK, DTRAIN_WORLD_SIZE,
+// DTRAIN_LOCAL_RANK, DTRAIN_LOCAL_WORLD_SIZE, DTRAIN_STORE and DTRAIN_TOKEN, prefixes every
+// output line with the child's rank, and when a child fails stops the others and exits non-zero
+// naming the rank that failed first.
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dtrain/rendezvous/tcp_store.hpp"
+
+extern char** environ;
+
+namespace {
+
+struct child {
+  int rank = 0;
+  pid_t pid = -1;
+  int out = -1;  // read ends of its stdout and stderr pipes
+  int err = -1;
+  std::string pending_out, pending_err;
+  bool running = true;
+  int status = 0;
+};
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return fmt::format("was killed by signal {} (SIG{})", sig, name != nullptr ? name : "?");
+  }
+  return "ended abnormally";
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+// Moves complete lines from `fd` to `sink`, each prefixed with the rank; false at end of file.
+bool pump(int fd, std::string& pending, int rank, FILE* sink) {
+  char buf[65536];
+  ssize_t n = ::read(fd, buf, sizeof buf);
+  if (n <= 0) {
+    if (!pending.empty()) std::fprintf(sink, "[%d] %s\n", rank, pending.c_str());
+    pending.clear();
+    return false;
+  }
+  pending.append(buf, static_cast<std::size_t>(n));
+  std::size_t start = 0;
+  for (std::size_t nl; (nl = pending.find('\n', start)) != std::string::npos; start = nl + 1) {
+    std::fprintf(sink, "[%d] %.*s\n", rank, static_cast<int>(nl - start), pending.data() + start);
+  }
+  pending.erase(0, start);
+  std::fflush(sink);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dtrain-run: start N local processes of one dtrain job"};
+  int n = 1;
+  int grace_ms = 5000;
+  std::vector<std::string> command;
+  app.add_option("-n,--nproc", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 4096));
+  app.add_option("--grace-ms", grace_ms, "after a failure, how long the others get to exit after SIGTERM");
+  app.add_option("command", command, "the program and its arguments")->required();
+  app.allow_extras(false);
+  app.prefix_command();
+  CLI11_PARSE(app, argc, argv);
+
+  std::string token;
+  if (std::getenv("DTRAIN_TOKEN") == nullptr && std::getenv("DTRAIN_TOKEN_FILE") == nullptr) {
+    token = dtrain::detail::auth::generate_token();
+  } else {
+    token = dtrain::detail::auth::load_token(std::nullopt);
+  }
+  dtrain::tcp_store_server store("127.0.0.1", 0, token);
+
+  std::vector<std::string> env_text;
+  for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
+  std::vector<child> children(static_cast<std::size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    child& c = children[static_cast<std::size_t>(r)];
+    c.rank = r;
+    int out[2], err[2];
+    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+      std::perror("dtrain-run: pipe");
+      return 1;
+    }
+    std::vector<std::string> env = env_text;
+    env.push_back(fmt::format("DTRAIN_RANK={}", r));
+    env.push_back(fmt::format("DTRAIN_WORLD_SIZE={}", n));
+    env.push_back(fmt::format("DTRAIN_LOCAL_RANK={}", r));
+    env.push_back(fmt::format("DTRAIN_LOCAL_WORLD_SIZE={}", n));
+    env.push_back(fmt::format("DTRAIN_STORE=127.0.0.1:{}", store.port()));
+    env.push_back("DTRAIN_TOKEN=" + token);
+    std::vector<char*> envp, args;
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    for (auto& s : command) args.push_back(s.data());
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+    posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
+    int rc = posix_spawnp(&c.pid, args[0], &fa, nullptr, args.data(), envp.data());
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(out[1]);
+    ::close(err[1]);
+    if (rc != 0) {
+      std::fprintf(stderr, "dtrain-run: cannot start %s: %s\n", args[0], std::strerror(rc));
+      for (auto& o : children) if (o.pid > 0) ::kill(o.pid, SIGKILL);
+      return 127;
+    }
+    c.out = out[0];
+    c.err = err[0];
+  }
+
+  std::optional<int> first_failure;
+  int first_status = 0;
+  auto stop_others = [&] {
+    for (auto& c : children) {
+      if (c.running) ::kill(c.pid, SIGTERM);
+    }
+  };
+  auto killed_at = std::chrono::steady_clock::time_point::max();
+  int running = n;
+  while (running > 0) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<child*, bool>> owners;
+    for (auto& c : children) {
+      if (c.out >= 0) { fds.push_back({c.out, POLLIN, 0}); owners.push_back({&c, true}); }
+      if (c.err >= 0) { fds.push_back({c.err, POLLIN, 0}); owners.push_back({&c, false}); }
+    }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 50);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      auto [c, is_out] = owners[i];
+      int& fd = is_out ? c->out : c->err;
+      if (!pump(fd, is_out ? c->pending_out : c->pending_err, c->rank, is_out ? stdout : stderr)) {
+        ::close(fd);
+        fd = -1;
+      }
+    }
+    for (auto& c : children) {
+      if (!c.running) continue;
+      int status = 0;
+      if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
+      c.running = false;
+      c.status = status;
+      --running;
+      if (failed(status) && !first_failure) {
+        first_failure = c.rank;
+        first_status = status;
+        std::fprintf(stderr, "dtrain-run: rank %d %s; stopping the other ranks\n", c.rank,
+                     describe_status(status).c_str());
+        stop_others();
+        killed_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+      }
+    }
+    if (std::chrono::steady_clock::now() > killed_at) {
+      for (auto& c : children) if (c.running) ::kill(c.pid, SIGKILL);
+      killed_at = std::chrono::steady_clock::time_point::max();
+    }
+  }
+  for (auto& c : children) {  // what is left in the pipes
+    while (c.out >= 0 && pump(c.out, c.pending_out, c.rank, stdout)) {}
+    while (c.err >= 0 && pump(c.err, c.pending_err, c.rank, stderr)) {}
+  }
+  if (first_failure) {
+    std::fprintf(stderr, "dtrain-run: failed: rank %d %s\n", *first_failure, describe_status(first_status).c_str());
+    return WIFEXITED(first_status) ? WEXITSTATUS(first_status) : 128 + WTERMSIG(first_status);
+  }
+  return 0;
+}
