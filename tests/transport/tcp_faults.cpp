@@ -47,14 +47,14 @@ group_run run_group(int n, const std::string& mode, Extra extra, During during,
   std::vector<std::string> logs;
   auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < n; ++r) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+    // getenv finds the first definition: the test's own settings, then the defaults, then ours.
+    std::vector<std::string> env = extra(r);
     env.push_back("DTRAIN_RANK=" + std::to_string(r));
     env.push_back("DTRAIN_WORLD_SIZE=" + std::to_string(n));
     env.push_back("DTRAIN_STORE=127.0.0.1:" + std::to_string(store.port()));
     env.push_back("DTRAIN_TOKEN=" + job_token);
     env.push_back("DTRAIN_TIMEOUT_MS=30000");
-    for (auto& kv : extra(r)) env.push_back(kv);
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
     std::vector<char*> envp;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
@@ -129,7 +129,8 @@ TEST_CASE("faults: a rank SIGKILLed mid-allreduce makes every survivor fail fast
     CHECK(o.status == 3);  // caught the documented error
     CHECK(has(o.output, "[peer lost]"));
     CHECK(has(o.output, "rank 2"));
-    CHECK(has(o.output, "allreduce #"));
+    // The collective it was in: the allreduce, or the loop's broadcast if it was behind.
+    CHECK((has(o.output, "allreduce #") || has(o.output, "broadcast #")));
   }
   CHECK(g.elapsed < 20s);  // far inside the 30 s deadline: nobody waited it out
 }

@@ -102,7 +102,11 @@ int allreduce_loop(communicator<tcp_transport>& c) {
   const float expect = static_cast<float>(c.size() * (c.size() + 1) / 2);
   auto start = clock_type::now();
   int iterations = 0;
-  while (clock_type::now() - start < duration) {
+  while (true) {
+    // Rank 0 decides when the loop ends, so every rank runs the same number of allreduces.
+    int go = clock_type::now() - start < duration ? 1 : 0;
+    c.broadcast(std::span(&go, 1), 0);
+    if (go == 0) break;
     std::fill(v.begin(), v.end(), static_cast<float>(c.rank() + 1));
     if (c.rank() == kill_rank && iterations == 5) {
       // Mid-collective: post the first sends, then die without any goodbye.

@@ -489,18 +489,16 @@ class engine {
   }
 
   void read_failed(connection& c, const boost::system::error_code& ec) {
-    bool expected;
     {
       std::lock_guard lock(m_);
-      expected = c.departed || !c.open || stopping_;
+      // After the peer's goodbye (it sent everything it will send) or during our own shutdown,
+      // the end of the connection is expected, whether it comes as EOF or as a reset.
+      if (c.departed || stopping_ || !c.open) {
+        c.open = false;
+        state_cv_.notify_all();
+        return;
+      }
     }
-    if (ec == asio::error::eof && expected) {
-      std::lock_guard lock(m_);
-      c.open = false;
-      state_cv_.notify_all();
-      return;
-    }
-    if (ec == asio::error::operation_aborted && expected) return;
     connection_failed(c, errc::peer_lost,
                       ec == asio::error::eof ? "closed the connection without saying goodbye (process exited or was killed)"
                                              : "connection error: " + ec.message());
