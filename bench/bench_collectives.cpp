@@ -1,7 +1,9 @@
-// Every collective and algorithm over the in-process transport, in nccl-tests' columns:
+// Every collective and algorithm, in nccl-tests' columns:
 //   size count type redop root | time algbw busbw #wrong
-// Ranks are threads; each point runs warm-up calls, then timed calls, and reports the slowest
-// rank's mean time per call. #wrong counts result elements that differ from the closed form.
+// --transport inproc: ranks are threads of this process. --transport tcp: this process is one
+// rank, started by dtrain-run or mpirun (tcp_transport::from_environment); rank 0 prints.
+// Each point runs warm-up calls, then timed calls, and reports the slowest rank's mean time per
+// call. #wrong counts result elements that differ from the closed form.
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +17,7 @@
 
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "dtrain/transport/tcp.hpp"
 #include "report.hpp"
 
 using namespace dtrain;
@@ -30,6 +33,9 @@ struct options {
   std::vector<std::string> ops{"allreduce", "reduce_scatter", "allgather", "broadcast",
                                "reduce",    "gather",         "scatter",   "alltoall"};
   std::string json;
+  std::string transport = "inproc";
+  std::string progress = "blocking";
+  std::vector<std::string> algorithms;
 };
 
 coll_op op_named(const std::string& s) {
@@ -40,7 +46,8 @@ coll_op op_named(const std::string& s) {
 }
 
 // One timed call of `op` with float32 sum; returns the number of wrong elements of its result.
-long run_once(communicator<inproc_transport>& c, coll_op op, std::vector<float>& in,
+template <class Comm>
+long run_once(Comm& c, coll_op op, std::vector<float>& in,
               std::vector<float>& out, std::size_t count, bool check) {
   const int p = c.size();
   const int r = c.rank();
@@ -50,19 +57,19 @@ long run_once(communicator<inproc_transport>& c, coll_op op, std::vector<float>&
   auto own = [](int rank, std::size_t i) { return static_cast<float>((rank + 1) * static_cast<int>(i % 7)); };
   switch (op) {
     case coll_op::allreduce:
-      c.allreduce<float>(std::span(in).first(count), std::span(out).first(count), reduce_op::sum);
+      c.template allreduce<float>(std::span(in).first(count), std::span(out).first(count), reduce_op::sum);
       if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != expect_sum(i);
       break;
     case coll_op::reduce:
-      c.reduce<float>(std::span(in).first(count), std::span(out).first(count), reduce_op::sum, 0);
+      c.template reduce<float>(std::span(in).first(count), std::span(out).first(count), reduce_op::sum, 0);
       if (check && r == 0) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != expect_sum(i);
       break;
     case coll_op::reduce_scatter:
-      c.reduce_scatter<float>(std::span(in).first(count * P), std::span(out).first(count), reduce_op::sum);
+      c.template reduce_scatter<float>(std::span(in).first(count * P), std::span(out).first(count), reduce_op::sum);
       if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != expect_sum(static_cast<std::size_t>(r) * count + i);
       break;
     case coll_op::allgather:
-      c.allgather<float>(std::span(in).first(count), std::span(out).first(count * P));
+      c.template allgather<float>(std::span(in).first(count), std::span(out).first(count * P));
       if (check) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), i % count);
       break;
     case coll_op::broadcast:
@@ -71,15 +78,15 @@ long run_once(communicator<inproc_transport>& c, coll_op op, std::vector<float>&
       if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != own(0, i);
       break;
     case coll_op::gather:
-      c.gather<float>(std::span(in).first(count), std::span(out).first(r == 0 ? count * P : 0), 0);
+      c.template gather<float>(std::span(in).first(count), std::span(out).first(r == 0 ? count * P : 0), 0);
       if (check && r == 0) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), i % count);
       break;
     case coll_op::scatter:
-      c.scatter<float>(std::span(in).first(r == 0 ? count * P : 0), std::span(out).first(count), 0);
+      c.template scatter<float>(std::span(in).first(r == 0 ? count * P : 0), std::span(out).first(count), 0);
       if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != own(0, static_cast<std::size_t>(r) * count + i);
       break;
     case coll_op::alltoall:
-      c.alltoall<float>(std::span(in).first(count * P), std::span(out).first(count * P));
+      c.template alltoall<float>(std::span(in).first(count * P), std::span(out).first(count * P));
       if (check) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), static_cast<std::size_t>(r) * count + i % count);
       break;
     default: break;
@@ -87,58 +94,131 @@ long run_once(communicator<inproc_transport>& c, coll_op op, std::vector<float>&
   return wrong;
 }
 
-bench::row measure(const options& o, coll_op op, algorithm algo, std::size_t bytes) {
-  const int p = o.ranks;
+// nccl-tests' size: the vector for allreduce/broadcast/reduce, all blocks for the rest.
+struct shape {
+  std::size_t count;  // what the call takes
+  std::size_t elems;  // elements in the buffers
+};
+shape shape_of(coll_op op, std::size_t bytes, int p) {
   const auto P = static_cast<std::size_t>(p);
-  // nccl-tests' size: the vector for allreduce/broadcast/reduce, all blocks for the rest.
   const bool blocks = op != coll_op::allreduce && op != coll_op::broadcast && op != coll_op::reduce;
   const std::size_t total = bytes / sizeof(float);
-  const std::size_t count = blocks ? std::max<std::size_t>(1, total / P) : total;  // what the call takes
-  const std::size_t elems = blocks ? count * P : count;
-  std::vector<double> per_rank(P);
-  std::atomic<long> wrong{0};
-  run_inproc(p, [&](int r, inproc_transport t) {
-    communicator_options co;
-    co.algorithms.force(op, algo);
-    communicator<inproc_transport> c(std::move(t), co);
-    std::vector<float> in(elems), out(elems);
-    // in[i] = (r + 1) * (i % 7) on every rank gives every op a closed-form result.
-    for (std::size_t i = 0; i < elems; ++i) in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 7));
-    // Warm up, then agree on an iteration count that fills about o.seconds.
-    auto t0 = std::chrono::steady_clock::now();
-    run_once(c, op, in, out, count, false);
-    run_once(c, op, in, out, count, false);
-    double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 2;
-    std::vector<double> guess{std::clamp(o.seconds / std::max(one, 1e-7), 3.0, 10000.0)};
-    c.broadcast(std::span(guess), 0);
-    const int iters = static_cast<int>(guess[0]);
-    c.barrier();
-    auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters; ++i) run_once(c, op, in, out, count, false);
-    per_rank[static_cast<std::size_t>(r)] =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
-    wrong += run_once(c, op, in, out, count, true);
-  });
+  const std::size_t count = blocks ? std::max<std::size_t>(1, total / P) : total;
+  return {count, blocks ? count * P : count};
+}
+
+// What one rank does for one point; returns its mean seconds per call and adds its wrong count.
+template <class Comm>
+double time_point(Comm& c, const options& o, coll_op op, algorithm algo, std::size_t bytes, long& wrong) {
+  c.algorithms() = selection_table{};
+  c.algorithms().force(op, algo);
+  const int r = c.rank();
+  const shape sh = shape_of(op, bytes, c.size());
+  std::vector<float> in(sh.elems), out(sh.elems);
+  // in[i] = (r + 1) * (i % 7) on every rank gives every op a closed-form result.
+  for (std::size_t i = 0; i < sh.elems; ++i) in[i] = static_cast<float>((r + 1) * static_cast<int>(i % 7));
+  // Warm up, then agree on an iteration count that fills about o.seconds.
+  auto t0 = std::chrono::steady_clock::now();
+  run_once(c, op, in, out, sh.count, false);
+  run_once(c, op, in, out, sh.count, false);
+  double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 2;
+  std::vector<double> guess{std::clamp(o.seconds / std::max(one, 1e-7), 3.0, 10000.0)};
+  c.broadcast(std::span(guess), 0);
+  const int iters = static_cast<int>(guess[0]);
+  c.barrier();
+  auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) run_once(c, op, in, out, sh.count, false);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
+  wrong += run_once(c, op, in, out, sh.count, true);
+  return seconds;
+}
+
+bench::row make_row(coll_op op, algorithm algo, int p, std::size_t bytes, double seconds, long wrong) {
+  const shape sh = shape_of(op, bytes, p);
   bench::row row;
   row.op = std::string(coll_op_name(op));
   row.algo = std::string(algorithm_name(algo));
   row.type = "float32";
   row.redop = takes_reduce_op(op) ? "sum" : "none";
   row.ranks = p;
-  row.bytes = elems * sizeof(float);
-  row.count = count;
-  row.seconds = *std::max_element(per_rank.begin(), per_rank.end());
+  row.bytes = sh.elems * sizeof(float);
+  row.count = sh.count;
+  row.seconds = seconds;
   row.algbw = static_cast<double>(row.bytes) / row.seconds / 1e9;
   row.busbw = row.algbw * bench::busbw_factor(op, p);
-  row.wrong = wrong.load();
+  row.wrong = wrong;
   return row;
+}
+
+// In-process: a fresh group of threads per point.
+bench::row measure_inproc(const options& o, coll_op op, algorithm algo, std::size_t bytes) {
+  std::vector<double> per_rank(static_cast<std::size_t>(o.ranks));
+  std::atomic<long> wrong{0};
+  run_inproc(o.ranks, [&](int r, inproc_transport t) {
+    communicator<inproc_transport> c(std::move(t));
+    long w = 0;
+    per_rank[static_cast<std::size_t>(r)] = time_point(c, o, op, algo, bytes, w);
+    wrong += w;
+  });
+  return make_row(op, algo, o.ranks, bytes, *std::max_element(per_rank.begin(), per_rank.end()), wrong.load());
+}
+
+// TCP: this process's rank on one communicator for every point; the slowest rank's time.
+template <class Comm>
+bench::row measure_on(Comm& c, const options& o, coll_op op, algorithm algo, std::size_t bytes) {
+  long w = 0;
+  std::vector<double> seconds{time_point(c, o, op, algo, bytes, w)};
+  std::vector<std::int64_t> wrong{w};
+  c.allreduce(std::span(seconds), reduce_op::max);
+  c.allreduce(std::span(wrong), reduce_op::sum);
+  return make_row(op, algo, c.size(), bytes, seconds[0], static_cast<long>(wrong[0]));
+}
+
+template <class Measure>
+int run_all(const options& o, int ranks, bool printer, const std::string& what, Measure measure) {
+  std::vector<bench::row> rows;
+  auto print = [&](fmt::string_view format, const auto&... args) {
+    if (printer) fmt::vprint(format, fmt::make_format_args(args...));
+  };
+  print("# dtrain bench_collectives: {} ranks, {}, out of place\n", ranks, what);
+  print("# {:>14} {:>12} {:>14} {:>8} {:>5} | {:>11} {:>9} {:>9} {:>7}  {}\n", "size(B)", "count", "type",
+        "redop", "root", "time(us)", "algbw", "busbw", "#wrong", "op/algorithm");
+  for (const auto& name : o.ops) {
+    coll_op op = op_named(name);
+    for (algorithm a : all_algorithms) {
+      if (!supports(op, a) || (!o.algorithms.empty() &&
+                               std::find(o.algorithms.begin(), o.algorithms.end(), algorithm_name(a)) == o.algorithms.end())) {
+        continue;
+      }
+      for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<std::size_t>(o.step)) {
+        bench::row r = measure(op, a, bytes);
+        print("  {:>14} {:>12} {:>14} {:>8} {:>5} | {:>11.1f} {:>9.3f} {:>9.3f} {:>7}  {}/{}\n", r.bytes, r.count,
+              r.type, r.redop, is_rooted(op) ? "0" : "-", r.seconds * 1e6, r.algbw, r.busbw, r.wrong, r.op, r.algo);
+        std::fflush(stdout);
+        rows.push_back(r);
+      }
+    }
+  }
+  if (printer) bench::write_file(o.json, bench::json_of(rows));
+  long wrong = 0;
+  for (const auto& r : rows) wrong += r.wrong;
+  print("# {} points, {} wrong elements\n", rows.size(), wrong);
+  return wrong == 0 ? 0 : 1;
+}
+
+template <class Transport>
+int run_tcp(const options& o) {
+  communicator<Transport> c(Transport::from_environment());
+  std::string what = "TCP transport (" + o.progress + " progress), one process per rank";
+  return run_all(o, c.size(), c.rank() == 0, what,
+                 [&](coll_op op, algorithm a, std::size_t bytes) { return measure_on(c, o, op, a, bytes); });
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   options o;
-  CLI::App app{"dtrain collectives over the in-process transport (nccl-tests columns)"};
+  CLI::App app{"dtrain collectives over the in-process or TCP transport (nccl-tests columns)"};
   app.add_option("-n,--ranks", o.ranks, "ranks (threads)")->check(CLI::Range(1, 64));
   app.add_option("-b,--min-bytes", o.min_bytes, "smallest size");
   app.add_option("-e,--max-bytes", o.max_bytes, "largest size");
@@ -146,29 +226,15 @@ int main(int argc, char** argv) {
   app.add_option("-t,--seconds", o.seconds, "timed seconds per point");
   app.add_option("--ops", o.ops, "collectives to run");
   app.add_option("--json", o.json, "write the results as JSON to this file");
+  app.add_option("--algorithms", o.algorithms, "only these algorithms (default: every one)");
+  app.add_option("--transport", o.transport, "inproc (threads) or tcp (one process per rank, under dtrain-run "
+                 "or mpirun)")->check(CLI::IsMember({"inproc", "tcp"}));
+  app.add_option("--progress", o.progress, "tcp waiting policy")->check(CLI::IsMember({"blocking", "spin"}));
   CLI11_PARSE(app, argc, argv);
 
-  std::vector<bench::row> rows;
-  fmt::print("# dtrain bench_collectives: {} ranks (threads), in-process transport, out of place\n", o.ranks);
-  fmt::print("# {:>14} {:>12} {:>14} {:>8} {:>5} | {:>11} {:>9} {:>9} {:>7}  {}\n", "size(B)", "count",
-             "type", "redop", "root", "time(us)", "algbw", "busbw", "#wrong", "op/algorithm");
-  for (const auto& name : o.ops) {
-    coll_op op = op_named(name);
-    for (algorithm a : all_algorithms) {
-      if (!supports(op, a)) continue;
-      for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<std::size_t>(o.step)) {
-        bench::row r = measure(o, op, a, bytes);
-        fmt::print("  {:>14} {:>12} {:>14} {:>8} {:>5} | {:>11.1f} {:>9.3f} {:>9.3f} {:>7}  {}/{}\n",
-                   r.bytes, r.count, r.type, r.redop, is_rooted(op) ? "0" : "-", r.seconds * 1e6,
-                   r.algbw, r.busbw, r.wrong, r.op, r.algo);
-        std::fflush(stdout);
-        rows.push_back(r);
-      }
-    }
+  if (o.transport == "tcp") {
+    return o.progress == "spin" ? run_tcp<basic_tcp_transport<spin_then_block<50>>>(o) : run_tcp<tcp_transport>(o);
   }
-  bench::write_file(o.json, bench::json_of(rows));
-  long wrong = 0;
-  for (const auto& r : rows) wrong += r.wrong;
-  fmt::print("# {} points, {} wrong elements\n", rows.size(), wrong);
-  return wrong == 0 ? 0 : 1;
+  return run_all(o, o.ranks, true, "in-process transport (threads)",
+                 [&](coll_op op, algorithm a, std::size_t bytes) { return measure_inproc(o, op, a, bytes); });
 }

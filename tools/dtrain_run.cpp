@@ -77,13 +77,14 @@ int main(int argc, char** argv) {
   CLI::App app{"dtrain-run: start N local processes of one dtrain job"};
   int n = 1;
   int grace_ms = 5000;
-  std::vector<std::string> command;
+  std::string program;
   app.add_option("-n,--nproc", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 4096));
   app.add_option("--grace-ms", grace_ms, "after a failure, how long the others get to exit after SIGTERM");
-  app.add_option("command", command, "the program and its arguments")->required();
-  app.allow_extras(false);
-  app.prefix_command();
+  app.add_option("program", program, "the program; everything after it is its arguments")->required();
+  app.prefix_command();  // options after the program belong to the program
   CLI11_PARSE(app, argc, argv);
+  std::vector<std::string> command{program};
+  for (auto& a : app.remaining()) command.push_back(a);
 
   std::string token;
   if (std::getenv("DTRAIN_TOKEN") == nullptr && std::getenv("DTRAIN_TOKEN_FILE") == nullptr) {

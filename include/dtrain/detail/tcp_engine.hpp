@@ -12,8 +12,12 @@
 #include <utility>  // before Asio (Boost 1.74)
 
 #include <boost/asio.hpp>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -100,16 +104,30 @@ struct incoming {
 };
 using incoming_ptr = std::shared_ptr<incoming>;
 
+enum class rx_state { header, payload, discard, closed };
+
 struct connection {
   explicit connection(int p, tcp::socket s) : peer(p), socket(std::move(s)) {}
   int peer;
   tcp::socket socket;
   int fd = -1;
 
-  // Reader: touched only by the I/O thread.
+  // Reader state: touched only by the thread holding `reading`.
+  std::atomic<bool> reading{false};
+  std::atomic<int> helpers{0};         // threads waiting on this peer that read for themselves
+  std::atomic<bool> rx_closed{false};  // nothing more will be read
+  rx_state rx_phase = rx_state::header;
   frame_bytes rx_header{};
+  std::size_t rx_have = 0;  // header bytes so far
+  frame_header rx_frame{};  // the frame being read
   std::uint64_t rx_seq = 0;
-  std::vector<std::byte> rx_scratch;  // discarded payloads and abort text
+  std::byte* rx_dst = nullptr;  // where the payload goes
+  std::size_t rx_left = 0;      // payload (or discard) bytes still to read
+  op_ptr rx_recv;               // the posted receive it is read into
+  incoming_ptr rx_in;           // or the unexpected message
+  bool rx_truncated = false;
+  std::vector<std::byte> rx_scratch;  // discarded payloads
+  std::vector<std::byte> rx_text;     // abort reasons
 
   // Writer and state: guarded by the engine lock.
   std::deque<op_ptr> sendq;
@@ -131,13 +149,22 @@ class engine {
  public:
   engine(int rank, int size, settings s)
       : rank_(rank), size_(size), settings_(std::move(s)), conns_(static_cast<std::size_t>(size)),
-        acceptor_(io_), work_(asio::make_work_guard(io_)) {}
+        acceptor_(io_), work_(asio::make_work_guard(io_)) {
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_fd_, &ev);
+  }
 
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
   ~engine() {
     stop();
     conns_.clear();  // sockets go before the io_context they belong to
+    ::close(epoll_fd_);
+    ::close(stop_fd_);
   }
 
   int rank() const noexcept { return rank_; }
@@ -168,6 +195,7 @@ class engine {
   void start() {
     accept_next();
     io_thread_ = std::thread([this] { io_.run(); });
+    reader_thread_ = std::thread([this] { reader_loop(); });
   }
 
   /// Connects to `peer` at host:port, retrying with backoff until `d`. @throws dtrain::error
@@ -335,6 +363,9 @@ class engine {
         return std::all_of(open.begin(), open.end(), [](connection* c) { return c->goodbye_acked || !c->open; });
       });
     }
+    std::uint64_t one = 1;
+    [[maybe_unused]] auto written = ::write(stop_fd_, &one, sizeof one);
+    reader_thread_.join();
     work_.reset();
     io_.stop();
     io_thread_.join();
@@ -475,57 +506,182 @@ class engine {
       conns_[static_cast<std::size_t>(peer)] = std::move(c);
     }
     accept_cv_.notify_all();
-    read_header(ref);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+    ev.data.ptr = &ref;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ref.fd, &ev);
   }
 
-  // --- reading (I/O thread) -----------------------------------------------------------------
+  // --- reading ------------------------------------------------------------------------------
+  // A connection is read by whichever thread holds its `reading` flag: the reader thread when
+  // epoll reports data, or a thread waiting for a receive from that peer (so the common case
+  // costs no thread hand-off). The fd is registered EPOLLONESHOT; whoever releases the flag
+  // re-arms it, and level-triggered readiness then reports anything that arrived meanwhile.
 
-  void read_header(connection& c) {
-    asio::async_read(c.socket, asio::buffer(c.rx_header),
-                     [this, &c](boost::system::error_code ec, std::size_t) {
-                       if (ec) return read_failed(c, ec);
-                       on_header(c);
-                     });
+  void disarm(connection& c) {
+    epoll_event ev{};
+    ev.events = 0;
+    ev.data.ptr = &c;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
   }
 
-  void read_failed(connection& c, const boost::system::error_code& ec) {
-    {
-      std::lock_guard lock(m_);
-      // After the peer's goodbye (it sent everything it will send) or during our own shutdown,
-      // the end of the connection is expected, whether it comes as EOF or as a reset.
-      if (c.departed || stopping_ || !c.open) {
-        c.open = false;
-        state_cv_.notify_all();
-        return;
+  void rearm(connection& c) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+    ev.data.ptr = &c;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+  }
+
+  void reader_loop() {
+    epoll_event events[64];
+    while (true) {
+      int n = ::epoll_wait(epoll_fd_, events, 64, -1);
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.ptr == nullptr) return;  // the stop eventfd
+        auto& c = *static_cast<connection*>(events[i].data.ptr);
+        if (c.helpers.load(std::memory_order_acquire) > 0) continue;  // a waiter reads; it re-arms
+        drain(c);
       }
     }
-    connection_failed(c, errc::peer_lost,
-                      ec == asio::error::eof ? "closed the connection without saying goodbye (process exited or was killed)"
-                                             : "connection error: " + ec.message());
   }
+
+  // Reads whatever the socket holds and acts on it. @returns false if another thread is reading.
+  bool drain(connection& c) {
+    if (c.reading.exchange(true, std::memory_order_acquire)) return false;
+    while (true) {
+      std::byte* dst = nullptr;
+      std::size_t want = 0;
+      switch (c.rx_phase) {
+        case rx_state::header:
+          dst = c.rx_header.data() + c.rx_have;
+          want = frame_header::size - c.rx_have;
+          break;
+        case rx_state::payload:
+          dst = c.rx_dst;
+          want = c.rx_left;
+          break;
+        case rx_state::discard:
+          c.rx_scratch.resize(1 << 16);
+          dst = c.rx_scratch.data();
+          want = std::min<std::size_t>(c.rx_left, c.rx_scratch.size());
+          break;
+        case rx_state::closed:
+          c.reading.store(false, std::memory_order_release);
+          return false;
+      }
+      ssize_t got = ::recv(c.fd, dst, want, MSG_DONTWAIT);
+      if (got > 0) {
+        auto n = static_cast<std::size_t>(got);
+        if (c.rx_phase == rx_state::header) {
+          c.rx_have += n;
+          if (c.rx_have == frame_header::size) {
+            c.rx_have = 0;
+            on_header(c);
+          }
+        } else {
+          if (c.rx_phase == rx_state::payload) c.rx_dst += n;
+          c.rx_left -= n;
+          if (c.rx_left == 0) finish_payload(c);
+        }
+        continue;
+      }
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      std::string why = got == 0 ? "closed the connection without saying goodbye (process exited or was killed)"
+                                 : "connection error: " + std::string(std::strerror(errno));
+      fail_reception(c, "was lost mid-message");
+      c.rx_phase = rx_state::closed;
+      c.rx_closed.store(true, std::memory_order_release);
+      c.reading.store(false, std::memory_order_release);
+      read_failed(c, why);
+      return false;
+    }
+    c.reading.store(false, std::memory_order_release);
+    if (c.helpers.load(std::memory_order_acquire) == 0) rearm(c);
+    return true;
+  }
+
+ public:
+  // Waits for `op`, reading its peer's connection on this thread: the waiter becomes the
+  // connection's reader (the reader thread stands aside while `helpers` > 0), so the message is
+  // read and completed where it is awaited, with no hand-off between threads. Spins (polling
+  // without sleeping) for `spin` first. Sends, any-peer and self receives wait on their flag.
+  bool wait(const op_ptr& op, deadline d, std::chrono::microseconds spin) {
+    if (op->flag.done()) return true;
+    const int peer = op->env.peer;
+    connection* c = op->is_send || peer < 0 || peer == rank_ ? nullptr : conns_[static_cast<std::size_t>(peer)].get();
+    const auto spin_until = deadline::clock::now() + spin;
+    if (c == nullptr) {
+      while (!op->flag.done() && deadline::clock::now() < spin_until) {}
+      return op->flag.done() || op->flag.block_until(d);
+    }
+    if (c->helpers.fetch_add(1, std::memory_order_acq_rel) == 0) disarm(*c);  // no reader wake-ups
+    while (!op->flag.done() && !d.expired()) {
+      if (c->rx_closed.load(std::memory_order_acquire)) {
+        op->flag.block_until(d);  // its failure completes the operation
+        break;
+      }
+      if (!drain(*c)) {  // the reader thread is mid-frame; it finishes soon
+        std::this_thread::yield();
+        continue;
+      }
+      if (op->flag.done() || deadline::clock::now() < spin_until) continue;
+      pollfd p{c->fd, POLLIN, 0};
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
+      ::poll(&p, 1, static_cast<int>(std::clamp<long long>(ms, 0, 50)));
+    }
+    if (c->helpers.fetch_sub(1, std::memory_order_acq_rel) == 1) rearm(*c);
+    return op->flag.done();
+  }
+
+ private:
 
   void on_header(connection& c) {
     auto r = decode_frame(c.rx_header, c.rx_seq, settings_.max_frame_bytes);
     if (!r.ok) {
       log(log_level::error, "rank " + std::to_string(rank_) + " closing the connection to rank " +
                                 std::to_string(c.peer) + ": malformed frame: " + r.error);
+      c.rx_phase = rx_state::closed;
+      c.rx_closed.store(true, std::memory_order_release);
       connection_failed(c, errc::protocol_error, "sent a malformed frame (" + r.error + ")");
       return;
     }
     ++c.rx_seq;
-    const frame_header& h = r.header;
+    c.rx_frame = r.header;
+    const frame_header& h = c.rx_frame;
     switch (h.kind) {
       case frame_kind::data: return on_data(c, h);
-      case frame_kind::goodbye: return on_goodbye(c, h);
+      case frame_kind::goodbye: on_goodbye(c); break;
       case frame_kind::goodbye_ack: {
         std::lock_guard lock(m_);
         c.goodbye_acked = true;
         state_cv_.notify_all();
         break;
       }
-      case frame_kind::abort: return on_abort(c, h);
+      case frame_kind::abort:
+        if (h.length > 4096) {
+          c.rx_phase = rx_state::closed;
+      c.rx_closed.store(true, std::memory_order_release);
+          connection_failed(c, errc::protocol_error, "sent an abort frame longer than 4096 bytes");
+          return;
+        }
+        c.rx_text.resize(h.length);
+        return expect_payload(c, c.rx_text.data(), h.length);
     }
-    read_discard(c, h.length, [this, &c] { read_header(c); });
+    expect_discard(c, h.length);
+  }
+
+  void expect_payload(connection& c, std::byte* dst, std::size_t len) {
+    c.rx_dst = dst;
+    c.rx_left = len;
+    c.rx_phase = rx_state::payload;
+    if (len == 0) finish_payload(c);
+  }
+
+  void expect_discard(connection& c, std::uint64_t len) {
+    c.rx_left = static_cast<std::size_t>(len);
+    c.rx_phase = len == 0 ? rx_state::header : rx_state::discard;
+    if (len == 0) finish_payload(c);
   }
 
   void on_data(connection& c, const frame_header& h) {
@@ -541,29 +697,14 @@ class engine {
       recv->env.peer = c.peer;
       recv->env.sig = h.sig;
       recv->env.bytes = len;
-      std::byte* dst = nullptr;
-      bool fits = true;
+      c.rx_recv = recv;
       if (recv->grow != nullptr) {
         recv->grow->resize(len);
-        dst = recv->grow->data();
-      } else if (len <= recv->buffer.size()) {
-        dst = recv->buffer.data();
-      } else {
-        fits = false;
+        return expect_payload(c, recv->grow->data(), len);
       }
-      if (!fits) {  // too large for the posted buffer: consume it, report truncation
-        return read_discard(c, len, [this, &c, recv] {
-          recv->complete(make_error_code(errc::message_truncated));
-          read_header(c);
-        });
-      }
-      return read_payload(
-          c, dst, len,
-          [this, &c, recv] {
-            recv->complete({});
-            read_header(c);
-          },
-          [recv, &c] { recv->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " was lost mid-message"); });
+      if (len <= recv->buffer.size()) return expect_payload(c, recv->buffer.data(), len);
+      c.rx_truncated = true;  // too large for the posted buffer: consume it, report truncation
+      return expect_discard(c, len);
     }
     auto in = std::make_shared<incoming>();
     in->peer = c.peer;
@@ -573,47 +714,63 @@ class engine {
     in->data = std::make_unique_for_overwrite<std::byte[]>(len == 0 ? 1 : len);
     unexpected_.push_back(in);
     lock.unlock();
-    read_payload(c, in->data.get(), len, [this, &c, in] {
-      std::unique_lock l(m_);
+    c.rx_in = in;
+    expect_payload(c, in->data.get(), len);
+  }
+
+  // The payload (or discarded bytes) of the current frame are in: complete what waited on it.
+  void finish_payload(connection& c) {
+    c.rx_phase = rx_state::header;
+    if (op_ptr recv = std::move(c.rx_recv)) {
+      bool truncated = std::exchange(c.rx_truncated, false);
+      recv->complete(truncated ? make_error_code(errc::message_truncated) : std::error_code{});
+      return;
+    }
+    if (incoming_ptr in = std::move(c.rx_in)) {
+      std::unique_lock lock(m_);
       in->complete = true;
       op_ptr claimant = std::move(in->claimed);
-      l.unlock();
+      lock.unlock();
       if (claimant) deliver(*in, *claimant);
-      read_header(c);
-    }, [this, &c, in] {
-      std::unique_lock l(m_);
+      return;
+    }
+    if (c.rx_frame.kind == frame_kind::abort && !c.rx_text.empty()) {
+      std::string text;
+      for (auto b : c.rx_text) {
+        auto ch = static_cast<char>(b);
+        text.push_back(ch >= ' ' && ch <= '~' ? ch : '?');
+      }
+      c.rx_text.clear();
+      group_failed(rank_text(c.peer) + " aborted the group: " + text, c.peer);
+    }
+  }
+
+  // The connection broke mid-frame: whoever waited on this frame fails.
+  void fail_reception(connection& c, const std::string& what) {
+    if (op_ptr recv = std::move(c.rx_recv)) recv->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " " + what);
+    if (incoming_ptr in = std::move(c.rx_in)) {
+      std::unique_lock lock(m_);
       op_ptr claimant = std::move(in->claimed);
-      l.unlock();
-      if (claimant) claimant->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " was lost mid-message");
-    });
+      lock.unlock();
+      if (claimant) claimant->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " " + what);
+    }
   }
 
-  template <class Then, class OnError>
-  void read_payload(connection& c, std::byte* dst, std::size_t len, Then then, OnError on_error) {
-    if (len == 0) return then();
-    asio::async_read(c.socket, asio::buffer(dst, len),
-                     [this, &c, then, on_error](boost::system::error_code ec, std::size_t) mutable {
-                       if (ec) {
-                         on_error();
-                         return read_failed(c, ec);
-                       }
-                       then();
-                     });
+  void read_failed(connection& c, const std::string& why) {
+    {
+      std::lock_guard lock(m_);
+      // After the peer's goodbye (it sent everything it will send) or during our own shutdown,
+      // the end of the connection is expected, whether it comes as EOF or as a reset.
+      if (c.departed || stopping_ || !c.open) {
+        c.open = false;
+        state_cv_.notify_all();
+        return;
+      }
+    }
+    connection_failed(c, errc::peer_lost, why);
   }
 
-  template <class Then>
-  void read_discard(connection& c, std::size_t remaining, Then then) {
-    if (remaining == 0) return then();
-    c.rx_scratch.resize(std::min<std::size_t>(remaining, 1 << 16));
-    std::size_t n = c.rx_scratch.size();
-    asio::async_read(c.socket, asio::buffer(c.rx_scratch.data(), n),
-                     [this, &c, remaining, n, then](boost::system::error_code ec, std::size_t) {
-                       if (ec) return read_failed(c, ec);
-                       read_discard(c, remaining - n, then);
-                     });
-  }
-
-  void on_goodbye(connection& c, const frame_header& h) {
+  void on_goodbye(connection& c) {
     std::vector<op_ptr> orphans;
     {
       std::lock_guard lock(m_);
@@ -631,27 +788,6 @@ class engine {
     ack->kind = frame_kind::goodbye_ack;
     ack->env.peer = c.peer;
     enqueue(c, ack);
-    read_discard(c, h.length, [this, &c] { read_header(c); });
-  }
-
-  void on_abort(connection& c, const frame_header& h) {
-    std::size_t n = std::min<std::size_t>(h.length, 4096);
-    if (h.length > 4096) {
-      connection_failed(c, errc::protocol_error, "sent an abort frame longer than 4096 bytes");
-      return;
-    }
-    c.rx_scratch.resize(n);
-    asio::async_read(c.socket, asio::buffer(c.rx_scratch.data(), n),
-                     [this, &c](boost::system::error_code ec, std::size_t got) {
-                       if (ec) return read_failed(c, ec);
-                       std::string text;
-                       for (std::size_t i = 0; i < got; ++i) {
-                         auto ch = static_cast<char>(c.rx_scratch[i]);
-                         text.push_back(ch >= ' ' && ch <= '~' ? ch : '?');
-                       }
-                       group_failed(rank_text(c.peer) + " aborted the group: " + text, c.peer);
-                       read_header(c);
-                     });
   }
 
   // --- writing ------------------------------------------------------------------------------
@@ -770,6 +906,7 @@ class engine {
 
   void connection_failed(connection& c, errc code, const std::string& why) {
     std::vector<op_ptr> orphans;
+    bool abort = false;
     {
       std::lock_guard lock(m_);
       if (!c.open) return;
@@ -783,25 +920,29 @@ class engine {
       fail_queue(c);
       // Half-read messages from this peer will never complete.
       std::erase_if(unexpected_, [&](const incoming_ptr& in) { return in->peer == c.peer && !in->complete; });
+      // The group's failure is recorded before anyone wakes, so what they read is complete.
+      abort = settings_.abort_group_on_peer_loss && !stopping_ && !failed_;
+      if (abort) {
+        failed_ = true;
+        failure_ = c.lost;
+      }
       state_cv_.notify_all();
     }
     for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), c.lost);
     // shutdown, not close: a writer may still hold the descriptor, which must not be reused
     // under it. The socket is closed when the engine stops.
     ::shutdown(c.fd, SHUT_RDWR);
-    if (settings_.abort_group_on_peer_loss && !stopping_) {
-      group_failed(c.lost, c.peer);
-    }
+    if (abort) group_failed(c.lost, c.peer, true);
   }
 
   // The group cannot go on: fail every waiting receive, and tell the other peers why, so that
   // ranks that never talked to the lost one fail at once too, naming it.
-  void group_failed(const std::string& why, int source) {
+  void group_failed(const std::string& why, int source, bool marked = false) {
     std::vector<op_ptr> orphans;
     std::vector<connection*> others;
     {
       std::lock_guard lock(m_);
-      if (failed_) return;
+      if (failed_ && !marked) return;
       failed_ = true;
       failure_ = why;
       orphans.assign(posted_.begin(), posted_.end());
@@ -920,6 +1061,9 @@ class engine {
   tcp::acceptor acceptor_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::thread io_thread_;
+  int epoll_fd_ = -1;  // the reader thread's: every connection, EPOLLONESHOT
+  int stop_fd_ = -1;   // eventfd that ends the reader thread
+  std::thread reader_thread_;
 };
 
 }  // namespace dtrain::detail::tcp_engine

@@ -2,8 +2,9 @@
 /// @file
 /// Progress policies: how a thread waiting for a transport operation spends its time.
 ///
-/// A policy is a type with `static bool wait(completion_flag&, deadline)`. The transport's own
-/// I/O thread makes progress either way; the policy decides only how the waiter notices.
+/// A policy is a type with `static bool wait(completion_flag&, deadline)` and `spin_micros`, the
+/// time a waiter polls before it sleeps. Either way the transport makes progress without the
+/// waiter; the policy decides how the waiter spends the time.
 
 #include <atomic>
 #include <chrono>
@@ -45,9 +46,10 @@ class completion_flag {
   std::condition_variable cv_;
 };
 
-/// Blocks on a condition variable: no CPU while waiting; wake-up costs a few microseconds. The
-/// default, and the right choice whenever ranks share cores with their I/O threads.
+/// Blocks: no CPU while waiting. The default, and the right choice whenever ranks share cores.
+/// (The TCP transport blocks in the socket's poll and reads the message on the waiting thread.)
 struct blocking {
+  static constexpr int spin_micros = 0;
   static bool wait(completion_flag& f, deadline d) noexcept { return f.done() || f.block_until(d); }
 };
 
@@ -56,6 +58,7 @@ struct blocking {
 template <int SpinMicros = 50>
 struct spin_then_block {
   static_assert(SpinMicros >= 0, "the spin time cannot be negative");
+  static constexpr int spin_micros = SpinMicros;
   static bool wait(completion_flag& f, deadline d) noexcept {
     auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(SpinMicros);
     if (until > d.time()) until = d.time();

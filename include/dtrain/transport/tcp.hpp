@@ -79,6 +79,9 @@ struct tcp_options {
     if (const char* p = std::getenv("DTRAIN_PORT"); o.port == 0 && p != nullptr) {
       o.port = detail::env::to_port("DTRAIN_PORT", p);
     }
+    if (const char* b = std::getenv("DTRAIN_SOCKET_BUFFER"); o.socket_buffer_bytes == 0 && b != nullptr) {
+      o.socket_buffer_bytes = detail::env::to_int("DTRAIN_SOCKET_BUFFER", b);
+    }
     if (const char* t = std::getenv("DTRAIN_TIMEOUT_MS")) {
       o.timeout = std::chrono::milliseconds(detail::env::to_int("DTRAIN_TIMEOUT_MS", t));
     }
@@ -110,7 +113,7 @@ class basic_tcp_request {
       ec.clear();
       return true;
     }
-    if (!Progress::wait(op_->flag, d)) {
+    if (!engine_->wait(op_, d, std::chrono::microseconds(Progress::spin_micros))) {
       ec = make_error_code(errc::timeout);
       return false;
     }
