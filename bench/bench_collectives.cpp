@@ -36,6 +36,7 @@ struct options {
   std::string transport = "inproc";
   std::string progress = "blocking";
   std::vector<std::string> algorithms;
+  std::size_t segment_bytes = communicator_options{}.segment_bytes;
 };
 
 coll_op op_named(const std::string& s) {
@@ -155,7 +156,9 @@ bench::row measure_inproc(const options& o, coll_op op, algorithm algo, std::siz
   std::vector<double> per_rank(static_cast<std::size_t>(o.ranks));
   std::atomic<long> wrong{0};
   run_inproc(o.ranks, [&](int r, inproc_transport t) {
-    communicator<inproc_transport> c(std::move(t));
+    communicator_options co;
+    co.segment_bytes = o.segment_bytes;
+    communicator<inproc_transport> c(std::move(t), co);
     long w = 0;
     per_rank[static_cast<std::size_t>(r)] = time_point(c, o, op, algo, bytes, w);
     wrong += w;
@@ -208,7 +211,9 @@ int run_all(const options& o, int ranks, bool printer, const std::string& what, 
 
 template <class Transport>
 int run_tcp(const options& o) {
-  communicator<Transport> c(Transport::from_environment());
+  communicator_options co;
+  co.segment_bytes = o.segment_bytes;
+  communicator<Transport> c(Transport::from_environment(), co);
   std::string what = "TCP transport (" + o.progress + " progress), one process per rank";
   return run_all(o, c.size(), c.rank() == 0, what,
                  [&](coll_op op, algorithm a, std::size_t bytes) { return measure_on(c, o, op, a, bytes); });
@@ -226,6 +231,7 @@ int main(int argc, char** argv) {
   app.add_option("-t,--seconds", o.seconds, "timed seconds per point");
   app.add_option("--ops", o.ops, "collectives to run");
   app.add_option("--json", o.json, "write the results as JSON to this file");
+  app.add_option("--segment-bytes", o.segment_bytes, "pipeline segment size of the communicator");
   app.add_option("--algorithms", o.algorithms, "only these algorithms (default: every one)");
   app.add_option("--transport", o.transport, "inproc (threads) or tcp (one process per rank, under dtrain-run "
                  "or mpirun)")->check(CLI::IsMember({"inproc", "tcp"}));

@@ -108,9 +108,15 @@ enum class rx_state { header, payload, discard, closed };
 
 struct connection {
   explicit connection(int p, tcp::socket s) : peer(p), socket(std::move(s)) {}
+  ~connection() {
+    if (wfd >= 0) ::close(wfd);
+  }
+  connection(const connection&) = delete;
+  connection& operator=(const connection&) = delete;
   int peer;
   tcp::socket socket;
-  int fd = -1;
+  int fd = -1;   // the socket's descriptor
+  int wfd = -1;  // a dup of it: the write side's epoll registration
 
   // Reader state: touched only by the thread holding `reading`.
   std::atomic<bool> reading{false};
@@ -132,6 +138,7 @@ struct connection {
   // Writer and state: guarded by the engine lock.
   std::deque<op_ptr> sendq;
   bool writing = false;  // one writer at a time owns sendq.front()
+  bool write_parked = false;  // the writer waits for room; the reader thread resumes it
   std::uint64_t tx_seq = 0;
   bool open = true;           // false once failed or closed
   bool departed = false;      // the peer said goodbye
@@ -510,6 +517,11 @@ class engine {
     ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
     ev.data.ptr = &ref;
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ref.fd, &ev);
+    ref.wfd = ::dup(ref.fd);
+    epoll_event wev{};
+    wev.events = EPOLLONESHOT;  // armed by wait_writable
+    wev.data.u64 = reinterpret_cast<std::uintptr_t>(&ref) | 1u;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ref.wfd, &wev);
   }
 
   // --- reading ------------------------------------------------------------------------------
@@ -520,7 +532,7 @@ class engine {
 
   void disarm(connection& c) {
     epoll_event ev{};
-    ev.events = 0;
+    ev.events = EPOLLONESHOT;  // HUP and ERR are reported even unasked; once at most, then
     ev.data.ptr = &c;
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
   }
@@ -537,7 +549,18 @@ class engine {
     while (true) {
       int n = ::epoll_wait(epoll_fd_, events, 64, -1);
       for (int i = 0; i < n; ++i) {
-        if (events[i].data.ptr == nullptr) return;  // the stop eventfd
+        if (events[i].data.u64 == 0) return;  // the stop eventfd
+        if (events[i].data.u64 & 1u) {  // the write side: room in the socket again
+          auto& w = *reinterpret_cast<connection*>(events[i].data.u64 & ~std::uint64_t{1});
+          {
+            // Only a parked writer's turn is taken over; HUP and ERR arrive unasked.
+            std::lock_guard lock(m_);
+            if (!w.write_parked) continue;
+            w.write_parked = false;
+          }
+          pump(w);
+          continue;
+        }
         auto& c = *static_cast<connection*>(events[i].data.ptr);
         if (c.helpers.load(std::memory_order_acquire) > 0) continue;  // a waiter reads; it re-arms
         drain(c);
@@ -879,14 +902,18 @@ class engine {
     }
   }
 
+  // The socket is full: the writer's turn passes to the reader thread, which resumes the pump
+  // when the socket drains (level-triggered, so space freed in between is never missed). The
+  // write side has its own registration, on a dup of the socket, so it never disturbs reading.
   void wait_writable(connection& c) {
-    asio::post(io_, [this, &c] {
-      c.socket.async_wait(tcp::socket::wait_write, [this, &c](boost::system::error_code ec) {
-        // An error here means the socket was closed under us; pump then fails the queue.
-        if (ec && !stopping_) connection_failed(c, errc::peer_lost, "connection closed: " + ec.message());
-        pump(c);
-      });
-    });
+    {
+      std::lock_guard lock(m_);
+      c.write_parked = true;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLOUT | EPOLLONESHOT;
+    ev.data.u64 = reinterpret_cast<std::uintptr_t>(&c) | 1u;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.wfd, &ev);
   }
 
   // --- failure ------------------------------------------------------------------------------
