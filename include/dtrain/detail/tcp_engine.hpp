@@ -121,6 +121,7 @@ struct connection {
   // Reader state: touched only by the thread holding `reading`.
   std::atomic<bool> reading{false};
   std::atomic<int> helpers{0};         // threads waiting on this peer that read for themselves
+  std::atomic<bool> lazy{false};       // left disarmed by the last waiter; the reader re-arms it
   std::atomic<bool> rx_closed{false};  // nothing more will be read
   rx_state rx_phase = rx_state::header;
   frame_bytes rx_header{};
@@ -530,6 +531,17 @@ class engine {
   // costs no thread hand-off). The fd is registered EPOLLONESHOT; whoever releases the flag
   // re-arms it, and level-triggered readiness then reports anything that arrived meanwhile.
 
+  // Connections a waiter left disarmed: watch them again, unless a waiter is back.
+  void rearm_lazy() {
+    for (auto& c : conns_) {
+      if (!c || !c->lazy.load(std::memory_order_acquire)) continue;
+      if (c->helpers.load(std::memory_order_acquire) > 0) continue;  // it will leave it lazy again
+      c->lazy.store(false, std::memory_order_release);
+      lazy_count_.fetch_sub(1, std::memory_order_acq_rel);
+      rearm(*c);
+    }
+  }
+
   void disarm(connection& c) {
     epoll_event ev{};
     ev.events = EPOLLONESHOT;  // HUP and ERR are reported even unasked; once at most, then
@@ -547,7 +559,8 @@ class engine {
   void reader_loop() {
     epoll_event events[64];
     while (true) {
-      int n = ::epoll_wait(epoll_fd_, events, 64, -1);
+      int n = ::epoll_wait(epoll_fd_, events, 64, lazy_count_.load(std::memory_order_acquire) > 0 ? 1 : -1);
+      if (lazy_count_.load(std::memory_order_acquire) > 0) rearm_lazy();
       for (int i = 0; i < n; ++i) {
         if (events[i].data.u64 == 0) return;  // the stop eventfd
         if (events[i].data.u64 & 1u) {  // the write side: room in the socket again
@@ -638,7 +651,9 @@ class engine {
       while (!op->flag.done() && deadline::clock::now() < spin_until) {}
       return op->flag.done() || op->flag.block_until(d);
     }
-    if (c->helpers.fetch_add(1, std::memory_order_acq_rel) == 0) disarm(*c);  // no reader wake-ups
+    if (c->helpers.fetch_add(1, std::memory_order_acq_rel) == 0 && !c->lazy.load(std::memory_order_acquire)) {
+      disarm(*c);  // no reader wake-ups while this thread reads
+    }
     while (!op->flag.done() && !d.expired()) {
       if (c->rx_closed.load(std::memory_order_acquire)) {
         op->flag.block_until(d);  // its failure completes the operation
@@ -653,7 +668,11 @@ class engine {
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
       ::poll(&p, 1, static_cast<int>(std::clamp<long long>(ms, 0, 50)));
     }
-    if (c->helpers.fetch_sub(1, std::memory_order_acq_rel) == 1) rearm(*c);
+    if (c->helpers.fetch_sub(1, std::memory_order_acq_rel) == 1 && !c->lazy.exchange(true)) {
+      // Re-armed by the reader thread within a millisecond unless another wait comes first:
+      // back-to-back waits (a collective's steps) then never wake the reader thread.
+      lazy_count_.fetch_add(1, std::memory_order_acq_rel);
+    }
     return op->flag.done();
   }
 
@@ -1089,6 +1108,7 @@ class engine {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::thread io_thread_;
   int epoll_fd_ = -1;  // the reader thread's: every connection, EPOLLONESHOT
+  std::atomic<int> lazy_count_{0};  // connections waiting for rearm_lazy
   int stop_fd_ = -1;   // eventfd that ends the reader thread
   std::thread reader_thread_;
 };
