@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs what dtrain's build, tests, examples and benchmarks need, from Debian's repository.
+# Installs what dtrain's build, tests, examples and benchmarks need, from Debian's repository:
+# Boost.Asio and OpenSSL's libcrypto for the TCP transport; Open MPI (mpirun tests, peer bench)
+# and Gloo (peer bench); iproute2 for the network-namespace test; clang's libFuzzer.
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
@@ -8,5 +10,8 @@ $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends \
   cmake ninja-build g++ make \
   catch2 libthrust-dev libomp-dev \
-  libcli11-dev libfmt-dev >/dev/null
+  libcli11-dev libfmt-dev \
+  libboost-dev libssl-dev \
+  openmpi-bin libopenmpi-dev libgloo-dev \
+  iproute2 clang-14 libclang-rt-14-dev >/dev/null
 echo "dtrain: dependencies installed"

@@ -37,3 +37,8 @@ add_dependencies(test_tcp_faults tcp_worker dtrain-run)
 # Ranks in separate network namespaces joined by veth pairs (root only; skips otherwise).
 add_test(NAME tcp_netns COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/transport/netns.sh $<TARGET_FILE:tcp_worker> 3)
 set_tests_properties(tcp_netns PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+
+# The frame and handshake decoders under libFuzzer (clang 14), for a bounded time.
+add_test(NAME fuzz_frame_decoder
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run_fuzzer.sh ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR} 30)
+set_tests_properties(fuzz_frame_decoder PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
