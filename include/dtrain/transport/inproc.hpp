@@ -27,6 +27,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/detail/request_error.hpp"
 
 namespace dtrain {
 
@@ -256,12 +257,7 @@ class inproc_request {
   /// Throwing form of `wait`. @throws dtrain::error naming the operation, peer and tag.
   void wait(deadline d) {
     std::error_code ec;
-    if (!wait(d, ec)) {
-      const envelope& e = op_->env;
-      std::string peer = e.peer == any_peer ? "any rank" : "rank " + std::to_string(e.peer);
-      throw error(ec, std::string(op_->is_send ? "send to " : "receive from ") + peer +
-                          " on tag " + std::to_string(e.tag) + ": " + ec.message());
-    }
+    if (!wait(d, ec)) throw error(ec, detail::request_error_text(op_->is_send, op_->env, ec));
   }
 
   /// @returns true once the operation has finished, successfully or not.

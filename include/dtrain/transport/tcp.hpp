@@ -29,6 +29,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/detail/netif.hpp"
+#include "dtrain/detail/request_error.hpp"
 #include "dtrain/detail/tcp_engine.hpp"
 #include "dtrain/rendezvous/environment.hpp"
 #include "dtrain/rendezvous/file_store.hpp"
@@ -125,13 +126,7 @@ class basic_tcp_request {
   /// (after a failure) what went wrong on the wire.
   void wait(deadline d) {
     std::error_code ec;
-    if (wait(d, ec)) return;
-    const envelope& e = op_->env;
-    std::string peer = e.peer == any_peer ? "any rank" : "rank " + std::to_string(e.peer);
-    std::string what = std::string(op_->is_send ? "send to " : "receive from ") + peer + " on tag " +
-                       std::to_string(e.tag) + ": " + ec.message();
-    if (!detail().empty()) what += " (" + detail() + ")";
-    throw error(ec, what);
+    if (!wait(d, ec)) throw error(ec, detail::request_error_text(op_->is_send, op_->env, ec, detail()));
   }
 
   /// @returns true once the operation has finished, successfully or not.
