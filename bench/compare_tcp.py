@@ -2,7 +2,7 @@
 """dtrain vs Open MPI vs Gloo: float32 sum allreduce over TCP on this machine, in one run.
 
 For each world size P and size, measures
-  dtrain   bench_collectives --transport tcp (ring and halving_doubling; blocking and spin progress)
+  dtrain   bench_collectives --transport tcp (ring, halving_doubling, recursive_doubling; blocking and spin)
   Open MPI MPI_Allreduce with --mca btl tcp,self --mca pml ob1
   Gloo     AllreduceRingChunked and AllreduceHalvingDoubling over Gloo's TCP transport
 and prints busbw (GB/s, nccl-tests' definition) with dtrain's best divided by each peer's.
@@ -39,7 +39,7 @@ def json_lines(text):
 def dtrain_rows(build, p, seconds, progress):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         run([f"{build}/tools/dtrain-run", "-n", str(p), f"{build}/bench/bench_collectives", "--transport", "tcp",
-             "--progress", progress, "--ops", "allreduce", "--algorithms", "ring", "halving_doubling",
+             "--progress", progress, "--ops", "allreduce", "--algorithms", "ring", "halving_doubling", "recursive_doubling",
              "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-t", str(seconds), "--json", f.name])
         rows = json.load(open(f.name))
     for r in rows:

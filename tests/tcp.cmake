@@ -17,7 +17,7 @@ endforeach()
 # The same under Open MPI's mpirun: rank and size from OMPI_COMM_WORLD_*, rank 0 serves the store.
 find_program(DTRAIN_MPIRUN mpirun)
 if(DTRAIN_MPIRUN)
-  foreach(n 2 3 5)
+  foreach(n RANGE 2 6)
     add_test(NAME tcp_conformance_mpirun_${n}
              COMMAND ${DTRAIN_MPIRUN} --allow-run-as-root --oversubscribe -np ${n}
                      $<TARGET_FILE:tcp_worker> conformance)

@@ -301,3 +301,24 @@ TEST_CASE("tcp: a peer with another token is refused at the handshake", "[tcp]")
   TCHECK(errors[1].find("token") != std::string::npos);
   TCHECK(errors[0].find("rank(s) 1") != std::string::npos);  // rank 0 never admitted it
 }
+
+TEST_CASE("tcp: a group is rebuilt in a new epoch without restarting, through the same store", "[tcp]") {
+  tcp_store_server server("127.0.0.1", 0, token);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r) {
+    ts.emplace_back([&, r] {
+      tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+      for (std::uint64_t epoch = 0; epoch < 3; ++epoch) {
+        auto o = test_options();
+        o.epoch = epoch;
+        communicator<tcp_transport> c(tcp_transport::connect(store, r, 3, o, "127.0.0.1"));
+        std::vector<int> v(1000, r + static_cast<int>(epoch));
+        c.allreduce(std::span(v), reduce_op::sum);
+        for (int x : v) wrong += x != 3 + 3 * static_cast<int>(epoch) ? 1 : 0;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  CHECK(wrong.load() == 0);
+}
