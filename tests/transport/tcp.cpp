@@ -256,47 +256,45 @@ TEST_CASE("tcp: an oversized frame from an authenticated peer closes only that c
   TCHECK(sent);
 }
 
-TEST_CASE("tcp: a rank that never shows up is named in the timeout", "[tcp]") {
+// Ranks 0..joining-1 of a group of `size` try to form it, each with options from `options_of`;
+// returns what each one's attempt threw (empty if it formed).
+template <class OptionsOf>
+std::vector<std::string> try_forming(int joining, int size, OptionsOf options_of) {
   tcp_store_server server("127.0.0.1", 0, token);
-  auto o = test_options();
-  o.timeout = 1500ms;
-  std::vector<std::string> errors(2);
+  std::vector<std::string> errors(static_cast<std::size_t>(joining));
   std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r) {  // ranks 0 and 1 of a group of 3
+  for (int r = 0; r < joining; ++r) {
     ts.emplace_back([&, r] {
       try {
         tcp_store store("127.0.0.1", server.port(), deadline::after(5s), token);
-        tcp_transport::connect(store, r, 3, o, "127.0.0.1");
+        tcp_transport::connect(store, r, size, options_of(r), "127.0.0.1");
       } catch (const error& e) {
         errors[static_cast<std::size_t>(r)] = e.what();
       }
     });
   }
   for (auto& t : ts) t.join();
+  return errors;
+}
+
+TEST_CASE("tcp: a rank that never shows up is named in the timeout", "[tcp]") {
+  auto errors = try_forming(2, 3, [](int) {  // ranks 0 and 1 of a group of 3
+    auto o = test_options();
+    o.timeout = 1500ms;
+    return o;
+  });
   INFO(errors[0]);
   TCHECK(errors[0].find("rank(s) 2") != std::string::npos);
   TCHECK(errors[1].find("rank(s) 2") != std::string::npos);
 }
 
 TEST_CASE("tcp: a peer with another token is refused at the handshake", "[tcp]") {
-  tcp_store_server server("127.0.0.1", 0, token);
-  auto o = test_options();
-  o.timeout = 2s;
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> ts;
-  for (int r = 0; r < 2; ++r) {
-    ts.emplace_back([&, r] {
-      auto mine = o;
-      if (r == 1) mine.token = "not-the-token";
-      try {
-        tcp_store store("127.0.0.1", server.port(), deadline::after(5s), token);
-        tcp_transport::connect(store, r, 2, mine, "127.0.0.1");
-      } catch (const error& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
+  auto errors = try_forming(2, 2, [](int r) {
+    auto o = test_options();
+    o.timeout = 2s;
+    if (r == 1) o.token = "not-the-token";
+    return o;
+  });
   INFO(errors[1]);
   TCHECK(errors[1].find("token") != std::string::npos);
   TCHECK(errors[0].find("rank(s) 1") != std::string::npos);  // rank 0 never admitted it
