@@ -32,6 +32,25 @@ inline void tune_socket(tcp::socket& s, int buffer_bytes) {
   }
 }
 
+/// Opens, binds and listens `a` on `address`:`port` (0 picks a free port). @returns the port.
+/// @throws dtrain::error saying `who` cannot listen there, and why.
+inline std::uint16_t listen_on(tcp::acceptor& a, const std::string& address, std::uint16_t port,
+                               const std::string& who) {
+  boost::system::error_code ec;
+  auto addr = asio::ip::make_address(address, ec);
+  std::string why = ec ? "'" + address + "' is not an IP address" : std::string();
+  tcp::endpoint ep(addr, port);
+  if (!ec) a.open(ep.protocol(), ec);
+  if (!ec) a.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) a.bind(ep, ec);
+  if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    throw error(errc::invalid_argument, "dtrain: " + who + " cannot listen on " + address + ":" +
+                                            std::to_string(port) + ": " + (why.empty() ? ec.message() : why));
+  }
+  return a.local_endpoint().port();
+}
+
 inline std::string endpoint_text(const tcp::socket& s) {
   boost::system::error_code ec;
   auto ep = s.remote_endpoint(ec);

@@ -1,13 +1,17 @@
 #pragma once
-// The type-independent core of tcp_transport: one I/O thread, one connection per peer, message
-// matching, the write pump, failure propagation and the graceful goodbye.
+// The type-independent core of tcp_transport: one connection per peer, message matching, the
+// write pump, failure propagation and the graceful goodbye.
 //
-// Receives: the I/O thread reads each frame header, then looks for a posted receive from that
-// peer on that tag. If one is posted the payload goes straight into its buffer; otherwise into a
-// fresh "unexpected" buffer that a later receive copies from (MPI's eager protocol).
+// Threads: Asio's I/O thread accepts connections and runs handshakes; the reader thread runs an
+// epoll over every connection. Data never passes through Asio.
+// Receives: whoever reads a connection (a thread waiting on that peer, else the reader thread)
+// decodes each frame header, then looks for a posted receive from that peer on that tag. If one
+// is posted the payload goes straight into its buffer; otherwise into a fresh "unexpected"
+// buffer that a later receive copies from (MPI's eager protocol).
 // Sends: the calling thread writes with non-blocking sendmsg (header and payload gathered, no
-// copy) as long as the socket takes the bytes; the rest is finished by the I/O thread when the
-// socket becomes writable. Only one writer per connection at a time, so frames never interleave.
+// copy) as long as the socket takes the bytes; when it is full, the reader thread resumes the
+// writing once the socket drains. Only one writer per connection at a time, so frames never
+// interleave.
 
 #include <utility>  // before Asio (Boost 1.74)
 
@@ -40,6 +44,7 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
+#include "dtrain/detail/backoff.hpp"
 #include "dtrain/detail/handshake.hpp"
 #include "dtrain/detail/log.hpp"
 #include "dtrain/transport/progress.hpp"
@@ -62,7 +67,7 @@ struct settings {
 
 // One send or receive.
 struct operation {
-  enum class phase { queued, active, done };
+  enum class phase { queued, active };  // active: its bytes are moving (or it was matched)
 
   bool is_send = false;
   frame_kind kind = frame_kind::data;
@@ -160,10 +165,7 @@ class engine {
         acceptor_(io_), work_(asio::make_work_guard(io_)) {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.ptr = nullptr;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, stop_fd_, &ev);
+    watch(EPOLL_CTL_ADD, stop_fd_, EPOLLIN, 0);
   }
 
   engine(const engine&) = delete;
@@ -177,26 +179,12 @@ class engine {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
-  const settings& config() const noexcept { return settings_; }
 
   // --- connection set-up --------------------------------------------------------------------
 
   /// Binds and listens; @returns the port. @throws dtrain::error naming the address.
   std::uint16_t listen(const std::string& bind_address, std::uint16_t port) {
-    boost::system::error_code ec;
-    auto addr = asio::ip::make_address(bind_address, ec);
-    if (ec) throw error(errc::invalid_argument, "dtrain: bind address '" + bind_address + "' is not an IP address");
-    tcp::endpoint ep(addr, port);
-    acceptor_.open(ep.protocol(), ec);
-    if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(ep, ec);
-    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(rank_) +
-                                              " cannot listen on " + bind_address + ":" +
-                                              std::to_string(port) + ": " + ec.message());
-    }
-    return acceptor_.local_endpoint().port();
+    return listen_on(acceptor_, bind_address, port, "rank " + std::to_string(rank_));
   }
 
   /// Starts the I/O thread and the accept loop (peers with a higher rank connect to us).
@@ -208,26 +196,20 @@ class engine {
 
   /// Connects to `peer` at host:port, retrying with backoff until `d`. @throws dtrain::error
   void connect_to(int peer, const std::string& host, std::uint16_t port, deadline d) {
-    auto backoff = std::chrono::milliseconds(10);
-    std::string last;
-    while (true) {
-      std::error_code ec;
-      std::string why;
-      if (try_connect(peer, host, port, d, ec, why)) return;
-      if (ec != errc::peer_lost && ec != errc::timeout) {
-        // Refused by the peer (wrong token, wrong group): retrying cannot help.
-        throw error(ec, "dtrain: rank " + std::to_string(rank_) + " connecting to rank " +
-                            std::to_string(peer) + " at " + host + ":" + std::to_string(port) +
-                            ": " + why);
-      }
-      last = why;
-      if (d.expired()) break;
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(backoff, d.remaining()));
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+    std::error_code ec;
+    std::string why;
+    auto result = retry_with_backoff(d, std::chrono::milliseconds(1000), [&] {
+      if (try_connect(peer, host, port, d, ec, why)) return attempt::done;
+      // Refused by the peer (wrong token, wrong group): retrying cannot help.
+      return ec == errc::peer_lost || ec == errc::timeout ? attempt::retry : attempt::give_up;
+    });
+    if (result == attempt::done) return;
+    std::string where = " rank " + std::to_string(peer) + " at " + host + ":" + std::to_string(port);
+    if (result == attempt::give_up) {
+      throw error(ec, "dtrain: rank " + std::to_string(rank_) + " connecting to" + where + ": " + why);
     }
-    throw error(errc::timeout, "dtrain: rank " + std::to_string(rank_) + " could not connect to rank " +
-                                   std::to_string(peer) + " at " + host + ":" + std::to_string(port) +
-                                   " before the deadline (last error: " + last + ")");
+    throw error(errc::timeout, "dtrain: rank " + std::to_string(rank_) + " could not connect to" + where +
+                                   " before the deadline (last error: " + why + ")");
   }
 
   /// Waits until every rank above this one has connected. @throws dtrain::error naming the
@@ -315,6 +297,41 @@ class engine {
     }
     posted_.push_back(op);
     return op;
+  }
+
+  // Waits for `op`, reading its peer's connection on this thread: the waiter becomes the
+  // connection's reader (the reader thread stands aside while `helpers` > 0), so the message is
+  // read and completed where it is awaited, with no hand-off between threads. Spins (polling
+  // without sleeping) for `spin` first. Sends, any-peer and self receives wait on their flag.
+  bool wait(const op_ptr& op, deadline d, std::chrono::microseconds spin) {
+    if (op->flag.done()) return true;
+    const int peer = op->env.peer;
+    connection* c = op->is_send || peer < 0 || peer == rank_ ? nullptr : conns_[static_cast<std::size_t>(peer)].get();
+    if (c == nullptr) return op->flag.wait(d, spin);
+    const auto spin_until = deadline::clock::now() + spin;
+    if (c->helpers.fetch_add(1, std::memory_order_acq_rel) == 0 && !c->lazy.load(std::memory_order_acquire)) {
+      disarm(*c);  // no reader wake-ups while this thread reads
+    }
+    while (!op->flag.done() && !d.expired()) {
+      if (c->rx_closed.load(std::memory_order_acquire)) {
+        op->flag.block_until(d);  // its failure completes the operation
+        break;
+      }
+      if (!drain(*c)) {  // the reader thread is mid-frame; it finishes soon
+        std::this_thread::yield();
+        continue;
+      }
+      if (op->flag.done() || deadline::clock::now() < spin_until) continue;
+      pollfd p{c->fd, POLLIN, 0};
+      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
+      ::poll(&p, 1, static_cast<int>(std::clamp<long long>(ms, 0, 50)));
+    }
+    if (c->helpers.fetch_sub(1, std::memory_order_acq_rel) == 1 && !c->lazy.exchange(true)) {
+      // Re-armed by the reader thread within a millisecond unless another wait comes first:
+      // back-to-back waits (a collective's steps) then never wake the reader thread.
+      lazy_count_.fetch_add(1, std::memory_order_acq_rel);
+    }
+    return op->flag.done();
   }
 
   /// Withdraws a queued operation. One whose bytes are moving is given the linger time to
@@ -514,15 +531,9 @@ class engine {
       conns_[static_cast<std::size_t>(peer)] = std::move(c);
     }
     accept_cv_.notify_all();
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
-    ev.data.ptr = &ref;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ref.fd, &ev);
+    watch(EPOLL_CTL_ADD, ref.fd, read_events, read_key(ref));
     ref.wfd = ::dup(ref.fd);
-    epoll_event wev{};
-    wev.events = EPOLLONESHOT;  // armed by wait_writable
-    wev.data.u64 = reinterpret_cast<std::uintptr_t>(&ref) | 1u;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, ref.wfd, &wev);
+    watch(EPOLL_CTL_ADD, ref.wfd, EPOLLONESHOT, write_key(ref));  // armed by wait_writable
   }
 
   // --- reading ------------------------------------------------------------------------------
@@ -542,19 +553,22 @@ class engine {
     }
   }
 
-  void disarm(connection& c) {
+  // Every epoll registration: a connection's socket for reading (keyed by the connection), a
+  // dup of it for writing (the same key with the low bit set), and the stop eventfd (key 0).
+  static constexpr std::uint32_t read_events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  static std::uint64_t read_key(connection& c) { return reinterpret_cast<std::uintptr_t>(&c); }
+  static std::uint64_t write_key(connection& c) { return read_key(c) | 1u; }
+
+  void watch(int op, int fd, std::uint32_t events, std::uint64_t key) {
     epoll_event ev{};
-    ev.events = EPOLLONESHOT;  // HUP and ERR are reported even unasked; once at most, then
-    ev.data.ptr = &c;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
+    ev.events = events;
+    ev.data.u64 = key;
+    ::epoll_ctl(epoll_fd_, op, fd, &ev);
   }
 
-  void rearm(connection& c) {
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
-    ev.data.ptr = &c;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.fd, &ev);
-  }
+  // HUP and ERR are reported even unasked; EPOLLONESHOT lets them through once at most.
+  void disarm(connection& c) { watch(EPOLL_CTL_MOD, c.fd, EPOLLONESHOT, read_key(c)); }
+  void rearm(connection& c) { watch(EPOLL_CTL_MOD, c.fd, read_events, read_key(c)); }
 
   void reader_loop() {
     epoll_event events[64];
@@ -562,19 +576,19 @@ class engine {
       int n = ::epoll_wait(epoll_fd_, events, 64, lazy_count_.load(std::memory_order_acquire) > 0 ? 1 : -1);
       if (lazy_count_.load(std::memory_order_acquire) > 0) rearm_lazy();
       for (int i = 0; i < n; ++i) {
-        if (events[i].data.u64 == 0) return;  // the stop eventfd
-        if (events[i].data.u64 & 1u) {  // the write side: room in the socket again
-          auto& w = *reinterpret_cast<connection*>(events[i].data.u64 & ~std::uint64_t{1});
+        const std::uint64_t key = events[i].data.u64;
+        if (key == 0) return;  // the stop eventfd
+        auto& c = *reinterpret_cast<connection*>(key & ~std::uint64_t{1});
+        if (key & 1u) {  // the write side: room in the socket again
           {
             // Only a parked writer's turn is taken over; HUP and ERR arrive unasked.
             std::lock_guard lock(m_);
-            if (!w.write_parked) continue;
-            w.write_parked = false;
+            if (!c.write_parked) continue;
+            c.write_parked = false;
           }
-          pump(w);
+          pump(c);
           continue;
         }
-        auto& c = *static_cast<connection*>(events[i].data.ptr);
         if (c.helpers.load(std::memory_order_acquire) > 0) continue;  // a waiter reads; it re-arms
         drain(c);
       }
@@ -626,8 +640,7 @@ class engine {
       std::string why = got == 0 ? "closed the connection without saying goodbye (process exited or was killed)"
                                  : "connection error: " + std::string(std::strerror(errno));
       fail_reception(c, "was lost mid-message");
-      c.rx_phase = rx_state::closed;
-      c.rx_closed.store(true, std::memory_order_release);
+      stop_reading(c);
       c.reading.store(false, std::memory_order_release);
       read_failed(c, why);
       return false;
@@ -637,54 +650,12 @@ class engine {
     return true;
   }
 
- public:
-  // Waits for `op`, reading its peer's connection on this thread: the waiter becomes the
-  // connection's reader (the reader thread stands aside while `helpers` > 0), so the message is
-  // read and completed where it is awaited, with no hand-off between threads. Spins (polling
-  // without sleeping) for `spin` first. Sends, any-peer and self receives wait on their flag.
-  bool wait(const op_ptr& op, deadline d, std::chrono::microseconds spin) {
-    if (op->flag.done()) return true;
-    const int peer = op->env.peer;
-    connection* c = op->is_send || peer < 0 || peer == rank_ ? nullptr : conns_[static_cast<std::size_t>(peer)].get();
-    const auto spin_until = deadline::clock::now() + spin;
-    if (c == nullptr) {
-      while (!op->flag.done() && deadline::clock::now() < spin_until) {}
-      return op->flag.done() || op->flag.block_until(d);
-    }
-    if (c->helpers.fetch_add(1, std::memory_order_acq_rel) == 0 && !c->lazy.load(std::memory_order_acquire)) {
-      disarm(*c);  // no reader wake-ups while this thread reads
-    }
-    while (!op->flag.done() && !d.expired()) {
-      if (c->rx_closed.load(std::memory_order_acquire)) {
-        op->flag.block_until(d);  // its failure completes the operation
-        break;
-      }
-      if (!drain(*c)) {  // the reader thread is mid-frame; it finishes soon
-        std::this_thread::yield();
-        continue;
-      }
-      if (op->flag.done() || deadline::clock::now() < spin_until) continue;
-      pollfd p{c->fd, POLLIN, 0};
-      auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
-      ::poll(&p, 1, static_cast<int>(std::clamp<long long>(ms, 0, 50)));
-    }
-    if (c->helpers.fetch_sub(1, std::memory_order_acq_rel) == 1 && !c->lazy.exchange(true)) {
-      // Re-armed by the reader thread within a millisecond unless another wait comes first:
-      // back-to-back waits (a collective's steps) then never wake the reader thread.
-      lazy_count_.fetch_add(1, std::memory_order_acq_rel);
-    }
-    return op->flag.done();
-  }
-
- private:
-
   void on_header(connection& c) {
     auto r = decode_frame(c.rx_header, c.rx_seq, settings_.max_frame_bytes);
     if (!r.ok) {
       log(log_level::error, "rank " + std::to_string(rank_) + " closing the connection to rank " +
                                 std::to_string(c.peer) + ": malformed frame: " + r.error);
-      c.rx_phase = rx_state::closed;
-      c.rx_closed.store(true, std::memory_order_release);
+      stop_reading(c);
       connection_failed(c, errc::protocol_error, "sent a malformed frame (" + r.error + ")");
       return;
     }
@@ -702,8 +673,7 @@ class engine {
       }
       case frame_kind::abort:
         if (h.length > 4096) {
-          c.rx_phase = rx_state::closed;
-      c.rx_closed.store(true, std::memory_order_release);
+          stop_reading(c);
           connection_failed(c, errc::protocol_error, "sent an abort frame longer than 4096 bytes");
           return;
         }
@@ -711,6 +681,12 @@ class engine {
         return expect_payload(c, c.rx_text.data(), h.length);
     }
     expect_discard(c, h.length);
+  }
+
+  // Nothing more is read from `c`; waiting threads see it through `rx_closed`.
+  static void stop_reading(connection& c) {
+    c.rx_phase = rx_state::closed;
+    c.rx_closed.store(true, std::memory_order_release);
   }
 
   void expect_payload(connection& c, std::byte* dst, std::size_t len) {
@@ -929,10 +905,7 @@ class engine {
       std::lock_guard lock(m_);
       c.write_parked = true;
     }
-    epoll_event ev{};
-    ev.events = EPOLLOUT | EPOLLONESHOT;
-    ev.data.u64 = reinterpret_cast<std::uintptr_t>(&c) | 1u;
-    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, c.wfd, &ev);
+    watch(EPOLL_CTL_MOD, c.wfd, EPOLLOUT | EPOLLONESHOT, write_key(c));
   }
 
   // --- failure ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@
 
 #include "dtrain/core/frame.hpp"
 #include "dtrain/detail/auth.hpp"
+#include "dtrain/detail/backoff.hpp"
 #include "dtrain/detail/handshake.hpp"
 #include "dtrain/detail/log.hpp"
 #include "dtrain/rendezvous/store.hpp"
@@ -85,18 +86,7 @@ class tcp_store_server {
   tcp_store_server(const std::string& bind_address, std::uint16_t port,
                    std::string token = detail::auth::load_token(std::nullopt))
       : token_(std::move(token)), acceptor_(io_) {
-    boost::system::error_code ec;
-    auto addr = boost::asio::ip::make_address(bind_address, ec);
-    detail::tcp::endpoint ep(addr, port);
-    if (!ec) acceptor_.open(ep.protocol(), ec);
-    if (!ec) acceptor_.set_option(boost::asio::socket_base::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(ep, ec);
-    if (!ec) acceptor_.listen(boost::asio::socket_base::max_listen_connections, ec);
-    if (ec) {
-      throw error(errc::invalid_argument, "dtrain: the store cannot listen on " + bind_address + ":" +
-                                              std::to_string(port) + ": " + ec.message());
-    }
-    port_ = acceptor_.local_endpoint().port();
+    port_ = detail::listen_on(acceptor_, bind_address, port, "the store");
     accept_next();
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -282,18 +272,15 @@ class tcp_store : public detail::store_throwing_forms<tcp_store> {
   tcp_store(std::string host, std::uint16_t port, deadline d,
             std::string token = detail::auth::load_token(std::nullopt))
       : host_(std::move(host)), port_(port), token_(std::move(token)), socket_(io_) {
-    auto backoff = std::chrono::milliseconds(10);
+    std::error_code ec;
     std::string last;
-    while (true) {
-      std::error_code ec;
-      if (try_connect(d, ec, last)) return;
-      if (ec == errc::auth_failed || ec == errc::invalid_argument) {
-        throw error(ec, "dtrain: store at " + where() + ": " + last);
-      }
-      if (d.expired()) break;
-      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(backoff, d.remaining()));
-      backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-    }
+    auto result = detail::retry_with_backoff(d, std::chrono::milliseconds(500), [&] {
+      if (try_connect(d, ec, last)) return detail::attempt::done;
+      bool refused = ec == errc::auth_failed || ec == errc::invalid_argument;
+      return refused ? detail::attempt::give_up : detail::attempt::retry;
+    });
+    if (result == detail::attempt::done) return;
+    if (result == detail::attempt::give_up) throw error(ec, "dtrain: store at " + where() + ": " + last);
     throw error(errc::timeout, "dtrain: cannot reach the rendezvous store at " + where() +
                                    " before the deadline (last error: " + last + ")");
   }

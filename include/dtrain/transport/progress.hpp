@@ -2,9 +2,9 @@
 /// @file
 /// Progress policies: how a thread waiting for a transport operation spends its time.
 ///
-/// A policy is a type with `static bool wait(completion_flag&, deadline)` and `spin_micros`, the
-/// time a waiter polls before it sleeps. Either way the transport makes progress without the
-/// waiter; the policy decides how the waiter spends the time.
+/// A policy is a type with `spin_micros`: how long a waiter polls without sleeping before it
+/// blocks. The transport makes progress either way; the policy decides how the waiter spends
+/// the time.
 
 #include <atomic>
 #include <chrono>
@@ -40,6 +40,19 @@ class completion_flag {
     return cv_.wait_until(lock, d.time(), [&] { return done(); });
   }
 
+  /// Spins for `spin` (bounded by `d`), then blocks until set or `d` passes.
+  /// @returns whether it was set.
+  bool wait(deadline d, std::chrono::microseconds spin) noexcept {
+    auto until = std::min(deadline::clock::now() + spin, d.time());
+    while (!done()) {
+      if (deadline::clock::now() >= until) return block_until(d);
+#if defined(__x86_64__) || defined(__i386__)
+      _mm_pause();
+#endif
+    }
+    return true;
+  }
+
  private:
   std::atomic<bool> done_{false};
   std::mutex m_;
@@ -50,7 +63,6 @@ class completion_flag {
 /// (The TCP transport blocks in the socket's poll and reads the message on the waiting thread.)
 struct blocking {
   static constexpr int spin_micros = 0;
-  static bool wait(completion_flag& f, deadline d) noexcept { return f.done() || f.block_until(d); }
 };
 
 /// Spins for `SpinMicros` microseconds before blocking: for latency-bound jobs with a core to
@@ -59,17 +71,6 @@ template <int SpinMicros = 50>
 struct spin_then_block {
   static_assert(SpinMicros >= 0, "the spin time cannot be negative");
   static constexpr int spin_micros = SpinMicros;
-  static bool wait(completion_flag& f, deadline d) noexcept {
-    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(SpinMicros);
-    if (until > d.time()) until = d.time();
-    while (!f.done()) {
-      if (std::chrono::steady_clock::now() >= until) return f.block_until(d);
-#if defined(__x86_64__) || defined(__i386__)
-      _mm_pause();
-#endif
-    }
-    return true;
-  }
 };
 
 }  // namespace dtrain
