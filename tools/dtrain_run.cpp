@@ -86,12 +86,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> command{program};
   for (auto& a : app.remaining()) command.push_back(a);
 
-  std::string token;
-  if (std::getenv("DTRAIN_TOKEN") == nullptr && std::getenv("DTRAIN_TOKEN_FILE") == nullptr) {
-    token = dtrain::detail::auth::generate_token();
-  } else {
-    token = dtrain::detail::auth::load_token(std::nullopt);
-  }
+  std::string token = dtrain::detail::auth::load_token(std::nullopt);  // the user's, if set
+  if (token.empty()) token = dtrain::detail::auth::generate_token();
   dtrain::tcp_store_server store("127.0.0.1", 0, token);
 
   std::vector<std::string> env_text;

@@ -192,11 +192,12 @@ class basic_tcp_transport {
     auto engine = std::make_shared<detail::tcp_engine::engine>(rank, size, std::move(s));
 
     std::string advertise = choose_address(options, route_hint);
-    std::string bind = options.bind_address.empty() ? resolve_ip(advertise) : options.bind_address;
+    std::string advertise_ip = resolve_ip(advertise);  // a host name is resolved once
+    std::string bind = options.bind_address.empty() ? advertise_ip : options.bind_address;
     std::uint16_t port = engine->listen(bind, options.port);
     detail::log(detail::log_level::info,
                 "rank " + std::to_string(rank) + " listens on " + bind + ":" + std::to_string(port) +
-                    " (interface " + detail::netif::name_of(resolve_ip(advertise)) + "), advertised as " +
+                    " (interface " + detail::netif::name_of(advertise_ip) + "), advertised as " +
                     advertise + ":" + std::to_string(port));
     engine->start();
     store.set(epoch_key(options.epoch, "addr/" + std::to_string(rank)),
