@@ -101,111 +101,109 @@ std::vector<T> expected_results(const spec& s) {
 /// What rank `r` does in case `s` on communicator `c`; `check(r, got, want)` judges each result.
 template <class T, class Comm, class Check>
 void run_rank(const spec& s, int r, Comm& c, const std::vector<T>& expect, Check&& check) {
-  const int p = s.p;
   const std::size_t n = s.n;
-  const auto P = static_cast<std::size_t>(p);
+  const auto P = static_cast<std::size_t>(s.p);
   const T garbage = make<T>(77);
   auto in_val = [&](int rr, std::size_t i) { return make<T>(input_value(s.op, s.rop, rr, i)); };
-  (void)p;
-switch (s.op) {
-  case coll_op::broadcast: {
-    std::vector<T> buf(n, garbage);
-    if (r == s.root) for (std::size_t i = 0; i < n; ++i) buf[i] = in_val(s.root, i);
-    c.broadcast(std::span(buf), s.root);
-    check(r, buf, [&](std::size_t i) { return in_val(s.root, i); });
-    break;
-  }
-  case coll_op::reduce: {
-    std::vector<T> in(n), out(n, garbage);
-    for (std::size_t i = 0; i < n; ++i) in[i] = in_val(r, i);
-    if (s.in_place) {
-      c.reduce(std::span(in), s.rop, s.root);
-      if (r == s.root) {
+  switch (s.op) {
+    case coll_op::broadcast: {
+      std::vector<T> buf(n, garbage);
+      if (r == s.root) for (std::size_t i = 0; i < n; ++i) buf[i] = in_val(s.root, i);
+      c.broadcast(std::span(buf), s.root);
+      check(r, buf, [&](std::size_t i) { return in_val(s.root, i); });
+      break;
+    }
+    case coll_op::reduce: {
+      std::vector<T> in(n), out(n, garbage);
+      for (std::size_t i = 0; i < n; ++i) in[i] = in_val(r, i);
+      if (s.in_place) {
+        c.reduce(std::span(in), s.rop, s.root);
+        if (r == s.root) {
+          check(r, in, [&](std::size_t i) { return expect[i]; });
+        } else {
+          check(r, in, [&](std::size_t i) { return in_val(r, i); });  // left unchanged
+        }
+      } else {
+        c.template reduce<T>(in, std::span(out), s.rop, s.root);
+        if (r == s.root) {
+          check(r, out, [&](std::size_t i) { return expect[i]; });
+        } else {
+          check(r, out, [&](std::size_t) { return garbage; });
+        }
+      }
+      break;
+    }
+    case coll_op::allreduce: {
+      std::vector<T> in(n), out(n, garbage);
+      for (std::size_t i = 0; i < n; ++i) in[i] = in_val(r, i);
+      if (s.in_place) {
+        c.allreduce(std::span(in), s.rop);
         check(r, in, [&](std::size_t i) { return expect[i]; });
       } else {
-        check(r, in, [&](std::size_t i) { return in_val(r, i); });  // left unchanged
-      }
-    } else {
-      c.template reduce<T>(in, std::span(out), s.rop, s.root);
-      if (r == s.root) {
+        c.template allreduce<T>(in, std::span(out), s.rop);
         check(r, out, [&](std::size_t i) { return expect[i]; });
-      } else {
-        check(r, out, [&](std::size_t) { return garbage; });
       }
+      break;
     }
-    break;
-  }
-  case coll_op::allreduce: {
-    std::vector<T> in(n), out(n, garbage);
-    for (std::size_t i = 0; i < n; ++i) in[i] = in_val(r, i);
-    if (s.in_place) {
-      c.allreduce(std::span(in), s.rop);
-      check(r, in, [&](std::size_t i) { return expect[i]; });
-    } else {
-      c.template allreduce<T>(in, std::span(out), s.rop);
-      check(r, out, [&](std::size_t i) { return expect[i]; });
+    case coll_op::reduce_scatter: {
+      std::vector<T> in(P * n), out(n, garbage);
+      for (std::size_t i = 0; i < P * n; ++i) in[i] = in_val(r, i);
+      auto mine = [&](std::size_t j) { return expect[static_cast<std::size_t>(r) * n + j]; };
+      if (s.in_place) {
+        c.reduce_scatter(std::span(in), s.rop);
+        check(r, std::span<const T>(in).subspan(static_cast<std::size_t>(r) * n, n), mine);
+      } else {
+        c.template reduce_scatter<T>(in, std::span(out), s.rop);
+        check(r, out, mine);
+      }
+      break;
     }
-    break;
-  }
-  case coll_op::reduce_scatter: {
-    std::vector<T> in(P * n), out(n, garbage);
-    for (std::size_t i = 0; i < P * n; ++i) in[i] = in_val(r, i);
-    auto mine = [&](std::size_t j) { return expect[static_cast<std::size_t>(r) * n + j]; };
-    if (s.in_place) {
-      c.reduce_scatter(std::span(in), s.rop);
-      check(r, std::span<const T>(in).subspan(static_cast<std::size_t>(r) * n, n), mine);
-    } else {
-      c.template reduce_scatter<T>(in, std::span(out), s.rop);
-      check(r, out, mine);
+    case coll_op::allgather: {
+      std::vector<T> in(n), out(P * n, garbage);
+      for (std::size_t i = 0; i < n; ++i) in[i] = in_val(r, i);
+      if (s.in_place) {
+        std::copy(in.begin(), in.end(), out.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * n));
+        c.allgather(std::span(out));
+      } else {
+        c.template allgather<T>(in, std::span(out));
+      }
+      check(r, out, [&](std::size_t i) { return in_val(static_cast<int>(i / std::max<std::size_t>(n, 1)), i % std::max<std::size_t>(n, 1)); });
+      break;
     }
-    break;
-  }
-  case coll_op::allgather: {
-    std::vector<T> in(n), out(P * n, garbage);
-    for (std::size_t i = 0; i < n; ++i) in[i] = in_val(r, i);
-    if (s.in_place) {
-      std::copy(in.begin(), in.end(), out.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * n));
-      c.allgather(std::span(out));
-    } else {
-      c.template allgather<T>(in, std::span(out));
+    case coll_op::gather: {
+      std::vector<T> in(n), out(r == s.root ? P * n : 0, garbage);
+      for (std::size_t i = 0; i < n; ++i) in[i] = in_val(r, i);
+      c.template gather<T>(in, std::span(out), s.root);
+      if (r == s.root) {
+        check(r, out, [&](std::size_t i) { return in_val(static_cast<int>(i / n), i % n); });
+      }
+      break;
     }
-    check(r, out, [&](std::size_t i) { return in_val(static_cast<int>(i / std::max<std::size_t>(n, 1)), i % std::max<std::size_t>(n, 1)); });
-    break;
-  }
-  case coll_op::gather: {
-    std::vector<T> in(n), out(r == s.root ? P * n : 0, garbage);
-    for (std::size_t i = 0; i < n; ++i) in[i] = in_val(r, i);
-    c.template gather<T>(in, std::span(out), s.root);
-    if (r == s.root) {
-      check(r, out, [&](std::size_t i) { return in_val(static_cast<int>(i / n), i % n); });
+    case coll_op::scatter: {
+      std::vector<T> in(r == s.root ? P * n : 0), out(n, garbage);
+      for (std::size_t i = 0; i < in.size(); ++i) in[i] = in_val(s.root, i);
+      c.template scatter<T>(in, std::span(out), s.root);
+      check(r, out, [&](std::size_t j) { return in_val(s.root, static_cast<std::size_t>(r) * n + j); });
+      break;
     }
-    break;
-  }
-  case coll_op::scatter: {
-    std::vector<T> in(r == s.root ? P * n : 0), out(n, garbage);
-    for (std::size_t i = 0; i < in.size(); ++i) in[i] = in_val(s.root, i);
-    c.template scatter<T>(in, std::span(out), s.root);
-    check(r, out, [&](std::size_t j) { return in_val(s.root, static_cast<std::size_t>(r) * n + j); });
-    break;
-  }
-  case coll_op::alltoall: {
-    std::vector<T> in(P * n), out(P * n, garbage);
-    for (std::size_t i = 0; i < P * n; ++i) in[i] = in_val(r, i);
-    auto want = [&](std::size_t i) {
-      std::size_t b = i / n, j = i % n;
-      return in_val(static_cast<int>(b), static_cast<std::size_t>(r) * n + j);
-    };
-    if (s.in_place) {
-      c.alltoall(std::span(in));
-      check(r, in, want);
-    } else {
-      c.template alltoall<T>(in, std::span(out));
-      check(r, out, want);
+    case coll_op::alltoall: {
+      std::vector<T> in(P * n), out(P * n, garbage);
+      for (std::size_t i = 0; i < P * n; ++i) in[i] = in_val(r, i);
+      auto want = [&](std::size_t i) {
+        std::size_t b = i / n, j = i % n;
+        return in_val(static_cast<int>(b), static_cast<std::size_t>(r) * n + j);
+      };
+      if (s.in_place) {
+        c.alltoall(std::span(in));
+        check(r, in, want);
+      } else {
+        c.template alltoall<T>(in, std::span(out));
+        check(r, out, want);
+      }
+      break;
     }
-    break;
+    default: break;
   }
-  default: break;
-}
 }
 
 }  // namespace dtrain::conformance
