@@ -525,15 +525,16 @@ class engine {
     auto c = std::make_unique<connection>(peer, std::move(s));
     c->fd = c->socket.native_handle();
     c->socket.non_blocking(true);
-    connection& ref = *c;
+    // Registered before it is published: a sender that finds the socket full at once parks on
+    // the write registration, which must already exist.
+    c->wfd = ::dup(c->fd);
+    watch(EPOLL_CTL_ADD, c->fd, read_events, read_key(*c));
+    watch(EPOLL_CTL_ADD, c->wfd, EPOLLONESHOT, write_key(*c));  // armed by wait_writable
     {
       std::lock_guard lock(m_);
       conns_[static_cast<std::size_t>(peer)] = std::move(c);
     }
     accept_cv_.notify_all();
-    watch(EPOLL_CTL_ADD, ref.fd, read_events, read_key(ref));
-    ref.wfd = ::dup(ref.fd);
-    watch(EPOLL_CTL_ADD, ref.wfd, EPOLLONESHOT, write_key(ref));  // armed by wait_writable
   }
 
   // --- reading ------------------------------------------------------------------------------
