@@ -165,7 +165,9 @@ class engine {
         acceptor_(io_), work_(asio::make_work_guard(io_)) {
     epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
     stop_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    watch(EPOLL_CTL_ADD, stop_fd_, EPOLLIN, 0);
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    watch(EPOLL_CTL_ADD, stop_fd_, EPOLLIN, stop_key);
+    watch(EPOLL_CTL_ADD, wake_fd_, EPOLLIN, wake_key);
   }
 
   engine(const engine&) = delete;
@@ -175,6 +177,7 @@ class engine {
     conns_.clear();  // sockets go before the io_context they belong to
     ::close(epoll_fd_);
     ::close(stop_fd_);
+    ::close(wake_fd_);
   }
 
   int rank() const noexcept { return rank_; }
@@ -329,7 +332,13 @@ class engine {
     if (c->helpers.fetch_sub(1, std::memory_order_acq_rel) == 1 && !c->lazy.exchange(true)) {
       // Re-armed by the reader thread within a millisecond unless another wait comes first:
       // back-to-back waits (a collective's steps) then never wake the reader thread.
-      lazy_count_.fetch_add(1, std::memory_order_acq_rel);
+      // A reader thread already asleep without a timeout would never re-arm it: wake it. Both
+      // sides are sequentially consistent, so either it saw the count or we see it asleep.
+      lazy_count_.fetch_add(1);
+      if (reader_asleep_.load()) {
+        std::uint64_t one = 1;
+        [[maybe_unused]] auto written = ::write(wake_fd_, &one, sizeof one);
+      }
     }
     return op->flag.done();
   }
@@ -554,8 +563,11 @@ class engine {
     }
   }
 
-  // Every epoll registration: a connection's socket for reading (keyed by the connection), a
-  // dup of it for writing (the same key with the low bit set), and the stop eventfd (key 0).
+  // Every epoll registration: a connection's socket for reading (keyed by the connection's
+  // address), a dup of it for writing (the same key with the low bit set), and two eventfds with
+  // keys no aligned address takes.
+  static constexpr std::uint64_t stop_key = 0;
+  static constexpr std::uint64_t wake_key = 2;
   static constexpr std::uint32_t read_events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
   static std::uint64_t read_key(connection& c) { return reinterpret_cast<std::uintptr_t>(&c); }
   static std::uint64_t write_key(connection& c) { return read_key(c) | 1u; }
@@ -574,11 +586,21 @@ class engine {
   void reader_loop() {
     epoll_event events[64];
     while (true) {
-      int n = ::epoll_wait(epoll_fd_, events, 64, lazy_count_.load(std::memory_order_acquire) > 0 ? 1 : -1);
-      if (lazy_count_.load(std::memory_order_acquire) > 0) rearm_lazy();
+      // Announce a sleep without timeout before deciding on it (see wait()).
+      reader_asleep_.store(true);
+      const int timeout = lazy_count_.load() > 0 ? 1 : -1;
+      if (timeout > 0) reader_asleep_.store(false);
+      int n = ::epoll_wait(epoll_fd_, events, 64, timeout);
+      reader_asleep_.store(false);
+      if (lazy_count_.load() > 0) rearm_lazy();
       for (int i = 0; i < n; ++i) {
         const std::uint64_t key = events[i].data.u64;
-        if (key == 0) return;  // the stop eventfd
+        if (key == stop_key) return;
+        if (key == wake_key) {
+          std::uint64_t count = 0;
+          [[maybe_unused]] auto got = ::read(wake_fd_, &count, sizeof count);
+          continue;
+        }
         auto& c = *reinterpret_cast<connection*>(key & ~std::uint64_t{1});
         if (key & 1u) {  // the write side: room in the socket again
           {
@@ -1082,8 +1104,10 @@ class engine {
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::thread io_thread_;
   int epoll_fd_ = -1;  // the reader thread's: every connection, EPOLLONESHOT
-  std::atomic<int> lazy_count_{0};  // connections waiting for rearm_lazy
+  std::atomic<int> lazy_count_{0};        // connections waiting for rearm_lazy
+  std::atomic<bool> reader_asleep_{false};  // in (or entering) epoll_wait without a timeout
   int stop_fd_ = -1;   // eventfd that ends the reader thread
+  int wake_fd_ = -1;   // eventfd that makes it look at lazy connections
   std::thread reader_thread_;
 };
 
