@@ -2,6 +2,7 @@
 // deadlines name the operation, its sequence number and the peer, and nothing hangs.
 
 #include <chrono>
+#include <latch>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -85,6 +86,7 @@ TEST_CASE("errors: mismatched count, type, op and sequence are all caught",
 TEST_CASE("errors: a root mismatch is caught on the rank that receives", "[collective][errors]") {
   std::error_code ec0;
   std::string msg0;
+  std::latch rank0_done(1);
   run_inproc(2, [&](int r, inproc_transport t) {
     binomial_tree<inproc_transport> c(std::move(t), with_timeout(2s));
     std::vector<float> f(10, 1.0f);
@@ -93,6 +95,11 @@ TEST_CASE("errors: a root mismatch is caught on the rank that receives", "[colle
     if (r == 0) {
       ec0 = ec;
       msg0 = c.last_error();
+      rank0_done.count_down();
+    } else {
+      // Rank 1 stays in the group until rank 0 has seen its own deadline pass; leaving first
+      // would turn rank 0's timeout into peer_lost when the two deadlines race.
+      rank0_done.wait();
     }
   });
   // Both are roots, so both wait to receive; each gets the other's... nothing: a timeout that
