@@ -4,10 +4,14 @@
 /// Thrust, CUDA or NCCL have their own headers (dtrain/reduce/thrust.hpp, ...), never pulled in
 /// here.
 
+#include "dtrain/allreduce/schedule.hpp"
+#include "dtrain/allreduce/sync_batch_norm.hpp"
+#include "dtrain/allreduce/trainer.hpp"
 #include "dtrain/concepts/collective.hpp"
 #include "dtrain/concepts/completion.hpp"
 #include "dtrain/concepts/consistency.hpp"
 #include "dtrain/concepts/element.hpp"
+#include "dtrain/concepts/model.hpp"
 #include "dtrain/concepts/reduction.hpp"
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/concepts/updater.hpp"
@@ -20,6 +24,7 @@
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/core/trace.hpp"
 #include "dtrain/reduce/host.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adagrad.hpp"

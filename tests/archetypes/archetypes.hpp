@@ -12,6 +12,7 @@
 
 #include "dtrain/concepts/completion.hpp"
 #include "dtrain/concepts/consistency.hpp"
+#include "dtrain/concepts/model.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
@@ -92,6 +93,15 @@ struct updater_archetype {
   std::span<float> state() noexcept { return {}; }
   double learning_rate() const noexcept { return 0; }
   void set_learning_rate(double) noexcept {}
+};
+
+struct model_archetype {
+  using value_type = float;
+  struct batch_type {};
+  std::size_t tensor_count() const noexcept { return 0; }
+  std::span<float> parameters(std::size_t) { return {}; }
+  std::span<float> gradients(std::size_t) { return {}; }
+  double forward_backward(const batch_type&, gradient_ready) { return 0; }
 };
 
 }  // namespace dtrain::archetypes

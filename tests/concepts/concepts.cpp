@@ -95,6 +95,28 @@ struct consistency_without_name {
 };
 static_assert(!consistency<consistency_without_name>);
 
+// --- model ---
+static_assert(model<model_archetype>);
+struct model_with_int_parameters : model_archetype {
+  using value_type = int;
+};
+static_assert(!model<model_with_int_parameters>, "parameters are floating point");
+struct model_without_ready : model_archetype {
+  double forward_backward(const batch_type&) { return 0; }
+};
+static_assert(!model<model_without_ready>, "the backward pass must report gradients as ready");
+struct model_without_batch {
+  using value_type = float;
+  std::size_t tensor_count() const noexcept { return 0; }
+  std::span<float> parameters(std::size_t) { return {}; }
+  std::span<float> gradients(std::size_t) { return {}; }
+};
+static_assert(!model<model_without_batch>);
+struct model_with_const_gradients : model_archetype {
+  std::span<const float> gradients(std::size_t) { return {}; }
+};
+static_assert(!model<model_with_const_gradients>, "the trainer averages gradients in place");
+
 // --- updater ---
 static_assert(updater<updater_archetype>);
 static_assert(updater<sgd<>> && updater<momentum<>> && updater<adagrad<>> && updater<rmsprop<>>);
