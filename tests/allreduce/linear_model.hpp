@@ -4,6 +4,7 @@
 // the test chooses (reverse by default), to exercise bucket launching.
 
 #include <cstddef>
+#include <algorithm>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -56,12 +57,18 @@ class linear_model {
   using value_type = double;
   using batch_type = std::pair<std::size_t, std::size_t>;  // [begin, end) of this rank's data
 
-  linear_model(std::vector<std::size_t> tensor_sizes, const regression_data& data, double init)
+  /// With `gaps`, tensors are stored apart (a spare element between them), so the trainer must
+  /// copy them into its bucket buffers; without, they share one flat buffer and are reduced in
+  /// place.
+  linear_model(std::vector<std::size_t> tensor_sizes, const regression_data& data, double init, bool gaps = false)
       : sizes_(std::move(tensor_sizes)), data_(&data) {
-    std::size_t total = std::accumulate(sizes_.begin(), sizes_.end(), std::size_t{0});
-    w_.assign(total, init);
-    g_.assign(total, 0.0);
-    for (std::size_t i = 0, at = 0; i < sizes_.size(); at += sizes_[i++]) offsets_.push_back(at);
+    const std::size_t total = std::accumulate(sizes_.begin(), sizes_.end(), std::size_t{0});
+    const std::size_t gap = gaps ? 1 : 0;
+    for (std::size_t i = 0, at = 0; i < sizes_.size(); at += sizes_[i++] + gap) offsets_.push_back(at);
+    w_.assign(total + gap * sizes_.size(), init);
+    g_.assign(w_.size(), 0.0);
+    dense_w_.resize(total);
+    dense_g_.resize(total);
     order_.resize(sizes_.size());
     std::iota(order_.rbegin(), order_.rend(), std::size_t{0});
   }
@@ -71,7 +78,11 @@ class linear_model {
   std::span<double> gradients(std::size_t i) { return std::span(g_).subspan(offsets_[i], sizes_[i]); }
 
   double forward_backward(const batch_type& batch, gradient_ready ready) {
-    const double loss = least_squares_gradient(*data_, w_, batch.first, batch.second, g_);
+    dense_w_ = weights();
+    const double loss = least_squares_gradient(*data_, dense_w_, batch.first, batch.second, dense_g_);
+    for (std::size_t i = 0, at = 0; i < sizes_.size(); at += sizes_[i++]) {
+      std::copy_n(dense_g_.begin() + static_cast<std::ptrdiff_t>(at), sizes_[i], gradients(i).begin());
+    }
     for (std::size_t k = 0; k < order_.size(); ++k) {
       if (k == order_.size() / 2 && midway) midway();
       ready(order_[k]);
@@ -81,13 +92,18 @@ class linear_model {
 
   /// The order gradients are reported in (default: last tensor first).
   std::vector<std::size_t>& ready_order() { return order_; }
-  std::vector<double>& weights() { return w_; }
+  /// The weights as one dense vector (without the gaps).
+  std::vector<double> weights() {
+    std::vector<double> dense;
+    for (std::size_t i = 0; i < sizes_.size(); ++i) dense.insert(dense.end(), parameters(i).begin(), parameters(i).end());
+    return dense;
+  }
   std::function<void()> midway;  // run inside forward_backward, after half the reports
 
  private:
   std::vector<std::size_t> sizes_, offsets_, order_;
   const regression_data* data_;
-  std::vector<double> w_, g_;
+  std::vector<double> w_, g_, dense_w_, dense_g_;
 };
 
 static_assert(model<linear_model>);

@@ -70,12 +70,12 @@ std::vector<std::vector<double>> simulate(int p, int steps, std::size_t tau, std
 
 // Runs the trainer on p in-process ranks; returns each rank's final weights.
 std::vector<std::vector<double>> train(int p, int steps, allreduce::trainer_options options,
-                                       bool shuffled_ready_order = false) {
+                                       bool shuffled_ready_order = false, bool gaps = false) {
   std::vector<std::vector<double>> out(static_cast<std::size_t>(p));
   run_inproc(p, [&](int r, inproc_transport t) {
     auto data = data_of(r);
     // Rank-specific start: the broadcast must replace it with rank 0's.
-    linear_model m(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r);
+    linear_model m(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r, gaps);
     if (shuffled_ready_order) {  // each rank reports its gradients in its own order
       std::mt19937 gen(static_cast<unsigned>(r));
       std::shuffle(m.ready_order().begin(), m.ready_order().end(), gen);
@@ -127,9 +127,10 @@ TEST_CASE("bucket plan: reverse order, small first bucket, every tensor once", "
 
 TEST_CASE("synchronous trainer equals the serial simulation, replicas bit-identical", "[allreduce]") {
   for (int p : {1, 2, 3, 4}) {
-    for (bool shuffled : {false, true}) {
-      INFO("ranks " << p << (shuffled ? ", per-rank ready order" : ""));
-      const auto got = train(p, 30, small_buckets(), shuffled);
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool shuffled = variant == 1, gaps = variant == 2;
+      INFO("ranks " << p << (shuffled ? ", per-rank ready order" : "") << (gaps ? ", tensors apart" : ""));
+      const auto got = train(p, 30, small_buckets(), shuffled, gaps);
       const auto want = simulate(p, 30, 1, 0);
       require_close(got[0], want[0], 1e-12);
       for (const auto& w : got) REQUIRE(w == got[0]);
@@ -151,7 +152,7 @@ TEST_CASE("local SGD averages parameters every tau steps after the synchronous w
     o.average_every = tau;
     o.local_sgd_after = 3;
     const int steps = 3 + 4 * static_cast<int>(tau) + 1;  // ends one step after an averaging
-    const auto got = train(3, steps, o);
+    const auto got = train(3, steps, o, false, tau == 5);
     const auto want = simulate(3, steps, tau, 3);
     for (std::size_t r = 0; r < 3; ++r) require_close(got[r], want[r], 1e-12);
     CHECK(got[0] != got[1]);  // the last step was local
@@ -165,7 +166,7 @@ TEST_CASE("fp16 and bf16 compression stay within half precision of the exact gra
   for (auto c : {allreduce::compression::fp16, allreduce::compression::bf16}) {
     auto o = small_buckets();
     o.compress = c;
-    const auto got = train(4, 1, o);
+    const auto got = train(4, 1, o, false, true);
     double worst = 0, largest = 0;
     for (std::size_t j = 0; j < exact.size(); ++j) {
       worst = std::max(worst, std::fabs(got[0][j] - exact[j]));
@@ -207,7 +208,8 @@ TEST_CASE("every rank starts from the root's parameters", "[allreduce]") {
     allreduce::trainer_options o = small_buckets();
     o.root = 2;
     allreduce::trainer tr(comm_t(std::move(t)), momentum<double>(lr, mu), m, o);
-    if (std::any_of(m.weights().begin(), m.weights().end(), [](double w) { return w != 12.0; })) {
+    const auto w = m.weights();
+    if (std::any_of(w.begin(), w.end(), [](double v) { return v != 12.0; })) {
       throw std::runtime_error("rank " + std::to_string(r) + " did not receive the root's parameters");
     }
   });
@@ -215,7 +217,7 @@ TEST_CASE("every rank starts from the root's parameters", "[allreduce]") {
 
 TEST_CASE("ranks with different models or options fail at start-up, all of them, naming the rank",
           "[allreduce]") {
-  for (int variant = 0; variant < 2; ++variant) {
+  for (int variant = 0; variant < 3; ++variant) {
     std::mutex mu_;
     std::vector<std::string> errors;
     run_inproc(3, [&](int r, inproc_transport t) {
@@ -224,7 +226,8 @@ TEST_CASE("ranks with different models or options fail at start-up, all of them,
       auto o = small_buckets();
       if (r == 1 && variant == 0) sizes = {3, 40, 1, 17, 61, 8};  // same total, other split
       if (r == 1 && variant == 1) o.compress = allreduce::compression::bf16;
-      linear_model m(sizes, data, 0.25);
+      // Same sizes, but tensors stored apart: its buckets would be laid out differently.
+      linear_model m(sizes, data, 0.25, r == 1 && variant == 2);
       try {
         allreduce::trainer tr(comm_t(std::move(t)), momentum<double>(lr, mu), m, o);
       } catch (const dtrain::error& e) {

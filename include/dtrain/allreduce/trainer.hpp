@@ -210,10 +210,15 @@ class trainer {
       }
     }
     if (options_.average_every == 0) options_.average_every = 1;
+    if (options_.root < 0 || options_.root >= comm_.size()) {
+      throw error(errc::invalid_argument, "allreduce::trainer: root " + std::to_string(options_.root) +
+                                              " is not a rank of this group of " + std::to_string(comm_.size()));
+    }
     if (options_.compress != compression::none && !supports_compression()) {
       throw error(errc::unsupported, "allreduce::trainer: this collective has no 16-bit element types");
     }
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
+    find_contiguous_buckets();
     check_plan_matches();
     std::size_t largest = 0;
     for (const bucket& b : plan_.buckets()) largest = std::max(largest, b.elements);
@@ -359,7 +364,10 @@ class trainer {
 
   // Every rank gathers every rank's plan digest and option digest; all raise the same error.
   void check_plan_matches() {
-    const std::uint64_t options_digest = static_cast<std::uint64_t>(options_.compress) |
+    // Contiguous buckets reduce in memory order, the others in plan order: all ranks must agree.
+    std::uint64_t contiguity = 0;
+    for (std::size_t b = 0; b < contiguous_.size(); ++b) contiguity = contiguity * 3 + (contiguous_[b] ? 1 : 2);
+    const std::uint64_t options_digest = (static_cast<std::uint64_t>(options_.compress) ^ (contiguity << 2)) |
                                          (static_cast<std::uint64_t>(options_.average_every) << 8) |
                                          (static_cast<std::uint64_t>(options_.local_sgd_after) << 32);
     const std::int64_t mine[4] = {static_cast<std::int64_t>(plan_.fingerprint()),
@@ -400,10 +408,11 @@ class trainer {
 
   // Runs on the communication thread (or the constructor's, before it exists).
   void run_bucket(const bucket& b, role r) {
+    if (comm_.size() == 1) return;  // the average of one replica is itself
     if (r != role::broadcast_parameters) bytes_reduced_ += b.elements * (compressing(r) ? 2 : sizeof(value_type));
     const bool compress = compressing(r);
-    if (b.tensors.size() == 1 && !compress) {  // one tensor: in place, no copy
-      collective_op(tensor(b.tensors[0], r), r);
+    if (!compress && contiguous_[index_of(b)]) {  // the bucket's tensors sit side by side: in place
+      collective_op(contiguous_span(b, r), r);
       return;
     }
     std::span<value_type> flat(scratch_.data(), b.elements);
@@ -428,6 +437,30 @@ class trainer {
       auto from = flat.begin() + static_cast<std::ptrdiff_t>(b.offsets[k]);
       std::copy(from, from + static_cast<std::ptrdiff_t>(t.size()), t.begin());
     }
+  }
+
+  // A bucket is contiguous when its tensors' parameters, and their gradients, are adjacent in
+  // memory (models with one flat buffer, like DDP's gradient_as_bucket_view): it then needs no
+  // copy. Tensors come in reverse order, so memory runs from the bucket's last tensor.
+  void find_contiguous_buckets() {
+    contiguous_.clear();
+    for (const bucket& b : plan_.buckets()) {
+      bool adjacent = true;
+      for (std::size_t k = 1; k < b.tensors.size(); ++k) {
+        const std::size_t hi = b.tensors[k - 1], lo = b.tensors[k];
+        adjacent = adjacent && model_.parameters(lo).data() + model_.parameters(lo).size() == model_.parameters(hi).data() &&
+                   model_.gradients(lo).data() + model_.gradients(lo).size() == model_.gradients(hi).data();
+      }
+      contiguous_.push_back(adjacent);
+    }
+  }
+
+  std::size_t index_of(const bucket& b) const noexcept {
+    return static_cast<std::size_t>(&b - plan_.buckets().data());
+  }
+
+  std::span<value_type> contiguous_span(const bucket& b, role r) {
+    return std::span<value_type>(tensor(b.tensors.back(), r).data(), b.elements);
   }
 
   bool compressing(role r) const noexcept {
@@ -461,6 +494,7 @@ class trainer {
   bucket_plan plan_;
   std::vector<value_type> scratch_;
   std::tuple<std::vector<float16>, std::vector<bfloat16>> scratch16_;
+  std::vector<bool> contiguous_;  // per bucket
   std::vector<std::size_t> pending_;
   std::vector<bool> reported_;
   std::size_t next_bucket_ = 0;

@@ -26,6 +26,7 @@ enum class errc {
   broken,               ///< a previous failure left the communicator unusable; rebuild it
   unsupported,          ///< the operation or type is not supported by this model
   auth_failed,          ///< a peer could not prove it holds the job token
+  bad_data,             ///< a data file, checkpoint or record that is corrupt or of the wrong kind
 };
 
 namespace detail {
@@ -46,6 +47,7 @@ class error_category_impl final : public std::error_category {
       case errc::broken: return "communicator broken by an earlier error";
       case errc::unsupported: return "unsupported operation";
       case errc::auth_failed: return "authentication failed";
+      case errc::bad_data: return "corrupt or unexpected data";
     }
     return "unknown dtrain error";
   }
