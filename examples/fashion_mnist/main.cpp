@@ -33,7 +33,7 @@ namespace {
 
 struct settings {
   std::string data = fashion_mnist::default_directory;
-  int epochs = 15;
+  int epochs = 20;
   std::size_t global_batch = 128;
   double lr = 0.05, momentum = 0.9;
   std::string schedule = "cosine";

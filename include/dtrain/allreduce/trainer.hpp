@@ -90,7 +90,7 @@ struct trainer_stats {
   double compute_seconds = 0;  ///< the model's forward and backward passes
   double wait_seconds = 0;     ///< waiting for communication after backward: the exposed part
   double update_seconds = 0;   ///< the updater, and local SGD's parameter averaging
-  double comm_seconds = 0;     ///< the communication thread's busy time (overlapped or not)
+  double comm_seconds = 0;     ///< time in collectives, overlapped or not
   std::uint64_t bytes_reduced = 0;  ///< bytes handed to allreduce on this rank
   /// The share of a step spent waiting for communication.
   double communication_share() const noexcept { return step_seconds > 0 ? wait_seconds / step_seconds : 0; }
@@ -283,12 +283,20 @@ class trainer {
           }
         }
       }
-      if (sync && misuse.empty()) launch_ready_buckets();
       {
         trace::scope s("wait for gradients", "communication");
         worker_->drain();
+        if (!misuse.empty()) throw error(errc::invalid_argument, "allreduce::trainer: " + misuse);
+        // The buckets still unlaunched (at least the last) have nothing left to overlap with:
+        // reduce them here, now that the communication thread is idle, rather than pay a
+        // thread hand-off (on a busy machine, a wait for a core) per step.
+        if (sync && next_bucket_ < pending_.size()) {
+          const auto inline_start = clock::now();
+          trace::scope r("allreduce gradients", "communication");
+          while (next_bucket_ < pending_.size()) run_bucket(plan_.buckets()[next_bucket_++], role::average_gradients);
+          inline_seconds_ += std::chrono::duration<double>(clock::now() - inline_start).count();
+        }
       }
-      if (!misuse.empty()) throw error(errc::invalid_argument, "allreduce::trainer: " + misuse);
       const auto t2 = clock::now();
       {
         trace::scope s("update", "compute");
@@ -311,7 +319,7 @@ class trainer {
       stats_.compute_seconds += seconds(t1 - t0);
       stats_.wait_seconds += seconds(t2 - t1);
       stats_.update_seconds += seconds(t3 - t2);
-      stats_.comm_seconds = worker_->busy_seconds();
+      stats_.comm_seconds = worker_->busy_seconds() + inline_seconds_;
       stats_.bytes_reduced = bytes_reduced_;
     } catch (...) {
       broken_ = true;
@@ -389,13 +397,15 @@ class trainer {
     }
   }
 
+  // Posts the ready buckets in plan order, except the last, which `step` reduces itself.
   void launch_ready_buckets() {
-    while (next_bucket_ < pending_.size() && pending_[next_bucket_] == 0) {
+    while (next_bucket_ + 1 < pending_.size() && pending_[next_bucket_] == 0) {
       post_bucket(plan_.buckets()[next_bucket_++], role::average_gradients);
     }
   }
 
   void post_bucket(const bucket& b, role r) {
+    if (comm_.size() == 1) return;  // nothing to average: no hand-off to the other thread either
     worker_->post([this, &b, r] {
       trace::scope s(r == role::average_gradients ? "allreduce gradients" : "average parameters", "communication");
       run_bucket(b, r);
@@ -499,6 +509,7 @@ class trainer {
   std::vector<bool> reported_;
   std::size_t next_bucket_ = 0;
   std::size_t steps_ = 0;
+  double inline_seconds_ = 0;  // buckets reduced by `step` itself
   std::uint64_t bytes_reduced_ = 0;  // written by the communication thread; read after drain
   trainer_stats stats_;
   bool broken_ = false;
