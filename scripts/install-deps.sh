@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what dtrain's build, tests, examples and benchmarks need, from Debian's repository:
 # Boost.Asio and OpenSSL's libcrypto for the TCP transport; Open MPI (mpirun tests, peer bench)
-# and Gloo (peer bench); iproute2 for the network-namespace test; clang's libFuzzer.
+# and Gloo (peer bench); iproute2 for the network-namespace test; clang's libFuzzer; Eigen, zlib
+# and the Fashion-MNIST data for the example.
+#   --bench  also the Python side of the benchmarks: PyTorch (the DDP peer) with OpenBLAS, and
+#            matplotlib for the plots.
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
@@ -13,5 +16,10 @@ $sudo apt-get install -y -qq --no-install-recommends \
   libcli11-dev libfmt-dev \
   libboost-dev libssl-dev \
   openmpi-bin libopenmpi-dev libgloo-dev \
-  iproute2 clang-14 libclang-rt-14-dev >/dev/null
+  iproute2 clang-14 libclang-rt-14-dev \
+  libeigen3-dev zlib1g-dev dataset-fashion-mnist gzip >/dev/null
+if [ "${1:-}" = "--bench" ]; then
+  $sudo apt-get install -y -qq --no-install-recommends \
+    python3 python3-torch libopenblas0-pthread python3-matplotlib >/dev/null
+fi
 echo "dtrain: dependencies installed"

@@ -42,3 +42,15 @@ set_tests_properties(tcp_netns PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 RUN_SE
 add_test(NAME fuzz_frame_decoder
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/run_fuzzer.sh ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR} 30)
 set_tests_properties(fuzz_frame_decoder PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+
+# The allreduce trainer across real processes, against the serial simulation.
+add_executable(trainer_worker allreduce/trainer_worker.cpp)
+target_link_libraries(trainer_worker PRIVATE dtrain::asio dtrain_warnings)
+foreach(mode sync local-sgd)
+  foreach(n 2 3 4)
+    add_test(NAME allreduce_trainer_tcp_${mode}_${n}
+             COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:trainer_worker> ${mode})
+    set_tests_properties(allreduce_trainer_tcp_${mode}_${n} PROPERTIES TIMEOUT 300
+                         PASS_REGULAR_EXPRESSION "trainer ${mode}: ${n} ranks over TCP, [0-9]+ steps, match")
+  endforeach()
+endforeach()

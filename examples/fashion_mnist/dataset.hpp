@@ -23,6 +23,14 @@ inline const char* install_hint =
     "with train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and "
     "t10k-labels-idx1-ubyte.gz";
 
+/// zlib's message without the path it prefixes.
+inline std::string zlib_reason(gzFile f) {
+  int code = Z_OK;
+  std::string why = gzerror(f, &code);
+  if (const auto colon = why.rfind(": "); colon != std::string::npos) why = why.substr(colon + 2);
+  return why;
+}
+
 /// The whole file, decompressed if it is gzip (zlib reads plain files unchanged).
 inline std::vector<std::uint8_t> read_maybe_gzipped(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
@@ -35,12 +43,20 @@ inline std::vector<std::uint8_t> read_maybe_gzipped(const std::string& path) {
   for (;;) {
     const int n = gzread(f, chunk, sizeof chunk);
     if (n < 0) {
-      int code = 0;
-      std::string why = gzerror(f, &code);
+      const std::string why = zlib_reason(f);
       gzclose(f);
       throw dtrain::error(dtrain::errc::bad_data, path + " is corrupt (" + why + "). " + install_hint);
     }
-    if (n == 0) break;
+    if (n == 0) {
+      int code = Z_OK;
+      gzerror(f, &code);
+      if (code != Z_OK && code != Z_STREAM_END) {  // e.g. a truncated download: "unexpected end of file"
+        const std::string why = zlib_reason(f);
+        gzclose(f);
+        throw dtrain::error(dtrain::errc::bad_data, path + " is corrupt (" + why + "). " + install_hint);
+      }
+      break;
+    }
     out.insert(out.end(), chunk, chunk + n);
     if (out.size() > (std::size_t{1} << 30)) {
       gzclose(f);

@@ -7,7 +7,10 @@
 #include <cstddef>
 #include <mutex>
 #include <random>
+#include <chrono>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../catch.hpp"
@@ -15,9 +18,11 @@
 #include "dtrain/allreduce/sync_batch_norm.hpp"
 #include "dtrain/allreduce/trainer.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/core/trace.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "linear_model.hpp"
+#include "simulation.hpp"
 
 using namespace dtrain;
 using dtrain::testing::linear_model;
@@ -26,47 +31,7 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-const std::vector<std::size_t> tensor_sizes{3, 40, 1, 17, 60, 9};  // 130 features
-constexpr std::size_t batch = 8;
-constexpr double lr = 0.05, mu = 0.9;
-
-std::size_t dim() { return 130; }
-regression_data data_of(int rank) { return regression_data(dim(), 400, 100u + static_cast<unsigned>(rank)); }
-
-// The serial simulation: P replicas, each with its own weights and velocity. Synchronous steps
-// average the P gradients; local steps use each replica's own, and every tau-th local step
-// averages the weights.
-std::vector<std::vector<double>> simulate(int p, int steps, std::size_t tau, std::size_t local_after) {
-  std::vector<regression_data> data;
-  for (int r = 0; r < p; ++r) data.push_back(data_of(r));
-  const auto P = static_cast<std::size_t>(p);
-  std::vector<std::vector<double>> w(P, std::vector<double>(dim(), 0.25)), v(P, std::vector<double>(dim(), 0.0));
-  std::vector<std::vector<double>> g(P, std::vector<double>(dim()));
-  for (int k = 0; k < steps; ++k) {
-    const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
-    for (std::size_t r = 0; r < P; ++r) dtrain::testing::least_squares_gradient(data[r], w[r], begin, begin + batch, g[r]);
-    const bool local = tau > 1 && static_cast<std::size_t>(k) >= local_after;
-    if (!local) {
-      std::vector<double> mean(dim(), 0.0);
-      for (std::size_t r = 0; r < P; ++r)
-        for (std::size_t j = 0; j < dim(); ++j) mean[j] += g[r][j] / static_cast<double>(p);
-      for (auto& gr : g) gr = mean;
-    }
-    for (std::size_t r = 0; r < P; ++r) {
-      for (std::size_t j = 0; j < dim(); ++j) {
-        v[r][j] = mu * v[r][j] + g[r][j];
-        w[r][j] -= lr * v[r][j];
-      }
-    }
-    if (local && (static_cast<std::size_t>(k) + 1 - local_after) % tau == 0) {
-      std::vector<double> mean(dim(), 0.0);
-      for (std::size_t r = 0; r < P; ++r)
-        for (std::size_t j = 0; j < dim(); ++j) mean[j] += w[r][j] / static_cast<double>(p);
-      for (auto& wr : w) wr = mean;
-    }
-  }
-  return w;
-}
+using namespace dtrain::testing;
 
 // Runs the trainer on p in-process ranks; returns each rank's final weights.
 std::vector<std::vector<double>> train(int p, int steps, allreduce::trainer_options options,
@@ -346,4 +311,37 @@ TEST_CASE("sync batch moments equal the moments of the concatenated batch", "[al
   std::vector<float> ragged(7);
   CHECK_THROWS_AS(allreduce::sync_batch_moments(std::span<const float>(ragged), channels, [](std::span<double>) {}),
                   dtrain::error);
+}
+
+TEST_CASE("buckets are reduced while the backward pass is still running", "[allreduce]") {
+  // The model pauses halfway through reporting; the buckets already complete must be reduced
+  // during the pause, on the communication thread. Seen through each rank's own timeline.
+  std::vector<std::vector<trace::recorder::event>> timelines(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    linear_model m(tensor_sizes, data, 0.25);
+    trace::recorder tracer(("/tmp/dtrain_overlap_test_" + std::to_string(r)).c_str());
+    auto o = small_buckets();
+    o.tracer = &tracer;
+    allreduce::trainer tr(comm_t(std::move(t)), momentum<double>(lr, mu), m, o);
+    REQUIRE(tr.plan().buckets().size() >= 2);  // the first is complete at the pause
+    m.midway = [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); };
+    tr.step({0, batch});
+    timelines[static_cast<std::size_t>(r)] = tracer.events();
+  });
+  for (int r = 0; r < 2; ++r) {  // written when each trainer and recorder went away
+    std::remove(("/tmp/dtrain_overlap_test_" + std::to_string(r) + "." + std::to_string(r) + ".json").c_str());
+  }
+  for (const auto& events : timelines) {
+    const auto fb = std::find_if(events.begin(), events.end(), [](const auto& e) { return e.name == "forward+backward"; });
+    REQUIRE(fb != events.end());
+    std::size_t during = 0, on_other_thread = 0;
+    for (const auto& e : events) {
+      if (e.name != "allreduce gradients") continue;
+      if (e.ts + e.dur <= fb->ts + fb->dur - 100000) ++during;  // finished well before backward did
+      if (e.tid != fb->tid) ++on_other_thread;
+    }
+    CHECK(during >= 1);
+    CHECK(on_other_thread >= 1);
+  }
 }

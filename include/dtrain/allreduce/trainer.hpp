@@ -74,6 +74,8 @@ struct trainer_options {
   bool overlap = true;
   /// The rank whose initial parameters every rank starts from.
   int root = 0;
+  /// Where the timeline goes; null: `trace::recorder::global()` (enabled by DTRAIN_TRACE).
+  trace::recorder* tracer = nullptr;
 };
 
 /// What one `step` did.
@@ -101,7 +103,7 @@ namespace detail {
 /// Runs jobs, in the order they were queued, on one thread that owns the collective.
 class comm_thread {
  public:
-  comm_thread() : thread_([this] { run(); }) {}
+  explicit comm_thread(trace::recorder& tracer) : tracer_(tracer), thread_([this] { run(); }) {}
   comm_thread(const comm_thread&) = delete;
   comm_thread& operator=(const comm_thread&) = delete;
   ~comm_thread() {
@@ -137,7 +139,7 @@ class comm_thread {
 
  private:
   void run() {
-    trace::recorder::global().name_thread("communication");
+    tracer_.name_thread("communication");
     std::unique_lock lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
@@ -174,6 +176,7 @@ class comm_thread {
   bool stop_ = false, failed_ = false;
   std::exception_ptr failure_;
   double busy_ = 0;
+  trace::recorder& tracer_;
   std::thread thread_;  // last: starts once everything above exists
 };
 
@@ -199,7 +202,11 @@ class trainer {
   ///   differ, `unsupported` if compression is asked of a collective without 16-bit types, and
   ///   the collective's errors (timeout naming the missing rank, peer_lost, ...).
   trainer(Collective comm, Updater updater, Model& model, trainer_options options = {})
-      : comm_(std::move(comm)), updater_(std::move(updater)), model_(model), options_(std::move(options)) {
+      : comm_(std::move(comm)),
+        updater_(std::move(updater)),
+        model_(model),
+        options_(std::move(options)),
+        tracer_(options_.tracer != nullptr ? *options_.tracer : trace::recorder::global()) {
     std::vector<std::size_t> sizes(model_.tensor_count());
     for (std::size_t i = 0; i < sizes.size(); ++i) {
       sizes[i] = model_.parameters(i).size();
@@ -227,16 +234,16 @@ class trainer {
     if (updater_.parameters() < plan_.elements()) updater_.resize(plan_.elements());
     pending_.resize(plan_.buckets().size());
     reported_.resize(plan_.tensor_count());
-    trace::recorder::global().set_rank(comm_.rank());
-    trace::recorder::global().name_thread("compute");
-    worker_.emplace();
+    tracer_.set_rank(comm_.rank());
+    tracer_.name_thread("compute");
+    worker_.emplace(tracer_);
   }
 
   trainer(const trainer&) = delete;
   trainer& operator=(const trainer&) = delete;
 
   /// Stops the communication thread after the jobs already queued.
-  ~trainer() { trace::recorder::global().flush(); }
+  ~trainer() { tracer_.flush(); }
 
   /// One training step on this rank's `batch`: forward and backward, gradients averaged across
   /// ranks (or, under local SGD, parameters averaged every tau steps), one update.
@@ -246,7 +253,7 @@ class trainer {
   step_result step(const batch_type& batch) {
     using clock = std::chrono::steady_clock;
     if (broken_) throw error(errc::broken, "allreduce::trainer: an earlier step failed; rebuild the trainer");
-    trace::scope whole("step", "train");
+    trace::scope whole("step", "train", tracer_);
     const auto t0 = clock::now();
     step_result result;
     if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(steps_));
@@ -271,7 +278,7 @@ class trainer {
     };
     try {
       {
-        trace::scope s("forward+backward", "compute");
+        trace::scope s("forward+backward", "compute", tracer_);
         result.loss = model_.forward_backward(batch, gradient_ready(on_ready));
       }
       const auto t1 = clock::now();
@@ -284,7 +291,7 @@ class trainer {
         }
       }
       {
-        trace::scope s("wait for gradients", "communication");
+        trace::scope s("wait for gradients", "communication", tracer_);
         worker_->drain();
         if (!misuse.empty()) throw error(errc::invalid_argument, "allreduce::trainer: " + misuse);
         // The buckets still unlaunched (at least the last) have nothing left to overlap with:
@@ -292,14 +299,14 @@ class trainer {
         // thread hand-off (on a busy machine, a wait for a core) per step.
         if (sync && next_bucket_ < pending_.size()) {
           const auto inline_start = clock::now();
-          trace::scope r("allreduce gradients", "communication");
+          trace::scope r("allreduce gradients", "communication", tracer_);
           while (next_bucket_ < pending_.size()) run_bucket(plan_.buckets()[next_bucket_++], role::average_gradients);
           inline_seconds_ += std::chrono::duration<double>(clock::now() - inline_start).count();
         }
       }
       const auto t2 = clock::now();
       {
-        trace::scope s("update", "compute");
+        trace::scope s("update", "compute", tracer_);
         for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
           updater_.step(model_.parameters(i), std::span<const value_type>(model_.gradients(i)),
                         plan_.parameter_offset(i), {});
@@ -307,7 +314,7 @@ class trainer {
       }
       ++steps_;
       if (!sync && (steps_ - options_.local_sgd_after) % options_.average_every == 0) {
-        trace::scope s("average parameters", "communication");
+        trace::scope s("average parameters", "communication", tracer_);
         for (const bucket& b : plan_.buckets()) post_bucket(b, role::average_parameters);
         worker_->drain();
         result.averaged_parameters = true;
@@ -407,7 +414,7 @@ class trainer {
   void post_bucket(const bucket& b, role r) {
     if (comm_.size() == 1) return;  // nothing to average: no hand-off to the other thread either
     worker_->post([this, &b, r] {
-      trace::scope s(r == role::average_gradients ? "allreduce gradients" : "average parameters", "communication");
+      trace::scope s(r == role::average_gradients ? "allreduce gradients" : "average parameters", "communication", tracer_);
       run_bucket(b, r);
     });
   }
@@ -501,6 +508,7 @@ class trainer {
   Updater updater_;
   Model& model_;
   trainer_options options_;
+  trace::recorder& tracer_;
   bucket_plan plan_;
   std::vector<value_type> scratch_;
   std::tuple<std::vector<float16>, std::vector<bfloat16>> scratch16_;

@@ -103,22 +103,29 @@ class recorder {
     return ok;
   }
 
-  /// Events recorded so far (tests, tools).
-  std::size_t size() const {
-    std::lock_guard lock(mutex_);
-    return events_.size();
-  }
-
-  /// Beyond this many events a process records no more (and says how many it dropped).
-  static constexpr std::size_t max_events = std::size_t{1} << 21;
-
- private:
+  /// One recorded event: microseconds since the epoch (wall clock) and the thread's track.
   struct event {
     std::string name, category;
     std::int64_t ts, dur;
     int tid;
   };
 
+  /// Events recorded so far (tests, tools).
+  std::size_t size() const {
+    std::lock_guard lock(mutex_);
+    return events_.size();
+  }
+
+  /// A copy of the events recorded so far.
+  std::vector<event> events() const {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+
+  /// Beyond this many events a process records no more (and says how many it dropped).
+  static constexpr std::size_t max_events = std::size_t{1} << 21;
+
+ private:
   std::int64_t micros(clock::time_point t) const noexcept {
     return origin_wall_us_ + std::chrono::duration_cast<std::chrono::microseconds>(t - origin_steady_).count();
   }

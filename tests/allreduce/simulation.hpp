@@ -1,0 +1,55 @@
+#pragma once
+// The serial simulation the allreduce trainer is checked against, shared by the in-process
+// tests and the multi-process TCP worker: P replicas of the least-squares model of
+// linear_model.hpp, each with its own data, weights and momentum.
+
+#include <cstddef>
+#include <vector>
+
+#include "linear_model.hpp"
+
+namespace dtrain::testing {
+
+inline const std::vector<std::size_t> tensor_sizes{3, 40, 1, 17, 60, 9};  // 130 features
+constexpr std::size_t batch = 8;
+constexpr double lr = 0.05, mu = 0.9;
+
+inline std::size_t dim() { return 130; }
+inline regression_data data_of(int rank) { return regression_data(dim(), 400, 100u + static_cast<unsigned>(rank)); }
+
+// The serial simulation: P replicas, each with its own weights and velocity. Synchronous steps
+// average the P gradients; local steps use each replica's own, and every tau-th local step
+// averages the weights.
+inline std::vector<std::vector<double>> simulate(int p, int steps, std::size_t tau, std::size_t local_after) {
+  std::vector<regression_data> data;
+  for (int r = 0; r < p; ++r) data.push_back(data_of(r));
+  const auto P = static_cast<std::size_t>(p);
+  std::vector<std::vector<double>> w(P, std::vector<double>(dim(), 0.25)), v(P, std::vector<double>(dim(), 0.0));
+  std::vector<std::vector<double>> g(P, std::vector<double>(dim()));
+  for (int k = 0; k < steps; ++k) {
+    const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+    for (std::size_t r = 0; r < P; ++r) dtrain::testing::least_squares_gradient(data[r], w[r], begin, begin + batch, g[r]);
+    const bool local = tau > 1 && static_cast<std::size_t>(k) >= local_after;
+    if (!local) {
+      std::vector<double> mean(dim(), 0.0);
+      for (std::size_t r = 0; r < P; ++r)
+        for (std::size_t j = 0; j < dim(); ++j) mean[j] += g[r][j] / static_cast<double>(p);
+      for (auto& gr : g) gr = mean;
+    }
+    for (std::size_t r = 0; r < P; ++r) {
+      for (std::size_t j = 0; j < dim(); ++j) {
+        v[r][j] = mu * v[r][j] + g[r][j];
+        w[r][j] -= lr * v[r][j];
+      }
+    }
+    if (local && (static_cast<std::size_t>(k) + 1 - local_after) % tau == 0) {
+      std::vector<double> mean(dim(), 0.0);
+      for (std::size_t r = 0; r < P; ++r)
+        for (std::size_t j = 0; j < dim(); ++j) mean[j] += w[r][j] / static_cast<double>(p);
+      for (auto& wr : w) wr = mean;
+    }
+  }
+  return w;
+}
+
+}  // namespace dtrain::testing
