@@ -48,23 +48,35 @@ def main():
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--json", default="", help="write every result here")
     p.add_argument("--dtrain-args", default="", help="extra flags for the dtrain example")
+    p.add_argument("--repeat", type=int, default=1, help="runs per framework and P; the median run is reported")
     args = p.parse_args()
+
+    def median_run(runs):
+        runs = sorted(runs, key=lambda r: r["samples_per_second"])
+        best = dict(runs[len(runs) // 2])
+        best["range"] = [runs[0]["samples_per_second"], runs[-1]["samples_per_second"]]
+        return best
 
     rows = []
     for ranks in args.ranks:
-        d = run_dtrain(args.build, ranks, args.epochs, args.dtrain_args.split())
-        t = run_ddp(ranks, args.epochs)
-        rows.append((ranks, d, t))
+        ds, ts = [], []
+        for _ in range(args.repeat):  # interleaved, so slow spells of the machine hit both
+            ds.append(run_dtrain(args.build, ranks, args.epochs, args.dtrain_args.split()))
+            ts.append(run_ddp(ranks, args.epochs))
+        rows.append((ranks, median_run(ds), median_run(ts)))
 
     print(f"\nFashion-MNIST MLP 784-256-128-10, global batch 128, lr 0.05, momentum 0.9, {args.epochs} epochs, "
           f"one thread per process, {os.cpu_count()} CPUs")
-    print(f"{'P':>2} | {'framework':<12} | {'samples/s':>10} | {'s/epoch':>8} | {'comm share':>10} | "
+    if args.repeat > 1:
+        print(f"median of {args.repeat} runs each (by samples/s); 'range' is the slowest and fastest run")
+    print(f"{'P':>2} | {'framework':<12} | {'samples/s':>10} | {'range':>15} | {'s/epoch':>8} | {'comm share':>10} | "
           f"{'test acc':>8} | {'vs DDP':>6}")
-    print("-" * 78)
+    print("-" * 96)
     for ranks, d, t in rows:
         for r in (d, t):
             speed = r["samples_per_second"] / t["samples_per_second"]
-            print(f"{ranks:>2} | {r['framework']:<12} | {r['samples_per_second']:>10.0f} | "
+            lo, hi = r["range"]
+            print(f"{ranks:>2} | {r['framework']:<12} | {r['samples_per_second']:>10.0f} | {lo:>7.0f}-{hi:<7.0f} | "
                   f"{statistics.mean(r['epoch_seconds']):>8.2f} | {100 * r['communication_share']:>9.1f}% | "
                   f"{r['test_accuracy']:>8.4f} | {speed:>5.2f}x")
 
@@ -79,10 +91,14 @@ def main():
         checks.append((f"dtrain P=2 no slower than its P=1 ({by_p[2][0]['samples_per_second']:.0f} vs "
                        f"{by_p[1][0]['samples_per_second']:.0f})",
                        by_p[2][0]["samples_per_second"] >= by_p[1][0]["samples_per_second"]))
+    # The accuracy after 5 epochs at a constant rate moves by about +-0.01 with the seed (shuffle
+    # order) for both frameworks; the band is DDP's lowest and highest in this run, widened by that.
     ddp_low = min(t["test_accuracy"] for _, _, t in rows)
+    ddp_high = max(t["test_accuracy"] for _, _, t in rows)
     for ranks, d, _ in rows:
-        checks.append((f"P={ranks}: dtrain accuracy {d['test_accuracy']:.4f} within DDP's band "
-                       f"(>= {ddp_low - 0.01:.4f})", d["test_accuracy"] >= ddp_low - 0.01))
+        checks.append((f"P={ranks}: dtrain accuracy {d['test_accuracy']:.4f} in DDP's band "
+                       f"[{ddp_low:.4f}, {ddp_high:.4f}] +- 0.01",
+                       ddp_low - 0.01 <= d["test_accuracy"] <= ddp_high + 0.01))
     print()
     for text, ok in checks:
         print(f"[{'pass' if ok else 'FAIL'}] {text}")

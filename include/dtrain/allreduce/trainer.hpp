@@ -49,6 +49,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
+#include "dtrain/reduce/host.hpp"
 
 namespace dtrain::allreduce {
 
@@ -498,10 +499,9 @@ class trainer {
     auto& buffer = std::get<std::vector<Half>>(scratch16_);
     buffer.resize(flat.size());
     std::span<Half> packed(buffer);
-    const float inv = 1.0f / static_cast<float>(comm_.size());
-    for (std::size_t i = 0; i < flat.size(); ++i) packed[i] = Half(static_cast<float>(flat[i]) * inv);
+    dtrain::detail::pack_scaled(flat.data(), packed.data(), flat.size(), 1.0f / static_cast<float>(comm_.size()));
     comm_.allreduce(packed, reduce_op::sum);
-    for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<value_type>(static_cast<float>(packed[i]));
+    dtrain::detail::unpack(packed.data(), flat.data(), flat.size());
   }
 
   Collective comm_;
