@@ -44,14 +44,15 @@ def main():
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "images",
                                                  "fashion_mnist_accuracy.png"))
     p.add_argument("--results", default="", help="also write the curves as JSON")
+    p.add_argument("--reuse", default="", help="draw the left panel from a --results file instead of running")
     args = p.parse_args()
 
     panels = 2 if args.bench_json else 1
     fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), squeeze=False)
     left = axes[0][0]
-    results = {}
+    results = json.load(open(args.reuse)) if args.reuse else {}
     for label, ranks, extra in CONFIGS:
-        r = run(args.build, ranks, extra)
+        r = results[label] if args.reuse else run(args.build, ranks, extra)
         results[label] = r
         t, a = zip(*r["curve"])
         left.plot(t, a, marker=".", label=f"{label} ({r['test_accuracy']:.3f})")
@@ -63,11 +64,11 @@ def main():
     left.legend(fontsize=8, loc="lower right")
     if args.bench_json:
         right = axes[0][1]
-        for row in json.load(open(args.bench_json)):
-            for key, style in (("dtrain", "-"), ("ddp", "--")):
+        for i, row in enumerate(json.load(open(args.bench_json))):
+            for key, style in (("dtrain", "-"), ("ddp", "--")):  # one colour per P
                 r = row[key]
                 t, a = zip(*r["curve"])
-                right.plot(t, a, style, marker=".", label=f"{r['framework']}, {row['ranks']} process(es)")
+                right.plot(t, a, style, color=f"C{i}", marker=".", label=f"{r['framework']}, {row['ranks']} process(es)")
         right.set(title="benchmark recipe (5 epochs, constant lr)", xlabel="training time (s)",
                   ylabel="test accuracy", ylim=(0.80, 0.91))
         right.legend(fontsize=8, loc="lower right")
