@@ -29,6 +29,7 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/ftrl.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "dtrain/updater/rmsprop.hpp"
 #include "dtrain/updater/sgd.hpp"

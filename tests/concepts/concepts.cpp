@@ -122,6 +122,7 @@ static_assert(updater<updater_archetype>);
 static_assert(updater<sgd<>> && updater<momentum<>> && updater<adagrad<>> && updater<rmsprop<>>);
 static_assert(updater<adam<double>, double>);
 static_assert(updater<staleness_aware<adam<>>>);
+static_assert(updater<ftrl<>> && updater<ftrl<double>, double>);
 static_assert(!updater<sgd<float>, double>, "a float updater does not step double parameters");
 struct updater_without_state : updater_archetype {
   std::span<float> state() noexcept = delete;

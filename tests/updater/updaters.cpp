@@ -8,6 +8,7 @@
 #include "../catch.hpp"
 #include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/ftrl.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "dtrain/updater/rmsprop.hpp"
 #include "dtrain/updater/sgd.hpp"
@@ -148,6 +149,42 @@ TEST_CASE("staleness_aware: the rate is divided by the staleness", "[updater]") 
   u.set_learning_rate(1.0);
   u.step(std::span(w), std::span<const double>(g), 0, step_info{2, 0.5});  // schedule * 1/2
   CHECK(w[0] == Approx(-0.75));
+}
+
+TEST_CASE("ftrl: McMahan et al.'s Algorithm 1, and w minimises the proximal objective", "[updater]") {
+  const double alpha = 0.5, beta = 1.0, l1 = 0.3, l2 = 0.2;
+  // The paper's order: predict with w_t, then update z and n from g and recompute w. The weight
+  // held stands for w_t (the two agree once FTRL has produced it; initial weights enter once).
+  auto weight_of = [&](double z, double n) {
+    if (std::fabs(z) <= l1) return 0.0;
+    return -(z - std::copysign(l1, z)) / ((beta + std::sqrt(n)) / alpha + l2);
+  };
+  check_against(ftrl<double>(alpha, beta, l1, l2),
+                [&](double& w, double g, double* s, int) {
+                  const double w_t = w;
+                  const double sigma = (std::sqrt(s[1] + g * g) - std::sqrt(s[1])) / alpha;
+                  s[0] += g - sigma * w_t;
+                  s[1] += g * g;
+                  w = weight_of(s[0], s[1]);
+                },
+                31, 25, 1e-12);
+  // w = argmin_w z w + l1 |w| + (l2 + (beta + sqrt(n)) / alpha) w^2 / 2: no small move improves it.
+  ftrl<double> u(alpha, beta, l1, l2);
+  u.resize(1);
+  std::vector<double> w{0.0};
+  for (int k = 0; k < 40; ++k) {
+    const double g = std::sin(0.9 * k) + 0.2;
+    u.step(std::span(w), std::span<const double>(&g, 1), 0, step_info{});
+    const double z = u.state()[0], n = u.state()[1];
+    auto objective = [&](double x) { return z * x + l1 * std::fabs(x) + 0.5 * (l2 + (beta + std::sqrt(n)) / alpha) * x * x; };
+    for (double d : {1e-4, -1e-4}) CHECK(objective(w[0]) <= objective(w[0] + d) + 1e-15);
+  }
+  // A strong L1 keeps every weight at exactly zero.
+  ftrl<double> sparse(alpha, beta, /*l1=*/100.0, l2);
+  sparse.resize(3);
+  std::vector<double> ws(3, 0.0), gs{0.5, -0.7, 0.1};
+  for (int k = 0; k < 20; ++k) sparse.step(std::span(ws), std::span<const double>(gs), 0, step_info{});
+  CHECK(ws == std::vector<double>{0.0, 0.0, 0.0});
 }
 
 TEST_CASE("updaters: resize keeps existing state", "[updater]") {
