@@ -1,0 +1,239 @@
+#pragma once
+/// @file
+/// Which parameter-server shard owns each key. Keys are `std::uint64_t`.
+///
+/// - `range_sharding`: server i owns [floor(i·K/S), floor((i+1)·K/S)) of a key space of K keys,
+///   computed in 128-bit arithmetic so the ranges cover the key space exactly, for any S (ps-lite
+///   lost keys when 2^64 did not divide evenly, its issue #185).
+/// - `consistent_hash_sharding`: each server holds `virtual_nodes` points on a hash ring; a key
+///   belongs to the first point at or after its hash. Adding a server moves only the keys of
+///   its new arcs (about 1/(S+1) of them).
+///
+/// `partition_keys` groups a request's sorted, unique keys by server, keeping their order.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain::ps {
+
+using key_type = std::uint64_t;
+
+/// A sharding policy maps every key of its key space to one of `servers()` shards.
+///  1. `s.servers()`: the number of shards, >= 1.
+///  2. `s.server_of(key)`: the shard that owns `key`, in [0, servers()); the same answer on
+///     every process for equal construction arguments.
+///  3. `s.contains(key)`: whether `key` is in the key space.
+template <class S>
+concept sharding = requires(const S& s, key_type k) {
+  { s.servers() } noexcept -> std::same_as<int>;
+  { s.server_of(k) } noexcept -> std::same_as<int>;
+  { s.contains(k) } noexcept -> std::same_as<bool>;
+};
+
+namespace detail {
+__extension__ typedef unsigned __int128 uint128;  // GCC and Clang; exact range arithmetic
+
+/// splitmix64's finaliser: a bijective, well-mixed 64-bit hash.
+constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+inline void check_servers(int servers, const char* who) {
+  if (servers < 1) {
+    throw error(errc::invalid_argument, std::string(who) + ": " + std::to_string(servers) + " servers");
+  }
+}
+}  // namespace detail
+
+/// Contiguous key ranges whose sizes differ by at most one key. A model of `sharding`.
+class range_sharding {
+ public:
+  /// @param servers shards, >= 1
+  /// @param key_space keys [0, key_space); 0 means the whole 64-bit space
+  /// @throws dtrain::error `invalid_argument` if servers < 1 or more servers than keys
+  explicit range_sharding(int servers, key_type key_space = 0) : servers_(servers), key_space_(key_space) {
+    detail::check_servers(servers, "range_sharding");
+    const detail::uint128 k = size();
+    if (k < static_cast<detail::uint128>(servers)) {
+      throw error(errc::invalid_argument, "range_sharding: " + std::to_string(servers) + " servers for " +
+                                              std::to_string(key_space) + " keys");
+    }
+  }
+
+  int servers() const noexcept { return servers_; }
+  bool contains(key_type k) const noexcept { return key_space_ == 0 || k < key_space_; }
+
+  /// The first key of server i's range; `begin(servers())` is one past the last key (as 128 bits).
+  detail::uint128 begin(int i) const noexcept {
+    return size() * static_cast<detail::uint128>(i) / static_cast<detail::uint128>(servers_);
+  }
+
+  /// @pre contains(k)
+  int server_of(key_type k) const noexcept {
+    // floor(k * S / K) is at most one below the answer; step up past the boundaries <= k.
+    auto i = static_cast<int>(static_cast<detail::uint128>(k) * static_cast<detail::uint128>(servers_) / size());
+    while (i + 1 < servers_ && begin(i + 1) <= k) ++i;
+    return i;
+  }
+
+ private:
+  detail::uint128 size() const noexcept {
+    return key_space_ == 0 ? (detail::uint128{1} << 64) : detail::uint128{key_space_};
+  }
+
+  int servers_;
+  key_type key_space_;
+};
+
+/// Consistent hashing with virtual nodes. A model of `sharding`.
+class consistent_hash_sharding {
+ public:
+  /// @param servers shards, >= 1  @param virtual_nodes points per server on the ring
+  /// @param seed changes the ring (every process must use the same)
+  explicit consistent_hash_sharding(int servers, int virtual_nodes = 128, std::uint64_t seed = 0)
+      : servers_(servers) {
+    detail::check_servers(servers, "consistent_hash_sharding");
+    if (virtual_nodes < 1) throw error(errc::invalid_argument, "consistent_hash_sharding: virtual_nodes < 1");
+    ring_.reserve(static_cast<std::size_t>(servers) * static_cast<std::size_t>(virtual_nodes));
+    for (int s = 0; s < servers; ++s) {
+      for (int v = 0; v < virtual_nodes; ++v) {
+        // A point depends only on (seed, server, node), so adding a server keeps the others'.
+        const std::uint64_t point =
+            detail::mix64(seed ^ detail::mix64((static_cast<std::uint64_t>(s) << 32) | static_cast<std::uint32_t>(v)));
+        ring_.emplace_back(point, s);
+      }
+    }
+    std::sort(ring_.begin(), ring_.end());
+    seed_ = seed;
+  }
+
+  int servers() const noexcept { return servers_; }
+  bool contains(key_type) const noexcept { return true; }
+
+  int server_of(key_type k) const noexcept {
+    const std::uint64_t h = detail::mix64(k ^ detail::mix64(seed_ + 1));
+    auto it = std::lower_bound(ring_.begin(), ring_.end(), std::pair<std::uint64_t, int>(h, -1));
+    return it == ring_.end() ? ring_.front().second : it->second;
+  }
+
+ private:
+  int servers_;
+  std::uint64_t seed_ = 0;
+  std::vector<std::pair<std::uint64_t, int>> ring_;
+};
+
+static_assert(sharding<range_sharding> && sharding<consistent_hash_sharding>);
+
+/// A request's keys grouped by server: server s's keys are
+/// `keys[order[i]]` for i in [offsets[s], offsets[s + 1]), in ascending key order.
+struct key_partition {
+  std::vector<std::size_t> offsets;  ///< servers() + 1 entries
+  std::vector<std::uint32_t> order;  ///< positions into the request's keys
+  /// Positions of server s's keys.
+  std::span<const std::uint32_t> of(int s) const noexcept {
+    return std::span(order).subspan(offsets[static_cast<std::size_t>(s)],
+                                    offsets[static_cast<std::size_t>(s) + 1] - offsets[static_cast<std::size_t>(s)]);
+  }
+};
+
+/// Checks that `keys` are strictly ascending (sorted, unique) and inside the key space.
+/// @throws dtrain::error `invalid_argument` naming the first offending position and key
+template <sharding S>
+void check_keys(const S& s, std::span<const key_type> keys) {
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i > 0 && keys[i] <= keys[i - 1]) {
+      throw error(errc::invalid_argument, "ps: keys must be sorted and unique; key " + std::to_string(keys[i]) +
+                                              " at position " + std::to_string(i) + " follows " +
+                                              std::to_string(keys[i - 1]));
+    }
+    if (!s.contains(keys[i])) {
+      throw error(errc::invalid_argument, "ps: key " + std::to_string(keys[i]) + " at position " + std::to_string(i) +
+                                              " is outside the key space");
+    }
+  }
+  if (keys.size() > std::numeric_limits<std::uint32_t>::max()) throw error(errc::invalid_argument, "ps: more than 2^32 keys in one request");
+}
+
+/// Groups `keys` by owning server (counting sort: two passes, no per-key allocation).
+/// @throws dtrain::error as `check_keys`
+template <sharding S>
+key_partition partition_keys(const S& s, std::span<const key_type> keys) {
+  check_keys(s, keys);
+  const auto servers = static_cast<std::size_t>(s.servers());
+  key_partition p;
+  p.offsets.assign(servers + 1, 0);
+  std::vector<int> owner(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    owner[i] = s.server_of(keys[i]);
+    ++p.offsets[static_cast<std::size_t>(owner[i]) + 1];
+  }
+  for (std::size_t k = 0; k < servers; ++k) p.offsets[k + 1] += p.offsets[k];
+  p.order.resize(keys.size());
+  std::vector<std::size_t> next(p.offsets.begin(), p.offsets.end() - 1);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    p.order[next[static_cast<std::size_t>(owner[i])]++] = static_cast<std::uint32_t>(i);
+  }
+  return p;
+}
+
+/// One slice of a dense tensor: `count` elements from `offset`, held by `server`.
+struct dense_slice {
+  std::size_t tensor = 0, offset = 0, count = 0;
+  key_type key = 0;  ///< the slice's id: the key its server stores it under
+  int server = 0;
+};
+
+/// Dense tensors cut into slices of at most `slice_bytes` (BytePS: about 4 MB), each placed on
+/// a server by the sharding of its slice id, so one large tensor spreads across all servers.
+class dense_layout {
+ public:
+  /// @param slice_bytes largest slice  @param element_bytes size of one value
+  dense_layout(std::size_t slice_bytes, std::size_t element_bytes)
+      : slice_elements_(std::max<std::size_t>(1, slice_bytes / std::max<std::size_t>(1, element_bytes))) {}
+
+  /// Adds a tensor of `elements` values; returns its index. Slices are placed by `s`.
+  template <sharding S>
+  std::size_t add_tensor(std::size_t elements, const S& s) {
+    const std::size_t t = tensor_sizes_.size();
+    tensor_sizes_.push_back(elements);
+    first_slice_.push_back(slices_.size());
+    for (std::size_t at = 0; at < elements; at += slice_elements_) {
+      dense_slice d;
+      d.tensor = t;
+      d.offset = at;
+      d.count = std::min(slice_elements_, elements - at);
+      d.key = static_cast<key_type>(slices_.size());
+      if (!s.contains(d.key)) throw error(errc::invalid_argument, "dense_layout: more slices than the key space");
+      d.server = s.server_of(d.key);
+      slices_.push_back(d);
+    }
+    return t;
+  }
+
+  const std::vector<dense_slice>& slices() const noexcept { return slices_; }
+  /// Tensor t's slices: [first, last) of `slices()`.
+  std::pair<std::size_t, std::size_t> slices_of(std::size_t t) const noexcept {
+    return {first_slice_[t], t + 1 < first_slice_.size() ? first_slice_[t + 1] : slices_.size()};
+  }
+  std::size_t tensor_size(std::size_t t) const noexcept { return tensor_sizes_[t]; }
+  std::size_t slice_elements() const noexcept { return slice_elements_; }
+
+ private:
+  std::size_t slice_elements_;
+  std::vector<std::size_t> tensor_sizes_, first_slice_;
+  std::vector<dense_slice> slices_;
+};
+
+}  // namespace dtrain::ps
