@@ -1,0 +1,253 @@
+#pragma once
+/// @file
+/// Checkpoints of one parameter-server shard: its keys, values, updater state, per-worker clocks
+/// and version, written atomically (a temporary file, fsync, rename, fsync of the directory), so
+/// a crash leaves either the old checkpoint or the new one, never a torn file.
+///
+/// Format (little-endian): "DTRNCKPT", format version (u32), value bytes (u32), state slots
+/// (u32), shard and shards (u32 each), version (u64), updater name and initializer name
+/// (u32 length + bytes each), clock count (u32) + clocks (i64), key count (u64), then per key:
+/// key (u64), length (u64), values, state; then an FNV-1a-64 checksum of everything before it.
+/// Loading checks the checksum first, then that the checkpoint was written by the same kind of
+/// shard, and says what differs.
+
+#include <bit>
+#include <cerrno>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/frame.hpp"
+#include "dtrain/ps/table.hpp"
+
+namespace dtrain::ps {
+
+/// What a checkpoint records besides the table.
+struct shard_state {
+  std::uint32_t shard = 0, shards = 1;
+  std::uint64_t version = 0;          ///< updates the shard has applied
+  std::vector<std::int64_t> clocks;   ///< per worker: the last clock pushed
+};
+
+namespace detail {
+
+inline constexpr char checkpoint_magic[8] = {'D', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
+inline constexpr std::uint32_t checkpoint_format = 1;
+
+inline std::uint64_t fnv1a(std::span<const std::byte> bytes) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (std::byte b : bytes) h = (h ^ std::to_integer<std::uint64_t>(b)) * 0x100000001b3ull;
+  return h;
+}
+
+class byte_writer {
+ public:
+  template <std::integral U>
+  void put(U v) {
+    const std::size_t at = bytes.size();
+    bytes.resize(at + sizeof(U));
+    dtrain::detail::wire::put(bytes.data() + at, v);
+  }
+  template <std::floating_point F>
+  void put(F v) {
+    if constexpr (sizeof(F) == 4) put(std::bit_cast<std::uint32_t>(v));
+    else put(std::bit_cast<std::uint64_t>(v));
+  }
+  void put(std::string_view s) {
+    put(static_cast<std::uint32_t>(s.size()));
+    for (char c : s) bytes.push_back(static_cast<std::byte>(c));
+  }
+  std::vector<std::byte> bytes;
+};
+
+class byte_reader {
+ public:
+  byte_reader(std::span<const std::byte> b, const std::string& path) : bytes_(b), path_(path) {}
+
+  template <std::integral U>
+  U get() {
+    need(sizeof(U));
+    const U v = dtrain::detail::wire::get<U>(bytes_.data() + at_);
+    at_ += sizeof(U);
+    return v;
+  }
+  template <std::floating_point F>
+  F get() {
+    if constexpr (sizeof(F) == 4) return std::bit_cast<F>(get<std::uint32_t>());
+    else return std::bit_cast<F>(get<std::uint64_t>());
+  }
+  std::string get_string() {
+    const auto n = get<std::uint32_t>();
+    need(n);
+    std::string s(reinterpret_cast<const char*>(bytes_.data() + at_), n);
+    at_ += n;
+    return s;
+  }
+  std::size_t remaining() const noexcept { return bytes_.size() - at_; }
+  void need(std::size_t n) const {
+    if (remaining() < n) throw error(errc::bad_data, "checkpoint " + path_ + " is truncated");
+  }
+
+ private:
+  std::span<const std::byte> bytes_;
+  std::size_t at_ = 0;
+  std::string path_;
+};
+
+[[noreturn]] inline void io_failure(const std::string& what, const std::string& path) {
+  throw error(std::error_code(errno, std::generic_category()), "checkpoint: cannot " + what + " " + path);
+}
+
+/// Writes `bytes` to `path` atomically and durably.
+inline void write_atomically(const std::string& path, std::span<const std::byte> bytes) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) io_failure("create", tmp);
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int e = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      errno = e;
+      io_failure("write", tmp);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    errno = e;
+    io_failure("fsync", tmp);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    errno = e;
+    io_failure("rename into place", path);
+  }
+  // The rename is durable once the directory is synced.
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+inline std::vector<std::byte> read_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) io_failure("open", path);
+  std::vector<std::byte> out;
+  std::byte chunk[1 << 16];
+  for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) out.insert(out.end(), chunk, chunk + n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) io_failure("read", path);
+  return out;
+}
+
+}  // namespace detail
+
+/// Writes `t` and `state` to `path`, atomically. @throws dtrain::error with the system error
+/// if the file cannot be written (the previous checkpoint, if any, is left in place).
+template <std::floating_point T, class Updater, class Initializer>
+void save_checkpoint(const std::string& path, table<T, Updater, Initializer>& t, const shard_state& state) {
+  detail::byte_writer w;
+  for (char c : detail::checkpoint_magic) w.bytes.push_back(static_cast<std::byte>(c));
+  w.put(detail::checkpoint_format);
+  w.put(static_cast<std::uint32_t>(sizeof(T)));
+  w.put(static_cast<std::uint32_t>(Updater::state_slots));
+  w.put(state.shard);
+  w.put(state.shards);
+  w.put(state.version);
+  w.put(std::string_view(Updater::name));
+  w.put(std::string_view(Initializer::name));
+  w.put(static_cast<std::uint32_t>(state.clocks.size()));
+  for (std::int64_t c : state.clocks) w.put(c);
+  w.put(static_cast<std::uint64_t>(t.size()));
+  t.for_each([&](key_type key, std::span<T> values, std::span<T> st) {
+    w.put(key);
+    w.put(static_cast<std::uint64_t>(values.size()));
+    for (T v : values) w.put(v);
+    for (T v : st) w.put(v);
+  });
+  w.put(detail::fnv1a(w.bytes));
+  detail::write_atomically(path, w.bytes);
+}
+
+/// Restores a checkpoint into the empty table `t`; returns the shard's clocks and version.
+/// @param expected_shard, expected_shards the shard this server is
+/// @throws dtrain::error `bad_data` naming the file and the fault: unreadable, not a dtrain
+///   checkpoint, corrupt (checksum), truncated, or written by a different updater, value type,
+///   initializer or shard; `invalid_argument` if `t` is not empty.
+template <std::floating_point T, class Updater, class Initializer>
+shard_state load_checkpoint(const std::string& path, table<T, Updater, Initializer>& t, std::uint32_t expected_shard,
+                            std::uint32_t expected_shards) {
+  if (t.size() != 0) throw error(errc::invalid_argument, "load_checkpoint: the table is not empty");
+  const auto bytes = detail::read_file(path);
+  auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
+  if (bytes.size() < 8 + 8 || std::memcmp(bytes.data(), detail::checkpoint_magic, 8) != 0) {
+    throw bad("is not a dtrain checkpoint");
+  }
+  const auto body = std::span(bytes).first(bytes.size() - 8);
+  if (detail::fnv1a(body) != dtrain::detail::wire::get<std::uint64_t>(bytes.data() + body.size())) {
+    throw bad("is corrupt: its checksum does not match its contents");
+  }
+  detail::byte_reader r(body.subspan(8), path);
+  if (const auto f = r.get<std::uint32_t>(); f != detail::checkpoint_format) {
+    throw bad("has format " + std::to_string(f) + "; this build reads format " + std::to_string(detail::checkpoint_format));
+  }
+  const auto value_bytes = r.get<std::uint32_t>();
+  const auto slots = r.get<std::uint32_t>();
+  shard_state s;
+  s.shard = r.get<std::uint32_t>();
+  s.shards = r.get<std::uint32_t>();
+  s.version = r.get<std::uint64_t>();
+  const std::string updater_name = r.get_string(), init_name = r.get_string();
+  if (updater_name != Updater::name || slots != Updater::state_slots || value_bytes != sizeof(T)) {
+    throw bad("was written by updater " + updater_name + " (" + std::to_string(slots) + " state slots, " +
+              std::to_string(value_bytes) + "-byte values); this server runs " + std::string(Updater::name) + " (" +
+              std::to_string(Updater::state_slots) + " slots, " + std::to_string(sizeof(T)) + "-byte values)");
+  }
+  if (init_name != Initializer::name) {
+    throw bad("was written with the " + init_name + " initializer; this server uses " + std::string(Initializer::name));
+  }
+  if (s.shard != expected_shard || s.shards != expected_shards) {
+    throw bad("belongs to shard " + std::to_string(s.shard) + " of " + std::to_string(s.shards) + ", not shard " +
+              std::to_string(expected_shard) + " of " + std::to_string(expected_shards));
+  }
+  const auto clocks = r.get<std::uint32_t>();
+  r.need(static_cast<std::size_t>(clocks) * 8);
+  for (std::uint32_t i = 0; i < clocks; ++i) s.clocks.push_back(r.get<std::int64_t>());
+  const auto keys = r.get<std::uint64_t>();
+  std::vector<T> values, state;
+  for (std::uint64_t k = 0; k < keys; ++k) {
+    const auto key = r.get<std::uint64_t>();
+    const auto length = r.get<std::uint64_t>();
+    if (length == 0 || length > r.remaining() / sizeof(T)) throw bad("is truncated or has a key of absurd length");
+    values.resize(length);
+    state.resize(length * Updater::state_slots);
+    r.need((values.size() + state.size()) * sizeof(T));
+    for (T& v : values) v = r.get<T>();
+    for (T& v : state) v = r.get<T>();
+    t.restore(key, values, state);
+  }
+  if (r.remaining() != 0) throw bad("has " + std::to_string(r.remaining()) + " bytes after its last key");
+  return s;
+}
+
+}  // namespace dtrain::ps
