@@ -228,6 +228,7 @@ class dense_layout {
     return {first_slice_[t], t + 1 < first_slice_.size() ? first_slice_[t + 1] : slices_.size()};
   }
   std::size_t tensor_size(std::size_t t) const noexcept { return tensor_sizes_[t]; }
+  std::size_t tensors() const noexcept { return tensor_sizes_.size(); }
   std::size_t slice_elements() const noexcept { return slice_elements_; }
 
  private:

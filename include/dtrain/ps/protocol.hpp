@@ -1,0 +1,205 @@
+#pragma once
+/// @file
+/// The parameter server's messages, carried by any `transport` on two tags: requests from
+/// workers to servers, responses back. Every message starts with a 48-byte little-endian header;
+/// a request's payload is its keys (u64 each) then its values, a response's payload is values
+/// (a pull) or an error text. `decode_*` check every field against the bytes received, so a
+/// malformed message is a typed error, never a read past the end.
+///
+/// | off | size | request                          | response                     |
+/// |-----|------|----------------------------------|------------------------------|
+/// |   0 |    4 | magic "DTPS"                     | magic "DTPS"                 |
+/// |   4 |    1 | op                               | op (echoed)                  |
+/// |   5 |    1 | table (0 sparse, 1 dense)        | status (0 ok, else errc)     |
+/// |   6 |    2 | reserved (0)                     | reserved (0)                 |
+/// |   8 |    8 | request id                       | request id (echoed)          |
+/// |  16 |    8 | clock: the worker's clocks done | server version at the reply  |
+/// |  24 |    8 | basis: server version last pulled| slowest worker's clock       |
+/// |  32 |    8 | key count                        | value count                  |
+/// |  40 |    4 | values per key                   | 0                            |
+/// |  44 |    4 | worker id                        | server id                    |
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/frame.hpp"
+
+namespace dtrain::ps {
+
+/// What a request asks of a server.
+enum class op : std::uint8_t {
+  hello = 1,      ///< a worker joins; the reply says the server is up (payload: config digest)
+  push = 2,       ///< gradients (or deltas) for keys, part of the worker's current clock
+  pull = 3,       ///< the values of keys, once the consistency model allows
+  clock = 4,      ///< the worker finished a clock; the reply waits while it is too far ahead
+  heartbeat = 5,  ///< liveness only; no reply
+  checkpoint = 6, ///< write a checkpoint now
+  goodbye = 7,    ///< the worker is done; it no longer holds anyone back
+};
+
+/// Which of a server's tables a request addresses.
+enum class table_id : std::uint8_t { sparse = 0, dense = 1 };
+
+struct request_header {
+  op what = op::heartbeat;
+  table_id table = table_id::sparse;
+  std::uint64_t id = 0;
+  std::int64_t clock = 0;
+  std::uint64_t basis = 0;
+  std::uint64_t keys = 0;
+  std::uint32_t length = 0;  ///< values per key (push) or expected per key (pull)
+  std::uint32_t worker = 0;
+};
+
+struct response_header {
+  op what = op::heartbeat;
+  std::uint8_t status = 0;  ///< 0, or an `errc` value; the payload is then the error text
+  std::uint64_t id = 0;
+  std::uint64_t version = 0;
+  std::int64_t slowest = 0;
+  std::uint64_t values = 0;
+  std::uint32_t server = 0;
+};
+
+inline constexpr std::size_t header_bytes = 48;
+inline constexpr std::uint32_t protocol_magic = 0x53505444;  // "DTPS"
+
+namespace detail {
+using dtrain::detail::wire::get;
+using dtrain::detail::wire::put;
+
+inline void put_common(std::byte* b, op what, std::uint8_t byte5) {
+  put(b, protocol_magic);
+  put(b + 4, static_cast<std::uint8_t>(what));
+  put(b + 5, byte5);
+  put(b + 6, std::uint16_t{0});
+}
+
+inline bool known(op o) { return o >= op::hello && o <= op::goodbye; }
+}  // namespace detail
+
+/// FNV-1a of a name (a consistency model's), for the hello's configuration check.
+inline std::uint64_t name_digest(std::string_view s) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  return h;
+}
+
+/// The dtrain error code of `e`, or `protocol_error` for an error of another category.
+inline errc code_of(const std::system_error& e) noexcept {
+  return e.code().category() == error_category() ? static_cast<errc>(e.code().value()) : errc::protocol_error;
+}
+
+/// A request: header, `keys` (u64 each), then `values` bytes.
+template <class T>
+std::vector<std::byte> encode_request(const request_header& h, std::span<const std::uint64_t> keys,
+                                      std::span<const T> values) {
+  std::vector<std::byte> b(header_bytes + keys.size() * 8 + values.size_bytes());
+  detail::put_common(b.data(), h.what, static_cast<std::uint8_t>(h.table));
+  detail::put(b.data() + 8, h.id);
+  detail::put(b.data() + 16, h.clock);
+  detail::put(b.data() + 24, h.basis);
+  detail::put(b.data() + 32, static_cast<std::uint64_t>(keys.size()));
+  detail::put(b.data() + 40, h.length);
+  detail::put(b.data() + 44, h.worker);
+  std::byte* p = b.data() + header_bytes;
+  for (std::uint64_t k : keys) {
+    detail::put(p, k);
+    p += 8;
+  }
+  if (!values.empty()) std::memcpy(p, values.data(), values.size_bytes());  // host order: same machine type
+  return b;
+}
+
+/// A decoded request: views into the received bytes.
+template <class T>
+struct request_view {
+  request_header header;
+  std::vector<std::uint64_t> keys;
+  std::span<const std::byte> values;  ///< `sizeof(T)` bytes per value
+};
+
+/// Checks and decodes a request. @throws dtrain::error `protocol_error` saying what is wrong
+template <class T>
+request_view<T> decode_request(std::span<const std::byte> b, int from) {
+  auto bad = [&](const std::string& what) {
+    return error(errc::protocol_error, "ps: malformed request from rank " + std::to_string(from) + ": " + what);
+  };
+  if (b.size() < header_bytes) throw bad(std::to_string(b.size()) + " bytes, shorter than a header");
+  if (detail::get<std::uint32_t>(b.data()) != protocol_magic) throw bad("wrong magic");
+  request_view<T> r;
+  r.header.what = static_cast<op>(detail::get<std::uint8_t>(b.data() + 4));
+  if (!detail::known(r.header.what)) throw bad("unknown op " + std::to_string(static_cast<int>(r.header.what)));
+  const auto table = detail::get<std::uint8_t>(b.data() + 5);
+  if (table > 1) throw bad("unknown table " + std::to_string(table));
+  r.header.table = static_cast<table_id>(table);
+  r.header.id = detail::get<std::uint64_t>(b.data() + 8);
+  r.header.clock = detail::get<std::int64_t>(b.data() + 16);
+  r.header.basis = detail::get<std::uint64_t>(b.data() + 24);
+  r.header.keys = detail::get<std::uint64_t>(b.data() + 32);
+  r.header.length = detail::get<std::uint32_t>(b.data() + 40);
+  r.header.worker = detail::get<std::uint32_t>(b.data() + 44);
+  const std::size_t payload = b.size() - header_bytes;
+  if (r.header.keys > payload / 8) throw bad(std::to_string(r.header.keys) + " keys in " + std::to_string(payload) + " bytes");
+  const std::size_t key_bytes = static_cast<std::size_t>(r.header.keys) * 8;
+  r.values = b.subspan(header_bytes + key_bytes);
+  if (r.values.size() % sizeof(T) != 0) throw bad("values are not whole elements");
+  const std::size_t values = r.values.size() / sizeof(T);
+  if (r.header.what == op::push && values != r.header.keys * r.header.length) {
+    throw bad(std::to_string(values) + " values for " + std::to_string(r.header.keys) + " keys of length " +
+              std::to_string(r.header.length));
+  }
+  r.keys.resize(static_cast<std::size_t>(r.header.keys));
+  for (std::size_t i = 0; i < r.keys.size(); ++i) r.keys[i] = detail::get<std::uint64_t>(b.data() + header_bytes + 8 * i);
+  return r;
+}
+
+/// A response: header, then values or an error text.
+template <class T>
+std::vector<std::byte> encode_response(const response_header& h, std::span<const T> values) {
+  std::vector<std::byte> b(header_bytes + values.size_bytes());
+  detail::put_common(b.data(), h.what, h.status);
+  detail::put(b.data() + 8, h.id);
+  detail::put(b.data() + 16, h.version);
+  detail::put(b.data() + 24, h.slowest);
+  detail::put(b.data() + 32, static_cast<std::uint64_t>(values.size()));
+  detail::put(b.data() + 40, std::uint32_t{0});
+  detail::put(b.data() + 44, h.server);
+  if (!values.empty()) std::memcpy(b.data() + header_bytes, values.data(), values.size_bytes());
+  return b;
+}
+
+/// An error response carrying `text`.
+inline std::vector<std::byte> encode_error(response_header h, errc code, const std::string& text) {
+  h.status = static_cast<std::uint8_t>(code);
+  const auto* p = reinterpret_cast<const char*>(text.data());
+  return encode_response<char>(h, std::span<const char>(p, text.size()));
+}
+
+/// Checks and decodes a response header. @throws dtrain::error `protocol_error`
+inline response_header decode_response(std::span<const std::byte> b, int from) {
+  auto bad = [&](const std::string& what) {
+    return error(errc::protocol_error, "ps: malformed response from rank " + std::to_string(from) + ": " + what);
+  };
+  if (b.size() < header_bytes) throw bad(std::to_string(b.size()) + " bytes, shorter than a header");
+  if (detail::get<std::uint32_t>(b.data()) != protocol_magic) throw bad("wrong magic");
+  response_header h;
+  h.what = static_cast<op>(detail::get<std::uint8_t>(b.data() + 4));
+  if (!detail::known(h.what)) throw bad("unknown op");
+  h.status = detail::get<std::uint8_t>(b.data() + 5);
+  h.id = detail::get<std::uint64_t>(b.data() + 8);
+  h.version = detail::get<std::uint64_t>(b.data() + 16);
+  h.slowest = detail::get<std::int64_t>(b.data() + 24);
+  h.values = detail::get<std::uint64_t>(b.data() + 32);
+  h.server = detail::get<std::uint32_t>(b.data() + 44);
+  return h;
+}
+
+}  // namespace dtrain::ps

@@ -1,0 +1,464 @@
+#pragma once
+/// @file
+/// `ps::server`: one shard of a parameter server. It holds a sparse table and a dense table
+/// (dense tensors arrive as slices), applies pushes as its consistency model says, answers pulls
+/// once the model allows, holds back workers that run too far ahead, measures the staleness of
+/// every update and hands it to the updater, and watches its workers' heartbeats.
+///
+/// Consistency (per shard, with a clock per worker; clocks count `clock` requests):
+///  - A push belongs to its worker's current clock. Under a barrier model (`bsp`) the pushes of
+///    clock c are combined, in worker order, and applied once every worker has finished c. Under
+///    the others the server applies as soon as `pushes_to_apply(workers)` pushes have arrived
+///    (one for `asp` and `ssp`, s for `soft_sync<s>`), averaging them.
+///  - A pull from a worker at clock c is answered once every live worker has finished the clocks
+///    up to `visible_clock(c)`.
+///  - The reply to a worker's `clock` waits until `may_advance(its clocks, slowest's clocks)`.
+///  - Staleness of a push: the server's version (updates applied) when it is applied, minus the
+///    version the worker last pulled. Averaged pushes carry their mean staleness.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <list>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/concepts/consistency.hpp"
+#include "dtrain/concepts/transport.hpp"
+#include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/signature.hpp"
+#include "dtrain/detail/log.hpp"
+#include "dtrain/ps/protocol.hpp"
+#include "dtrain/ps/roles.hpp"
+#include "dtrain/ps/table.hpp"
+
+namespace dtrain::ps {
+
+/// What a server does when a worker stops sending (no heartbeat within the timeout).
+enum class dead_worker_policy {
+  abort,  ///< fail: every waiting worker gets an error naming the dead one, and `run` throws
+  drop,   ///< go on without it (sensible under ASP, SSP and soft sync): it no longer holds anyone back
+};
+
+/// Tags and timings shared by servers and workers.
+struct ps_options {
+  /// Requests use `tag`, replies `tag + 1`.
+  std::uint64_t tag = 0x70735f7265710000;  // "ps_req"
+  /// How often workers send heartbeats, and how long a server waits before declaring one dead.
+  std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds heartbeat_timeout{10000};
+  /// Deadline for start-up (every worker's hello) and for each wait of a worker.
+  std::chrono::milliseconds timeout{60000};
+  dead_worker_policy on_dead_worker = dead_worker_policy::abort;
+};
+
+/// What a server has done, for logs and the observability of issue 6.
+struct server_stats {
+  std::uint64_t version = 0;        ///< updates applied
+  std::uint64_t pushes = 0, pulls = 0, clocks = 0;
+  std::uint64_t keys_pushed = 0, keys_pulled = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;
+  std::size_t max_deferred = 0;     ///< the longest queue of pulls and clocks waiting for others
+  std::vector<std::uint64_t> staleness_histogram = std::vector<std::uint64_t>(33, 0);  ///< [32] counts >= 32
+};
+
+/// One parameter-server shard over `Transport`.
+template <transport Transport, consistency Consistency, std::floating_point T, updater<T> Updater,
+          initializer<T> Initializer = zero_initializer>
+  requires std::copy_constructible<Updater>
+class server {
+ public:
+  /// @param t this rank's endpoint; its rank must be a server rank of `r`
+  server(Transport t, roles r, Consistency c, Updater u, Initializer init = {}, ps_options o = {},
+         apply_mode mode = apply_mode::update)
+      : transport_(std::move(t)),
+        roles_(r),
+        consistency_(c),
+        options_(o),
+        sparse_(u, init, mode),
+        dense_(u, init, mode),
+        clocks_(static_cast<std::size_t>(r.workers), 0),
+        finished_(static_cast<std::size_t>(r.workers), false),
+        dead_(static_cast<std::size_t>(r.workers), false),
+        greeted_(static_cast<std::size_t>(r.workers), false),
+        last_seen_(static_cast<std::size_t>(r.workers), std::chrono::steady_clock::now()) {
+    if (!roles_.is_server(transport_.rank())) {
+      throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(transport_.rank()) +
+                                              ", which is a worker rank");
+    }
+  }
+
+  /// Serves until every worker has said goodbye (or was dropped).
+  /// @throws dtrain::error `timeout` naming the workers that never said hello; `peer_lost`
+  ///   naming a worker that went silent (policy `abort`); the transport's errors.
+  void run() {
+    const auto start = clock::now();
+    std::vector<std::byte> buffer;
+    auto request = transport_.irecv(any_peer, options_.tag, buffer);
+    for (;;) {
+      std::error_code ec;
+      const bool got = request.wait(deadline::after(std::chrono::milliseconds(20)), ec);
+      if (got) {
+        const int from = request.info().peer;
+        stats_.bytes_in += buffer.size();
+        handle(from, std::span<const std::byte>(buffer));
+        buffer.clear();
+        request = transport_.irecv(any_peer, options_.tag, buffer);
+      } else if (ec != errc::timeout) {
+        throw error(ec, "ps::server " + std::to_string(transport_.rank()) + ": receiving requests");
+      }
+      reap_sends();
+      check_liveness(start);
+      if (done()) break;
+    }
+    request.cancel();
+    flush_sends();
+  }
+
+  const server_stats& stats() const noexcept { return stats_; }
+  auto& sparse_table() noexcept { return sparse_; }
+  auto& dense_table() noexcept { return dense_; }
+  int shard() const noexcept { return transport_.rank(); }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  using table_type = table<T, Updater, Initializer>;
+  using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
+
+  struct pending_push {
+    std::uint32_t worker;
+    table_id which;
+    std::uint32_t length;
+    std::uint64_t basis;
+    std::vector<key_type> keys;
+    std::vector<T> values;
+  };
+
+  struct deferred {
+    int from;
+    request_header header;
+    std::vector<key_type> keys;
+  };
+
+  static constexpr std::int64_t done_clock = std::numeric_limits<std::int64_t>::max();
+
+  // --- requests ---------------------------------------------------------------------------------
+
+  void handle(int from, std::span<const std::byte> bytes) {
+    request_view<T> r;
+    try {
+      r = decode_request<T>(bytes, from);
+    } catch (const error& e) {
+      dtrain::detail::log(dtrain::detail::log_level::warn, e.what());
+      if (!roles_.is_server(from)) reply_error(from, response_header{}, errc::protocol_error, e.what());
+      return;
+    }
+    const request_header& h = r.header;
+    response_header reply{h.what, 0, h.id, stats_.version, slowest(), 0, static_cast<std::uint32_t>(shard())};
+    if (roles_.is_server(from) || static_cast<int>(h.worker) != roles_.worker_of(from)) {
+      reply_error(from, reply, errc::protocol_error,
+                  "rank " + std::to_string(from) + " sent a request as worker " + std::to_string(h.worker));
+      return;
+    }
+    const auto w = static_cast<std::size_t>(h.worker);
+    last_seen_[w] = clock::now();
+    if (dead_[w]) {
+      reply_error(from, reply, errc::broken, "worker " + std::to_string(w) + " was dropped as dead; restart it");
+      return;
+    }
+    if (!failure_.empty()) {
+      reply_error(from, reply, errc::peer_lost, failure_);
+      return;
+    }
+    try {
+      switch (h.what) {
+        case op::hello:
+          check_hello(r);
+          greeted_[w] = true;
+          send(from, encode_response<T>(reply, {}));
+          break;
+        case op::push: on_push(r); send(from, encode_response<T>(reply, {})); break;
+        case op::pull: defer_or_serve({from, h, std::move(r.keys)}); break;
+        case op::clock:
+          if (h.clock != clocks_[w]) {
+            throw error(errc::protocol_error, "worker " + std::to_string(w) + " finished clock " +
+                                                  std::to_string(h.clock) + " but the server expected " +
+                                                  std::to_string(clocks_[w]));
+          }
+          ++clocks_[w];
+          ++stats_.clocks;
+          defer_or_serve({from, h, {}});
+          progress();
+          break;
+        case op::heartbeat: break;
+        case op::checkpoint:
+          throw error(errc::unsupported, "this server was started without a checkpoint path");
+        case op::goodbye:
+          finished_[w] = true;
+          send(from, encode_response<T>(reply, {}));
+          progress();
+          break;
+      }
+    } catch (const error& e) {
+      reply_error(from, reply, code_of(e), e.what());
+    }
+  }
+
+  void check_hello(const request_view<T>& r) {
+    // keys: servers, workers, the consistency's name hash, value bytes
+    const std::uint64_t want[4] = {static_cast<std::uint64_t>(roles_.servers), static_cast<std::uint64_t>(roles_.workers),
+                                   name_digest(Consistency::name), sizeof(T)};
+    if (r.keys.size() != 4 || !std::equal(r.keys.begin(), r.keys.end(), want)) {
+      throw error(errc::invalid_argument,
+                  "worker " + std::to_string(r.header.worker) + " was configured differently from server " +
+                      std::to_string(shard()) + " (" + std::to_string(roles_.servers) + " servers, " +
+                      std::to_string(roles_.workers) + " workers, " + std::string(Consistency::name) + ", " +
+                      std::to_string(sizeof(T)) + "-byte values)");
+    }
+  }
+
+  void on_push(request_view<T>& r) {
+    pending_push p{r.header.worker, r.header.table, r.header.length, r.header.basis, std::move(r.keys), {}};
+    p.values.resize(r.values.size() / sizeof(T));
+    if (!p.values.empty()) std::memcpy(p.values.data(), r.values.data(), r.values.size());
+    check_keys_sorted(p);
+    ++stats_.pushes;
+    stats_.keys_pushed += p.keys.size();
+    if (consistency_.staleness_bound() == 0) {
+      by_clock_[r.header.clock].push_back(std::move(p));  // applied when every worker finished the clock
+      progress();
+    } else {
+      group_.push_back(std::move(p));
+      if (static_cast<int>(group_.size()) >= consistency_.pushes_to_apply(live_workers())) apply_group(group_);
+    }
+  }
+
+  void check_keys_sorted(const pending_push& p) const {
+    for (std::size_t i = 1; i < p.keys.size(); ++i) {
+      if (p.keys[i] <= p.keys[i - 1]) {
+        throw error(errc::invalid_argument, "push from worker " + std::to_string(p.worker) + ": keys not sorted and unique at " +
+                                                std::to_string(i));
+      }
+    }
+    if (p.length == 0 && !p.keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
+  }
+
+  // Applies the group's pushes, averaged, in worker order (deterministic under BSP).
+  void apply_group(std::vector<pending_push>& group) {
+    if (group.empty()) return;
+    std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a.worker < b.worker; });
+    double staleness = 0;
+    for (const auto& p : group) {
+      const std::uint64_t s = stats_.version - std::min(p.basis, stats_.version);
+      staleness += static_cast<double>(s);
+      ++stats_.staleness_histogram[std::min<std::size_t>(s, 32)];
+    }
+    const step_info info{static_cast<std::uint64_t>(staleness / static_cast<double>(group.size()) + 0.5), 1.0};
+    // Gradients are averaged over the group; summation mode adds every push as it is.
+    const T scale = sparse_.mode() == apply_mode::sum ? T(1) : T(1) / static_cast<T>(group.size());
+    for (table_id which : {table_id::sparse, table_id::dense}) {
+      // Sum each key's pushes in worker order, then scale: the mean gradient of the group.
+      std::map<key_type, std::vector<T>> sums;
+      for (const auto& p : group) {
+        if (p.which != which) continue;
+        for (std::size_t i = 0; i < p.keys.size(); ++i) {
+          auto& acc = sums[p.keys[i]];
+          if (acc.empty()) acc.assign(p.length, T(0));
+          if (acc.size() != p.length) {
+            throw error(errc::invalid_argument, "key " + std::to_string(p.keys[i]) + " pushed with lengths " +
+                                                    std::to_string(acc.size()) + " and " + std::to_string(p.length));
+          }
+          for (std::size_t j = 0; j < p.length; ++j) acc[j] += p.values[i * p.length + j];
+        }
+      }
+      table_type& t = which == table_id::sparse ? sparse_ : dense_;
+      // Keys of one length go in one table push.
+      std::map<std::size_t, std::pair<std::vector<key_type>, std::vector<T>>> by_length;
+      for (auto& [key, acc] : sums) {
+        auto& [keys, values] = by_length[acc.size()];
+        keys.push_back(key);
+        for (T v : acc) values.push_back(v * scale);
+      }
+      for (auto& [length, kv] : by_length) t.push(kv.first, kv.second, length, info);
+    }
+    ++stats_.version;
+    group.clear();
+  }
+
+  // Applies complete barrier rounds, flushes a final partial group, and answers what can be.
+  void progress() {
+    const std::int64_t s = slowest();
+    while (!by_clock_.empty() && by_clock_.begin()->first < s) {
+      apply_group(by_clock_.begin()->second);
+      by_clock_.erase(by_clock_.begin());
+    }
+    if (live_workers() == 0 && !group_.empty()) apply_group(group_);
+    // A soft-sync group waits for s pushes; with fewer workers left, apply what there is.
+    if (!group_.empty() && static_cast<int>(group_.size()) >= consistency_.pushes_to_apply(live_workers())) {
+      apply_group(group_);
+    }
+    for (auto it = deferred_.begin(); it != deferred_.end();) {
+      if (ready(*it)) {
+        serve(*it);
+        it = deferred_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  bool ready(const deferred& d) const {
+    const std::int64_t s = slowest();
+    if (d.header.what == op::pull) return s >= consistency_.visible_clock(d.header.clock) + 1;
+    return consistency_.may_advance(clocks_[d.header.worker], s);  // op::clock
+  }
+
+  void defer_or_serve(deferred d) {
+    if (ready(d)) {
+      serve(d);
+      return;
+    }
+    deferred_.push_back(std::move(d));
+    stats_.max_deferred = std::max(stats_.max_deferred, deferred_.size());
+  }
+
+  void serve(const deferred& d) {
+    response_header reply{d.header.what, 0, d.header.id, stats_.version, slowest(), 0,
+                          static_cast<std::uint32_t>(shard())};
+    if (d.header.what == op::clock) {
+      send(d.from, encode_response<T>(reply, {}));
+      return;
+    }
+    try {
+      if (d.header.length == 0 && !d.keys.empty()) throw error(errc::invalid_argument, "pull with length 0");
+      std::vector<T> values(d.keys.size() * d.header.length);
+      (d.header.table == table_id::sparse ? sparse_ : dense_).pull(d.keys, values, d.header.length);
+      ++stats_.pulls;
+      stats_.keys_pulled += d.keys.size();
+      reply.values = values.size();
+      send(d.from, encode_response<T>(reply, values));
+    } catch (const error& e) {
+      reply_error(d.from, reply, code_of(e), e.what());
+    }
+  }
+
+  // --- workers' state ---------------------------------------------------------------------------
+
+  int live_workers() const noexcept {
+    int n = 0;
+    for (std::size_t w = 0; w < finished_.size(); ++w) n += !finished_[w] && !dead_[w];
+    return n;
+  }
+
+  std::int64_t slowest() const noexcept {
+    std::int64_t s = done_clock;
+    for (std::size_t w = 0; w < clocks_.size(); ++w) {
+      if (!finished_[w] && !dead_[w]) s = std::min(s, clocks_[w]);
+    }
+    return s;
+  }
+
+  bool done() const noexcept {
+    for (std::size_t w = 0; w < finished_.size(); ++w) {
+      if (!finished_[w] && !dead_[w]) return false;
+    }
+    return true;
+  }
+
+  void check_liveness(clock::time_point start) {
+    const auto now = clock::now();
+    for (std::size_t w = 0; w < last_seen_.size(); ++w) {
+      if (finished_[w] || dead_[w]) continue;
+      const bool never = !greeted_[w];
+      const auto limit = never ? options_.timeout : options_.heartbeat_timeout;
+      const auto since = now - (never ? start : last_seen_[w]);
+      if (since <= limit) continue;
+      const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(roles_.worker_rank(static_cast<int>(w))) + ")";
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(since).count();
+      if (never) {
+        fail(errc::timeout, "ps::server " + std::to_string(shard()) + ": " + who + " never said hello within " +
+                                std::to_string(ms) + " ms");
+      }
+      if (options_.on_dead_worker == dead_worker_policy::abort) {
+        fail(errc::peer_lost, "ps::server " + std::to_string(shard()) + ": " + who + " sent nothing for " +
+                                  std::to_string(ms) + " ms (heartbeat timeout); aborting");
+      }
+      dead_[w] = true;
+      dtrain::detail::log(dtrain::detail::log_level::warn,
+                          "ps::server " + std::to_string(shard()) + ": dropping " + who + ", silent for " +
+                              std::to_string(ms) + " ms");
+      progress();
+    }
+  }
+
+  [[noreturn]] void fail(errc code, const std::string& why) {
+    failure_ = why;
+    for (const auto& d : deferred_) {
+      reply_error(d.from, response_header{d.header.what, 0, d.header.id, stats_.version, 0, 0,
+                                          static_cast<std::uint32_t>(shard())},
+                  code, why);
+    }
+    deferred_.clear();
+    flush_sends();
+    throw error(code, why);
+  }
+
+  // --- replies ----------------------------------------------------------------------------------
+
+  void reply_error(int to, response_header h, errc code, const std::string& text) {
+    send(to, encode_error(h, code, text));
+  }
+
+  void send(int to, std::vector<std::byte> bytes) {
+    stats_.bytes_out += bytes.size();
+    sends_.emplace_back();
+    auto& s = sends_.back();
+    s.bytes = std::move(bytes);
+    s.handle.emplace(transport_.isend(to, options_.tag + 1, signature{}, std::span<const std::byte>(s.bytes)));
+  }
+
+  void reap_sends() {
+    while (!sends_.empty() && sends_.front().handle->test()) sends_.pop_front();
+  }
+
+  void flush_sends() noexcept {
+    const auto d = deadline::after(options_.timeout);
+    for (auto& s : sends_) {
+      std::error_code ec;
+      s.handle->wait(d, ec);  // a worker that left takes its replies with it
+    }
+    sends_.clear();
+  }
+
+  struct outgoing {
+    std::vector<std::byte> bytes;
+    std::optional<send_handle> handle;
+  };
+
+  Transport transport_;
+  roles roles_;
+  Consistency consistency_;
+  ps_options options_;
+  table_type sparse_, dense_;
+  std::vector<std::int64_t> clocks_;
+  std::vector<bool> finished_, dead_, greeted_;
+  std::vector<clock::time_point> last_seen_;
+  std::map<std::int64_t, std::vector<pending_push>> by_clock_;
+  std::vector<pending_push> group_;
+  std::list<deferred> deferred_;
+  std::deque<outgoing> sends_;
+  std::string failure_;
+  server_stats stats_;
+};
+
+}  // namespace dtrain::ps

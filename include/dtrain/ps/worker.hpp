@@ -1,0 +1,440 @@
+#pragma once
+/// @file
+/// `ps::worker`: a worker's connection to every server shard. Push and pull sparse keys or
+/// dense tensors, finish clocks; each call returns a `request` handle at once, so a worker can
+/// overlap communication with compute, and `wait` blocks under a deadline. A heartbeat thread
+/// tells the servers the worker is alive.
+///
+/// @code
+/// ps::worker<tcp_transport, ssp<2>> w(std::move(t), roles, ps::range_sharding(servers, 1 << 24));
+/// auto pulled = w.pull(keys, std::span(weights), 1);   // sorted, unique keys
+/// w.wait(pulled);                                        // waits while SSP says this clock must
+/// ... compute gradients ...
+/// w.wait(w.push(keys, std::span<const float>(grads), 1));
+/// w.wait(w.clock());
+/// w.finish();
+/// @endcode
+/// Not thread-safe: one thread per worker object (the heartbeat thread is internal).
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dtrain/concepts/consistency.hpp"
+#include "dtrain/concepts/transport.hpp"
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/signature.hpp"
+#include "dtrain/ps/protocol.hpp"
+#include "dtrain/ps/roles.hpp"
+#include "dtrain/ps/server.hpp"
+#include "dtrain/ps/sharding.hpp"
+
+namespace dtrain::ps {
+
+/// What a worker has sent and received, and how long it waited.
+struct worker_stats {
+  std::uint64_t pushes = 0, pulls = 0, clocks = 0;
+  std::uint64_t keys_pushed = 0, keys_pulled = 0;
+  std::uint64_t bytes_out = 0, bytes_in = 0;
+  double wait_seconds = 0;
+  /// Versions the server had applied beyond this worker's basis when its pushes arrived are
+  /// counted by the servers; here: how many server versions each pull advanced (a pull-side view).
+  std::vector<std::uint64_t> pull_advance_histogram = std::vector<std::uint64_t>(33, 0);
+};
+
+template <transport Transport, consistency Consistency, std::floating_point T = float,
+          sharding Sharding = range_sharding>
+class worker {
+ public:
+  /// An outstanding operation: one request per server involved.
+  class request {
+   public:
+    request() = default;
+    bool empty() const noexcept { return ids_.empty(); }
+
+   private:
+    friend class worker;
+    std::vector<std::uint64_t> ids_;
+  };
+
+  /// Joins the servers: a hello to each, answered within `options.timeout`.
+  /// @throws dtrain::error `timeout` naming the servers that did not answer; `invalid_argument`
+  ///   if a server was configured differently (counts, consistency model, value type).
+  worker(Transport t, roles r, Sharding shards, ps_options o = {})
+      : transport_(std::move(t)),
+        roles_(r),
+        sharding_(std::move(shards)),
+        options_(o),
+        dense_sharding_(r.servers),
+        dense_layout_(std::size_t{4} << 20, sizeof(T)),
+        basis_(static_cast<std::size_t>(r.servers), 0) {
+    if (roles_.is_server(transport_.rank())) {
+      throw error(errc::invalid_argument, "ps::worker on rank " + std::to_string(transport_.rank()) + ", a server rank");
+    }
+    if (sharding_.servers() != roles_.servers) {
+      throw error(errc::invalid_argument, "ps::worker: the sharding has " + std::to_string(sharding_.servers()) +
+                                              " servers but the group has " + std::to_string(roles_.servers));
+    }
+    id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
+    post_receive();
+    request hello;
+    const std::uint64_t config[4] = {static_cast<std::uint64_t>(roles_.servers),
+                                     static_cast<std::uint64_t>(roles_.workers), name_digest(Consistency::name),
+                                     sizeof(T)};
+    for (int s = 0; s < roles_.servers; ++s) {
+      hello.ids_.push_back(send(s, op::hello, table_id::sparse, config, std::span<const T>{}, 0, nullptr));
+    }
+    try {
+      wait(hello, deadline::after(options_.timeout));
+    } catch (const error& e) {
+      std::string missing;
+      for (auto id : hello.ids_) {
+        if (auto it = pending_.find(id); it != pending_.end() && !it->second.done) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(it->second.server);
+        }
+      }
+      throw error(code_of(e), "ps::worker " + std::to_string(id_) + ": joining the servers" +
+                                  (missing.empty() ? "" : " (no answer from server " + missing + ")") + ": " + e.what());
+    }
+    heartbeat_ = std::thread([this] { beat(); });
+  }
+
+  worker(const worker&) = delete;
+  worker& operator=(const worker&) = delete;
+
+  /// Says goodbye if `finish` was not called (errors are swallowed here; call `finish` to see them).
+  ~worker() {
+    try {
+      if (!broken_) finish();
+    } catch (...) {
+    }
+    stop_heartbeat();
+    if (receive_) receive_->cancel();
+  }
+
+  /// Pushes `values` (keys.size() * length) for sorted, unique `keys` in the current clock.
+  /// @throws dtrain::error `invalid_argument` for unsorted or out-of-space keys, or sizes that
+  ///   disagree; nothing is sent then.
+  request push(std::span<const key_type> keys, std::span<const T> values, std::size_t length) {
+    check_length(keys.size(), values.size(), length, "push");
+    const auto parts = partition_keys(sharding_, keys);
+    request r;
+    std::vector<key_type> k;
+    std::vector<T> v;
+    for (int s = 0; s < roles_.servers; ++s) {
+      const auto mine = parts.of(s);
+      if (mine.empty()) continue;
+      k.clear();
+      v.clear();
+      for (auto i : mine) {
+        k.push_back(keys[i]);
+        v.insert(v.end(), values.begin() + static_cast<std::ptrdiff_t>(i * length),
+                 values.begin() + static_cast<std::ptrdiff_t>((i + 1) * length));
+      }
+      r.ids_.push_back(send(s, op::push, table_id::sparse, k, std::span<const T>(v), length, nullptr));
+    }
+    ++stats_.pushes;
+    stats_.keys_pushed += keys.size();
+    return r;
+  }
+
+  /// Pulls the values of sorted, unique `keys` into `out` (keys.size() * length) once the
+  /// consistency model allows; `out` must stay valid until the request is waited for.
+  request pull(std::span<const key_type> keys, std::span<T> out, std::size_t length) {
+    check_length(keys.size(), out.size(), length, "pull");
+    const auto parts = partition_keys(sharding_, keys);
+    request r;
+    std::vector<key_type> k;
+    for (int s = 0; s < roles_.servers; ++s) {
+      const auto mine = parts.of(s);
+      if (mine.empty()) continue;
+      k.assign(mine.size(), 0);
+      for (std::size_t j = 0; j < mine.size(); ++j) k[j] = keys[mine[j]];
+      destination d{out.data(), std::vector<std::uint32_t>(mine.begin(), mine.end()), length};
+      r.ids_.push_back(send(s, op::pull, table_id::sparse, k, std::span<const T>{}, length, &d));
+    }
+    ++stats_.pulls;
+    stats_.keys_pulled += keys.size();
+    return r;
+  }
+
+  /// Declares a dense tensor of `elements` values (the same tensors, in the same order, on every
+  /// worker); returns its index. It is cut into slices of about 4 MiB spread over the servers.
+  std::size_t add_dense(std::size_t elements) { return dense_layout_.add_tensor(elements, dense_sharding_); }
+
+  /// Pushes all of dense tensor `tensor` (`values.size()` must be its size).
+  request push_dense(std::size_t tensor, std::span<const T> values) {
+    check_tensor(tensor, values.size());
+    request r;
+    const auto [first, last] = dense_layout_.slices_of(tensor);
+    for (std::size_t i = first; i < last; ++i) {
+      const auto& sl = dense_layout_.slices()[i];
+      const key_type key = sl.key;
+      r.ids_.push_back(send(sl.server, op::push, table_id::dense, std::span<const key_type>(&key, 1),
+                            values.subspan(sl.offset, sl.count), sl.count, nullptr));
+    }
+    ++stats_.pushes;
+    stats_.keys_pushed += values.size();
+    return r;
+  }
+
+  /// Pulls dense tensor `tensor` into `out` once the consistency model allows.
+  request pull_dense(std::size_t tensor, std::span<T> out) {
+    check_tensor(tensor, out.size());
+    request r;
+    const auto [first, last] = dense_layout_.slices_of(tensor);
+    for (std::size_t i = first; i < last; ++i) {
+      const auto& sl = dense_layout_.slices()[i];
+      const key_type key = sl.key;
+      destination d{out.data() + sl.offset, {0}, sl.count};
+      r.ids_.push_back(send(sl.server, op::pull, table_id::dense, std::span<const key_type>(&key, 1),
+                            std::span<const T>{}, sl.count, &d));
+    }
+    ++stats_.pulls;
+    stats_.keys_pulled += out.size();
+    return r;
+  }
+
+  /// Finishes this worker's current clock on every server. Waiting on it blocks while the
+  /// consistency model holds this worker back (BSP: until every worker finished the clock).
+  request clock() {
+    request r;
+    for (int s = 0; s < roles_.servers; ++s) {
+      r.ids_.push_back(send(s, op::clock, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
+    }
+    ++clock_;
+    ++stats_.clocks;
+    return r;
+  }
+
+  /// Waits for `r` under the worker's timeout. @throws dtrain::error naming the server, the
+  ///   operation and the reason: a server's refusal, `timeout`, `peer_lost`.
+  void wait(request& r) { wait(r, deadline::after(options_.timeout)); }
+
+  void wait(request& r, deadline d) {
+    const auto t0 = std::chrono::steady_clock::now();
+    struct mark_broken {  // a wait that throws leaves the worker unable to say goodbye cleanly
+      bool& broken;
+      bool ok = false;
+      ~mark_broken() { broken = broken || !ok; }
+    } guard{broken_};
+    for (std::uint64_t id : r.ids_) {
+      for (;;) {
+        auto it = pending_.find(id);
+        if (it == pending_.end()) break;  // consumed by an earlier wait
+        if (it->second.done) {
+          const std::string failure = std::move(it->second.failure);
+          const errc code = it->second.code;
+          pending_.erase(it);
+          if (!failure.empty()) throw error(code, failure);
+          break;
+        }
+        receive_one(d, it->second);
+      }
+    }
+    r.ids_.clear();
+    guard.ok = true;
+    stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  /// Says goodbye to every server and waits for them to acknowledge. Idempotent.
+  void finish() {
+    if (finished_) return;
+    finished_ = true;
+    request r;
+    for (int s = 0; s < roles_.servers; ++s) {
+      r.ids_.push_back(send(s, op::goodbye, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
+    }
+    wait(r);
+    stop_heartbeat();
+  }
+
+  /// Clocks this worker has finished.
+  std::int64_t clocks() const noexcept { return clock_; }
+  int id() const noexcept { return static_cast<int>(id_); }
+  const roles& group() const noexcept { return roles_; }
+  const worker_stats& stats() const noexcept { return stats_; }
+  const dense_layout& layout() const noexcept { return dense_layout_; }
+
+ private:
+  struct destination {
+    T* out;
+    std::vector<std::uint32_t> positions;  // where each pulled key's values go (in units of length)
+    std::size_t length;
+  };
+
+  struct pending {
+    int server = 0;
+    op what = op::heartbeat;
+    bool done = false;
+    std::optional<destination> into;
+    std::string failure;
+    errc code = errc::protocol_error;
+  };
+
+  using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
+  using recv_handle = decltype(std::declval<Transport&>().irecv(0, 0, std::declval<std::vector<std::byte>&>()));
+
+  static void check_length(std::size_t keys, std::size_t values, std::size_t length, const char* what) {
+    if (length == 0 || values != keys * length) {
+      throw error(errc::invalid_argument, std::string("ps::worker ") + what + ": " + std::to_string(keys) +
+                                              " keys of length " + std::to_string(length) + " but " +
+                                              std::to_string(values) + " values");
+    }
+  }
+
+  void check_tensor(std::size_t tensor, std::size_t size) const {
+    if (tensor >= dense_layout_.tensors()) {
+      throw error(errc::invalid_argument, "ps::worker: no dense tensor " + std::to_string(tensor));
+    }
+    if (size != dense_layout_.tensor_size(tensor)) {
+      throw error(errc::invalid_argument, "ps::worker: dense tensor " + std::to_string(tensor) + " has " +
+                                              std::to_string(dense_layout_.tensor_size(tensor)) + " values, not " +
+                                              std::to_string(size));
+    }
+  }
+
+  std::uint64_t send(int server, op what, table_id which, std::span<const key_type> keys, std::span<const T> values,
+                     std::size_t length, const destination* into) {
+    const std::uint64_t id = next_id_++;
+    request_header h{what, which, id, clock_, basis_[static_cast<std::size_t>(server)], keys.size(),
+                     static_cast<std::uint32_t>(length), id_};
+    auto bytes = encode_request<T>(h, keys, values);
+    stats_.bytes_out += bytes.size();
+    pending& p = pending_[id];
+    p.server = server;
+    p.what = what;
+    if (into != nullptr) p.into = *into;
+    outgoing_.emplace_back();
+    outgoing_.back().bytes = std::move(bytes);
+    outgoing_.back().handle.emplace(
+        transport_.isend(roles_.server_rank(server), options_.tag, signature{}, std::span<const std::byte>(outgoing_.back().bytes)));
+    while (!outgoing_.empty() && outgoing_.front().handle->test()) outgoing_.pop_front();
+    return id;
+  }
+
+  void post_receive() {
+    inbox_.clear();
+    receive_.emplace(transport_.irecv(any_peer, options_.tag + 1, inbox_));
+  }
+
+  // Receives one reply (for whichever request it answers) under `d`.
+  void receive_one(deadline d, const pending& waiting_for) {
+    std::error_code ec;
+    if (!receive_->wait(d, ec)) {
+      throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " +
+                          std::to_string(waiting_for.server) + " to answer a " + op_name(waiting_for.what));
+    }
+    const int from = receive_->info().peer;
+    stats_.bytes_in += inbox_.size();
+    const response_header h = decode_response(inbox_, from);
+    auto it = pending_.find(h.id);
+    if (it == pending_.end()) {
+      post_receive();
+      throw error(errc::protocol_error, "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) +
+                                            " answered request " + std::to_string(h.id) + ", which is not outstanding");
+    }
+    pending& p = it->second;
+    p.done = true;
+    const std::span<const std::byte> payload = std::span<const std::byte>(inbox_).subspan(header_bytes);
+    if (h.status != 0) {
+      p.code = static_cast<errc>(h.status);
+      p.failure = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) + " refused a " +
+                  op_name(p.what) + ": " + std::string(reinterpret_cast<const char*>(payload.data()), payload.size());
+    } else if (p.into) {
+      const destination& dst = *p.into;
+      if (payload.size() != dst.positions.size() * dst.length * sizeof(T)) {
+        p.failure = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) + " sent " +
+                    std::to_string(payload.size()) + " bytes for a pull of " + std::to_string(dst.positions.size()) +
+                    " keys";
+      } else {
+        for (std::size_t j = 0; j < dst.positions.size(); ++j) {
+          std::memcpy(dst.out + static_cast<std::size_t>(dst.positions[j]) * dst.length,
+                      payload.data() + j * dst.length * sizeof(T), dst.length * sizeof(T));
+        }
+        auto& basis = basis_[static_cast<std::size_t>(p.server)];
+        ++stats_.pull_advance_histogram[std::min<std::size_t>(h.version - std::min(h.version, basis), 32)];
+        basis = std::max(basis, h.version);
+      }
+    }
+    post_receive();
+  }
+
+  static const char* op_name(op o) noexcept {
+    switch (o) {
+      case op::hello: return "hello";
+      case op::push: return "push";
+      case op::pull: return "pull";
+      case op::clock: return "clock";
+      case op::heartbeat: return "heartbeat";
+      case op::checkpoint: return "checkpoint";
+      case op::goodbye: return "goodbye";
+    }
+    return "request";
+  }
+
+  void beat() {
+    std::deque<std::pair<std::vector<std::byte>, send_handle>> sent;
+    std::unique_lock lock(beat_mutex_);
+    while (!beat_cv_.wait_for(lock, options_.heartbeat_interval, [&] { return stop_beat_; })) {
+      for (int s = 0; s < roles_.servers; ++s) {
+        request_header h{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
+        auto bytes = encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{});
+        auto span = std::span<const std::byte>(bytes);
+        sent.emplace_back(std::move(bytes), transport_.isend(roles_.server_rank(s), options_.tag, signature{}, span));
+      }
+      while (!sent.empty() && sent.front().second.test()) sent.pop_front();
+    }
+    for (auto& [bytes, handle] : sent) handle.cancel();
+  }
+
+  void stop_heartbeat() noexcept {
+    {
+      std::lock_guard lock(beat_mutex_);
+      stop_beat_ = true;
+    }
+    beat_cv_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  struct outgoing {
+    std::vector<std::byte> bytes;
+    std::optional<send_handle> handle;
+  };
+
+  Transport transport_;
+  roles roles_;
+  Sharding sharding_;
+  ps_options options_;
+  consistent_hash_sharding dense_sharding_;
+  dense_layout dense_layout_;
+  std::vector<std::uint64_t> basis_;  // per server: the version of the last pull
+  std::uint32_t id_ = 0;
+  std::int64_t clock_ = 0;
+  std::uint64_t next_id_ = 1;
+  std::map<std::uint64_t, pending> pending_;
+  std::deque<outgoing> outgoing_;
+  std::vector<std::byte> inbox_;
+  std::optional<recv_handle> receive_;
+  worker_stats stats_;
+  bool finished_ = false, broken_ = false;
+  std::mutex beat_mutex_;
+  std::condition_variable beat_cv_;
+  bool stop_beat_ = false;
+  std::thread heartbeat_;
+};
+
+}  // namespace dtrain::ps

@@ -1,0 +1,245 @@
+// Servers and workers as threads of one process (the in-process transport): every consistency
+// model's guarantees, checked against closed forms and a serial simulation; dense and sparse
+// push/pull; refusals; start-up deadlines.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../catch.hpp"
+#include "dtrain/consistency/policies.hpp"
+#include "dtrain/ps/server.hpp"
+#include "dtrain/ps/worker.hpp"
+#include "dtrain/transport/inproc.hpp"
+#include "dtrain/updater/sgd.hpp"
+
+using namespace dtrain;
+using namespace dtrain::ps;
+using namespace std::chrono_literals;
+
+namespace {
+
+ps_options quick() {
+  ps_options o;
+  o.timeout = 20s;
+  o.heartbeat_interval = 50ms;
+  o.heartbeat_timeout = 5s;
+  return o;
+}
+
+// Runs `servers` server threads and one thread per worker running `body(worker&)`.
+template <class Consistency, class Body>
+std::vector<server_stats> run_job(int servers, int workers, Body body, apply_mode mode = apply_mode::update,
+                                  double lr = 0.1, ps_options o = quick(), key_type key_space = 1 << 20) {
+  std::vector<server_stats> stats(static_cast<std::size_t>(servers));
+  const roles r = roles::of(servers + workers, servers);
+  run_inproc(servers + workers, [&](int rank, inproc_transport t) {
+    if (r.is_server(rank)) {
+      server<inproc_transport, Consistency, float, sgd<float>> s(std::move(t), r, Consistency{}, sgd<float>(lr), {}, o, mode);
+      s.run();
+      stats[static_cast<std::size_t>(rank)] = s.stats();
+    } else {
+      worker<inproc_transport, Consistency, float> w(std::move(t), r, range_sharding(servers, key_space), o);
+      body(w);
+      w.finish();
+    }
+  });
+  return stats;
+}
+
+// A worker's gradient at clock c for key k from the weights it pulled: deterministic, different
+// per worker, depending on the weights (so the order of updates matters).
+float gradient(int worker, std::int64_t clock, key_type key, float w) {
+  return 0.5f * w - 0.01f * static_cast<float>((key % 7) + 1) + 0.001f * static_cast<float>(worker + 1) *
+                                                                    static_cast<float>(clock % 5);
+}
+
+}  // namespace
+
+TEST_CASE("BSP: servers apply the mean gradient of every clock, as serial synchronous SGD", "[ps]") {
+  constexpr int workers = 3, clocks = 12;
+  std::vector<key_type> keys;
+  for (key_type k = 0; k < 40; ++k) keys.push_back(k * 26000 + 3);  // spread over both servers
+  std::vector<std::vector<float>> final_weights(workers);
+  run_job<bsp>(2, workers, [&](auto& w) {
+    std::vector<float> weights(keys.size()), grads(keys.size());
+    for (std::int64_t c = 0; c < clocks; ++c) {
+      auto pulled = w.pull(keys, std::span(weights), 1);
+      w.wait(pulled);
+      for (std::size_t i = 0; i < keys.size(); ++i) grads[i] = gradient(w.id(), c, keys[i], weights[i]);
+      auto pushed = w.push(keys, std::span<const float>(grads), 1);
+      w.wait(pushed);
+      auto clocked = w.clock();
+      w.wait(clocked);
+    }
+    auto last = w.pull(keys, std::span(weights), 1);
+    w.wait(last);
+    final_weights[static_cast<std::size_t>(w.id())] = weights;
+  });
+  // The serial simulation: the same float operations in the same order as the server.
+  std::vector<float> ref(keys.size(), 0.0f);
+  for (std::int64_t c = 0; c < clocks; ++c) {
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      float sum = 0;
+      for (int wk = 0; wk < workers; ++wk) sum += gradient(wk, c, keys[i], ref[i]);
+      ref[i] -= 0.1f * (sum * (1.0f / workers));
+    }
+  }
+  for (const auto& got : final_weights) CHECK(got == ref);
+}
+
+TEST_CASE("SSP(1): a worker never runs more than one clock ahead, and sees what it must", "[ps]") {
+  constexpr int clocks = 8;
+  std::atomic<int> slow_sent{0};  // clocks the slow worker has sent: never behind the server's view
+  std::atomic<int> worst_lead{0};
+  std::vector<int> violations;
+  std::mutex m;
+  const std::vector<key_type> key{0};
+  run_job<ssp<1>>(1, 2, [&](auto& w) {
+    std::vector<float> one{1.0f}, seen(1);
+    for (int c = 0; c < clocks; ++c) {
+      if (w.id() == 1) std::this_thread::sleep_for(20ms);  // the slow worker
+      auto p = w.pull(key, std::span(seen), 1);
+      w.wait(p);
+      // Sum mode: each clock each worker adds 1; clocks <= c - 2 of both workers are visible.
+      if (seen[0] < 2.0f * static_cast<float>(std::max(0, c - 1))) {
+        std::lock_guard lock(m);
+        violations.push_back(c);
+      }
+      auto pushed = w.push(key, std::span<const float>(one), 1);
+      w.wait(pushed);
+      if (w.id() == 1) slow_sent = c + 1;
+      auto clocked = w.clock();
+      w.wait(clocked);
+      if (w.id() == 0) {
+        const int lead = (c + 1) - slow_sent.load();
+        worst_lead = std::max(worst_lead.load(), lead);
+      }
+    }
+  }, apply_mode::sum);
+  CHECK(violations.empty());
+  CHECK(worst_lead.load() <= 1);
+  CHECK(worst_lead.load() >= 1);  // it did run ahead as far as allowed
+}
+
+TEST_CASE("ASP: the fast worker never waits for the slow one", "[ps]") {
+  std::atomic<int> slow_done{0};
+  int slow_when_fast_finished = -1;
+  const std::vector<key_type> key{5};
+  run_job<asp>(1, 2, [&](auto& w) {
+    std::vector<float> one{1.0f}, seen(1);
+    for (int c = 0; c < 10; ++c) {
+      if (w.id() == 1) std::this_thread::sleep_for(10ms);
+      auto p = w.pull(key, std::span(seen), 1);
+      w.wait(p);
+      auto pushed = w.push(key, std::span<const float>(one), 1);
+      w.wait(pushed);
+      auto clocked = w.clock();
+      w.wait(clocked);
+      if (w.id() == 1) slow_done = c + 1;
+    }
+    if (w.id() == 0) slow_when_fast_finished = slow_done.load();
+  }, apply_mode::sum);
+  CHECK(slow_when_fast_finished < 5);
+}
+
+TEST_CASE("soft sync: the server applies the mean of every s pushes", "[ps]") {
+  // soft_sync<2> with two workers; worker 1 waits while worker 0 pushes a gradient of 1 six
+  // times: updates happen after the 2nd, 4th and 6th push, each the mean of a pair (lr 1).
+  const std::vector<key_type> key{9};
+  std::atomic<bool> first_done{false};
+  std::vector<float> seen_after;  // worker 0's pulls after each push
+  auto stats = run_job<soft_sync<2>>(1, 2, [&](auto& w) {
+    std::vector<float> g{1.0f}, value(1);
+    if (w.id() == 1) {
+      while (!first_done) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    for (int c = 0; c < 6; ++c) {
+      auto pushed = w.push(key, std::span<const float>(g), 1);
+      w.wait(pushed);
+      auto pulled = w.pull(key, std::span(value), 1);
+      w.wait(pulled);
+      seen_after.push_back(value[0]);
+      auto clocked = w.clock();
+      w.wait(clocked);
+    }
+    first_done = true;
+  }, apply_mode::update, /*lr=*/1.0);
+  CHECK(seen_after == std::vector<float>{0, -1, -1, -2, -2, -3});
+  CHECK(stats[0].pushes == 6);
+  CHECK(stats[0].version == 3);
+}
+
+TEST_CASE("dense tensors are sliced across servers and come back whole", "[ps]") {
+  constexpr std::size_t n = (std::size_t{4} << 20) / sizeof(float) * 2 + 123;  // three slices
+  std::vector<float> back;
+  run_job<bsp>(2, 2, [&](auto& w) {
+    const auto t = w.add_dense(n);
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = static_cast<float>(i % 1000) * (w.id() == 0 ? 1.0f : 3.0f);
+    auto pushed = w.push_dense(t, g);
+    w.wait(pushed);
+    auto clocked = w.clock();
+    w.wait(clocked);
+    std::vector<float> out(n);
+    auto pulled = w.pull_dense(t, out);
+    w.wait(pulled);
+    if (w.id() == 0) back = out;
+    CHECK_THROWS_AS(w.push_dense(t, std::span<const float>(g).first(n - 1)), dtrain::error);
+  }, apply_mode::sum);
+  REQUIRE(back.size() == n);
+  for (std::size_t i = 0; i < n; i += 997) CHECK(back[i] == static_cast<float>(i % 1000) * 4.0f);
+  CHECK(back[n - 1] == static_cast<float>((n - 1) % 1000) * 4.0f);
+}
+
+TEST_CASE("bad requests are refused with the reason; the job goes on", "[ps]") {
+  std::vector<std::string> errors;
+  run_job<asp>(1, 1, [&](auto& w) {
+    const std::vector<key_type> unsorted{3, 1};
+    std::vector<float> two(2);
+    try {
+      w.push(unsorted, std::span<const float>(two), 1);
+    } catch (const dtrain::error& e) {
+      errors.push_back(e.what());
+    }
+    const std::vector<key_type> key{1};
+    auto p = w.push(key, std::span<const float>(two), 2);  // key 1 now holds 2 values
+    w.wait(p);
+    std::vector<float> three(3);
+    auto bad = w.pull(key, std::span(three), 3);
+    try {
+      w.wait(bad);
+    } catch (const dtrain::error& e) {
+      errors.push_back(e.what());
+    }
+  });
+  REQUIRE(errors.size() == 2);
+  CHECK_THAT(errors[0], Catch::Contains("key 1 at position 1 follows 3"));
+  CHECK_THAT(errors[1], Catch::Contains("server 0 refused a pull: ps::table: key 1 holds 2 values, not 3"));
+}
+
+TEST_CASE("start-up: a worker configured differently is refused, naming both sides", "[ps]") {
+  std::string refused;
+  const roles r = roles::of(2, 1);
+  run_inproc(2, [&](int rank, inproc_transport t) {
+    if (rank == 0) {
+      ps_options o = quick();
+      o.timeout = 2s;  // the refused worker never joins: the server gives up, naming it
+      server<inproc_transport, bsp, float, sgd<float>> s(std::move(t), r, bsp{}, sgd<float>(0.1), {}, o);
+      CHECK_THROWS_WITH(s.run(), Catch::Contains("worker 0 (rank 1) never said hello"));
+    } else {
+      try {
+        worker<inproc_transport, asp, float> w(std::move(t), r, range_sharding(1), quick());
+      } catch (const dtrain::error& e) {
+        refused = e.what();
+      }
+    }
+  });
+  CHECK_THAT(refused, Catch::Contains("configured differently from server 0 (1 servers, 1 workers, bsp"));
+}
