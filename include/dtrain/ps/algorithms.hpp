@@ -1,0 +1,317 @@
+#pragma once
+/// @file
+/// The worker algorithms of the parameter-server literature, each written as the equations of
+/// its paper (docs/parameter_server.md lists them with their sources). An algorithm keeps the
+/// worker's own state and runs one iteration per `step`; the model is one dense tensor of n
+/// values, the local replica `x`, and the server's copy is the center `x~`.
+///
+/// Each algorithm says how the server must apply its pushes (`server_mode`):
+///  - gradient algorithms (synchronous SGD, Downpour) push gradients, `apply_mode::update`: the
+///    server averages a round's gradients and its updater is the optimizer (Adagrad for
+///    Downpour, as in Dean et al. 2012);
+///  - ADAG, EASGD and model averaging push parameter changes that the center adds up,
+///    `apply_mode::sum` (x~ <- x~ + sum of d);
+///  - DynSGD pushes changes scaled by their staleness: `apply_mode::update` with the updater
+///    `staleness_aware<delta<T>, 1>` (x~ <- x~ + d / (s + 1)), under `asp`.
+///
+/// `grad(x, g, t)` is the model: it writes into `g` the gradient at `x` on the worker's batch
+/// for iteration t.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/ps/table.hpp"
+
+namespace dtrain::ps {
+
+namespace detail {
+// Registers the model as a dense tensor and starts from the server's values.
+template <class Worker, class T>
+std::size_t join_model(Worker& w, std::span<T> x) {
+  const std::size_t tensor = w.add_dense(x.size());
+  auto r = w.pull_dense(tensor, x);
+  w.wait(r);
+  return tensor;
+}
+
+template <class Worker>
+void finish_clock(Worker& w) {
+  auto r = w.clock();
+  w.wait(r);
+}
+}  // namespace detail
+
+/// Synchronous SGD: every iteration push the gradient, finish the clock, pull the new x~.
+/// Under `bsp` this is data-parallel SGD with the server's optimizer on the mean gradient.
+template <class T = float>
+class sync_sgd {
+ public:
+  static constexpr std::string_view name = "sync_sgd";
+  static constexpr apply_mode server_mode = apply_mode::update;
+
+  template <class Worker>
+  void begin(Worker& w, std::span<T> x) {
+    tensor_ = detail::join_model(w, x);
+    g_.resize(x.size());
+  }
+
+  template <class Worker, class Grad>
+  void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
+    grad(std::span<const T>(x), std::span<T>(g_), t);
+    auto pushed = w.push_dense(tensor_, std::span<const T>(g_));
+    auto clocked = w.clock();
+    auto pulled = w.pull_dense(tensor_, x);  // answered once the clock is visible
+    w.wait(pushed);
+    w.wait(clocked);
+    w.wait(pulled);
+  }
+
+  template <class Worker>
+  void end(Worker&, std::span<T>) {}
+
+ private:
+  std::size_t tensor_ = 0;
+  std::vector<T> g_;
+};
+
+/// Downpour SGD (Dean et al. 2012): gradients computed at the last fetched parameters are
+/// accumulated and pushed every `n_push` iterations; parameters are fetched every `n_fetch`.
+/// The server applies Adagrad.
+template <class T = float>
+class downpour {
+ public:
+  static constexpr std::string_view name = "downpour";
+  static constexpr apply_mode server_mode = apply_mode::update;
+  explicit downpour(int n_push = 1, int n_fetch = 1) : n_push_(std::max(1, n_push)), n_fetch_(std::max(1, n_fetch)) {}
+
+  template <class Worker>
+  void begin(Worker& w, std::span<T> x) {
+    tensor_ = detail::join_model(w, x);
+    g_.resize(x.size());
+    acc_.assign(x.size(), T(0));
+  }
+
+  template <class Worker, class Grad>
+  void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
+    grad(std::span<const T>(x), std::span<T>(g_), t);
+    for (std::size_t i = 0; i < g_.size(); ++i) acc_[i] += g_[i];
+    if ((t + 1) % n_push_ == 0) {
+      auto pushed = w.push_dense(tensor_, std::span<const T>(acc_));
+      w.wait(pushed);
+      std::fill(acc_.begin(), acc_.end(), T(0));
+    }
+    detail::finish_clock(w);
+    if ((t + 1) % n_fetch_ == 0) {
+      auto pulled = w.pull_dense(tensor_, x);
+      w.wait(pulled);
+    }
+  }
+
+  template <class Worker>
+  void end(Worker&, std::span<T>) {}
+
+ private:
+  int n_push_, n_fetch_;
+  std::size_t tensor_ = 0;
+  std::vector<T> g_, acc_;
+};
+
+/// ADAG (dist-keras): local SGD steps x <- x - eta g; after every `window` iterations push
+/// (x - x_last_sync) / window, which the server adds to x~, then fetch x~.
+template <class T = float>
+class adag {
+ public:
+  static constexpr std::string_view name = "adag";
+  static constexpr apply_mode server_mode = apply_mode::sum;
+  adag(double eta, int window) : eta_(static_cast<T>(eta)), window_(std::max(1, window)) {}
+
+  template <class Worker>
+  void begin(Worker& w, std::span<T> x) {
+    tensor_ = detail::join_model(w, x);
+    g_.resize(x.size());
+    last_sync_.assign(x.begin(), x.end());
+  }
+
+  template <class Worker, class Grad>
+  void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
+    grad(std::span<const T>(x), std::span<T>(g_), t);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= eta_ * g_[i];
+    if ((t + 1) % window_ == 0) {
+      const T inv = T(1) / static_cast<T>(window_);
+      for (std::size_t i = 0; i < x.size(); ++i) g_[i] = (x[i] - last_sync_[i]) * inv;
+      auto pushed = w.push_dense(tensor_, std::span<const T>(g_));
+      auto clocked = w.clock();
+      auto pulled = w.pull_dense(tensor_, x);
+      w.wait(pushed);
+      w.wait(clocked);
+      w.wait(pulled);
+      last_sync_.assign(x.begin(), x.end());
+    } else {
+      detail::finish_clock(w);
+    }
+  }
+
+  template <class Worker>
+  void end(Worker&, std::span<T>) {}
+
+ private:
+  T eta_;
+  int window_;
+  std::size_t tensor_ = 0;
+  std::vector<T> g_, last_sync_;
+};
+
+/// EASGD (Zhang, Choromanska and LeCun 2015), alpha = eta * rho, period tau.
+///  - synchronous (run it under `bsp`): every tau-th iteration, from x~ of the previous clocks,
+///    x <- x - eta g(x) - alpha (x - x~) and the server adds alpha (x - x~) of every worker to x~;
+///    other iterations x <- x - eta g(x).
+///  - asynchronous (Algorithm 1, under `asp`): every tau-th iteration fetch x~, e = alpha (x - x~),
+///    x <- x - e, push e; then x <- x - eta g(x).
+template <class T = float>
+class easgd {
+ public:
+  static constexpr std::string_view name = "easgd";
+  static constexpr apply_mode server_mode = apply_mode::sum;
+  enum class mode { synchronous, asynchronous };
+  easgd(double eta, double rho, int tau, mode m)
+      : eta_(static_cast<T>(eta)), alpha_(static_cast<T>(eta * rho)), tau_(std::max(1, tau)), mode_(m) {}
+
+  template <class Worker>
+  void begin(Worker& w, std::span<T> x) {
+    tensor_ = detail::join_model(w, x);
+    g_.resize(x.size());
+    center_.resize(x.size());
+    e_.resize(x.size());
+  }
+
+  template <class Worker, class Grad>
+  void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
+    const bool elastic = t % tau_ == 0;
+    if (elastic) {
+      auto pulled = w.pull_dense(tensor_, std::span<T>(center_));
+      w.wait(pulled);
+      for (std::size_t i = 0; i < x.size(); ++i) e_[i] = alpha_ * (x[i] - center_[i]);
+    }
+    if (mode_ == mode::synchronous) {
+      grad(std::span<const T>(x), std::span<T>(g_), t);  // at x_t, like the elastic term
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = x[i] - eta_ * g_[i] - (elastic ? e_[i] : T(0));
+    } else {
+      if (elastic) {
+        for (std::size_t i = 0; i < x.size(); ++i) x[i] -= e_[i];
+      }
+      grad(std::span<const T>(x), std::span<T>(g_), t);  // after the elastic move
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] -= eta_ * g_[i];
+    }
+    if (elastic) {
+      auto pushed = w.push_dense(tensor_, std::span<const T>(e_));
+      w.wait(pushed);
+    }
+    detail::finish_clock(w);
+  }
+
+  template <class Worker>
+  void end(Worker&, std::span<T>) {}
+
+ private:
+  T eta_, alpha_;
+  int tau_;
+  mode mode_;
+  std::size_t tensor_ = 0;
+  std::vector<T> g_, center_, e_;
+};
+
+/// Model averaging: local SGD x <- x - eta g; every `period` iterations every worker pushes
+/// (x - x~) / workers, so x~ becomes the mean of the replicas, and fetches it. Run under `bsp`.
+template <class T = float>
+class model_averaging {
+ public:
+  static constexpr std::string_view name = "model_averaging";
+  static constexpr apply_mode server_mode = apply_mode::sum;
+  model_averaging(double eta, int period) : eta_(static_cast<T>(eta)), period_(std::max(1, period)) {}
+
+  template <class Worker>
+  void begin(Worker& w, std::span<T> x) {
+    tensor_ = detail::join_model(w, x);
+    g_.resize(x.size());
+    center_.assign(x.begin(), x.end());
+  }
+
+  template <class Worker, class Grad>
+  void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
+    grad(std::span<const T>(x), std::span<T>(g_), t);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= eta_ * g_[i];
+    if ((t + 1) % period_ == 0) {
+      const T inv = T(1) / static_cast<T>(w.group().workers);
+      for (std::size_t i = 0; i < x.size(); ++i) g_[i] = (x[i] - center_[i]) * inv;
+      auto pushed = w.push_dense(tensor_, std::span<const T>(g_));
+      auto clocked = w.clock();
+      auto pulled = w.pull_dense(tensor_, x);
+      w.wait(pushed);
+      w.wait(clocked);
+      w.wait(pulled);
+      center_.assign(x.begin(), x.end());
+    } else {
+      detail::finish_clock(w);
+    }
+  }
+
+  template <class Worker>
+  void end(Worker&, std::span<T>) {}
+
+ private:
+  T eta_;
+  int period_;
+  std::size_t tensor_ = 0;
+  std::vector<T> g_, center_;
+};
+
+/// DynSGD (dist-keras's DynSGD parameter server): pull x~, run `window` local SGD steps, push
+/// the change d = x - x_pulled; the server applies x~ <- x~ + d / (s + 1), s being the versions
+/// applied since the pull (run the server with `staleness_aware<delta<T>, 1>`, under `asp`).
+template <class T = float>
+class dynsgd {
+ public:
+  static constexpr std::string_view name = "dynsgd";
+  static constexpr apply_mode server_mode = apply_mode::update;
+  dynsgd(double eta, int window = 1) : eta_(static_cast<T>(eta)), window_(std::max(1, window)) {}
+
+  template <class Worker>
+  void begin(Worker& w, std::span<T> x) {
+    tensor_ = detail::join_model(w, x);
+    g_.resize(x.size());
+    pulled_.assign(x.begin(), x.end());
+  }
+
+  template <class Worker, class Grad>
+  void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
+    grad(std::span<const T>(x), std::span<T>(g_), t);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= eta_ * g_[i];
+    if ((t + 1) % window_ == 0) {
+      for (std::size_t i = 0; i < x.size(); ++i) g_[i] = x[i] - pulled_[i];
+      auto pushed = w.push_dense(tensor_, std::span<const T>(g_));
+      auto clocked = w.clock();
+      auto pulled = w.pull_dense(tensor_, x);
+      w.wait(pushed);
+      w.wait(clocked);
+      w.wait(pulled);
+      pulled_.assign(x.begin(), x.end());
+    } else {
+      detail::finish_clock(w);
+    }
+  }
+
+  template <class Worker>
+  void end(Worker&, std::span<T>) {}
+
+ private:
+  T eta_;
+  int window_;
+  std::size_t tensor_ = 0;
+  std::vector<T> g_, pulled_;
+};
+
+}  // namespace dtrain::ps
