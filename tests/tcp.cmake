@@ -54,3 +54,16 @@ foreach(mode sync local-sgd)
                          PASS_REGULAR_EXPRESSION "trainer ${mode}: ${n} ranks over TCP, [0-9]+ steps, match")
   endforeach()
 endforeach()
+
+# The parameter server across real processes: 2 servers and 2 or 3 workers under dtrain-run.
+add_executable(ps_worker ps/ps_worker.cpp)
+target_link_libraries(ps_worker PRIVATE dtrain::asio dtrain_warnings)
+foreach(n 4 5)
+  add_test(NAME ps_tcp_bsp_${n} COMMAND ${CMAKE_COMMAND} -E env DTRAIN_PS_SERVERS=2
+                                        $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:ps_worker> bsp)
+  set_tests_properties(ps_tcp_bsp_${n} PROPERTIES TIMEOUT 300
+                       PASS_REGULAR_EXPRESSION "ps bsp: 2 servers, [0-9] workers over TCP, 30 steps: match")
+endforeach()
+add_test(NAME ps_tcp_asp_4 COMMAND ${CMAKE_COMMAND} -E env DTRAIN_PS_SERVERS=2
+                                   $<TARGET_FILE:dtrain-run> -n 4 $<TARGET_FILE:ps_worker> asp)
+set_tests_properties(ps_tcp_asp_4 PROPERTIES TIMEOUT 300)

@@ -149,8 +149,8 @@ TEST_CASE("ASP: the fast worker never waits for the slow one", "[ps]") {
 }
 
 TEST_CASE("soft sync: the server applies the mean of every s pushes", "[ps]") {
-  // soft_sync<2> with two workers; worker 1 waits while worker 0 pushes a gradient of 1 six
-  // times: updates happen after the 2nd, 4th and 6th push, each the mean of a pair (lr 1).
+  // soft_sync<2> with two workers; worker 1 waits while worker 0 pushes a gradient of 1 in six
+  // clocks: updates happen after the 2nd, 4th and 6th clock, each the mean of a pair (lr 1).
   const std::vector<key_type> key{9};
   std::atomic<bool> first_done{false};
   std::vector<float> seen_after;  // worker 0's pulls after each push
@@ -163,11 +163,11 @@ TEST_CASE("soft sync: the server applies the mean of every s pushes", "[ps]") {
     for (int c = 0; c < 6; ++c) {
       auto pushed = w.push(key, std::span<const float>(g), 1);
       w.wait(pushed);
+      auto clocked = w.clock();  // the clock's pushes count as one contribution
+      w.wait(clocked);
       auto pulled = w.pull(key, std::span(value), 1);
       w.wait(pulled);
       seen_after.push_back(value[0]);
-      auto clocked = w.clock();
-      w.wait(clocked);
     }
     first_done = true;
   }, apply_mode::update, /*lr=*/1.0);

@@ -7,9 +7,10 @@
 ///
 /// Consistency (per shard, with a clock per worker; clocks count `clock` requests):
 ///  - A push belongs to its worker's current clock. Under a barrier model (`bsp`) the pushes of
-///    clock c are combined, in worker order, and applied once every worker has finished c. Under
-///    the others the server applies as soon as `pushes_to_apply(workers)` pushes have arrived
-///    (one for `asp` and `ssp`, s for `soft_sync<s>`), averaging them.
+///    clock c are combined, in worker order, and applied once every worker has finished c,
+///    averaged over the workers. When `pushes_to_apply(workers)` is 1 (`asp`, `ssp`) a push is
+///    applied on arrival. Otherwise (`soft_sync<s>`) a worker's pushes of one clock form one
+///    contribution when the clock ends, and the server applies the mean of every s.
 ///  - A pull from a worker at clock c is answered once every live worker has finished the clocks
 ///    up to `visible_clock(c)`.
 ///  - The reply to a worker's `clock` waits until `may_advance(its clocks, slowest's clocks)`.
@@ -60,6 +61,8 @@ struct ps_options {
   /// Deadline for start-up (every worker's hello) and for each wait of a worker.
   std::chrono::milliseconds timeout{60000};
   dead_worker_policy on_dead_worker = dead_worker_policy::abort;
+  /// Dense tensors are cut into slices of at most this many bytes, spread over the servers.
+  std::size_t dense_slice_bytes = std::size_t{4} << 20;
 };
 
 /// What a server has done, for logs and the observability of issue 6.
@@ -197,6 +200,7 @@ class server {
           }
           ++clocks_[w];
           ++stats_.clocks;
+          close_bundle(w);
           defer_or_serve({from, h, {}});
           progress();
           break;
@@ -204,6 +208,7 @@ class server {
         case op::checkpoint:
           throw error(errc::unsupported, "this server was started without a checkpoint path");
         case op::goodbye:
+          close_bundle(w);
           finished_[w] = true;
           send(from, encode_response<T>(reply, {}));
           progress();
@@ -237,9 +242,12 @@ class server {
     if (consistency_.staleness_bound() == 0) {
       by_clock_[r.header.clock].push_back(std::move(p));  // applied when every worker finished the clock
       progress();
+    } else if (consistency_.pushes_to_apply(live_workers()) == 1) {
+      std::vector<pending_push> alone;  // applied on arrival, its own mean
+      alone.push_back(std::move(p));
+      apply_group(alone, 1);
     } else {
-      group_.push_back(std::move(p));
-      if (static_cast<int>(group_.size()) >= consistency_.pushes_to_apply(live_workers())) apply_group(group_);
+      open_bundle_[p.worker].push_back(std::move(p));  // joins the group when its clock ends
     }
   }
 
@@ -253,8 +261,10 @@ class server {
     if (p.length == 0 && !p.keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
   }
 
-  // Applies the group's pushes, averaged, in worker order (deterministic under BSP).
-  void apply_group(std::vector<pending_push>& group) {
+  // Applies the group's pushes, in worker order (deterministic under BSP): each key's pushes are
+  // summed and divided by `bundles`, the number of (worker, clock) contributions in the group,
+  // so a worker whose clock spans several requests (slices, servers' shares) counts once.
+  void apply_group(std::vector<pending_push>& group, std::size_t bundles) {
     if (group.empty()) return;
     std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a.worker < b.worker; });
     double staleness = 0;
@@ -265,7 +275,7 @@ class server {
     }
     const step_info info{static_cast<std::uint64_t>(staleness / static_cast<double>(group.size()) + 0.5), 1.0};
     // Gradients are averaged over the group; summation mode adds every push as it is.
-    const T scale = sparse_.mode() == apply_mode::sum ? T(1) : T(1) / static_cast<T>(group.size());
+    const T scale = sparse_.mode() == apply_mode::sum ? T(1) : T(1) / static_cast<T>(bundles);
     for (table_id which : {table_id::sparse, table_id::dense}) {
       // Sum each key's pushes in worker order, then scale: the mean gradient of the group.
       std::map<key_type, std::vector<T>> sums;
@@ -299,13 +309,17 @@ class server {
   void progress() {
     const std::int64_t s = slowest();
     while (!by_clock_.empty() && by_clock_.begin()->first < s) {
-      apply_group(by_clock_.begin()->second);
+      auto& round = by_clock_.begin()->second;
+      std::vector<bool> seen(clocks_.size(), false);
+      std::size_t workers = 0;
+      for (const auto& p : round) workers += !seen[p.worker] ? (seen[p.worker] = true, 1) : 0;
+      apply_group(round, workers);
       by_clock_.erase(by_clock_.begin());
     }
-    if (live_workers() == 0 && !group_.empty()) apply_group(group_);
-    // A soft-sync group waits for s pushes; with fewer workers left, apply what there is.
-    if (!group_.empty() && static_cast<int>(group_.size()) >= consistency_.pushes_to_apply(live_workers())) {
-      apply_group(group_);
+    // A soft-sync group waits for s contributions; with fewer workers left, apply what there is.
+    if (bundles_ > 0 && (live_workers() == 0 || static_cast<int>(bundles_) >= consistency_.pushes_to_apply(live_workers()))) {
+      apply_group(group_, bundles_);
+      bundles_ = 0;
     }
     for (auto it = deferred_.begin(); it != deferred_.end();) {
       if (ready(*it)) {
@@ -315,6 +329,15 @@ class server {
         ++it;
       }
     }
+  }
+
+  // A worker's pushes of one clock join the soft-sync group as one contribution.
+  void close_bundle(std::size_t w) {
+    auto it = open_bundle_.find(static_cast<std::uint32_t>(w));
+    if (it == open_bundle_.end() || it->second.empty()) return;
+    for (auto& p : it->second) group_.push_back(std::move(p));
+    it->second.clear();
+    ++bundles_;
   }
 
   bool ready(const deferred& d) const {
@@ -454,7 +477,9 @@ class server {
   std::vector<bool> finished_, dead_, greeted_;
   std::vector<clock::time_point> last_seen_;
   std::map<std::int64_t, std::vector<pending_push>> by_clock_;
-  std::vector<pending_push> group_;
+  std::vector<pending_push> group_;  // soft sync: the contributions so far
+  std::size_t bundles_ = 0;
+  std::map<std::uint32_t, std::vector<pending_push>> open_bundle_;  // soft sync: this clock's pushes
   std::list<deferred> deferred_;
   std::deque<outgoing> sends_;
   std::string failure_;

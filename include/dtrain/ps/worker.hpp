@@ -79,7 +79,7 @@ class worker {
         sharding_(std::move(shards)),
         options_(o),
         dense_sharding_(r.servers),
-        dense_layout_(std::size_t{4} << 20, sizeof(T)),
+        dense_layout_(o.dense_slice_bytes, sizeof(T)),
         basis_(static_cast<std::size_t>(r.servers), 0) {
     if (roles_.is_server(transport_.rank())) {
       throw error(errc::invalid_argument, "ps::worker on rank " + std::to_string(transport_.rank()) + ", a server rank");
@@ -172,7 +172,8 @@ class worker {
   }
 
   /// Declares a dense tensor of `elements` values (the same tensors, in the same order, on every
-  /// worker); returns its index. It is cut into slices of about 4 MiB spread over the servers.
+  /// worker); returns its index. It is cut into slices of `ps_options::dense_slice_bytes`
+  /// (4 MiB) spread over the servers.
   std::size_t add_dense(std::size_t elements) { return dense_layout_.add_tensor(elements, dense_sharding_); }
 
   /// Pushes all of dense tensor `tensor` (`values.size()` must be its size).

@@ -1,0 +1,90 @@
+#pragma once
+/// @file
+/// `ps::trainer<Transport, Consistency, Updater, Algorithm>`: a parameter-server job read as its
+/// parts. Every rank constructs the same trainer; server ranks serve, worker ranks run the
+/// algorithm on their replica of a dense model.
+///
+/// @code
+/// using trainer = dtrain::ps::trainer<dtrain::tcp_transport, dtrain::ssp<2>, dtrain::adagrad<float>,
+///                                     dtrain::ps::downpour<float>>;
+/// trainer job(dtrain::tcp_transport::from_environment(), dtrain::adagrad<float>(0.1), {1, 1});
+/// if (job.is_server()) {
+///   job.serve();
+/// } else {
+///   job.begin(std::span(weights));
+///   for (int t = 0; t < steps; ++t) job.step(std::span(weights), gradient_of_my_batch, t);
+///   job.end(std::span(weights));
+/// }
+/// @endcode
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+
+#include "dtrain/concepts/consistency.hpp"
+#include "dtrain/concepts/transport.hpp"
+#include "dtrain/concepts/updater.hpp"
+#include "dtrain/ps/algorithms.hpp"
+#include "dtrain/ps/roles.hpp"
+#include "dtrain/ps/server.hpp"
+#include "dtrain/ps/sharding.hpp"
+#include "dtrain/ps/worker.hpp"
+
+namespace dtrain::ps {
+
+template <transport Transport, consistency Consistency, class Updater, class Algorithm, std::floating_point T = float>
+  requires updater<Updater, T>
+class trainer {
+ public:
+  using server_type = server<Transport, Consistency, T, Updater>;
+  using worker_type = worker<Transport, Consistency, T>;
+
+  /// Takes this rank's endpoint; its role follows from `r` (servers are the first ranks).
+  /// Workers join the servers here (see `worker`); servers start serving in `serve`.
+  trainer(Transport t, Updater u, Algorithm algorithm, roles r, ps_options o = {})
+      : roles_(r), algorithm_(std::move(algorithm)) {
+    if (r.is_server(t.rank())) {
+      server_.emplace(std::move(t), r, Consistency{}, std::move(u), zero_initializer{}, o, Algorithm::server_mode);
+    } else {
+      worker_.emplace(std::move(t), r, range_sharding(r.servers), o);
+    }
+  }
+
+  bool is_server() const noexcept { return server_.has_value(); }
+
+  /// Server ranks: serve until every worker is done. @returns the server's statistics
+  const server_stats& serve() {
+    server_->run();
+    return server_->stats();
+  }
+
+  /// Worker ranks: register the model `x` (all workers alike) and start from the server's values.
+  void begin(std::span<T> x) { algorithm_.begin(*worker_, x); }
+  /// Worker ranks: one iteration; `grad(x, g, t)` writes the gradient at `x` on batch t into `g`.
+  template <class Grad>
+  void step(std::span<T> x, Grad&& grad, std::int64_t t) {
+    algorithm_.step(*worker_, x, std::forward<Grad>(grad), t);
+  }
+  /// Worker ranks: finish, then fetch the final center into `x`.
+  void end(std::span<T> x) {
+    algorithm_.end(*worker_, x);
+    auto c = worker_->clock();
+    worker_->wait(c);
+    auto r = worker_->pull_dense(0, x);
+    worker_->wait(r);
+    worker_->finish();
+  }
+
+  worker_type& worker_endpoint() noexcept { return *worker_; }
+  server_type& server_endpoint() noexcept { return *server_; }
+  const roles& group() const noexcept { return roles_; }
+
+ private:
+  roles roles_;
+  Algorithm algorithm_;
+  std::optional<server_type> server_;
+  std::optional<worker_type> worker_;
+};
+
+}  // namespace dtrain::ps

@@ -1,0 +1,132 @@
+// One rank of a parameter-server job over TCP, in a real process (started by dtrain-run or by the
+// fault tests). Servers are the first DTRAIN_PS_SERVERS ranks.
+//
+//   ps_worker bsp        synchronous SGD under BSP; worker 0 checks the center against the serial
+//                        simulation and prints "ps bsp: ... match"
+//   ps_worker asp        Downpour under ASP; each worker checks its final loss
+//
+// Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k and DTRAIN_TEST_KILL_STEP=s make rank k
+// SIGKILL itself at step s (a server counts its requests instead); DTRAIN_TEST_POLICY=drop keeps
+// going without a dead worker; DTRAIN_TEST_HEARTBEAT_MS sets the heartbeat timeout.
+// Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "dtrain/consistency/policies.hpp"
+#include "dtrain/ps/trainer.hpp"
+#include "dtrain/transport/tcp.hpp"
+#include "dtrain/updater/adagrad.hpp"
+#include "dtrain/updater/sgd.hpp"
+#include "problem.hpp"
+
+using namespace dtrain;
+using namespace dtrain::ps;
+using dtrain::testing::dim;
+using dtrain::testing::problem;
+
+namespace {
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
+}
+
+ps_options options() {
+  ps_options o;
+  o.timeout = std::chrono::milliseconds(env_int("DTRAIN_TEST_TIMEOUT_MS", 30000));
+  o.heartbeat_interval = std::chrono::milliseconds(100);
+  o.dense_slice_bytes = 16;  // 4 values a slice: the 12-value model spreads over every server
+  o.heartbeat_timeout = std::chrono::milliseconds(env_int("DTRAIN_TEST_HEARTBEAT_MS", 5000));
+  if (const char* p = std::getenv("DTRAIN_TEST_POLICY"); p != nullptr && std::string(p) == "drop") {
+    o.on_dead_worker = dead_worker_policy::drop;
+  }
+  return o;
+}
+
+void maybe_die(int rank, int step) {
+  if (env_int("DTRAIN_TEST_KILL_RANK", -1) == rank && env_int("DTRAIN_TEST_KILL_STEP", -1) == step) {
+    std::fflush(stdout);
+    ::kill(::getpid(), SIGKILL);
+  }
+}
+
+template <class Consistency, class Updater, class Algorithm>
+int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
+  const int rank = t.rank();
+  const roles r = roles::from_environment(t.size());
+  trainer<tcp_transport, Consistency, Updater, Algorithm> job(std::move(t), std::move(u), std::move(a), r, options());
+  if (job.is_server()) {
+    if (env_int("DTRAIN_TEST_KILL_RANK", -1) == rank) {  // a server dies after a while
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        maybe_die(env_int("DTRAIN_TEST_KILL_RANK", -1), env_int("DTRAIN_TEST_KILL_STEP", -1));
+      }).detach();
+    }
+    const auto& st = job.serve();
+    std::printf("server %d: %llu updates, %llu pushes, %llu pulls\n", rank, static_cast<unsigned long long>(st.version),
+                static_cast<unsigned long long>(st.pushes), static_cast<unsigned long long>(st.pulls));
+    return 0;
+  }
+  const int w = r.worker_of(rank);
+  problem p(w);
+  std::vector<float> x(dim);
+  job.begin(std::span(x));
+  for (int it = 0; it < steps; ++it) {
+    maybe_die(rank, it);
+    job.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) { p.grad(xs, g, tt); }, it);
+    if (env_int("DTRAIN_TEST_SLOW_MS", 0) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_SLOW_MS", 0)));
+  }
+  job.end(std::span(x));
+  if (check_bsp) {
+    // Serial synchronous SGD on the mean gradient, with the server's float operations.
+    std::vector<problem> all;
+    for (int k = 0; k < r.workers; ++k) all.emplace_back(k);
+    std::vector<float> center(dim, 0.0f), g(dim);
+    for (int it = 0; it < steps; ++it) {
+      std::vector<float> acc(dim, 0.0f);
+      for (const auto& pk : all) {
+        pk.grad(center, g, it);
+        for (std::size_t j = 0; j < dim; ++j) acc[j] += g[j];
+      }
+      for (std::size_t j = 0; j < dim; ++j) center[j] -= 0.05f * (acc[j] * (1.0f / static_cast<float>(r.workers)));
+    }
+    const bool ok = x == center;
+    if (w == 0) {
+      std::printf("ps bsp: %d servers, %d workers over TCP, %d steps: %s the serial simulation\n", r.servers, r.workers,
+                  steps, ok ? "match" : "DO NOT match");
+    }
+    return ok ? 0 : 1;
+  }
+  const float loss = p.loss(x);
+  std::printf("ps asp: worker %d final loss %.5f\n", w, static_cast<double>(loss));
+  return loss < 0.05f ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "bsp";
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    tcp_options o;
+    o.abort_group_on_peer_loss = false;  // the servers decide what a lost worker means
+    auto t = tcp_transport::from_environment(o);
+    if (mode == "bsp") return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), 30, true);
+    if (mode == "asp") return run<asp>(std::move(t), adagrad<float>(0.2), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150), false);
+    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+    return 2;
+  } catch (const dtrain::error& e) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("caught dtrain::error [%s] after %lld ms: %s\n", e.code().message().c_str(), static_cast<long long>(ms),
+                e.what());
+    std::fflush(stdout);
+    return 3;
+  }
+}

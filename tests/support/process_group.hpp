@@ -1,0 +1,119 @@
+#pragma once
+// Starts a group of test processes the way dtrain-run does (a store served here, a token, rank
+// and size in the environment), but lets each exit on its own, so fault tests can kill one and
+// watch what the others say. Output of each rank is captured.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../catch.hpp"
+#include "dtrain/rendezvous/tcp_store.hpp"
+
+extern char** environ;
+
+namespace dtrain::testing {
+
+using namespace std::chrono_literals;
+
+struct outcome {
+  int status = -1;  // exit status, or 128 + signal
+  std::string output;
+};
+
+struct group_run {
+  std::vector<outcome> ranks;
+  std::chrono::milliseconds elapsed{0};
+};
+
+inline const std::string job_token = "fault-test-token";
+
+// Starts `n` tcp_worker processes in `mode`; `extra(rank)` adds environment variables; `during`
+// runs while they do. Every process is killed if the group is not done within `limit`.
+template <class Extra, class During>
+group_run run_program_group(const std::string& program, int n, const std::string& mode, Extra extra, During during,
+                            std::chrono::seconds limit = 60s) {
+  tcp_store_server store("127.0.0.1", 0, job_token);
+  std::vector<pid_t> pids;
+  std::vector<std::string> logs;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < n; ++r) {
+    // getenv finds the first definition: the test's own settings, then the defaults, then ours.
+    std::vector<std::string> env = extra(r);
+    env.push_back("DTRAIN_RANK=" + std::to_string(r));
+    env.push_back("DTRAIN_WORLD_SIZE=" + std::to_string(n));
+    env.push_back("DTRAIN_STORE=127.0.0.1:" + std::to_string(store.port()));
+    env.push_back("DTRAIN_TOKEN=" + job_token);
+    env.push_back("DTRAIN_TIMEOUT_MS=30000");
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+    std::vector<char*> envp;
+    for (auto& s : env) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::string log = "/tmp/dtrain-fault-" + std::to_string(::getpid()) + "-" + std::to_string(r) + ".log";
+    logs.push_back(log);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
+    std::string prog = program;
+    char* argv[] = {prog.data(), const_cast<char*>(mode.c_str()), nullptr};
+    pid_t pid = -1;
+    REQUIRE(posix_spawn(&pid, prog.c_str(), &fa, nullptr, argv, envp.data()) == 0);
+    posix_spawn_file_actions_destroy(&fa);
+    pids.push_back(pid);
+  }
+  during(store);
+  group_run out;
+  out.ranks.resize(static_cast<std::size_t>(n));
+  std::vector<bool> done(static_cast<std::size_t>(n), false);
+  for (int left = n; left > 0;) {
+    for (int r = 0; r < n; ++r) {
+      if (done[static_cast<std::size_t>(r)]) continue;
+      int st = 0;
+      if (::waitpid(pids[static_cast<std::size_t>(r)], &st, WNOHANG) == pids[static_cast<std::size_t>(r)]) {
+        done[static_cast<std::size_t>(r)] = true;
+        out.ranks[static_cast<std::size_t>(r)].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        --left;
+      }
+    }
+    if (std::chrono::steady_clock::now() - t0 > limit) {
+      for (int r = 0; r < n; ++r) {
+        if (!done[static_cast<std::size_t>(r)]) ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+      }
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+  out.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
+  for (int r = 0; r < n; ++r) {
+    std::ifstream in(logs[static_cast<std::size_t>(r)]);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out.ranks[static_cast<std::size_t>(r)].output = ss.str();
+    std::remove(logs[static_cast<std::size_t>(r)].c_str());
+  }
+  return out;
+}
+
+inline auto no_extra = [](int) { return std::vector<std::string>{}; };
+inline auto nothing_during = [](tcp_store_server&) {};
+
+inline std::string dump(const group_run& g) {
+  std::string s = "elapsed " + std::to_string(g.elapsed.count()) + " ms\n";
+  for (std::size_t r = 0; r < g.ranks.size(); ++r) {
+    s += "--- rank " + std::to_string(r) + " status " + std::to_string(g.ranks[r].status) + "\n" + g.ranks[r].output;
+  }
+  return s;
+}
+
+inline bool has(const std::string& text, const std::string& word) { return text.find(word) != std::string::npos; }
+
+}  // namespace dtrain::testing
