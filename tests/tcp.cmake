@@ -67,3 +67,6 @@ endforeach()
 add_test(NAME ps_tcp_asp_4 COMMAND ${CMAKE_COMMAND} -E env DTRAIN_PS_SERVERS=2
                                    $<TARGET_FILE:dtrain-run> -n 4 $<TARGET_FILE:ps_worker> asp)
 set_tests_properties(ps_tcp_asp_4 PROPERTIES TIMEOUT 300)
+dtrain_add_test(test_ps_faults SOURCES ps/faults.cpp LIBS dtrain::asio)
+target_compile_definitions(test_ps_faults PRIVATE DTRAIN_PS_WORKER="$<TARGET_FILE:ps_worker>")
+add_dependencies(test_ps_faults ps_worker)
