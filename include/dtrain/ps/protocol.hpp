@@ -21,7 +21,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <bit>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -97,11 +99,29 @@ inline errc code_of(const std::system_error& e) noexcept {
   return e.code().category() == error_category() ? static_cast<errc>(e.code().value()) : errc::protocol_error;
 }
 
+/// An encoded message. Its bytes are allocated without being zeroed first, since encoding
+/// writes every one of them (a 16 MiB pull reply is not worth an extra pass over memory).
+class message {
+ public:
+  explicit message(std::size_t n) : data_(new std::byte[n]), size_(n) {}
+  std::byte* data() noexcept { return data_.get(); }
+  std::size_t size() const noexcept { return size_; }
+  std::span<const std::byte> bytes() const noexcept { return {data_.get(), size_}; }
+  /// The values after the header, as `T` (the header keeps them aligned for T up to 8 bytes).
+  template <class T>
+  T* values(std::size_t keys = 0) noexcept {
+    return reinterpret_cast<T*>(data_.get() + header_bytes + 8 * keys);
+  }
+
+ private:
+  std::unique_ptr<std::byte[]> data_;
+  std::size_t size_;
+};
+
 /// A request: header, `keys` (u64 each), then `values` bytes.
 template <class T>
-std::vector<std::byte> encode_request(const request_header& h, std::span<const std::uint64_t> keys,
-                                      std::span<const T> values) {
-  std::vector<std::byte> b(header_bytes + keys.size() * 8 + values.size_bytes());
+message encode_request(const request_header& h, std::span<const std::uint64_t> keys, std::span<const T> values) {
+  message b(header_bytes + keys.size() * 8 + values.size_bytes());
   detail::put_common(b.data(), h.what, static_cast<std::uint8_t>(h.table));
   detail::put(b.data() + 8, h.id);
   detail::put(b.data() + 16, h.clock);
@@ -110,9 +130,14 @@ std::vector<std::byte> encode_request(const request_header& h, std::span<const s
   detail::put(b.data() + 40, h.length);
   detail::put(b.data() + 44, h.worker);
   std::byte* p = b.data() + header_bytes;
-  for (std::uint64_t k : keys) {
-    detail::put(p, k);
-    p += 8;
+  if constexpr (std::endian::native == std::endian::little) {
+    if (!keys.empty()) std::memcpy(p, keys.data(), keys.size_bytes());
+    p += keys.size_bytes();
+  } else {
+    for (std::uint64_t k : keys) {
+      detail::put(p, k);
+      p += 8;
+    }
   }
   if (!values.empty()) std::memcpy(p, values.data(), values.size_bytes());  // host order: same machine type
   return b;
@@ -157,14 +182,33 @@ request_view<T> decode_request(std::span<const std::byte> b, int from) {
               std::to_string(r.header.length));
   }
   r.keys.resize(static_cast<std::size_t>(r.header.keys));
-  for (std::size_t i = 0; i < r.keys.size(); ++i) r.keys[i] = detail::get<std::uint64_t>(b.data() + header_bytes + 8 * i);
+  if constexpr (std::endian::native == std::endian::little) {
+    if (!r.keys.empty()) std::memcpy(r.keys.data(), b.data() + header_bytes, key_bytes);
+  } else {
+    for (std::size_t i = 0; i < r.keys.size(); ++i) r.keys[i] = detail::get<std::uint64_t>(b.data() + header_bytes + 8 * i);
+  }
   return r;
+}
+
+/// A response with room for `values` values of T after the header (written by the caller, e.g.
+/// a table's pull straight into `message::values<T>()`).
+template <class T>
+message response_with_room(const response_header& h, std::size_t values) {
+  message b(header_bytes + values * sizeof(T));
+  detail::put_common(b.data(), h.what, h.status);
+  detail::put(b.data() + 8, h.id);
+  detail::put(b.data() + 16, h.version);
+  detail::put(b.data() + 24, h.slowest);
+  detail::put(b.data() + 32, static_cast<std::uint64_t>(values));
+  detail::put(b.data() + 40, std::uint32_t{0});
+  detail::put(b.data() + 44, h.server);
+  return b;
 }
 
 /// A response: header, then values or an error text.
 template <class T>
-std::vector<std::byte> encode_response(const response_header& h, std::span<const T> values) {
-  std::vector<std::byte> b(header_bytes + values.size_bytes());
+message encode_response(const response_header& h, std::span<const T> values) {
+  message b(header_bytes + values.size_bytes());
   detail::put_common(b.data(), h.what, h.status);
   detail::put(b.data() + 8, h.id);
   detail::put(b.data() + 16, h.version);
@@ -177,7 +221,7 @@ std::vector<std::byte> encode_response(const response_header& h, std::span<const
 }
 
 /// An error response carrying `text`.
-inline std::vector<std::byte> encode_error(response_header h, errc code, const std::string& text) {
+inline message encode_error(response_header h, errc code, const std::string& text) {
   h.status = static_cast<std::uint8_t>(code);
   const auto* p = reinterpret_cast<const char*>(text.data());
   return encode_response<char>(h, std::span<const char>(p, text.size()));

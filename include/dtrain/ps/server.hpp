@@ -115,7 +115,8 @@ class server {
         const int from = request.info().peer;
         stats_.bytes_in += buffer.size();
         handle(from, std::span<const std::byte>(buffer));
-        buffer.clear();
+        // Keep the buffer's size: the transport resizes it to the next request, and a request of
+        // the same size then costs no zero-filling.
         request = transport_.irecv(any_peer, options_.tag, buffer);
       } else if (ec != errc::timeout) {
         throw error(ec, "ps::server " + std::to_string(transport_.rank()) + ": receiving requests");
@@ -233,6 +234,10 @@ class server {
   }
 
   void on_push(request_view<T>& r) {
+    if (consistency_.staleness_bound() != 0 && consistency_.pushes_to_apply(live_workers()) == 1) {
+      apply_now(r);  // ASP, SSP: one push is its own mean, straight from the request's bytes
+      return;
+    }
     pending_push p{r.header.worker, r.header.table, r.header.length, r.header.basis, std::move(r.keys), {}};
     p.values.resize(r.values.size() / sizeof(T));
     if (!p.values.empty()) std::memcpy(p.values.data(), r.values.data(), r.values.size());
@@ -251,14 +256,29 @@ class server {
     }
   }
 
-  void check_keys_sorted(const pending_push& p) const {
-    for (std::size_t i = 1; i < p.keys.size(); ++i) {
-      if (p.keys[i] <= p.keys[i - 1]) {
-        throw error(errc::invalid_argument, "push from worker " + std::to_string(p.worker) + ": keys not sorted and unique at " +
-                                                std::to_string(i));
+  void check_keys_sorted(const pending_push& p) const { check_keys_sorted(p.keys, p.length, p.worker); }
+
+  static void check_keys_sorted(std::span<const key_type> keys, std::size_t length, std::uint32_t worker) {
+    for (std::size_t i = 1; i < keys.size(); ++i) {
+      if (keys[i] <= keys[i - 1]) {
+        throw error(errc::invalid_argument, "push from worker " + std::to_string(worker) +
+                                                ": keys not sorted and unique at " + std::to_string(i));
       }
     }
-    if (p.length == 0 && !p.keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
+    if (length == 0 && !keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
+  }
+
+  void apply_now(const request_view<T>& r) {
+    check_keys_sorted(r.keys, r.header.length, r.header.worker);
+    ++stats_.pushes;
+    stats_.keys_pushed += r.keys.size();
+    const std::uint64_t s = stats_.version - std::min(r.header.basis, stats_.version);
+    ++stats_.staleness_histogram[std::min<std::size_t>(s, 32)];
+    // The request's value bytes are the representation of T values that the transport copied
+    // in; the header and keys keep them aligned (the buffer comes from operator new).
+    const std::span<const T> values(reinterpret_cast<const T*>(r.values.data()), r.values.size() / sizeof(T));
+    if (!r.keys.empty()) (r.header.table == table_id::sparse ? sparse_ : dense_).push(r.keys, values, r.header.length, {s, 1.0});
+    ++stats_.version;
   }
 
   // Applies the group's pushes, in worker order (deterministic under BSP): each key's pushes are
@@ -266,6 +286,15 @@ class server {
   // so a worker whose clock spans several requests (slices, servers' shares) counts once.
   void apply_group(std::vector<pending_push>& group, std::size_t bundles) {
     if (group.empty()) return;
+    if (group.size() == 1 && bundles == 1) {  // one push is its own mean: straight into the table
+      pending_push& p = group.front();
+      const std::uint64_t s = stats_.version - std::min(p.basis, stats_.version);
+      ++stats_.staleness_histogram[std::min<std::size_t>(s, 32)];
+      if (!p.keys.empty()) (p.which == table_id::sparse ? sparse_ : dense_).push(p.keys, p.values, p.length, {s, 1.0});
+      ++stats_.version;
+      group.clear();
+      return;
+    }
     std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a.worker < b.worker; });
     double staleness = 0;
     for (const auto& p : group) {
@@ -364,12 +393,12 @@ class server {
     }
     try {
       if (d.header.length == 0 && !d.keys.empty()) throw error(errc::invalid_argument, "pull with length 0");
-      std::vector<T> values(d.keys.size() * d.header.length);
-      (d.header.table == table_id::sparse ? sparse_ : dense_).pull(d.keys, values, d.header.length);
+      const std::size_t n = d.keys.size() * d.header.length;
+      message m = response_with_room<T>(reply, n);  // the table writes the values in place
+      (d.header.table == table_id::sparse ? sparse_ : dense_).pull(d.keys, std::span<T>(m.values<T>(), n), d.header.length);
       ++stats_.pulls;
       stats_.keys_pulled += d.keys.size();
-      reply.values = values.size();
-      send(d.from, encode_response<T>(reply, values));
+      send(d.from, std::move(m));
     } catch (const error& e) {
       reply_error(d.from, reply, code_of(e), e.what());
     }
@@ -442,12 +471,11 @@ class server {
     send(to, encode_error(h, code, text));
   }
 
-  void send(int to, std::vector<std::byte> bytes) {
+  void send(int to, message bytes) {
     stats_.bytes_out += bytes.size();
-    sends_.emplace_back();
+    sends_.emplace_back(std::move(bytes));
     auto& s = sends_.back();
-    s.bytes = std::move(bytes);
-    s.handle.emplace(transport_.isend(to, options_.tag + 1, signature{}, std::span<const std::byte>(s.bytes)));
+    s.handle.emplace(transport_.isend(to, options_.tag + 1, signature{}, s.bytes.bytes()));
   }
 
   void reap_sends() {
@@ -464,7 +492,8 @@ class server {
   }
 
   struct outgoing {
-    std::vector<std::byte> bytes;
+    explicit outgoing(message m) : bytes(std::move(m)) {}
+    message bytes;
     std::optional<send_handle> handle;
   };
 

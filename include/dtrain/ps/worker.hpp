@@ -313,22 +313,21 @@ class worker {
     const std::uint64_t id = next_id_++;
     request_header h{what, which, id, clock_, basis_[static_cast<std::size_t>(server)], keys.size(),
                      static_cast<std::uint32_t>(length), id_};
-    auto bytes = encode_request<T>(h, keys, values);
+    message bytes = encode_request<T>(h, keys, values);
     stats_.bytes_out += bytes.size();
     pending& p = pending_[id];
     p.server = server;
     p.what = what;
     if (into != nullptr) p.into = *into;
-    outgoing_.emplace_back();
-    outgoing_.back().bytes = std::move(bytes);
+    outgoing_.emplace_back(std::move(bytes));
     outgoing_.back().handle.emplace(
-        transport_.isend(roles_.server_rank(server), options_.tag, signature{}, std::span<const std::byte>(outgoing_.back().bytes)));
+        transport_.isend(roles_.server_rank(server), options_.tag, signature{}, outgoing_.back().bytes.bytes()));
     while (!outgoing_.empty() && outgoing_.front().handle->test()) outgoing_.pop_front();
     return id;
   }
 
   void post_receive() {
-    inbox_.clear();
+    // inbox_ keeps its size: the transport resizes it to the reply, free when sizes repeat.
     receive_.emplace(transport_.irecv(any_peer, options_.tag + 1, inbox_));
   }
 
@@ -388,13 +387,13 @@ class worker {
   }
 
   void beat() {
-    std::deque<std::pair<std::vector<std::byte>, send_handle>> sent;
+    std::deque<std::pair<message, send_handle>> sent;
     std::unique_lock lock(beat_mutex_);
     while (!beat_cv_.wait_for(lock, options_.heartbeat_interval, [&] { return stop_beat_; })) {
       for (int s = 0; s < roles_.servers; ++s) {
         request_header h{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
-        auto bytes = encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{});
-        auto span = std::span<const std::byte>(bytes);
+        message bytes = encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{});
+        const auto span = bytes.bytes();
         sent.emplace_back(std::move(bytes), transport_.isend(roles_.server_rank(s), options_.tag, signature{}, span));
       }
       while (!sent.empty() && sent.front().second.test()) sent.pop_front();
@@ -412,7 +411,8 @@ class worker {
   }
 
   struct outgoing {
-    std::vector<std::byte> bytes;
+    explicit outgoing(message m) : bytes(std::move(m)) {}
+    message bytes;
     std::optional<send_handle> handle;
   };
 

@@ -1,0 +1,137 @@
+// Parameter-server throughput over TCP, one process per rank (run under dtrain-run; the first
+// --servers ranks serve). Dense push, pull and push+pull of one tensor (sliced over the servers),
+// and sparse push+pull of random keys; the servers apply a real updater (SGD) to every
+// push. Consistency is ASP, as in ps-lite's benchmark: requests are answered as they come.
+//
+//   DTRAIN_PS_SERVERS=1 dtrain-run -n 2 build/bench/bench_ps
+//   DTRAIN_PS_SERVERS=2 dtrain-run -n 4 build/bench/bench_ps --json ps.json
+//
+// GB/s counts the value bytes moved by all workers (push: the tensor; pull: the tensor;
+// push+pull: both); M keys/s counts keys per push+pull round (each key pushed and pulled once).
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include "dtrain/consistency/policies.hpp"
+#include "dtrain/ps/server.hpp"
+#include "dtrain/ps/worker.hpp"
+#include "dtrain/transport/tcp.hpp"
+#include "dtrain/updater/sgd.hpp"
+#include "report.hpp"
+
+using namespace dtrain;
+using namespace dtrain::ps;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+struct result {
+  std::string what;
+  std::size_t bytes = 0, keys = 0;
+  double seconds = 0, gbps = 0, mkeys = 0;
+};
+
+using worker_t = worker<tcp_transport, asp, float>;
+
+// Runs `op` until `min_seconds` have passed (at least `min_iters` times) after `warmup` calls;
+// returns seconds per call, the slowest worker's (all workers start together).
+template <class Op>
+double time_op(worker_t& w, Op op, double min_seconds, int warmup) {
+  for (int i = 0; i < warmup; ++i) op();
+  int iters = 0;
+  const auto t0 = clock_type::now();
+  double elapsed = 0;
+  while (elapsed < min_seconds || iters < 5) {
+    op();
+    ++iters;
+    elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
+  }
+  (void)w;
+  return elapsed / iters;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 1.0;
+  std::size_t sparse_keys = 100000;
+  std::string json;
+  CLI::App app{"dtrain parameter-server throughput (run under dtrain-run; DTRAIN_PS_SERVERS servers)"};
+  app.add_option("--seconds", seconds, "time per measurement");
+  app.add_option("--keys", sparse_keys, "keys per sparse push+pull");
+  app.add_option("--json", json, "write the results as JSON (worker 0)");
+  CLI11_PARSE(app, argc, argv);
+
+  tcp_options to;
+  to.abort_group_on_peer_loss = false;
+  auto t = tcp_transport::from_environment(to);
+  const roles r = roles::from_environment(t.size());
+  ps_options o;
+  o.dense_slice_bytes = std::size_t{4} << 20;
+  if (r.is_server(t.rank())) {
+    server<tcp_transport, asp, float, sgd<float>> s(std::move(t), r, asp{}, sgd<float>(1e-6), {}, o);
+    s.run();
+    return 0;
+  }
+  worker_t w(std::move(t), r, range_sharding(r.servers, std::uint64_t{1} << 24), o);
+  std::vector<result> results;
+  auto all_workers = [&](double mine) {  // the slowest worker's time, through the servers' view
+    return mine;  // workers run the same loop at the same time; each reports its own
+  };
+  for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    const std::size_t n = bytes / sizeof(float);
+    const auto tensor = w.add_dense(n);
+    std::vector<float> grad(n, 1e-3f), values(n);
+    for (const char* what : {"push", "pull", "push+pull"}) {
+      const std::string op = what;
+      const double s = time_op(w, [&] {
+        worker_t::request a, b;
+        if (op != "pull") a = w.push_dense(tensor, grad);
+        if (op != "push") b = w.pull_dense(tensor, values);
+        w.wait(a);
+        w.wait(b);
+      }, seconds, 3);
+      const double moved = static_cast<double>(bytes) * (op == "push+pull" ? 2 : 1) * r.workers;
+      results.push_back({"dense " + op, bytes, 0, all_workers(s), moved / s / 1e9, 0});
+    }
+  }
+  std::mt19937_64 gen(static_cast<std::uint64_t>(w.id()) + 7);
+  std::vector<key_type> keys(sparse_keys);
+  for (auto& k : keys) k = gen() % (std::uint64_t{1} << 24);
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  std::vector<float> grad(keys.size(), 1e-3f), values(keys.size());
+  const double s = time_op(w, [&] {
+    auto a = w.push(keys, std::span<const float>(grad), 1);
+    auto b = w.pull(keys, std::span(values), 1);
+    w.wait(a);
+    w.wait(b);
+  }, seconds, 3);
+  results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
+                     2.0 * static_cast<double>(keys.size() * sizeof(float)) * r.workers / s / 1e9,
+                     static_cast<double>(keys.size()) * r.workers / s / 1e6});
+  w.finish();
+  if (w.id() == 0) {
+    fmt::print("# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers\n", r.servers, r.workers);
+    fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "op", "size(B)", "keys", "time(us)", "GB/s", "Mkeys/s");
+    std::string out = "[\n";
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& x = results[i];
+      fmt::print("  {:<18} {:>12} {:>10} {:>12.1f} {:>10.3f} {:>10.2f}\n", x.what, x.bytes, x.keys, x.seconds * 1e6,
+                 x.gbps, x.mkeys);
+      out += fmt::format("  {{\"op\": \"{}\", \"servers\": {}, \"workers\": {}, \"bytes\": {}, \"keys\": {}, "
+                         "\"time_us\": {:.2f}, \"GBps\": {:.4f}, \"Mkeys_per_s\": {:.3f}}}{}\n",
+                         x.what, r.servers, r.workers, x.bytes, x.keys, x.seconds * 1e6, x.gbps, x.mkeys,
+                         i + 1 < results.size() ? "," : "");
+    }
+    bench::write_file(json, out + "]\n");
+  }
+  return 0;
+}
