@@ -265,6 +265,14 @@ TEST_CASE("DynSGD: each change divided by its staleness plus one", "[ps][algorit
   for (std::size_t s = 1; s < many.server.staleness_histogram.size(); ++s) stale += many.server.staleness_histogram[s];
   CHECK(stale > 0);
   CHECK(problem(0).loss(many.center) < 0.05f);
+  // Per-worker histograms add up to the server's.
+  REQUIRE(many.server.per_worker_staleness.size() == 4);
+  for (std::size_t s = 0; s < many.server.staleness_histogram.size(); ++s) {
+    std::uint64_t sum = 0;
+    for (const auto& h : many.server.per_worker_staleness) sum += h[s];
+    CHECK(sum == many.server.staleness_histogram[s]);
+  }
+  CHECK(many.server.mean_staleness() > 0);
 }
 
 TEST_CASE("Hogwild: threads on disjoint coordinates equal the serial run; overlapping ones converge",

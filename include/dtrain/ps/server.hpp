@@ -73,6 +73,18 @@ struct server_stats {
   std::uint64_t bytes_in = 0, bytes_out = 0;
   std::size_t max_deferred = 0;     ///< the longest queue of pulls and clocks waiting for others
   std::vector<std::uint64_t> staleness_histogram = std::vector<std::uint64_t>(33, 0);  ///< [32] counts >= 32
+  /// The same, per worker: `per_worker_staleness[w][s]`.
+  std::vector<std::vector<std::uint64_t>> per_worker_staleness;
+  std::size_t deferred_now = 0;     ///< pulls and clocks waiting at the moment of the snapshot
+  /// The histogram's mean.
+  double mean_staleness() const noexcept {
+    double n = 0, sum = 0;
+    for (std::size_t s = 0; s < staleness_histogram.size(); ++s) {
+      n += static_cast<double>(staleness_histogram[s]);
+      sum += static_cast<double>(s * staleness_histogram[s]);
+    }
+    return n > 0 ? sum / n : 0;
+  }
 };
 
 /// One parameter-server shard over `Transport`.
@@ -99,6 +111,7 @@ class server {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(transport_.rank()) +
                                               ", which is a worker rank");
     }
+    stats_.per_worker_staleness.assign(static_cast<std::size_t>(r.workers), std::vector<std::uint64_t>(33, 0));
   }
 
   /// Serves until every worker has said goodbye (or was dropped).
@@ -129,7 +142,12 @@ class server {
     flush_sends();
   }
 
-  const server_stats& stats() const noexcept { return stats_; }
+  /// What the server has done so far. Not synchronised: read it from the thread that runs
+  /// `run`, or after `run` returns.
+  const server_stats& stats() noexcept {
+    stats_.deferred_now = deferred_.size();
+    return stats_;
+  }
   auto& sparse_table() noexcept { return sparse_; }
   auto& dense_table() noexcept { return dense_; }
   int shard() const noexcept { return transport_.rank(); }
@@ -268,12 +286,18 @@ class server {
     if (length == 0 && !keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
   }
 
+  void record_staleness(std::uint32_t worker, std::uint64_t s) {
+    const std::size_t bucket = std::min<std::size_t>(s, 32);
+    ++stats_.staleness_histogram[bucket];
+    ++stats_.per_worker_staleness[worker][bucket];
+  }
+
   void apply_now(const request_view<T>& r) {
     check_keys_sorted(r.keys, r.header.length, r.header.worker);
     ++stats_.pushes;
     stats_.keys_pushed += r.keys.size();
     const std::uint64_t s = stats_.version - std::min(r.header.basis, stats_.version);
-    ++stats_.staleness_histogram[std::min<std::size_t>(s, 32)];
+    record_staleness(r.header.worker, s);
     // The request's value bytes are the representation of T values that the transport copied
     // in; the header and keys keep them aligned (the buffer comes from operator new).
     const std::span<const T> values(reinterpret_cast<const T*>(r.values.data()), r.values.size() / sizeof(T));
@@ -289,7 +313,7 @@ class server {
     if (group.size() == 1 && bundles == 1) {  // one push is its own mean: straight into the table
       pending_push& p = group.front();
       const std::uint64_t s = stats_.version - std::min(p.basis, stats_.version);
-      ++stats_.staleness_histogram[std::min<std::size_t>(s, 32)];
+      record_staleness(p.worker, s);
       if (!p.keys.empty()) (p.which == table_id::sparse ? sparse_ : dense_).push(p.keys, p.values, p.length, {s, 1.0});
       ++stats_.version;
       group.clear();
@@ -300,7 +324,7 @@ class server {
     for (const auto& p : group) {
       const std::uint64_t s = stats_.version - std::min(p.basis, stats_.version);
       staleness += static_cast<double>(s);
-      ++stats_.staleness_histogram[std::min<std::size_t>(s, 32)];
+      record_staleness(p.worker, s);
     }
     const step_info info{static_cast<std::uint64_t>(staleness / static_cast<double>(group.size()) + 0.5), 1.0};
     // Gradients are averaged over the group; summation mode adds every push as it is.
