@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <Eigen/Core>
@@ -54,6 +55,9 @@ class mlp {
   std::span<float> parameters(std::size_t i) { return std::span(flat_params_).subspan(offsets_[i], sizes_[i]); }
   std::span<float> gradients(std::size_t i) { return std::span(flat_grads_).subspan(offsets_[i], sizes_[i]); }
   std::size_t layers() const noexcept { return widths_.size() - 1; }
+  /// All parameters, and all gradients, as one buffer each (tensor i at its offset).
+  std::span<float> flat_parameters() noexcept { return flat_params_; }
+  std::span<float> flat_gradients() noexcept { return flat_grads_; }
 
   /// Mean softmax cross-entropy over `batch`; gradients overwritten; `ready` called per tensor.
   double forward_backward(const batch_type& batch, dtrain::gradient_ready ready) {
@@ -95,19 +99,26 @@ class mlp {
     return loss / static_cast<double>(b);
   }
 
-  /// How many of samples [first, first + n) of `data` the model classifies correctly.
-  std::size_t correct(const split& data, std::size_t first, std::size_t n) {
+  /// How many of samples [first, first + n) of `data` the model classifies correctly, and the
+  /// sum of their cross-entropy losses.
+  std::pair<std::size_t, double> evaluate(const split& data, std::size_t first, std::size_t n) {
     const auto b = static_cast<Eigen::Index>(n);
     acts_[0] = Eigen::Map<const matrix>(&data.pixels[first * pixels_per_image], b, widths_[0]);
     forward(b);
     std::size_t hits = 0;
+    double loss = 0;
     for (Eigen::Index r = 0; r < b; ++r) {
       Eigen::Index best = 0;
-      acts_.back().row(r).maxCoeff(&best);
-      hits += best == data.labels[first + static_cast<std::size_t>(r)] ? 1 : 0;
+      const auto z = acts_.back().row(r);
+      const float top = z.maxCoeff(&best);
+      const int label = data.labels[first + static_cast<std::size_t>(r)];
+      loss += std::log((z.array() - top).exp().sum()) - (z(label) - top);
+      hits += best == label ? 1 : 0;
     }
-    return hits;
+    return {hits, loss};
   }
+
+  std::size_t correct(const split& data, std::size_t first, std::size_t n) { return evaluate(data, first, n).first; }
 
  private:
   using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;

@@ -33,19 +33,21 @@
 
 namespace dtrain::ps {
 
-template <transport Transport, consistency Consistency, class Updater, class Algorithm, std::floating_point T = float>
-  requires updater<Updater, T>
+template <transport Transport, consistency Consistency, class Updater, class Algorithm, std::floating_point T = float,
+          class Initializer = zero_initializer>
+  requires updater<Updater, T> && initializer<Initializer, T>
 class trainer {
  public:
-  using server_type = server<Transport, Consistency, T, Updater>;
+  using server_type = server<Transport, Consistency, T, Updater, Initializer>;
   using worker_type = worker<Transport, Consistency, T>;
 
   /// Takes this rank's endpoint; its role follows from `r` (servers are the first ranks).
   /// Workers join the servers here (see `worker`); servers start serving in `serve`.
-  trainer(Transport t, Updater u, Algorithm algorithm, roles r, ps_options o = {})
+  /// `init` sets the servers' parameters before the first push (every worker starts from them).
+  trainer(Transport t, Updater u, Algorithm algorithm, roles r, ps_options o = {}, Initializer init = {})
       : roles_(r), algorithm_(std::move(algorithm)) {
     if (r.is_server(t.rank())) {
-      server_.emplace(std::move(t), r, Consistency{}, std::move(u), zero_initializer{}, o, Algorithm::server_mode);
+      server_.emplace(std::move(t), r, Consistency{}, std::move(u), std::move(init), o, Algorithm::server_mode);
     } else {
       worker_.emplace(std::move(t), r, range_sharding(r.servers), o);
     }
