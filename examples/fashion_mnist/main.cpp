@@ -125,16 +125,20 @@ int run_allreduce(const settings& s) {
   }
 
   // The test set is split across ranks for evaluation and the counts summed.
+  double test_loss = 0;
   auto evaluate = [&] {
     const std::size_t share = (test.size() + P - 1) / P;
     const std::size_t first = std::min(test.size(), share * static_cast<std::size_t>(rank));
     const std::size_t last = std::min(test.size(), first + share);
-    std::vector<double> counts{0.0};
+    std::vector<double> sums{0.0, 0.0};  // correct, loss
     for (std::size_t at = first; at < last; at += 1000) {
-      counts[0] += static_cast<double>(model.correct(test, at, std::min<std::size_t>(1000, last - at)));
+      const auto [hits, loss] = model.evaluate(test, at, std::min<std::size_t>(1000, last - at));
+      sums[0] += static_cast<double>(hits);
+      sums[1] += loss;
     }
-    trainer.sum_across_ranks(std::span(counts));
-    return counts[0] / static_cast<double>(test.size());
+    trainer.sum_across_ranks(std::span(sums));
+    test_loss = sums[1] / static_cast<double>(test.size());
+    return sums[0] / static_cast<double>(test.size());
   };
 
   double train_seconds = 0, accuracy = 0;
@@ -142,14 +146,28 @@ int run_allreduce(const settings& s) {
   std::vector<std::pair<double, double>> curve;  // (training seconds, test accuracy)
   auto stats_before = trainer.stats();
   double comm_share = 0;
-  for (int epoch = 0; epoch < s.epochs; ++epoch) {
+  std::size_t total_steps = 0;
+  bool out_of_time = false;
+  for (int epoch = 0; epoch < s.epochs && !out_of_time; ++epoch) {
     const auto order = sampler.indices(static_cast<std::uint64_t>(epoch));
     const auto start = clock_type::now();
     auto window_start = start;
     std::vector<double> window{0.0, 0.0};  // loss sum, steps
     double epoch_loss = 0;
+    std::size_t steps_done = 0;
     for (std::size_t step = 0; step < steps_per_epoch; ++step) {
       const auto result = trainer.step(std::span(order).subspan(step * local_batch, local_batch));
+      ++total_steps;
+      ++steps_done;
+      if (s.time_budget > 0 && (step + 1) % 20 == 0) {  // every rank stops at the same step
+        std::vector<double> over{train_seconds + since(start) >= s.time_budget ? 1.0 : 0.0};
+        trainer.sum_across_ranks(std::span(over));
+        if (over[0] > 0) {
+          out_of_time = true;
+          epoch_loss += result.loss;
+          break;
+        }
+      }
       window[0] += result.loss;
       window[1] += 1;
       epoch_loss += result.loss;
@@ -167,7 +185,7 @@ int run_allreduce(const settings& s) {
     const double seconds = since(start);
     train_seconds += seconds;
     epoch_seconds.push_back(seconds);
-    std::vector<double> loss{epoch_loss / static_cast<double>(steps_per_epoch)};
+    std::vector<double> loss{epoch_loss / static_cast<double>(steps_done)};
     trainer.sum_across_ranks(std::span(loss));
     accuracy = evaluate();
     curve.emplace_back(train_seconds, accuracy);
@@ -178,15 +196,15 @@ int run_allreduce(const settings& s) {
       fmt::print("epoch {:>2}/{}  train loss {:.4f}  test accuracy {:.4f}  {:.2f} s  {:.0f} samples/s  "
                  "communication {:.1f}% of a step\n",
                  epoch + 1, s.epochs, loss[0] / static_cast<double>(P), accuracy, seconds,
-                 static_cast<double>(steps_per_epoch * s.global_batch) / seconds, 100 * comm_share);
+                 static_cast<double>(steps_done * s.global_batch) / seconds, 100 * comm_share);
     }
   }
   const double samples_per_second =
-      static_cast<double>(steps_per_epoch * s.global_batch * static_cast<std::size_t>(s.epochs)) / train_seconds;
+      static_cast<double>(total_steps * s.global_batch) / train_seconds;
   if (rank == 0) {
     fmt::print("final test accuracy {:.4f}; {:.0f} samples/s over {} epochs on {} rank(s)\n", accuracy,
-               samples_per_second, s.epochs, ranks);
-    write_summary(s, "dtrain", ranks, samples_per_second, epoch_seconds, comm_share, accuracy, curve, 0);
+               samples_per_second, epoch_seconds.size(), ranks);
+    write_summary(s, "dtrain", ranks, samples_per_second, epoch_seconds, comm_share, accuracy, curve, test_loss);
   }
   return accuracy >= s.min_accuracy ? 0 : 3;
 }
