@@ -4,6 +4,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <unistd.h>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -13,11 +17,13 @@
 #include "dtrain/consistency/policies.hpp"
 #include "dtrain/ps/algorithms.hpp"
 #include "dtrain/ps/hogwild.hpp"
+#include "dtrain/ps/trainer.hpp"
 #include "dtrain/ps/server.hpp"
 #include "dtrain/ps/worker.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/delta.hpp"
+#include "dtrain/updater/momentum.hpp"
 #include "dtrain/updater/sgd.hpp"
 #include "dtrain/updater/staleness_aware.hpp"
 #include "problem.hpp"
@@ -317,4 +323,52 @@ TEST_CASE("Hogwild: threads on disjoint coordinates equal the serial run; overla
   float worst = 0;
   for (std::size_t j = 0; j < n; ++j) worst = std::max(worst, std::fabs(racing[j] - target(j)));
   CHECK(worst < 0.05f);
+}
+
+TEST_CASE("checkpoint and resume under BSP: the resumed job ends bit for bit like the uninterrupted one",
+          "[ps][checkpoint]") {
+  // Momentum on the servers (state that must survive), the model sliced over two servers.
+  constexpr int W = 2, steps = 20, crash_after = 11, every = 4;
+  const std::string prefix = "/tmp/dtrain_resume_" + std::to_string(::getpid());
+  auto job = [&](int first, int last, ps_options o) {
+    std::vector<float> center(dim);
+    const roles r = roles::of(2 + W, 2);
+    run_inproc(2 + W, [&](int, inproc_transport t) {
+      trainer<inproc_transport, bsp, momentum<float>, sync_sgd<float>> tr(std::move(t), momentum<float>(0.05, 0.9),
+                                                                         sync_sgd<float>(), r, o);
+      if (tr.is_server()) {
+        tr.serve();
+        return;
+      }
+      problem p(tr.worker_endpoint().id());
+      std::vector<float> x(dim);
+      tr.begin(std::span(x));
+      if (tr.first_step() != first) throw std::runtime_error("resumed at the wrong step");
+      for (int it = first; it < last; ++it) {
+        tr.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) { p.grad(xs, g, tt); }, it);
+      }
+      if (last == steps) {
+        tr.end(std::span(x));
+        if (tr.worker_endpoint().id() == 0) center = x;
+      } else {
+        tr.worker_endpoint().finish();  // the job stops here, as if a process had died
+      }
+    });
+    return center;
+  };
+  ps_options o = quick();
+  o.dense_slice_bytes = 16;  // 3 slices over 2 servers
+  const auto uninterrupted = job(0, steps, o);
+  o.checkpoint_prefix = prefix;
+  o.checkpoint_every = every;
+  job(0, crash_after, o);  // checkpoints at clocks 4 and 8; dies at 11
+  o.resume = true;
+  const auto resumed = job(8, steps, o);
+  CHECK(resumed == uninterrupted);
+  CHECK(latest_common_checkpoint(prefix, 2) == std::optional<std::int64_t>(20));  // the resumed job wrote on
+  for (int s = 0; s < 2; ++s) {
+    for (int c : {4, 8, 12, 16, 20}) {
+      for (const char* which : {"sparse", "dense"}) std::remove(checkpoint_file(prefix, s, c, which).c_str());
+    }
+  }
 }

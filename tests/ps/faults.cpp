@@ -4,7 +4,9 @@
 
 #include <signal.h>
 
+#include <cstdio>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "../catch.hpp"
@@ -59,4 +61,36 @@ TEST_CASE("ps faults: a dead server makes every worker fail naming it, within th
     CHECK(has(o.output, "server 1"));
   }
   CHECK(g.elapsed < 40s);
+}
+
+TEST_CASE("ps faults: a server SIGKILLed mid-job; the job restarted from the checkpoints ends exactly right",
+          "[ps][faults][checkpoint]") {
+  const std::string prefix = "/tmp/dtrain_ps_restart_" + std::to_string(::getpid());
+  auto env = [&](bool resume) {
+    return [=](int) {
+      std::vector<std::string> e{"DTRAIN_PS_SERVERS=2", "DTRAIN_TEST_CHECKPOINT=" + prefix, "DTRAIN_TEST_CHECKPOINT_EVERY=5",
+                                 "DTRAIN_TEST_TIMEOUT_MS=3000", "DTRAIN_TEST_SLOW_MS=20"};
+      if (!resume) {
+        e.push_back("DTRAIN_TEST_KILL_RANK=1");  // server 1 dies about 300 ms in, mid-run
+        e.push_back("DTRAIN_TEST_KILL_STEP=-2");
+      } else {
+        e.push_back("DTRAIN_TEST_RESUME=1");
+      }
+      return e;
+    };
+  };
+  auto first = run_ps(4, "bsp", env(false));
+  INFO(dump(first));
+  REQUIRE(first.ranks[1].status == 128 + SIGKILL);
+  CHECK(first.ranks[2].status == 3);  // the workers fail, naming the server
+  auto second = run_ps(4, "bsp", env(true));
+  INFO(dump(second));
+  for (const auto& r : second.ranks) CHECK(r.status == 0);
+  CHECK(has(second.ranks[2].output, "worker 0 resumes at step"));
+  CHECK(has(second.ranks[2].output, "30 steps: match the serial simulation"));
+  for (int s = 0; s < 2; ++s) {
+    for (int c = 0; c <= 30; c += 5) {
+      for (const char* which : {"sparse", "dense"}) std::remove((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str());
+    }
+  }
 }

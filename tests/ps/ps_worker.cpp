@@ -7,7 +7,9 @@
 //
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k and DTRAIN_TEST_KILL_STEP=s make rank k
 // SIGKILL itself at step s (a server counts its requests instead); DTRAIN_TEST_POLICY=drop keeps
-// going without a dead worker; DTRAIN_TEST_HEARTBEAT_MS sets the heartbeat timeout.
+// going without a dead worker; DTRAIN_TEST_HEARTBEAT_MS sets the heartbeat timeout;
+// DTRAIN_TEST_CHECKPOINT=prefix checkpoints every DTRAIN_TEST_CHECKPOINT_EVERY clocks, and with
+// DTRAIN_TEST_RESUME=1 the job starts from those checkpoints.
 // Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
 
 #include <signal.h>
@@ -47,6 +49,11 @@ ps_options options() {
   if (const char* p = std::getenv("DTRAIN_TEST_POLICY"); p != nullptr && std::string(p) == "drop") {
     o.on_dead_worker = dead_worker_policy::drop;
   }
+  if (const char* c = std::getenv("DTRAIN_TEST_CHECKPOINT"); c != nullptr) {
+    o.checkpoint_prefix = c;
+    o.checkpoint_every = env_int("DTRAIN_TEST_CHECKPOINT_EVERY", 5);
+    o.resume = env_int("DTRAIN_TEST_RESUME", 0) != 0;
+  }
   return o;
 }
 
@@ -78,7 +85,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
   problem p(w);
   std::vector<float> x(dim);
   job.begin(std::span(x));
-  for (int it = 0; it < steps; ++it) {
+  if (job.first_step() > 0 && w == 0) std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
+  for (int it = static_cast<int>(job.first_step()); it < steps; ++it) {
     maybe_die(rank, it);
     job.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) { p.grad(xs, g, tt); }, it);
     if (env_int("DTRAIN_TEST_SLOW_MS", 0) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_SLOW_MS", 0)));

@@ -17,8 +17,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
+#include <filesystem>
+#include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -161,6 +165,44 @@ inline std::vector<std::byte> read_file(const std::string& path) {
 }
 
 }  // namespace detail
+
+/// The file of shard `shard`'s checkpoint of `clock`: `<prefix>.shard<s>.c<clock>.<which>`.
+inline std::string checkpoint_file(const std::string& prefix, int shard, std::int64_t clock, const char* which) {
+  return prefix + ".shard" + std::to_string(shard) + ".c" + std::to_string(clock) + "." + which;
+}
+
+/// The newest clock for which every one of `shards` shards has both checkpoint files under
+/// `prefix` (in one directory), or nothing.
+inline std::optional<std::int64_t> latest_common_checkpoint(const std::string& prefix, int shards) {
+  namespace fs = std::filesystem;
+  const fs::path base(prefix);
+  const fs::path dir = base.has_parent_path() ? base.parent_path() : fs::path(".");
+  const std::string stem = base.filename().string() + ".shard";
+  std::map<std::int64_t, int> complete;  // clock -> shards with both files
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string suffix = ".dense";
+    if (name.rfind(stem, 0) != 0 || name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+      continue;
+    }
+    const auto dot_c = name.find(".c", stem.size());
+    if (dot_c == std::string::npos) continue;
+    const std::string shard_text = name.substr(stem.size(), dot_c - stem.size());
+    const std::string clock_text = name.substr(dot_c + 2, name.size() - suffix.size() - dot_c - 2);
+    char* end = nullptr;
+    const long shard = std::strtol(shard_text.c_str(), &end, 10);
+    if (shard_text.empty() || *end != '\0' || shard < 0 || shard >= shards) continue;
+    const long long clock = std::strtoll(clock_text.c_str(), &end, 10);
+    if (clock_text.empty() || *end != '\0') continue;
+    if (fs::exists(checkpoint_file(prefix, static_cast<int>(shard), clock, "sparse"))) ++complete[clock];
+  }
+  std::optional<std::int64_t> best;
+  for (const auto& [clock, n] : complete) {
+    if (n == shards) best = clock;
+  }
+  return best;
+}
 
 /// Writes `t` and `state` to `path`, atomically. @throws dtrain::error with the system error
 /// if the file cannot be written (the previous checkpoint, if any, is left in place).

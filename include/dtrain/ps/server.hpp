@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <cstdio>
 #include <deque>
 #include <limits>
 #include <list>
@@ -39,6 +40,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/detail/log.hpp"
+#include "dtrain/ps/checkpoint.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/table.hpp"
@@ -63,6 +65,17 @@ struct ps_options {
   dead_worker_policy on_dead_worker = dead_worker_policy::abort;
   /// Dense tensors are cut into slices of at most this many bytes, spread over the servers.
   std::size_t dense_slice_bytes = std::size_t{4} << 20;
+  /// Checkpoints: server s writes `<checkpoint_prefix>.shard<s>.c<clock>.sparse` and `.dense`
+  /// (atomically) every `checkpoint_every` clocks under a barrier model, at a round boundary, so
+  /// the shards' checkpoints of one clock form a consistent cut; and when a worker asks. The two
+  /// newest clocks are kept: a shard that died may not have written the newest one. Empty: none.
+  std::string checkpoint_prefix;
+  std::int64_t checkpoint_every = 0;
+  /// Start from the checkpoints of clock `resume_clock` (-1: the newest clock every shard has a
+  /// checkpoint of, found in the checkpoint directory; name the clock when shards write to
+  /// different disks). Workers then continue from that clock (`worker::clocks()`).
+  bool resume = false;
+  std::int64_t resume_clock = -1;
 };
 
 /// What a server has done, for logs and the observability of issue 6.
@@ -112,6 +125,8 @@ class server {
                                               ", which is a worker rank");
     }
     stats_.per_worker_staleness.assign(static_cast<std::size_t>(r.workers), std::vector<std::uint64_t>(33, 0));
+    if (options_.resume) restore();
+    next_checkpoint_ = options_.checkpoint_every > 0 ? (slowest() / options_.checkpoint_every + 1) * options_.checkpoint_every : 0;
   }
 
   /// Serves until every worker has said goodbye (or was dropped).
@@ -207,6 +222,7 @@ class server {
         case op::hello:
           check_hello(r);
           greeted_[w] = true;
+          reply.slowest = clocks_[w];  // a resumed server tells the worker where it left off
           send(from, encode_response<T>(reply, {}));
           break;
         case op::push: on_push(r); send(from, encode_response<T>(reply, {})); break;
@@ -225,7 +241,12 @@ class server {
           break;
         case op::heartbeat: break;
         case op::checkpoint:
-          throw error(errc::unsupported, "this server was started without a checkpoint path");
+          if (options_.checkpoint_prefix.empty()) {
+            throw error(errc::unsupported, "this server was started without a checkpoint path");
+          }
+          save();
+          send(from, encode_response<T>(reply, {}));
+          break;
         case op::goodbye:
           close_bundle(w);
           finished_[w] = true;
@@ -369,6 +390,11 @@ class server {
       apply_group(round, workers);
       by_clock_.erase(by_clock_.begin());
     }
+    // At a round boundary every shard holds exactly the rounds before `s`: a consistent cut.
+    if (consistency_.staleness_bound() == 0 && next_checkpoint_ > 0 && s != done_clock && s >= next_checkpoint_) {
+      save();
+      next_checkpoint_ = (s / options_.checkpoint_every + 1) * options_.checkpoint_every;
+    }
     // A soft-sync group waits for s contributions; with fewer workers left, apply what there is.
     if (bundles_ > 0 && (live_workers() == 0 || static_cast<int>(bundles_) >= consistency_.pushes_to_apply(live_workers()))) {
       apply_group(group_, bundles_);
@@ -426,6 +452,57 @@ class server {
     } catch (const error& e) {
       reply_error(d.from, reply, code_of(e), e.what());
     }
+  }
+
+  // --- checkpoints -------------------------------------------------------------------------------
+
+  std::string checkpoint_path(std::int64_t at, const char* which) const {
+    return checkpoint_file(options_.checkpoint_prefix, shard(), at, which);
+  }
+
+  void save() {
+    const shard_state st{static_cast<std::uint32_t>(shard()), static_cast<std::uint32_t>(roles_.servers),
+                         stats_.version, clocks_};
+    const std::int64_t at = std::min(slowest(), *std::max_element(clocks_.begin(), clocks_.end()));
+    save_checkpoint(checkpoint_path(at, "sparse"), sparse_, st);
+    save_checkpoint(checkpoint_path(at, "dense"), dense_, st);
+    ++checkpoints_written_;
+    if (written_.empty() || written_.back() != at) written_.push_back(at);
+    while (written_.size() > 2) {  // keep the two newest
+      std::remove(checkpoint_path(written_.front(), "sparse").c_str());
+      std::remove(checkpoint_path(written_.front(), "dense").c_str());
+      written_.erase(written_.begin());
+    }
+  }
+
+  void restore() {
+    if (options_.checkpoint_prefix.empty()) {
+      throw error(errc::invalid_argument, "ps::server: resume asked without a checkpoint prefix");
+    }
+    std::int64_t at = options_.resume_clock;
+    if (at < 0) {
+      const auto common = latest_common_checkpoint(options_.checkpoint_prefix, roles_.servers);
+      if (!common) {
+        throw error(errc::bad_data, "ps::server " + std::to_string(shard()) + ": no clock has a checkpoint of every one of the " +
+                                        std::to_string(roles_.servers) + " shards at " + options_.checkpoint_prefix);
+      }
+      at = *common;
+    }
+    const auto sparse = load_checkpoint(checkpoint_path(at, "sparse"), sparse_, static_cast<std::uint32_t>(shard()),
+                                        static_cast<std::uint32_t>(roles_.servers));
+    const auto dense = load_checkpoint(checkpoint_path(at, "dense"), dense_, static_cast<std::uint32_t>(shard()),
+                                       static_cast<std::uint32_t>(roles_.servers));
+    if (sparse.version != dense.version || sparse.clocks != dense.clocks) {
+      throw error(errc::bad_data, "ps::server " + std::to_string(shard()) + ": the sparse and dense checkpoints at " +
+                                      options_.checkpoint_prefix + " are from different moments");
+    }
+    if (sparse.clocks.size() != clocks_.size()) {
+      throw error(errc::bad_data, "ps::server " + std::to_string(shard()) + ": the checkpoint has " +
+                                      std::to_string(sparse.clocks.size()) + " workers' clocks; this job has " +
+                                      std::to_string(clocks_.size()) + " workers");
+    }
+    stats_.version = sparse.version;
+    clocks_ = sparse.clocks;
   }
 
   // --- workers' state ---------------------------------------------------------------------------
@@ -536,6 +613,9 @@ class server {
   std::list<deferred> deferred_;
   std::deque<outgoing> sends_;
   std::string failure_;
+  std::int64_t next_checkpoint_ = 0;
+  std::uint64_t checkpoints_written_ = 0;
+  std::vector<std::int64_t> written_;  // clocks of the checkpoints on disk, oldest first
   server_stats stats_;
 };
 

@@ -55,6 +55,11 @@ class trainer {
 
   bool is_server() const noexcept { return server_.has_value(); }
 
+  /// Worker ranks: the iteration to continue from (0, or the clock of the checkpoint the servers
+  /// resumed from; `ps_options::resume`). Bit-exact resumption holds for `sync_sgd` under `bsp`,
+  /// whose workers keep no state of their own between iterations.
+  std::int64_t first_step() const noexcept { return worker_->clocks(); }
+
   /// Server ranks: serve until every worker is done. @returns the server's statistics
   const server_stats& serve() {
     server_->run();

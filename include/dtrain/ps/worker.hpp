@@ -109,6 +109,15 @@ class worker {
       throw error(code_of(e), "ps::worker " + std::to_string(id_) + ": joining the servers" +
                                   (missing.empty() ? "" : " (no answer from server " + missing + ")") + ": " + e.what());
     }
+    // Resumed servers say which clock this worker left off at; all must agree.
+    for (std::size_t s = 0; s < hello_clocks_.size(); ++s) {
+      if (hello_clocks_[s] != hello_clocks_[0]) {
+        throw error(errc::bad_data, "ps::worker " + std::to_string(id_) + ": the servers resumed from different clocks (server 0 at " +
+                                        std::to_string(hello_clocks_[0]) + ", server " + std::to_string(s) + " at " +
+                                        std::to_string(hello_clocks_[s]) + "); their checkpoints are from different rounds");
+      }
+    }
+    clock_ = hello_clocks_.empty() ? 0 : hello_clocks_[0];
     heartbeat_ = std::thread([this] { beat(); });
   }
 
@@ -263,7 +272,7 @@ class worker {
     stop_heartbeat();
   }
 
-  /// Clocks this worker has finished.
+  /// Clocks this worker has finished (where a resumed job continues from, right after joining).
   std::int64_t clocks() const noexcept { return clock_; }
   int id() const noexcept { return static_cast<int>(id_); }
   const roles& group() const noexcept { return roles_; }
@@ -349,6 +358,10 @@ class worker {
     }
     pending& p = it->second;
     p.done = true;
+    if (p.what == op::hello && h.status == 0) {
+      hello_clocks_.resize(static_cast<std::size_t>(roles_.servers), 0);
+      hello_clocks_[static_cast<std::size_t>(p.server)] = h.slowest;
+    }
     const std::span<const std::byte> payload = std::span<const std::byte>(inbox_).subspan(header_bytes);
     if (h.status != 0) {
       p.code = static_cast<errc>(h.status);
@@ -425,6 +438,7 @@ class worker {
   std::vector<std::uint64_t> basis_;  // per server: the version of the last pull
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
+  std::vector<std::int64_t> hello_clocks_;
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, pending> pending_;
   std::deque<outgoing> outgoing_;
