@@ -80,6 +80,9 @@ int main(int argc, char** argv) {
   std::string program;
   app.add_option("-n,--nproc", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 4096));
   app.add_option("--grace-ms", grace_ms, "after a failure, how long the others get to exit after SIGTERM");
+  int servers = 0;
+  app.add_option("--servers", servers, "parameter-server jobs: the first N ranks serve (sets DTRAIN_PS_SERVERS)")
+      ->check(CLI::Range(0, 4095));
   app.add_option("program", program, "the program; everything after it is its arguments")->required();
   app.prefix_command();  // options after the program belong to the program
   CLI11_PARSE(app, argc, argv);
@@ -108,6 +111,7 @@ int main(int argc, char** argv) {
     env.push_back(fmt::format("DTRAIN_LOCAL_WORLD_SIZE={}", n));
     env.push_back(fmt::format("DTRAIN_STORE=127.0.0.1:{}", store.port()));
     env.push_back("DTRAIN_TOKEN=" + token);
+    if (servers > 0) env.push_back(fmt::format("DTRAIN_PS_SERVERS={}", servers));
     std::vector<char*> envp, args;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
