@@ -62,6 +62,14 @@ struct settings {
 using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
+// 784, the hidden widths, 10.
+std::vector<int> layer_widths(const settings& s) {
+  std::vector<int> widths{static_cast<int>(fashion_mnist::pixels_per_image)};
+  widths.insert(widths.end(), s.hidden.begin(), s.hidden.end());
+  widths.push_back(fashion_mnist::classes);
+  return widths;
+}
+
 // The summary the bench and plot scripts read.
 void write_summary(const settings& s, const std::string& framework, int ranks, double samples_per_second,
                    const std::vector<double>& epoch_seconds, double comm_share, double accuracy,
@@ -90,13 +98,10 @@ int run_allreduce(const settings& s) {
                                                                     s.global_batch, ranks));
   }
   const std::size_t local_batch = s.global_batch / P;
-  auto train = fashion_mnist::load(s.data, "train");
+  const auto train = fashion_mnist::load(s.data, "train");
   const auto test = fashion_mnist::load(s.data, "t10k");
   const std::size_t train_samples = s.limit_train > 0 ? std::min(s.limit_train, train.size()) : train.size();
-
-  std::vector<int> widths{static_cast<int>(fashion_mnist::pixels_per_image)};
-  widths.insert(widths.end(), s.hidden.begin(), s.hidden.end());
-  widths.push_back(fashion_mnist::classes);
+  const auto widths = layer_widths(s);
   fashion_mnist::mlp model(widths, train, s.seed);
 
   dtrain::data::distributed_sampler sampler(train_samples, rank, ranks, s.seed);
@@ -235,12 +240,10 @@ int run_ps_with(const settings& s, dtrain::tcp_transport transport, Updater upda
   }
   auto& w = job.worker_endpoint();
   const int me = w.id();
-  auto train = fashion_mnist::load(s.data, "train");
+  const auto train = fashion_mnist::load(s.data, "train");
   const auto test = fashion_mnist::load(s.data, "t10k");
   const std::size_t train_samples = s.limit_train > 0 ? std::min(s.limit_train, train.size()) : train.size();
-  std::vector<int> widths{static_cast<int>(fashion_mnist::pixels_per_image)};
-  widths.insert(widths.end(), s.hidden.begin(), s.hidden.end());
-  widths.push_back(fashion_mnist::classes);
+  const auto widths = layer_widths(s);
   fashion_mnist::mlp model(widths, train, s.seed);
   dtrain::data::distributed_sampler sampler(train_samples, me, roles.workers, s.seed);
   const std::size_t local_batch = s.global_batch / P;

@@ -43,6 +43,58 @@ void finish_clock(Worker& w) {
   auto r = w.clock();
   w.wait(r);
 }
+
+// Pushes `values`, finishes the clock and fetches the center into `x`, all in flight at once;
+// the pull is answered once the consistency model lets this clock's updates be seen.
+template <class Worker, class T>
+void push_clock_pull(Worker& w, std::size_t tensor, std::span<const T> values, std::span<T> x) {
+  auto pushed = w.push_dense(tensor, values);
+  auto clocked = w.clock();
+  auto pulled = w.pull_dense(tensor, x);
+  w.wait(pushed);
+  w.wait(clocked);
+  w.wait(pulled);
+}
+
+// What ADAG, model averaging and DynSGD share: local SGD steps x <- x - eta g, and every
+// `period` iterations push (x - anchor) * scale, finish the clock, fetch x~ and re-anchor there.
+template <class T>
+class periodic_delta {
+ public:
+  periodic_delta(double eta, int period) : eta_(static_cast<T>(eta)), period_(std::max(1, period)) {}
+
+  template <class Worker>
+  void begin(Worker& w, std::span<T> x) {
+    tensor_ = join_model(w, x);
+    g_.resize(x.size());
+    anchor_.assign(x.begin(), x.end());
+  }
+
+  template <class Worker>
+  void end(Worker&, std::span<T>) {}
+
+  int period() const noexcept { return period_; }
+
+ protected:
+  template <class Worker, class Grad>
+  void local_step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t, T scale) {
+    grad(std::span<const T>(x), std::span<T>(g_), t);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= eta_ * g_[i];
+    if ((t + 1) % period_ == 0) {
+      for (std::size_t i = 0; i < x.size(); ++i) g_[i] = (x[i] - anchor_[i]) * scale;
+      push_clock_pull(w, tensor_, std::span<const T>(g_), x);
+      anchor_.assign(x.begin(), x.end());
+    } else {
+      finish_clock(w);
+    }
+  }
+
+ private:
+  T eta_;
+  int period_;
+  std::size_t tensor_ = 0;
+  std::vector<T> g_, anchor_;
+};
 }  // namespace detail
 
 /// Synchronous SGD: every iteration push the gradient, finish the clock, pull the new x~.
@@ -62,12 +114,7 @@ class sync_sgd {
   template <class Worker, class Grad>
   void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
     grad(std::span<const T>(x), std::span<T>(g_), t);
-    auto pushed = w.push_dense(tensor_, std::span<const T>(g_));
-    auto clocked = w.clock();
-    auto pulled = w.pull_dense(tensor_, x);  // answered once the clock is visible
-    w.wait(pushed);
-    w.wait(clocked);
-    w.wait(pulled);
+    detail::push_clock_pull(w, tensor_, std::span<const T>(g_), x);
   }
 
   template <class Worker>
@@ -123,46 +170,16 @@ class downpour {
 /// ADAG (dist-keras): local SGD steps x <- x - eta g; after every `window` iterations push
 /// (x - x_last_sync) / window, which the server adds to x~, then fetch x~.
 template <class T = float>
-class adag {
+class adag : public detail::periodic_delta<T> {
  public:
   static constexpr std::string_view name = "adag";
   static constexpr apply_mode server_mode = apply_mode::sum;
-  adag(double eta, int window) : eta_(static_cast<T>(eta)), window_(std::max(1, window)) {}
-
-  template <class Worker>
-  void begin(Worker& w, std::span<T> x) {
-    tensor_ = detail::join_model(w, x);
-    g_.resize(x.size());
-    last_sync_.assign(x.begin(), x.end());
-  }
+  adag(double eta, int window) : detail::periodic_delta<T>(eta, window) {}
 
   template <class Worker, class Grad>
   void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
-    grad(std::span<const T>(x), std::span<T>(g_), t);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= eta_ * g_[i];
-    if ((t + 1) % window_ == 0) {
-      const T inv = T(1) / static_cast<T>(window_);
-      for (std::size_t i = 0; i < x.size(); ++i) g_[i] = (x[i] - last_sync_[i]) * inv;
-      auto pushed = w.push_dense(tensor_, std::span<const T>(g_));
-      auto clocked = w.clock();
-      auto pulled = w.pull_dense(tensor_, x);
-      w.wait(pushed);
-      w.wait(clocked);
-      w.wait(pulled);
-      last_sync_.assign(x.begin(), x.end());
-    } else {
-      detail::finish_clock(w);
-    }
+    this->local_step(w, x, grad, t, T(1) / static_cast<T>(this->period()));
   }
-
-  template <class Worker>
-  void end(Worker&, std::span<T>) {}
-
- private:
-  T eta_;
-  int window_;
-  std::size_t tensor_ = 0;
-  std::vector<T> g_, last_sync_;
 };
 
 /// EASGD (Zhang, Choromanska and LeCun 2015), alpha = eta * rho, period tau.
@@ -227,91 +244,32 @@ class easgd {
 /// Model averaging: local SGD x <- x - eta g; every `period` iterations every worker pushes
 /// (x - x~) / workers, so x~ becomes the mean of the replicas, and fetches it. Run under `bsp`.
 template <class T = float>
-class model_averaging {
+class model_averaging : public detail::periodic_delta<T> {
  public:
   static constexpr std::string_view name = "model_averaging";
   static constexpr apply_mode server_mode = apply_mode::sum;
-  model_averaging(double eta, int period) : eta_(static_cast<T>(eta)), period_(std::max(1, period)) {}
-
-  template <class Worker>
-  void begin(Worker& w, std::span<T> x) {
-    tensor_ = detail::join_model(w, x);
-    g_.resize(x.size());
-    center_.assign(x.begin(), x.end());
-  }
+  model_averaging(double eta, int period) : detail::periodic_delta<T>(eta, period) {}
 
   template <class Worker, class Grad>
   void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
-    grad(std::span<const T>(x), std::span<T>(g_), t);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= eta_ * g_[i];
-    if ((t + 1) % period_ == 0) {
-      const T inv = T(1) / static_cast<T>(w.group().workers);
-      for (std::size_t i = 0; i < x.size(); ++i) g_[i] = (x[i] - center_[i]) * inv;
-      auto pushed = w.push_dense(tensor_, std::span<const T>(g_));
-      auto clocked = w.clock();
-      auto pulled = w.pull_dense(tensor_, x);
-      w.wait(pushed);
-      w.wait(clocked);
-      w.wait(pulled);
-      center_.assign(x.begin(), x.end());
-    } else {
-      detail::finish_clock(w);
-    }
+    this->local_step(w, x, grad, t, T(1) / static_cast<T>(w.group().workers));
   }
-
-  template <class Worker>
-  void end(Worker&, std::span<T>) {}
-
- private:
-  T eta_;
-  int period_;
-  std::size_t tensor_ = 0;
-  std::vector<T> g_, center_;
 };
 
 /// DynSGD (dist-keras's DynSGD parameter server): pull x~, run `window` local SGD steps, push
 /// the change d = x - x_pulled; the server applies x~ <- x~ + d / (s + 1), s being the versions
 /// applied since the pull (run the server with `staleness_aware<delta<T>, 1>`, under `asp`).
 template <class T = float>
-class dynsgd {
+class dynsgd : public detail::periodic_delta<T> {
  public:
   static constexpr std::string_view name = "dynsgd";
   static constexpr apply_mode server_mode = apply_mode::update;
-  dynsgd(double eta, int window = 1) : eta_(static_cast<T>(eta)), window_(std::max(1, window)) {}
-
-  template <class Worker>
-  void begin(Worker& w, std::span<T> x) {
-    tensor_ = detail::join_model(w, x);
-    g_.resize(x.size());
-    pulled_.assign(x.begin(), x.end());
-  }
+  dynsgd(double eta, int window = 1) : detail::periodic_delta<T>(eta, window) {}
 
   template <class Worker, class Grad>
   void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
-    grad(std::span<const T>(x), std::span<T>(g_), t);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] -= eta_ * g_[i];
-    if ((t + 1) % window_ == 0) {
-      for (std::size_t i = 0; i < x.size(); ++i) g_[i] = x[i] - pulled_[i];
-      auto pushed = w.push_dense(tensor_, std::span<const T>(g_));
-      auto clocked = w.clock();
-      auto pulled = w.pull_dense(tensor_, x);
-      w.wait(pushed);
-      w.wait(clocked);
-      w.wait(pulled);
-      pulled_.assign(x.begin(), x.end());
-    } else {
-      detail::finish_clock(w);
-    }
+    this->local_step(w, x, grad, t, T(1));
   }
-
-  template <class Worker>
-  void end(Worker&, std::span<T>) {}
-
- private:
-  T eta_;
-  int window_;
-  std::size_t tensor_ = 0;
-  std::vector<T> g_, pulled_;
 };
 
 }  // namespace dtrain::ps

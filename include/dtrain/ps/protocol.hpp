@@ -24,6 +24,7 @@
 #include <bit>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -116,6 +117,15 @@ class message {
  private:
   std::unique_ptr<std::byte[]> data_;
   std::size_t size_;
+};
+
+/// A message being sent and the transport's handle for it: the bytes must live until the send
+/// completes.
+template <class Handle>
+struct outgoing_message {
+  explicit outgoing_message(message m) : bytes(std::move(m)) {}
+  message bytes;
+  std::optional<Handle> handle;
 };
 
 /// A request: header, `keys` (u64 each), then `values` bytes.

@@ -592,11 +592,7 @@ class server {
     sends_.clear();
   }
 
-  struct outgoing {
-    explicit outgoing(message m) : bytes(std::move(m)) {}
-    message bytes;
-    std::optional<send_handle> handle;
-  };
+  using outgoing = outgoing_message<send_handle>;
 
   Transport transport_;
   roles roles_;

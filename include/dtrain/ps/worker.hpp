@@ -423,11 +423,7 @@ class worker {
     if (heartbeat_.joinable()) heartbeat_.join();
   }
 
-  struct outgoing {
-    explicit outgoing(message m) : bytes(std::move(m)) {}
-    message bytes;
-    std::optional<send_handle> handle;
-  };
+  using outgoing = outgoing_message<send_handle>;
 
   Transport transport_;
   roles roles_;
