@@ -62,11 +62,12 @@ double time_op(worker_t& w, Op op, double min_seconds, int warmup) {
 int main(int argc, char** argv) {
   double seconds = 1.0;
   std::size_t sparse_keys = 100000;
-  std::string json;
+  std::string json, only;
   CLI::App app{"dtrain parameter-server throughput (run under dtrain-run; DTRAIN_PS_SERVERS servers)"};
   app.add_option("--seconds", seconds, "time per measurement");
   app.add_option("--keys", sparse_keys, "keys per sparse push+pull");
   app.add_option("--json", json, "write the results as JSON (worker 0)");
+  app.add_option("--only", only, "measure only dense or only sparse")->check(CLI::IsMember({"dense", "sparse"}));
   CLI11_PARSE(app, argc, argv);
 
   tcp_options to;
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
     return mine;  // workers run the same loop at the same time; each reports its own
   };
   for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+    if (only == "sparse") break;
     const std::size_t n = bytes / sizeof(float);
     const auto tensor = w.add_dense(n);
     std::vector<float> grad(n, 1e-3f), values(n);
@@ -103,18 +105,19 @@ int main(int argc, char** argv) {
     }
   }
   std::mt19937_64 gen(static_cast<std::uint64_t>(w.id()) + 7);
+  if (only == "dense") sparse_keys = 0;
   std::vector<key_type> keys(sparse_keys);
   for (auto& k : keys) k = gen() % (std::uint64_t{1} << 24);
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::vector<float> grad(keys.size(), 1e-3f), values(keys.size());
-  const double s = time_op(w, [&] {
+  const double s = keys.empty() ? 1.0 : time_op(w, [&] {
     auto a = w.push(keys, std::span<const float>(grad), 1);
     auto b = w.pull(keys, std::span(values), 1);
     w.wait(a);
     w.wait(b);
   }, seconds, 3);
-  results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
+  if (!keys.empty()) results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
                      2.0 * static_cast<double>(keys.size() * sizeof(float)) * r.workers / s / 1e9,
                      static_cast<double>(keys.size()) * r.workers / s / 1e6});
   w.finish();

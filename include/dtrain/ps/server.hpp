@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -63,6 +64,8 @@ struct ps_options {
   /// Deadline for start-up (every worker's hello) and for each wait of a worker.
   std::chrono::milliseconds timeout{60000};
   dead_worker_policy on_dead_worker = dead_worker_policy::abort;
+  /// How long a server looks for the next request before it sleeps (0: never spins).
+  std::chrono::microseconds spin{50};
   /// Dense tensors are cut into slices of at most this many bytes, spread over the servers.
   std::size_t dense_slice_bytes = std::size_t{4} << 20;
   /// Checkpoints: server s writes `<checkpoint_prefix>.shard<s>.c<clock>.sparse` and `.dense`
@@ -138,7 +141,19 @@ class server {
     auto request = transport_.irecv(any_peer, options_.tag, buffer);
     for (;;) {
       std::error_code ec;
-      const bool got = request.wait(deadline::after(std::chrono::milliseconds(20)), ec);
+      // Requests come in bursts (a worker's push, clock and pull): look again for a few
+      // microseconds before sleeping, which saves a wake-up per request in a burst.
+      bool got = false;
+      for (const auto spin_end = clock::now() + options_.spin; !got && clock::now() < spin_end;) {
+        got = request.test();
+        if (!got) std::this_thread::yield();
+      }
+      if (got) {
+        request.wait(deadline::after(std::chrono::milliseconds(0)), ec);  // collects the status
+        got = !ec;
+      } else {
+        got = request.wait(deadline::after(std::chrono::milliseconds(20)), ec);
+      }
       if (got) {
         const int from = request.info().peer;
         stats_.bytes_in += buffer.size();

@@ -78,6 +78,7 @@ class table {
   void push(std::span<const key_type> keys, std::span<const T> values, std::size_t length, step_info info = {}) {
     check_sizes(keys, values.size(), length, "push");
     for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (i + prefetch_distance < keys.size()) map_.prefetch(keys[i + prefetch_distance]);
       const std::uint32_t s = slot_for(keys[i], length);
       std::span<T> params(values_.data() + offset_[s], length);
       std::span<const T> in = values.subspan(i * length, length);
@@ -94,6 +95,7 @@ class table {
   void pull(std::span<const key_type> keys, std::span<T> out, std::size_t length) {
     check_sizes(keys, out.size(), length, "pull");
     for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (i + prefetch_distance < keys.size()) map_.prefetch(keys[i + prefetch_distance]);
       const std::uint32_t s = slot_for(keys[i], length);
       std::copy_n(values_.data() + offset_[s], length, out.data() + i * length);
     }
@@ -137,6 +139,8 @@ class table {
   }
 
  private:
+  static constexpr std::size_t prefetch_distance = 16;  // keys looked up ahead of the one in hand
+
   void check_sizes(std::span<const key_type> keys, std::size_t values, std::size_t length, const char* op) const {
     if (length == 0 || values != keys.size() * length) {
       throw error(errc::invalid_argument, std::string("ps::table ") + op + ": " + std::to_string(keys.size()) +

@@ -89,7 +89,9 @@ class worker {
                                               " servers but the group has " + std::to_string(roles_.servers));
     }
     id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
-    post_receive();
+    inbox_.resize(static_cast<std::size_t>(roles_.servers));
+    receive_.resize(static_cast<std::size_t>(roles_.servers));
+    for (int srv = 0; srv < roles_.servers; ++srv) post_receive(srv);
     request hello;
     const std::uint64_t config[4] = {static_cast<std::uint64_t>(roles_.servers),
                                      static_cast<std::uint64_t>(roles_.workers), name_digest(Consistency::name),
@@ -131,7 +133,9 @@ class worker {
     } catch (...) {
     }
     stop_heartbeat();
-    if (receive_) receive_->cancel();
+    for (auto& r : receive_) {
+      if (r) r->cancel();
+    }
   }
 
   /// Pushes `values` (keys.size() * length) for sorted, unique `keys` in the current clock.
@@ -148,10 +152,11 @@ class worker {
       if (mine.empty()) continue;
       k.clear();
       v.clear();
-      for (auto i : mine) {
-        k.push_back(keys[i]);
-        v.insert(v.end(), values.begin() + static_cast<std::ptrdiff_t>(i * length),
-                 values.begin() + static_cast<std::ptrdiff_t>((i + 1) * length));
+      k.resize(mine.size());
+      v.resize(mine.size() * length);
+      for (std::size_t j = 0; j < mine.size(); ++j) {
+        k[j] = keys[mine[j]];
+        std::copy_n(values.data() + static_cast<std::size_t>(mine[j]) * length, length, v.data() + j * length);
       }
       r.ids_.push_back(send(s, op::push, table_id::sparse, k, std::span<const T>(v), length, nullptr));
     }
@@ -335,24 +340,31 @@ class worker {
     return id;
   }
 
-  void post_receive() {
-    // inbox_ keeps its size: the transport resizes it to the reply, free when sizes repeat.
-    receive_.emplace(transport_.irecv(any_peer, options_.tag + 1, inbox_));
+  // One receive posted per server: a wait then reads that server's connection itself (no hand-off
+  // through the transport's reader thread, as a receive from any peer needs), and a server's
+  // replies arrive in the order it sent them.
+  void post_receive(int server) {
+    // The inbox keeps its size: the transport resizes it to the reply, free when sizes repeat.
+    const auto s = static_cast<std::size_t>(server);
+    receive_[s].emplace(transport_.irecv(roles_.server_rank(server), options_.tag + 1, inbox_[s]));
   }
 
   // Receives one reply (for whichever request it answers) under `d`.
   void receive_one(deadline d, const pending& waiting_for) {
+    const int server = waiting_for.server;
+    auto& receive = receive_[static_cast<std::size_t>(server)];
+    const std::vector<std::byte>& inbox = inbox_[static_cast<std::size_t>(server)];
     std::error_code ec;
-    if (!receive_->wait(d, ec)) {
+    if (!receive->wait(d, ec)) {
       throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " +
                           std::to_string(waiting_for.server) + " to answer a " + op_name(waiting_for.what));
     }
-    const int from = receive_->info().peer;
-    stats_.bytes_in += inbox_.size();
-    const response_header h = decode_response(inbox_, from);
+    const int from = receive->info().peer;
+    stats_.bytes_in += inbox.size();
+    const response_header h = decode_response(inbox, from);
     auto it = pending_.find(h.id);
     if (it == pending_.end()) {
-      post_receive();
+      post_receive(server);
       throw error(errc::protocol_error, "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) +
                                             " answered request " + std::to_string(h.id) + ", which is not outstanding");
     }
@@ -362,7 +374,7 @@ class worker {
       hello_clocks_.resize(static_cast<std::size_t>(roles_.servers), 0);
       hello_clocks_[static_cast<std::size_t>(p.server)] = h.slowest;
     }
-    const std::span<const std::byte> payload = std::span<const std::byte>(inbox_).subspan(header_bytes);
+    const std::span<const std::byte> payload = std::span<const std::byte>(inbox).subspan(header_bytes);
     if (h.status != 0) {
       p.code = static_cast<errc>(h.status);
       p.failure = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) + " refused a " +
@@ -383,7 +395,7 @@ class worker {
         basis = std::max(basis, h.version);
       }
     }
-    post_receive();
+    post_receive(server);
   }
 
   static const char* op_name(op o) noexcept {
@@ -438,8 +450,8 @@ class worker {
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, pending> pending_;
   std::deque<outgoing> outgoing_;
-  std::vector<std::byte> inbox_;
-  std::optional<recv_handle> receive_;
+  std::vector<std::vector<std::byte>> inbox_;           // per server
+  std::vector<std::optional<recv_handle>> receive_;     // per server
   worker_stats stats_;
   bool finished_ = false, broken_ = false;
   std::mutex beat_mutex_;
