@@ -88,6 +88,17 @@ class range_sharding {
     return static_cast<int>(std::upper_bound(firsts_.begin(), firsts_.end(), k) - firsts_.begin());
   }
 
+  /// For sorted keys, each server's keys are one run: server s has [cuts[s], cuts[s + 1]).
+  /// S binary searches instead of a lookup per key.
+  std::vector<std::size_t> split_sorted(std::span<const key_type> keys) const {
+    std::vector<std::size_t> cuts(static_cast<std::size_t>(servers_) + 1, keys.size());
+    cuts[0] = 0;
+    for (std::size_t i = 0; i < firsts_.size(); ++i) {
+      cuts[i + 1] = static_cast<std::size_t>(std::lower_bound(keys.begin(), keys.end(), firsts_[i]) - keys.begin());
+    }
+    return cuts;
+  }
+
  private:
   detail::uint128 size() const noexcept {
     return key_space_ == 0 ? (detail::uint128{1} << 64) : detail::uint128{key_space_};

@@ -143,8 +143,21 @@ class worker {
   ///   disagree; nothing is sent then.
   request push(std::span<const key_type> keys, std::span<const T> values, std::size_t length) {
     check_length(keys.size(), values.size(), length, "push");
-    const auto parts = partition_keys(sharding_, keys);
     request r;
+    if constexpr (splits_sorted) {  // range shards: each server's keys and values are one run
+      check_keys(sharding_, keys);
+      const auto cuts = sharding_.split_sorted(keys);
+      for (int s = 0; s < roles_.servers; ++s) {
+        const std::size_t a = cuts[static_cast<std::size_t>(s)], n = cuts[static_cast<std::size_t>(s) + 1] - a;
+        if (n == 0) continue;
+        r.ids_.push_back(send(s, op::push, table_id::sparse, keys.subspan(a, n), values.subspan(a * length, n * length),
+                              length, nullptr));
+      }
+      ++stats_.pushes;
+      stats_.keys_pushed += keys.size();
+      return r;
+    }
+    const auto parts = partition_keys(sharding_, keys);
     std::vector<key_type> k;
     std::vector<T> v;
     for (int s = 0; s < roles_.servers; ++s) {
@@ -169,15 +182,28 @@ class worker {
   /// consistency model allows; `out` must stay valid until the request is waited for.
   request pull(std::span<const key_type> keys, std::span<T> out, std::size_t length) {
     check_length(keys.size(), out.size(), length, "pull");
-    const auto parts = partition_keys(sharding_, keys);
     request r;
+    if constexpr (splits_sorted) {  // each server's values land in one run of `out`
+      check_keys(sharding_, keys);
+      const auto cuts = sharding_.split_sorted(keys);
+      for (int s = 0; s < roles_.servers; ++s) {
+        const std::size_t a = cuts[static_cast<std::size_t>(s)], n = cuts[static_cast<std::size_t>(s) + 1] - a;
+        if (n == 0) continue;
+        destination d{out.data() + a * length, {}, length, n};
+        r.ids_.push_back(send(s, op::pull, table_id::sparse, keys.subspan(a, n), std::span<const T>{}, length, &d));
+      }
+      ++stats_.pulls;
+      stats_.keys_pulled += keys.size();
+      return r;
+    }
+    const auto parts = partition_keys(sharding_, keys);
     std::vector<key_type> k;
     for (int s = 0; s < roles_.servers; ++s) {
       const auto mine = parts.of(s);
       if (mine.empty()) continue;
       k.assign(mine.size(), 0);
       for (std::size_t j = 0; j < mine.size(); ++j) k[j] = keys[mine[j]];
-      destination d{out.data(), std::vector<std::uint32_t>(mine.begin(), mine.end()), length};
+      destination d{out.data(), std::vector<std::uint32_t>(mine.begin(), mine.end()), length, 0};
       r.ids_.push_back(send(s, op::pull, table_id::sparse, k, std::span<const T>{}, length, &d));
     }
     ++stats_.pulls;
@@ -214,7 +240,7 @@ class worker {
     for (std::size_t i = first; i < last; ++i) {
       const auto& sl = dense_layout_.slices()[i];
       const key_type key = sl.key;
-      destination d{out.data() + sl.offset, {0}, sl.count};
+      destination d{out.data() + sl.offset, {}, sl.count, 1};
       r.ids_.push_back(send(sl.server, op::pull, table_id::dense, std::span<const key_type>(&key, 1),
                             std::span<const T>{}, sl.count, &d));
     }
@@ -289,7 +315,12 @@ class worker {
     T* out;
     std::vector<std::uint32_t> positions;  // where each pulled key's values go (in units of length)
     std::size_t length;
+    std::size_t run = 0;  // > 0: the values of `run` keys go to out[0, run * length) in order
+    std::size_t keys() const noexcept { return run > 0 ? run : positions.size(); }
   };
+
+  static constexpr bool splits_sorted =
+      requires(const Sharding& s, std::span<const key_type> k) { s.split_sorted(k); };
 
   struct pending {
     int server = 0;
@@ -381,15 +412,18 @@ class worker {
                   op_name(p.what) + ": " + std::string(reinterpret_cast<const char*>(payload.data()), payload.size());
     } else if (p.into) {
       const destination& dst = *p.into;
-      if (payload.size() != dst.positions.size() * dst.length * sizeof(T)) {
+      if (payload.size() != dst.keys() * dst.length * sizeof(T)) {
         p.failure = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) + " sent " +
-                    std::to_string(payload.size()) + " bytes for a pull of " + std::to_string(dst.positions.size()) +
-                    " keys";
+                    std::to_string(payload.size()) + " bytes for a pull of " + std::to_string(dst.keys()) + " keys";
+      } else if (dst.run > 0) {
+        std::memcpy(dst.out, payload.data(), payload.size());
       } else {
         for (std::size_t j = 0; j < dst.positions.size(); ++j) {
           std::memcpy(dst.out + static_cast<std::size_t>(dst.positions[j]) * dst.length,
                       payload.data() + j * dst.length * sizeof(T), dst.length * sizeof(T));
         }
+      }
+      if (p.failure.empty()) {
         auto& basis = basis_[static_cast<std::size_t>(p.server)];
         ++stats_.pull_advance_histogram[std::min<std::size_t>(h.version - std::min(h.version, basis), 32)];
         basis = std::max(basis, h.version);
