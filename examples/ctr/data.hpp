@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/hash.hpp>
 
 namespace ctr {
 
@@ -23,12 +24,7 @@ struct sample {
   float label = 0;                      // 0 or 1
 };
 
-inline std::uint64_t mix(std::uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+inline std::uint64_t mix(std::uint64_t z) { return dtrain::splitmix64(z); }
 
 /// The true model: a weight per feature from a hash (no table needed), large for the thousand
 /// most frequent features and small for the long tail (which a finite sample cannot teach), plus

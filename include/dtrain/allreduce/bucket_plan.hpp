@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/hash.hpp"
+
 namespace dtrain::allreduce {
 
 /// One bucket: consecutive tensors (in reverse index order) and where each sits in its buffer.
@@ -61,14 +63,11 @@ class bucket_plan {
 
   /// A 64-bit digest of the tensor sizes and bucket boundaries: equal plans, equal digests.
   std::uint64_t fingerprint() const noexcept {
-    std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over 64-bit words
-    auto mix = [&h](std::uint64_t v) {
-      for (int byte = 0; byte < 8; ++byte) h = (h ^ ((v >> (8 * byte)) & 0xff)) * 0x100000001b3ull;
-    };
-    mix(sizes_.size());
-    for (std::size_t s : sizes_) mix(s);
-    for (const bucket& b : buckets_) mix(b.tensors.size());
-    return h;
+    fnv1a h;
+    h.word(sizes_.size());
+    for (std::size_t s : sizes_) h.word(s);
+    for (const bucket& b : buckets_) h.word(b.tensors.size());
+    return h.value();
   }
 
   /// "3 buckets of 6 tensors, 235146 elements" for error messages and logs.

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/hash.hpp"
 
 namespace dtrain::data {
 
@@ -58,10 +59,9 @@ class distributed_sampler {
 
  private:
   static std::uint64_t next(std::uint64_t& s) noexcept {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    const std::uint64_t z = splitmix64(s);
+    s += 0x9e3779b97f4a7c15ull;  // the generator's state advances by the increment splitmix64 adds
+    return z;
   }
 
   std::size_t samples_;

@@ -31,6 +31,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
+#include "dtrain/core/hash.hpp"
 #include "dtrain/ps/table.hpp"
 
 namespace dtrain::ps {
@@ -46,12 +47,6 @@ namespace detail {
 
 inline constexpr char checkpoint_magic[8] = {'D', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
 inline constexpr std::uint32_t checkpoint_format = 1;
-
-inline std::uint64_t fnv1a(std::span<const std::byte> bytes) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (std::byte b : bytes) h = (h ^ std::to_integer<std::uint64_t>(b)) * 0x100000001b3ull;
-  return h;
-}
 
 class byte_writer {
  public:
@@ -227,7 +222,7 @@ void save_checkpoint(const std::string& path, table<T, Updater, Initializer>& t,
     for (T v : values) w.put(v);
     for (T v : st) w.put(v);
   });
-  w.put(detail::fnv1a(w.bytes));
+  w.put(fnv1a().bytes(w.bytes).value());
   detail::write_atomically(path, w.bytes);
 }
 
@@ -246,7 +241,7 @@ shard_state load_checkpoint(const std::string& path, table<T, Updater, Initializ
     throw bad("is not a dtrain checkpoint");
   }
   const auto body = std::span(bytes).first(bytes.size() - 8);
-  if (detail::fnv1a(body) != dtrain::detail::wire::get<std::uint64_t>(bytes.data() + body.size())) {
+  if (fnv1a().bytes(body).value() != dtrain::detail::wire::get<std::uint64_t>(bytes.data() + body.size())) {
     throw bad("is corrupt: its checksum does not match its contents");
   }
   detail::byte_reader r(body.subspan(8), path);

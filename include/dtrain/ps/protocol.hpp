@@ -33,6 +33,7 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
+#include "dtrain/core/hash.hpp"
 
 namespace dtrain::ps {
 
@@ -89,11 +90,7 @@ inline bool known(op o) { return o >= op::hello && o <= op::goodbye; }
 }  // namespace detail
 
 /// FNV-1a of a name (a consistency model's), for the hello's configuration check.
-inline std::uint64_t name_digest(std::string_view s) noexcept {
-  std::uint64_t h = 0xcbf29ce484222325ull;
-  for (char c : s) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  return h;
-}
+inline std::uint64_t name_digest(std::string_view s) noexcept { return fnv1a().text(s).value(); }
 
 /// The dtrain error code of `e`, or `protocol_error` for an error of another category.
 inline errc code_of(const std::system_error& e) noexcept {

@@ -18,6 +18,7 @@
 
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/hash.hpp"
 #include "dtrain/detail/flat_map.hpp"
 #include "dtrain/ps/sharding.hpp"
 
@@ -43,7 +44,7 @@ struct uniform_initializer {
   template <std::floating_point T>
   void operator()(key_type key, std::span<T> values) const noexcept {
     for (std::size_t j = 0; j < values.size(); ++j) {
-      const std::uint64_t h = detail::mix64(seed ^ detail::mix64(key) ^ (j * 0xd1b54a32d192ed03ull));
+      const std::uint64_t h = splitmix64(seed ^ splitmix64(key) ^ (j * 0xd1b54a32d192ed03ull));
       const double u = static_cast<double>(h >> 11) * 0x1.0p-53;  // [0, 1)
       values[j] = static_cast<T>(scale * (2.0 * u - 1.0));
     }
