@@ -198,6 +198,38 @@ TEST_CASE("dense tensors are sliced across servers and come back whole", "[ps]")
   CHECK(back[n - 1] == static_cast<float>((n - 1) % 1000) * 4.0f);
 }
 
+TEST_CASE("hashed shards: a worker's keys scatter over the servers and come back in place", "[ps]") {
+  // Consistent hashing puts neighbouring keys on different servers, so the worker gathers each
+  // server's keys and values and scatters the replies back.
+  const roles r = roles::of(4, 2);
+  std::vector<key_type> keys;
+  for (key_type k = 0; k < 300; ++k) keys.push_back(k * 3 + 1);
+  std::vector<float> back;
+  run_inproc(4, [&](int rank, inproc_transport t) {
+    if (r.is_server(rank)) {
+      server<inproc_transport, bsp, float, sgd<float>> s(std::move(t), r, bsp{}, sgd<float>(0.1), {}, quick(),
+                                                        apply_mode::sum);
+      s.run();
+      return;
+    }
+    worker<inproc_transport, bsp, float, consistent_hash_sharding> w(std::move(t), r, consistent_hash_sharding(2), quick());
+    std::vector<float> values(keys.size() * 2);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+    auto pushed = w.push(keys, std::span<const float>(values), 2);
+    w.wait(pushed);
+    auto clocked = w.clock();
+    w.wait(clocked);
+    std::vector<float> out(values.size());
+    auto pulled = w.pull(keys, std::span(out), 2);
+    w.wait(pulled);
+    if (w.id() == 0) back = out;
+    w.finish();
+  });
+  REQUIRE(back.size() == keys.size() * 2);
+  for (std::size_t i = 0; i < back.size(); ++i) CHECK(back[i] == 2.0f * static_cast<float>(i));  // both workers' pushes
+  CHECK(consistent_hash_sharding(2).server_of(keys[0]) != consistent_hash_sharding(2).server_of(keys[1]));
+}
+
 TEST_CASE("bad requests are refused with the reason; the job goes on", "[ps]") {
   std::vector<std::string> errors;
   run_job<asp>(1, 1, [&](auto& w) {

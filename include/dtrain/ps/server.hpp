@@ -288,39 +288,31 @@ class server {
   }
 
   void on_push(request_view<T>& r) {
+    check_sorted_unique(r.keys, "push from worker " + std::to_string(r.header.worker));
+    if (r.header.length == 0 && !r.keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
+    ++stats_.pushes;
+    stats_.keys_pushed += r.keys.size();
     if (consistency_.staleness_bound() != 0 && consistency_.pushes_to_apply(live_workers()) == 1) {
-      apply_now(r);  // ASP, SSP: one push is its own mean, straight from the request's bytes
+      // ASP, SSP: one push is its own mean, applied straight from the request's bytes. They are
+      // the representation of T values the transport copied in; the header and keys keep them
+      // aligned (the buffer comes from operator new).
+      const std::span<const T> values(reinterpret_cast<const T*>(r.values.data()), r.values.size() / sizeof(T));
+      apply_single(r.header.worker, r.header.table, r.keys, values, r.header.length, r.header.basis);
       return;
     }
     pending_push p{r.header.worker, r.header.table, r.header.length, r.header.basis, std::move(r.keys), {}};
     p.values.resize(r.values.size() / sizeof(T));
     if (!p.values.empty()) std::memcpy(p.values.data(), r.values.data(), r.values.size());
-    check_keys_sorted(p);
-    ++stats_.pushes;
-    stats_.keys_pushed += p.keys.size();
     if (consistency_.staleness_bound() == 0) {
       by_clock_[r.header.clock].push_back(std::move(p));  // applied when every worker finished the clock
       progress();
-    } else if (consistency_.pushes_to_apply(live_workers()) == 1) {
-      std::vector<pending_push> alone;  // applied on arrival, its own mean
-      alone.push_back(std::move(p));
-      apply_group(alone, 1);
     } else {
-      open_bundle_[p.worker].push_back(std::move(p));  // joins the group when its clock ends
+      open_bundle_[p.worker].push_back(std::move(p));  // joins the soft-sync group when its clock ends
     }
   }
 
-  void check_keys_sorted(const pending_push& p) const { check_keys_sorted(p.keys, p.length, p.worker); }
-
-  static void check_keys_sorted(std::span<const key_type> keys, std::size_t length, std::uint32_t worker) {
-    for (std::size_t i = 1; i < keys.size(); ++i) {
-      if (keys[i] <= keys[i - 1]) {
-        throw error(errc::invalid_argument, "push from worker " + std::to_string(worker) +
-                                                ": keys not sorted and unique at " + std::to_string(i));
-      }
-    }
-    if (length == 0 && !keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
-  }
+  // Versions applied since the worker read the parameters its push was computed from.
+  std::uint64_t staleness_of(std::uint64_t basis) const noexcept { return stats_.version - std::min(basis, stats_.version); }
 
   void record_staleness(std::uint32_t worker, std::uint64_t s) {
     const std::size_t bucket = std::min<std::size_t>(s, 32);
@@ -328,16 +320,12 @@ class server {
     ++stats_.per_worker_staleness[worker][bucket];
   }
 
-  void apply_now(const request_view<T>& r) {
-    check_keys_sorted(r.keys, r.header.length, r.header.worker);
-    ++stats_.pushes;
-    stats_.keys_pushed += r.keys.size();
-    const std::uint64_t s = stats_.version - std::min(r.header.basis, stats_.version);
-    record_staleness(r.header.worker, s);
-    // The request's value bytes are the representation of T values that the transport copied
-    // in; the header and keys keep them aligned (the buffer comes from operator new).
-    const std::span<const T> values(reinterpret_cast<const T*>(r.values.data()), r.values.size() / sizeof(T));
-    if (!r.keys.empty()) (r.header.table == table_id::sparse ? sparse_ : dense_).push(r.keys, values, r.header.length, {s, 1.0});
+  // One push that is its own mean: straight into its table as one update.
+  void apply_single(std::uint32_t worker, table_id which, std::span<const key_type> keys, std::span<const T> values,
+                    std::size_t length, std::uint64_t basis) {
+    const std::uint64_t s = staleness_of(basis);
+    record_staleness(worker, s);
+    if (!keys.empty()) (which == table_id::sparse ? sparse_ : dense_).push(keys, values, length, {s, 1.0});
     ++stats_.version;
   }
 
@@ -346,19 +334,16 @@ class server {
   // so a worker whose clock spans several requests (slices, servers' shares) counts once.
   void apply_group(std::vector<pending_push>& group, std::size_t bundles) {
     if (group.empty()) return;
-    if (group.size() == 1 && bundles == 1) {  // one push is its own mean: straight into the table
-      pending_push& p = group.front();
-      const std::uint64_t s = stats_.version - std::min(p.basis, stats_.version);
-      record_staleness(p.worker, s);
-      if (!p.keys.empty()) (p.which == table_id::sparse ? sparse_ : dense_).push(p.keys, p.values, p.length, {s, 1.0});
-      ++stats_.version;
+    if (group.size() == 1 && bundles == 1) {
+      const pending_push& p = group.front();
+      apply_single(p.worker, p.which, p.keys, p.values, p.length, p.basis);
       group.clear();
       return;
     }
     std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a.worker < b.worker; });
     double staleness = 0;
     for (const auto& p : group) {
-      const std::uint64_t s = stats_.version - std::min(p.basis, stats_.version);
+      const std::uint64_t s = staleness_of(p.basis);
       staleness += static_cast<double>(s);
       record_staleness(p.worker, s);
     }
@@ -481,7 +466,6 @@ class server {
     const std::int64_t at = std::min(slowest(), *std::max_element(clocks_.begin(), clocks_.end()));
     save_checkpoint(checkpoint_path(at, "sparse"), sparse_, st);
     save_checkpoint(checkpoint_path(at, "dense"), dense_, st);
-    ++checkpoints_written_;
     if (written_.empty() || written_.back() != at) written_.push_back(at);
     while (written_.size() > 2) {  // keep the two newest
       std::remove(checkpoint_path(written_.front(), "sparse").c_str());
@@ -536,12 +520,7 @@ class server {
     return s;
   }
 
-  bool done() const noexcept {
-    for (std::size_t w = 0; w < finished_.size(); ++w) {
-      if (!finished_[w] && !dead_[w]) return false;
-    }
-    return true;
-  }
+  bool done() const noexcept { return live_workers() == 0; }
 
   void check_liveness(clock::time_point start) {
     const auto now = clock::now();
@@ -625,7 +604,6 @@ class server {
   std::deque<outgoing> sends_;
   std::string failure_;
   std::int64_t next_checkpoint_ = 0;
-  std::uint64_t checkpoints_written_ = 0;
   std::vector<std::int64_t> written_;  // clocks of the checkpoints on disk, oldest first
   server_stats stats_;
 };

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/hash.hpp"
 
 namespace dtrain::ps {
 
@@ -41,14 +42,6 @@ concept sharding = requires(const S& s, key_type k) {
 
 namespace detail {
 __extension__ typedef unsigned __int128 uint128;  // GCC and Clang; exact range arithmetic
-
-/// splitmix64's finaliser: a bijective, well-mixed 64-bit hash.
-constexpr std::uint64_t mix64(std::uint64_t z) noexcept {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 inline void check_servers(int servers, const char* who) {
   if (servers < 1) {
@@ -123,7 +116,7 @@ class consistent_hash_sharding {
       for (int v = 0; v < virtual_nodes; ++v) {
         // A point depends only on (seed, server, node), so adding a server keeps the others'.
         const std::uint64_t point =
-            detail::mix64(seed ^ detail::mix64((static_cast<std::uint64_t>(s) << 32) | static_cast<std::uint32_t>(v)));
+            splitmix64(seed ^ splitmix64((static_cast<std::uint64_t>(s) << 32) | static_cast<std::uint32_t>(v)));
         ring_.emplace_back(point, s);
       }
     }
@@ -135,7 +128,7 @@ class consistent_hash_sharding {
   bool contains(key_type) const noexcept { return true; }
 
   int server_of(key_type k) const noexcept {
-    const std::uint64_t h = detail::mix64(k ^ detail::mix64(seed_ + 1));
+    const std::uint64_t h = splitmix64(k ^ splitmix64(seed_ + 1));
     auto it = std::lower_bound(ring_.begin(), ring_.end(), std::pair<std::uint64_t, int>(h, -1));
     return it == ring_.end() ? ring_.front().second : it->second;
   }
@@ -160,22 +153,35 @@ struct key_partition {
   }
 };
 
+namespace detail {
+inline error out_of_order(std::span<const key_type> keys, std::size_t i, const std::string& who) {
+  return error(errc::invalid_argument, who + ": keys must be sorted and unique; key " + std::to_string(keys[i]) +
+                                           " at position " + std::to_string(i) + " follows " + std::to_string(keys[i - 1]));
+}
+}  // namespace detail
+
+/// Checks that `keys` are strictly ascending (sorted and unique); `who` opens the message.
+/// @throws dtrain::error `invalid_argument` naming the first offending position and key
+inline void check_sorted_unique(std::span<const key_type> keys, const std::string& who) {
+  for (std::size_t i = 1; i < keys.size(); ++i) {
+    if (keys[i] <= keys[i - 1]) throw detail::out_of_order(keys, i, who);
+  }
+}
+
 /// Checks that `keys` are strictly ascending (sorted, unique) and inside the key space.
 /// @throws dtrain::error `invalid_argument` naming the first offending position and key
 template <sharding S>
 void check_keys(const S& s, std::span<const key_type> keys) {
   for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (i > 0 && keys[i] <= keys[i - 1]) {
-      throw error(errc::invalid_argument, "ps: keys must be sorted and unique; key " + std::to_string(keys[i]) +
-                                              " at position " + std::to_string(i) + " follows " +
-                                              std::to_string(keys[i - 1]));
-    }
+    if (i > 0 && keys[i] <= keys[i - 1]) throw detail::out_of_order(keys, i, "ps");
     if (!s.contains(keys[i])) {
       throw error(errc::invalid_argument, "ps: key " + std::to_string(keys[i]) + " at position " + std::to_string(i) +
                                               " is outside the key space");
     }
   }
-  if (keys.size() > std::numeric_limits<std::uint32_t>::max()) throw error(errc::invalid_argument, "ps: more than 2^32 keys in one request");
+  if (keys.size() > std::numeric_limits<std::uint32_t>::max()) {
+    throw error(errc::invalid_argument, "ps: more than 2^32 keys in one request");
+  }
 }
 
 /// Groups `keys` by owning server (counting sort: two passes, no per-key allocation).

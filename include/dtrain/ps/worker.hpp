@@ -144,35 +144,19 @@ class worker {
   request push(std::span<const key_type> keys, std::span<const T> values, std::size_t length) {
     check_length(keys.size(), values.size(), length, "push");
     request r;
-    if constexpr (splits_sorted) {  // range shards: each server's keys and values are one run
-      check_keys(sharding_, keys);
-      const auto cuts = sharding_.split_sorted(keys);
-      for (int s = 0; s < roles_.servers; ++s) {
-        const std::size_t a = cuts[static_cast<std::size_t>(s)], n = cuts[static_cast<std::size_t>(s) + 1] - a;
-        if (n == 0) continue;
-        r.ids_.push_back(send(s, op::push, table_id::sparse, keys.subspan(a, n), values.subspan(a * length, n * length),
-                              length, nullptr));
+    std::vector<T> gathered;
+    split_by_server(keys, [&](int s, std::span<const key_type> mine, std::size_t first,
+                              std::span<const std::uint32_t> positions) {
+      std::span<const T> v = values.subspan(first * length, mine.size() * length);
+      if (!positions.empty()) {  // scattered keys: gather their values
+        gathered.resize(positions.size() * length);
+        for (std::size_t j = 0; j < positions.size(); ++j) {
+          std::copy_n(values.data() + static_cast<std::size_t>(positions[j]) * length, length, gathered.data() + j * length);
+        }
+        v = gathered;
       }
-      ++stats_.pushes;
-      stats_.keys_pushed += keys.size();
-      return r;
-    }
-    const auto parts = partition_keys(sharding_, keys);
-    std::vector<key_type> k;
-    std::vector<T> v;
-    for (int s = 0; s < roles_.servers; ++s) {
-      const auto mine = parts.of(s);
-      if (mine.empty()) continue;
-      k.clear();
-      v.clear();
-      k.resize(mine.size());
-      v.resize(mine.size() * length);
-      for (std::size_t j = 0; j < mine.size(); ++j) {
-        k[j] = keys[mine[j]];
-        std::copy_n(values.data() + static_cast<std::size_t>(mine[j]) * length, length, v.data() + j * length);
-      }
-      r.ids_.push_back(send(s, op::push, table_id::sparse, k, std::span<const T>(v), length, nullptr));
-    }
+      r.ids_.push_back(send(s, op::push, table_id::sparse, mine, v, length, nullptr));
+    });
     ++stats_.pushes;
     stats_.keys_pushed += keys.size();
     return r;
@@ -183,29 +167,13 @@ class worker {
   request pull(std::span<const key_type> keys, std::span<T> out, std::size_t length) {
     check_length(keys.size(), out.size(), length, "pull");
     request r;
-    if constexpr (splits_sorted) {  // each server's values land in one run of `out`
-      check_keys(sharding_, keys);
-      const auto cuts = sharding_.split_sorted(keys);
-      for (int s = 0; s < roles_.servers; ++s) {
-        const std::size_t a = cuts[static_cast<std::size_t>(s)], n = cuts[static_cast<std::size_t>(s) + 1] - a;
-        if (n == 0) continue;
-        destination d{out.data() + a * length, {}, length, n};
-        r.ids_.push_back(send(s, op::pull, table_id::sparse, keys.subspan(a, n), std::span<const T>{}, length, &d));
-      }
-      ++stats_.pulls;
-      stats_.keys_pulled += keys.size();
-      return r;
-    }
-    const auto parts = partition_keys(sharding_, keys);
-    std::vector<key_type> k;
-    for (int s = 0; s < roles_.servers; ++s) {
-      const auto mine = parts.of(s);
-      if (mine.empty()) continue;
-      k.assign(mine.size(), 0);
-      for (std::size_t j = 0; j < mine.size(); ++j) k[j] = keys[mine[j]];
-      destination d{out.data(), std::vector<std::uint32_t>(mine.begin(), mine.end()), length, 0};
-      r.ids_.push_back(send(s, op::pull, table_id::sparse, k, std::span<const T>{}, length, &d));
-    }
+    split_by_server(keys, [&](int s, std::span<const key_type> mine, std::size_t first,
+                              std::span<const std::uint32_t> positions) {
+      destination d = positions.empty()  // a run of keys: the reply lands in one run of `out`
+                          ? destination{out.data() + first * length, {}, length, mine.size()}
+                          : destination{out.data(), std::vector<std::uint32_t>(positions.begin(), positions.end()), length, 0};
+      r.ids_.push_back(send(s, op::pull, table_id::sparse, mine, std::span<const T>{}, length, &d));
+    });
     ++stats_.pulls;
     stats_.keys_pulled += keys.size();
     return r;
@@ -321,6 +289,32 @@ class worker {
 
   static constexpr bool splits_sorted =
       requires(const Sharding& s, std::span<const key_type> k) { s.split_sorted(k); };
+
+  // Calls f(server, its keys, first, positions) for every server that owns some of the sorted,
+  // unique `keys`. With range shards a server's keys are the run keys[first, first + n), found
+  // by binary search, and `positions` is empty; otherwise they are gathered and `positions`
+  // holds their indices in `keys`. @throws dtrain::error as `check_keys`, before any call.
+  template <class F>
+  void split_by_server(std::span<const key_type> keys, F&& f) {
+    if constexpr (splits_sorted) {
+      check_keys(sharding_, keys);
+      const auto cuts = sharding_.split_sorted(keys);
+      for (int s = 0; s < roles_.servers; ++s) {
+        const std::size_t a = cuts[static_cast<std::size_t>(s)], n = cuts[static_cast<std::size_t>(s) + 1] - a;
+        if (n > 0) f(s, keys.subspan(a, n), a, std::span<const std::uint32_t>{});
+      }
+    } else {
+      const auto parts = partition_keys(sharding_, keys);
+      std::vector<key_type> mine;
+      for (int s = 0; s < roles_.servers; ++s) {
+        const auto positions = parts.of(s);
+        if (positions.empty()) continue;
+        mine.resize(positions.size());
+        for (std::size_t j = 0; j < positions.size(); ++j) mine[j] = keys[positions[j]];
+        f(s, std::span<const key_type>(mine), std::size_t{0}, positions);
+      }
+    }
+  }
 
   struct pending {
     int server = 0;
