@@ -118,8 +118,6 @@ class mlp {
     return {hits, loss};
   }
 
-  std::size_t correct(const split& data, std::size_t first, std::size_t n) { return evaluate(data, first, n).first; }
-
  private:
   using matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using row = Eigen::Matrix<float, 1, Eigen::Dynamic>;

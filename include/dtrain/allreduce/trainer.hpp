@@ -316,8 +316,7 @@ class trainer {
       ++steps_;
       if (!sync && (steps_ - options_.local_sgd_after) % options_.average_every == 0) {
         trace::scope s("average parameters", "communication", tracer_);
-        for (const bucket& b : plan_.buckets()) post_bucket(b, role::average_parameters);
-        worker_->drain();
+        average_parameters();
         result.averaged_parameters = true;
       }
       const auto t3 = clock::now();
