@@ -200,7 +200,7 @@ TEST_CASE("EASGD synchronous: elastic pull toward the center every tau, center m
   for (std::size_t w = 0; w < W; ++w) CHECK(got.replicas[w] == x[w]);
 }
 
-TEST_CASE("EASGD asynchronous (Algorithm 1): one worker exactly; several converge", "[ps][algorithms]") {
+TEST_CASE("EASGD asynchronous (Algorithm 1): one worker exactly, several converge", "[ps][algorithms]") {
   constexpr int steps = 20, tau = 4;
   const float eta = 0.05f, rho = 3.0f;
   const float alpha = static_cast<float>(0.05 * 3.0);
@@ -281,7 +281,7 @@ TEST_CASE("DynSGD: each change divided by its staleness plus one", "[ps][algorit
   CHECK(many.server.mean_staleness() > 0);
 }
 
-TEST_CASE("Hogwild: threads on disjoint coordinates equal the serial run; overlapping ones converge",
+TEST_CASE("Hogwild: threads on disjoint coordinates equal the serial run, overlapping ones converge",
           "[ps][algorithms]") {
   // Sparse least squares: sample s touches coordinates s % 64 and (s * 7 + 1) % 64.
   constexpr std::size_t n = 64, samples_total = 4096;

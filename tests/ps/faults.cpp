@@ -63,7 +63,7 @@ TEST_CASE("ps faults: a dead server makes every worker fail naming it, within th
   CHECK(g.elapsed < 40s);
 }
 
-TEST_CASE("ps faults: a server SIGKILLed mid-job; the job restarted from the checkpoints ends exactly right",
+TEST_CASE("ps faults: a server SIGKILLed mid-job, the job restarted from the checkpoints ends exactly right",
           "[ps][faults][checkpoint]") {
   const std::string prefix = "/tmp/dtrain_ps_restart_" + std::to_string(::getpid());
   auto env = [&](bool resume) {

@@ -49,7 +49,7 @@ TEST_CASE("faults: a rank SIGKILLed mid-allreduce makes every survivor fail fast
   CHECK(g.elapsed < 20s);  // far inside the 30 s deadline: nobody waited it out
 }
 
-TEST_CASE("faults: a rank with the wrong token is refused and logged; nobody hangs", "[tcp][faults]") {
+TEST_CASE("faults: a rank with the wrong token is refused and logged, nobody hangs", "[tcp][faults]") {
   auto g = run_group(2, "allreduce-loop", [](int r) {
     return r == 1 ? std::vector<std::string>{"DTRAIN_TOKEN=wrong", "DTRAIN_TIMEOUT_MS=3000"}
                   : std::vector<std::string>{"DTRAIN_TIMEOUT_MS=3000"};
@@ -63,7 +63,7 @@ TEST_CASE("faults: a rank with the wrong token is refused and logged; nobody han
   CHECK(g.elapsed < 15s);
 }
 
-TEST_CASE("faults: junk on every listening port is refused; the job goes on correctly", "[tcp][faults]") {
+TEST_CASE("faults: junk on every listening port is refused, the job goes on correctly", "[tcp][faults]") {
   std::vector<std::string> refusals;
   auto g = run_group(3, "allreduce-loop", [](int) {
     return std::vector<std::string>{"DTRAIN_TEST_DELAY_MS=1500", "DTRAIN_TEST_LOOP_MS=1000"};
