@@ -8,6 +8,8 @@
 //
 // GB/s counts the value bytes moved by all workers (push: the tensor; pull: the tensor;
 // push+pull: both); M keys/s counts keys per push+pull round (each key pushed and pulled once).
+// push+pull is one `push_pull` request per server (ps-lite's ZPushPull, as its benchmark's
+// PUSH_PULL mode): the server applies the push and answers with the new values.
 
 #include <algorithm>
 #include <chrono>
@@ -67,6 +69,10 @@ int main(int argc, char** argv) {
   app.add_option("--seconds", seconds, "time per measurement");
   app.add_option("--keys", sparse_keys, "keys per sparse push+pull");
   app.add_option("--json", json, "write the results as JSON (worker 0)");
+  std::size_t slice_kib = 4096;
+  bool no_key_cache = false;
+  app.add_option("--slice-kib", slice_kib, "dense slice size (ps_options::dense_slice_bytes) in KiB");
+  app.add_flag("--no-key-cache", no_key_cache, "send every key list in full (ps_options::key_cache_lists = 0)");
   app.add_option("--only", only, "measure only dense or only sparse")->check(CLI::IsMember({"dense", "sparse"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -75,7 +81,8 @@ int main(int argc, char** argv) {
   auto t = tcp_transport::from_environment(to);
   const roles r = roles::from_environment(t.size());
   ps_options o;
-  o.dense_slice_bytes = std::size_t{4} << 20;
+  o.dense_slice_bytes = slice_kib << 10;
+  if (no_key_cache) o.key_cache_lists = 0;
   if (r.is_server(t.rank())) {
     server<tcp_transport, asp, float, sgd<float>> s(std::move(t), r, asp{}, sgd<float>(1e-6), {}, o);
     s.run();
@@ -94,11 +101,10 @@ int main(int argc, char** argv) {
     for (const char* what : {"push", "pull", "push+pull"}) {
       const std::string op = what;
       const double s = time_op(w, [&] {
-        worker_t::request a, b;
-        if (op != "pull") a = w.push_dense(tensor, grad);
-        if (op != "push") b = w.pull_dense(tensor, values);
-        w.wait(a);
-        w.wait(b);
+        worker_t::request q = op == "push"   ? w.push_dense(tensor, grad)
+                              : op == "pull" ? w.pull_dense(tensor, values)
+                                             : w.push_pull_dense(tensor, grad, values);
+        w.wait(q);
       }, seconds, 3);
       const double moved = static_cast<double>(bytes) * (op == "push+pull" ? 2 : 1) * r.workers;
       results.push_back({"dense " + op, bytes, 0, all_workers(s), moved / s / 1e9, 0});
@@ -112,10 +118,8 @@ int main(int argc, char** argv) {
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::vector<float> grad(keys.size(), 1e-3f), values(keys.size());
   const double s = keys.empty() ? 1.0 : time_op(w, [&] {
-    auto a = w.push(keys, std::span<const float>(grad), 1);
-    auto b = w.pull(keys, std::span(values), 1);
-    w.wait(a);
-    w.wait(b);
+    auto q = w.push_pull(keys, std::span<const float>(grad), std::span(values), 1);
+    w.wait(q);
   }, seconds, 3);
   if (!keys.empty()) results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
                      2.0 * static_cast<double>(keys.size() * sizeof(float)) * r.workers / s / 1e9,

@@ -86,3 +86,34 @@ TEST_CASE("ps protocol: malformed requests are refused, saying what is wrong", "
   CHECK_THAT(decode_error(bad), Catch::Contains("2 values for 2 keys of length 2"));
   CHECK_THAT(decode_error(std::vector<std::byte>{}), Catch::Contains("from rank 7"));
 }
+
+TEST_CASE("ps protocol: key cache fields, a request that uses cached keys carries none", "[ps][protocol]") {
+  request_header h{op::push_pull, table_id::sparse, 5, 0, 0, 3, 2, 1, key_cache::use, 7};
+  const std::vector<float> values{1, 2, 3, 4, 5, 6};
+  const auto bytes = copy(encode_request<float>(h, {}, values));
+  CHECK(bytes.size() == header_bytes + 6 * 4);
+  const auto r = decode_request<float>(bytes, 7);
+  CHECK(r.header.what == op::push_pull);
+  CHECK(r.header.cache == key_cache::use);
+  CHECK(r.header.cache_slot == 7);
+  CHECK(r.header.keys == 3);
+  CHECK(r.keys.empty());
+  CHECK(r.values.size() == 24);
+
+  request_header s{op::pull, table_id::sparse, 6, 0, 0, 0, 1, 1, key_cache::store, 200};
+  const std::vector<std::uint64_t> keys{1, 2};
+  const auto stored = decode_request<float>(copy(encode_request<float>(s, keys, std::span<const float>{})), 7);
+  CHECK(stored.header.cache == key_cache::store);
+  CHECK(stored.header.cache_slot == 200);
+  CHECK(stored.keys == keys);
+
+  auto bad = bytes;
+  bad[6] = std::byte{3};
+  CHECK_THAT(decode_error(bad), Catch::Contains("unknown key cache mode 3"));
+  bad = bytes;
+  bad[32] = std::byte{4};  // 4 cached keys of length 2, but 6 values
+  CHECK_THAT(decode_error(bad), Catch::Contains("6 values for 4 keys of length 2"));
+  request_header hello{op::hello, table_id::sparse, 1, 0, 0, 0, 0, 0, key_cache::store, 0};
+  CHECK_THAT(decode_error(copy(encode_request<float>(hello, keys, std::span<const float>{}))),
+             Catch::Contains("key cache on a request without keys"));
+}

@@ -88,7 +88,7 @@ TEST_CASE("each key keeps its own updater state across requests", "[ps][table]")
   CHECK(t.pushes() == 200);
 }
 
-TEST_CASE("summation mode adds pushed values; staleness reaches the updater", "[ps][table]") {
+TEST_CASE("summation mode adds pushed values, staleness reaches the updater", "[ps][table]") {
   table<float, sgd<float>> sum(sgd<float>(0.1), {}, apply_mode::sum);
   std::vector<key_type> keys{1, 2};
   sum.push(keys, std::vector<float>{1, 2, 3, 4}, 2);
@@ -115,4 +115,37 @@ TEST_CASE("sizes that disagree are refused before anything changes", "[ps][table
   CHECK_THROWS_WITH(t.pull(keys, five, 3), Catch::Contains("2 keys of length 3 but 5 values"));
   std::vector<float> six(n + 1);
   CHECK_THROWS_WITH(t.pull(keys, six, 3), Catch::Contains("key 1 holds 2 values, not 3"));
+}
+
+TEST_CASE("push_pull is a push then a pull, resolved key lists give the same results", "[ps][table]") {
+  // Three tables driven alike: push then pull (the reference), fused push_pull, and push_pull
+  // through a resolved key list reused across rounds (key caching), with momentum state.
+  const double lr = 0.1, mu = 0.9;
+  table<double, momentum<double>> separate(momentum<double>(lr, mu)), fused(momentum<double>(lr, mu)),
+      cached(momentum<double>(lr, mu));
+  const std::vector<key_type> keys{3, 9, 27, 81, 243};
+  resolved_keys resolved;
+  std::mt19937 gen(3);
+  std::normal_distribution<double> g01;
+  for (int round = 0; round < 50; ++round) {
+    std::vector<double> g(keys.size() * 2);
+    for (auto& x : g) x = g01(gen);
+    std::vector<double> a(g.size()), b(g.size()), c(g.size());
+    separate.push(keys, g, 2);
+    separate.pull(keys, a, 2);
+    fused.push_pull(keys, g, b, 2);
+    cached.push_pull(keys, g, c, 2, {}, &resolved);
+    REQUIRE(resolved.slots.size() == keys.size());
+    CHECK(a == b);
+    CHECK(a == c);
+  }
+  std::vector<double> out(keys.size() * 2), again(out.size());
+  separate.pull(keys, out, 2);
+  cached.pull(keys, again, 2, &resolved);
+  CHECK(out == again);
+  // A resolved list does not skip the length check: resolving for another length refuses.
+  resolved_keys other;
+  std::vector<double> wrong(keys.size() * 3);
+  CHECK_THROWS_WITH(cached.pull(keys, wrong, 3, &other), Catch::Contains("key 3 holds 2 values, not 3"));
+  CHECK(other.slots.empty());
 }

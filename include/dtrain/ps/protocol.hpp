@@ -11,7 +11,8 @@
 /// |   0 |    4 | magic "DTPS"                     | magic "DTPS"                 |
 /// |   4 |    1 | op                               | op (echoed)                  |
 /// |   5 |    1 | table (0 sparse, 1 dense)        | status (0 ok, else errc)     |
-/// |   6 |    2 | reserved (0)                     | reserved (0)                 |
+/// |   6 |    1 | key cache: 0 none, 1 store, 2 use| reserved (0)                 |
+/// |   7 |    1 | key cache slot                   | reserved (0)                 |
 /// |   8 |    8 | request id                       | request id (echoed)          |
 /// |  16 |    8 | clock: the worker's clocks done | server version at the reply  |
 /// |  24 |    8 | basis: server version last pulled| slowest worker's clock       |
@@ -46,10 +47,20 @@ enum class op : std::uint8_t {
   heartbeat = 5,  ///< liveness only; no reply
   checkpoint = 6, ///< write a checkpoint now
   goodbye = 7,    ///< the worker is done; it no longer holds anyone back
+  push_pull = 8,  ///< a push, then a pull of the same keys, in one request and one reply
 };
 
 /// Which of a server's tables a request addresses.
 enum class table_id : std::uint8_t { sparse = 0, dense = 1 };
+
+/// Key caching (Li et al., OSDI 2014, section 3.5): a worker that sends a server the same key
+/// list again (a model's fixed feature set, the same minibatch keys every epoch) names it by a
+/// cache slot instead of sending it, and the server reuses what it resolved the keys to.
+enum class key_cache : std::uint8_t {
+  none = 0,   ///< the keys are in the request
+  store = 1,  ///< the keys are in the request; the server keeps them in `cache_slot`
+  use = 2,    ///< the request carries no keys: they are the `keys` in `cache_slot`
+};
 
 struct request_header {
   op what = op::heartbeat;
@@ -60,6 +71,8 @@ struct request_header {
   std::uint64_t keys = 0;
   std::uint32_t length = 0;  ///< values per key (push) or expected per key (pull)
   std::uint32_t worker = 0;
+  key_cache cache = key_cache::none;
+  std::uint8_t cache_slot = 0;
 };
 
 struct response_header {
@@ -86,7 +99,7 @@ inline void put_common(std::byte* b, op what, std::uint8_t byte5) {
   put(b + 6, std::uint16_t{0});
 }
 
-inline bool known(op o) { return o >= op::hello && o <= op::goodbye; }
+inline bool known(op o) { return o >= op::hello && o <= op::push_pull; }
 }  // namespace detail
 
 /// FNV-1a of a name (a consistency model's), for the hello's configuration check.
@@ -125,15 +138,20 @@ struct outgoing_message {
   std::optional<Handle> handle;
 };
 
-/// A request: header, `keys` (u64 each), then `values` bytes.
+/// A request: header, `keys` (u64 each), then `values` bytes. With `key_cache::use` the keys
+/// stay behind (pass none) and the header's key count is `h.keys`.
 template <class T>
 message encode_request(const request_header& h, std::span<const std::uint64_t> keys, std::span<const T> values) {
+  const bool cached = h.cache == key_cache::use;
+  DTRAIN_ASSERT(!cached || keys.empty(), "a request that uses cached keys carries none");
   message b(header_bytes + keys.size() * 8 + values.size_bytes());
   detail::put_common(b.data(), h.what, static_cast<std::uint8_t>(h.table));
+  detail::put(b.data() + 6, static_cast<std::uint8_t>(h.cache));
+  detail::put(b.data() + 7, h.cache_slot);
   detail::put(b.data() + 8, h.id);
   detail::put(b.data() + 16, h.clock);
   detail::put(b.data() + 24, h.basis);
-  detail::put(b.data() + 32, static_cast<std::uint64_t>(keys.size()));
+  detail::put(b.data() + 32, static_cast<std::uint64_t>(cached ? h.keys : keys.size()));
   detail::put(b.data() + 40, h.length);
   detail::put(b.data() + 44, h.worker);
   std::byte* p = b.data() + header_bytes;
@@ -154,7 +172,7 @@ message encode_request(const request_header& h, std::span<const std::uint64_t> k
 template <class T>
 struct request_view {
   request_header header;
-  std::vector<std::uint64_t> keys;
+  std::vector<std::uint64_t> keys;  ///< empty with `key_cache::use`: the server has them
   std::span<const std::byte> values;  ///< `sizeof(T)` bytes per value
 };
 
@@ -178,17 +196,27 @@ request_view<T> decode_request(std::span<const std::byte> b, int from) {
   r.header.keys = detail::get<std::uint64_t>(b.data() + 32);
   r.header.length = detail::get<std::uint32_t>(b.data() + 40);
   r.header.worker = detail::get<std::uint32_t>(b.data() + 44);
+  const auto cache = detail::get<std::uint8_t>(b.data() + 6);
+  if (cache > 2) throw bad("unknown key cache mode " + std::to_string(cache));
+  r.header.cache = static_cast<key_cache>(cache);
+  r.header.cache_slot = detail::get<std::uint8_t>(b.data() + 7);
+  const bool keyed = r.header.what == op::push || r.header.what == op::pull || r.header.what == op::push_pull;
+  if (r.header.cache != key_cache::none && !keyed) throw bad("key cache on a request without keys");
+  const bool cached = r.header.cache == key_cache::use;
   const std::size_t payload = b.size() - header_bytes;
-  if (r.header.keys > payload / 8) throw bad(std::to_string(r.header.keys) + " keys in " + std::to_string(payload) + " bytes");
-  const std::size_t key_bytes = static_cast<std::size_t>(r.header.keys) * 8;
+  if (!cached && r.header.keys > payload / 8) {
+    throw bad(std::to_string(r.header.keys) + " keys in " + std::to_string(payload) + " bytes");
+  }
+  const std::size_t key_bytes = cached ? 0 : static_cast<std::size_t>(r.header.keys) * 8;
   r.values = b.subspan(header_bytes + key_bytes);
   if (r.values.size() % sizeof(T) != 0) throw bad("values are not whole elements");
   const std::size_t values = r.values.size() / sizeof(T);
-  if (r.header.what == op::push && values != r.header.keys * r.header.length) {
+  if ((r.header.what == op::push || r.header.what == op::push_pull) &&
+      (r.header.length == 0 ? values != 0 : values % r.header.length != 0 || values / r.header.length != r.header.keys)) {
     throw bad(std::to_string(values) + " values for " + std::to_string(r.header.keys) + " keys of length " +
               std::to_string(r.header.length));
   }
-  r.keys.resize(static_cast<std::size_t>(r.header.keys));
+  r.keys.resize(key_bytes / 8);
   if constexpr (std::endian::native == std::endian::little) {
     if (!r.keys.empty()) std::memcpy(r.keys.data(), b.data() + header_bytes, key_bytes);
   } else {

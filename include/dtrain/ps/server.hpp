@@ -68,6 +68,12 @@ struct ps_options {
   std::chrono::microseconds spin{50};
   /// Dense tensors are cut into slices of at most this many bytes, spread over the servers.
   std::size_t dense_slice_bytes = std::size_t{4} << 20;
+  /// Key caching: a worker remembers the last `key_cache_lists` sparse key lists of at least
+  /// `key_cache_min_keys` keys it sent each server (so does the server), and sends a list that
+  /// comes again as a one-byte slot; the server then skips the keys' hash lookups too.
+  /// At most 256; 0 turns it off.
+  std::size_t key_cache_lists = 16;
+  std::size_t key_cache_min_keys = 1024;
   /// Checkpoints: server s writes `<checkpoint_prefix>.shard<s>.c<clock>.sparse` and `.dense`
   /// (atomically) every `checkpoint_every` clocks under a barrier model, at a round boundary, so
   /// the shards' checkpoints of one clock form a consistent cut; and when a worker asks. The two
@@ -122,7 +128,8 @@ class server {
         finished_(static_cast<std::size_t>(r.workers), false),
         dead_(static_cast<std::size_t>(r.workers), false),
         greeted_(static_cast<std::size_t>(r.workers), false),
-        last_seen_(static_cast<std::size_t>(r.workers), std::chrono::steady_clock::now()) {
+        last_seen_(static_cast<std::size_t>(r.workers), std::chrono::steady_clock::now()),
+        key_cache_(static_cast<std::size_t>(r.workers)) {
     if (!roles_.is_server(transport_.rank())) {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(transport_.rank()) +
                                               ", which is a worker rank");
@@ -237,11 +244,13 @@ class server {
         case op::hello:
           check_hello(r);
           greeted_[w] = true;
+          key_cache_[w].clear();  // a restarted worker starts with an empty key cache
           reply.slowest = clocks_[w];  // a resumed server tells the worker where it left off
           send(from, encode_response<T>(reply, {}));
           break;
-        case op::push: on_push(r); send(from, encode_response<T>(reply, {})); break;
-        case op::pull: defer_or_serve({from, h, std::move(r.keys)}); break;
+        case op::push: push(r, keys_of(r)); send(from, encode_response<T>(reply, {})); break;
+        case op::pull: on_pull(from, r); break;
+        case op::push_pull: on_push_pull(from, r); break;
         case op::clock:
           if (h.clock != clocks_[w]) {
             throw error(errc::protocol_error, "worker " + std::to_string(w) + " finished clock " +
@@ -287,29 +296,132 @@ class server {
     }
   }
 
-  void on_push(request_view<T>& r) {
-    check_sorted_unique(r.keys, "push from worker " + std::to_string(r.header.worker));
-    if (r.header.length == 0 && !r.keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
+  // Under ASP and SSP a push is applied as it arrives; under BSP and soft sync it waits for others.
+  bool applies_on_arrival() const noexcept {
+    return consistency_.staleness_bound() != 0 && consistency_.pushes_to_apply(live_workers()) == 1;
+  }
+
+  // A key list the worker asked this server to keep (key caching), and where its keys sit in
+  // the table it was used with.
+  struct cached_keys {
+    table_id which = table_id::sparse;
+    std::uint32_t length = 0;  // values per key the slots were resolved (and checked) for
+    std::vector<key_type> keys;
+    resolved_keys resolved;
+  };
+
+  // A request's keys: in the request, or in the key cache (with their slots in the table).
+  struct key_list {
+    std::span<const key_type> keys;
+    resolved_keys* resolved = nullptr;
+  };
+
+  // Keeps the request's keys when it asks to (`key_cache::store`), or finds the ones it names
+  // (`key_cache::use`). Push keys must be sorted and unique; a kept list is checked once, here.
+  key_list keys_of(const request_view<T>& r) {
+    const request_header& h = r.header;
+    const std::string who = std::string(h.what == op::pull ? "pull" : "push") + " from worker " + std::to_string(h.worker);
+    if (h.cache == key_cache::none) {
+      if (h.what != op::pull) check_sorted_unique(r.keys, who);
+      return {r.keys, nullptr};
+    }
+    auto& mine = key_cache_[h.worker];
+    if (mine.empty()) mine.resize(256);  // every slot a byte can name
+    cached_keys& c = mine[h.cache_slot];
+    if (h.cache == key_cache::store) {
+      c.keys.clear();  // a refused list leaves the slot empty, never holding an older list
+      check_sorted_unique(r.keys, who);
+      c.which = h.table;
+      c.keys = r.keys;
+      c.resolved.slots.clear();
+    } else if (c.keys.size() != h.keys || c.which != h.table || h.keys == 0) {
+      throw error(errc::protocol_error, who + " names key cache slot " + std::to_string(h.cache_slot) + " with " +
+                                            std::to_string(h.keys) + " keys, but the slot holds " +
+                                            std::to_string(c.keys.size()) + " keys of another table or request");
+    }
+    if (c.length != h.length) {  // resolved for another length: resolve again, checking each key's
+      c.length = h.length;
+      c.resolved.slots.clear();
+    }
+    return {c.keys, &c.resolved};
+  }
+
+  // The keys as a list the server keeps (a deferred pull, a push waiting for its round).
+  static std::vector<key_type> own(request_view<T>& r, const key_list& k) {
+    if (k.keys.data() == r.keys.data()) return std::move(r.keys);
+    return {k.keys.begin(), k.keys.end()};
+  }
+
+  void check_push(const request_header& h, const key_list& k) {
+    if (h.length == 0 && !k.keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
     ++stats_.pushes;
-    stats_.keys_pushed += r.keys.size();
-    if (consistency_.staleness_bound() != 0 && consistency_.pushes_to_apply(live_workers()) == 1) {
-      // ASP, SSP: one push is its own mean, applied straight from the request's bytes. They are
-      // the representation of T values the transport copied in; the header and keys keep them
-      // aligned (the buffer comes from operator new).
-      const std::span<const T> values(reinterpret_cast<const T*>(r.values.data()), r.values.size() / sizeof(T));
-      apply_single(r.header.worker, r.header.table, r.keys, values, r.header.length, r.header.basis);
+    stats_.keys_pushed += k.keys.size();
+  }
+
+  // The request's values, read in place. They are the representation of T values the transport
+  // copied in; the header and keys keep them aligned (the buffer comes from operator new).
+  static std::span<const T> values_of(const request_view<T>& r) noexcept {
+    return {reinterpret_cast<const T*>(r.values.data()), r.values.size() / sizeof(T)};
+  }
+
+  void on_pull(int from, request_view<T>& r) {
+    const key_list k = keys_of(r);
+    const deferred d{from, r.header, {}};
+    if (ready(d)) {
+      serve(from, r.header, k);
+    } else {
+      defer(deferred{from, r.header, own(r, k)});
+    }
+  }
+
+  // A push, then a pull of the same keys. When the push is applied on arrival and the pull may
+  // be answered now, both happen in one pass over the keys; otherwise they go their separate
+  // ways and the pull's answer is the reply.
+  void on_push_pull(int from, request_view<T>& r) {
+    const request_header& h = r.header;
+    const key_list k = keys_of(r);
+    if (!applies_on_arrival() || !ready(deferred{from, h, {}})) {
+      std::vector<key_type> keys(k.keys.begin(), k.keys.end());
+      push(r, k);
+      defer_or_serve({from, h, std::move(keys)});
       return;
     }
-    pending_push p{r.header.worker, r.header.table, r.header.length, r.header.basis, std::move(r.keys), {}};
+    check_push(h, k);
+    const std::uint64_t s = staleness_of(h.basis);
+    record_staleness(h.worker, s);
+    const std::size_t n = k.keys.size() * h.length;
+    message m = response_with_room<T>({h.what, 0, h.id, stats_.version + 1, slowest(), 0, static_cast<std::uint32_t>(shard())}, n);
+    if (!k.keys.empty()) {
+      table_of(h.table).push_pull(k.keys, values_of(r), std::span<T>(m.values<T>(), n), h.length, {s, 1.0}, k.resolved);
+    }
+    ++stats_.version;
+    ++stats_.pulls;
+    stats_.keys_pulled += k.keys.size();
+    send(from, std::move(m));
+  }
+
+  void push(request_view<T>& r, const key_list& k) {
+    const request_header& h = r.header;
+    check_push(h, k);
+    if (applies_on_arrival()) {  // one push is its own mean, applied straight from the request's bytes
+      const std::uint64_t s = staleness_of(h.basis);
+      record_staleness(h.worker, s);
+      if (!k.keys.empty()) table_of(h.table).push(k.keys, values_of(r), h.length, {s, 1.0}, k.resolved);
+      ++stats_.version;
+      return;
+    }
+    pending_push p{h.worker, h.table, h.length, h.basis, own(r, k), {}};
     p.values.resize(r.values.size() / sizeof(T));
     if (!p.values.empty()) std::memcpy(p.values.data(), r.values.data(), r.values.size());
     if (consistency_.staleness_bound() == 0) {
-      by_clock_[r.header.clock].push_back(std::move(p));  // applied when every worker finished the clock
+      by_clock_[h.clock].push_back(std::move(p));  // applied when every worker finished the clock
       progress();
     } else {
       open_bundle_[p.worker].push_back(std::move(p));  // joins the soft-sync group when its clock ends
     }
   }
+
+  table_type& table_of(table_id which) noexcept { return which == table_id::sparse ? sparse_ : dense_; }
 
   // Versions applied since the worker read the parameters its push was computed from.
   std::uint64_t staleness_of(std::uint64_t basis) const noexcept { return stats_.version - std::min(basis, stats_.version); }
@@ -320,23 +432,17 @@ class server {
     ++stats_.per_worker_staleness[worker][bucket];
   }
 
-  // One push that is its own mean: straight into its table as one update.
-  void apply_single(std::uint32_t worker, table_id which, std::span<const key_type> keys, std::span<const T> values,
-                    std::size_t length, std::uint64_t basis) {
-    const std::uint64_t s = staleness_of(basis);
-    record_staleness(worker, s);
-    if (!keys.empty()) (which == table_id::sparse ? sparse_ : dense_).push(keys, values, length, {s, 1.0});
-    ++stats_.version;
-  }
-
   // Applies the group's pushes, in worker order (deterministic under BSP): each key's pushes are
   // summed and divided by `bundles`, the number of (worker, clock) contributions in the group,
   // so a worker whose clock spans several requests (slices, servers' shares) counts once.
   void apply_group(std::vector<pending_push>& group, std::size_t bundles) {
     if (group.empty()) return;
-    if (group.size() == 1 && bundles == 1) {
+    if (group.size() == 1 && bundles == 1) {  // one push is its own mean
       const pending_push& p = group.front();
-      apply_single(p.worker, p.which, p.keys, p.values, p.length, p.basis);
+      const std::uint64_t s = staleness_of(p.basis);
+      record_staleness(p.worker, s);
+      if (!p.keys.empty()) table_of(p.which).push(p.keys, p.values, p.length, {s, 1.0});
+      ++stats_.version;
       group.clear();
       return;
     }
@@ -421,36 +527,42 @@ class server {
 
   bool ready(const deferred& d) const {
     const std::int64_t s = slowest();
-    if (d.header.what == op::pull) return s >= consistency_.visible_clock(d.header.clock) + 1;
-    return consistency_.may_advance(clocks_[d.header.worker], s);  // op::clock
+    if (d.header.what == op::clock) return consistency_.may_advance(clocks_[d.header.worker], s);
+    return s >= consistency_.visible_clock(d.header.clock) + 1;  // a pull, or a push_pull's pull
   }
 
   void defer_or_serve(deferred d) {
     if (ready(d)) {
       serve(d);
-      return;
+    } else {
+      defer(std::move(d));
     }
+  }
+
+  void defer(deferred d) {
     deferred_.push_back(std::move(d));
     stats_.max_deferred = std::max(stats_.max_deferred, deferred_.size());
   }
 
-  void serve(const deferred& d) {
-    response_header reply{d.header.what, 0, d.header.id, stats_.version, slowest(), 0,
-                          static_cast<std::uint32_t>(shard())};
-    if (d.header.what == op::clock) {
-      send(d.from, encode_response<T>(reply, {}));
+  void serve(const deferred& d) { serve(d.from, d.header, {d.keys, nullptr}); }
+
+  // Answers a clock, or a pull (the pull of a push_pull too) with the values of `k`.
+  void serve(int from, const request_header& h, const key_list& k) {
+    response_header reply{h.what, 0, h.id, stats_.version, slowest(), 0, static_cast<std::uint32_t>(shard())};
+    if (h.what == op::clock) {
+      send(from, encode_response<T>(reply, {}));
       return;
     }
     try {
-      if (d.header.length == 0 && !d.keys.empty()) throw error(errc::invalid_argument, "pull with length 0");
-      const std::size_t n = d.keys.size() * d.header.length;
+      if (h.length == 0 && !k.keys.empty()) throw error(errc::invalid_argument, "pull with length 0");
+      const std::size_t n = k.keys.size() * h.length;
       message m = response_with_room<T>(reply, n);  // the table writes the values in place
-      (d.header.table == table_id::sparse ? sparse_ : dense_).pull(d.keys, std::span<T>(m.values<T>(), n), d.header.length);
+      table_of(h.table).pull(k.keys, std::span<T>(m.values<T>(), n), h.length, k.resolved);
       ++stats_.pulls;
-      stats_.keys_pulled += d.keys.size();
-      send(d.from, std::move(m));
+      stats_.keys_pulled += k.keys.size();
+      send(from, std::move(m));
     } catch (const error& e) {
-      reply_error(d.from, reply, code_of(e), e.what());
+      reply_error(from, reply, code_of(e), e.what());
     }
   }
 
@@ -601,6 +713,7 @@ class server {
   std::size_t bundles_ = 0;
   std::map<std::uint32_t, std::vector<pending_push>> open_bundle_;  // soft sync: this clock's pushes
   std::list<deferred> deferred_;
+  std::vector<std::vector<cached_keys>> key_cache_;  // per worker, per slot
   std::deque<outgoing> sends_;
   std::string failure_;
   std::int64_t next_checkpoint_ = 0;

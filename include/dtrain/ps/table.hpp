@@ -64,6 +64,13 @@ enum class apply_mode {
   sum,     ///< pushed values are added to the parameters (the optimizer runs on the workers)
 };
 
+/// Where the keys of a list sit in one table, for a list that comes again (key caching): the
+/// first operation given it fills it, later ones use it instead of looking the keys up. Valid
+/// for the table that filled it, for the same keys, for the table's life (keys are never moved).
+struct resolved_keys {
+  std::vector<std::uint32_t> slots;
+};
+
 /// One shard's keys, values and updater state. Not thread-safe: the server serialises access.
 template <std::floating_point T, updater<T> Updater, initializer<T> Initializer = zero_initializer>
 class table {
@@ -76,30 +83,32 @@ class table {
   /// Applies pushed values for `keys`, each with `length` values (a key's length is fixed at
   /// its first touch). `info.staleness` reaches the updater.
   /// @throws dtrain::error `invalid_argument` if the sizes disagree or a key changes length
-  void push(std::span<const key_type> keys, std::span<const T> values, std::size_t length, step_info info = {}) {
+  void push(std::span<const key_type> keys, std::span<const T> values, std::size_t length, step_info info = {},
+            resolved_keys* resolved = nullptr) {
     check_sizes(keys, values.size(), length, "push");
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (i + prefetch_distance < keys.size()) map_.prefetch(keys[i + prefetch_distance]);
-      const std::uint32_t s = slot_for(keys[i], length);
-      std::span<T> params(values_.data() + offset_[s], length);
-      std::span<const T> in = values.subspan(i * length, length);
-      if (mode_ == apply_mode::update) {
-        updater_.step(params, in, offset_[s], info);
-      } else {
-        for (std::size_t j = 0; j < length; ++j) params[j] += in[j];
-      }
-    }
+    for_each_slot(keys, length, resolved, [&](std::size_t i, std::uint32_t s) { apply(s, values.subspan(i * length, length), info); });
     ++pushes_;
   }
 
   /// Copies the values of `keys` into `out` (keys.size() * length), creating unseen keys.
-  void pull(std::span<const key_type> keys, std::span<T> out, std::size_t length) {
+  void pull(std::span<const key_type> keys, std::span<T> out, std::size_t length, resolved_keys* resolved = nullptr) {
     check_sizes(keys, out.size(), length, "pull");
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (i + prefetch_distance < keys.size()) map_.prefetch(keys[i + prefetch_distance]);
-      const std::uint32_t s = slot_for(keys[i], length);
+    for_each_slot(keys, length, resolved, [&](std::size_t i, std::uint32_t s) {
       std::copy_n(values_.data() + offset_[s], length, out.data() + i * length);
-    }
+    });
+  }
+
+  /// `push`, then `pull` of the same keys, in one pass: each key is found once and its new
+  /// values are copied out while they are still in cache.
+  void push_pull(std::span<const key_type> keys, std::span<const T> values, std::span<T> out, std::size_t length,
+                 step_info info = {}, resolved_keys* resolved = nullptr) {
+    check_sizes(keys, values.size(), length, "push");
+    check_sizes(keys, out.size(), length, "pull");
+    for_each_slot(keys, length, resolved, [&](std::size_t i, std::uint32_t s) {
+      apply(s, values.subspan(i * length, length), info);
+      std::copy_n(values_.data() + offset_[s], length, out.data() + i * length);
+    });
+    ++pushes_;
   }
 
   /// Keys held.
@@ -147,6 +156,36 @@ class table {
       throw error(errc::invalid_argument, std::string("ps::table ") + op + ": " + std::to_string(keys.size()) +
                                               " keys of length " + std::to_string(length) + " but " +
                                               std::to_string(values) + " values");
+    }
+  }
+
+  // Calls f(i, slot of keys[i]) in order, creating unseen keys, with the hash probes (or the
+  // values) of later keys prefetched. `resolved`, when given, is used if filled, else filled.
+  template <class F>
+  void for_each_slot(std::span<const key_type> keys, std::size_t length, resolved_keys* resolved, F&& f) {
+    if (resolved != nullptr && resolved->slots.size() == keys.size()) {
+      const std::uint32_t* slots = resolved->slots.data();
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (i + prefetch_distance < keys.size()) __builtin_prefetch(values_.data() + offset_[slots[i + prefetch_distance]]);
+        f(i, slots[i]);
+      }
+      return;
+    }
+    if (resolved != nullptr) resolved->slots.clear();
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (i + prefetch_distance < keys.size()) map_.prefetch(keys[i + prefetch_distance]);
+      const std::uint32_t s = slot_for(keys[i], length);
+      if (resolved != nullptr) resolved->slots.push_back(s);
+      f(i, s);
+    }
+  }
+
+  void apply(std::uint32_t s, std::span<const T> in, step_info info) {
+    std::span<T> params(values_.data() + offset_[s], in.size());
+    if (mode_ == apply_mode::update) {
+      updater_.step(params, in, offset_[s], info);
+    } else {
+      for (std::size_t j = 0; j < in.size(); ++j) params[j] += in[j];
     }
   }
 

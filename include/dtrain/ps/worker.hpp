@@ -90,6 +90,7 @@ class worker {
     }
     id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
     inbox_.resize(static_cast<std::size_t>(roles_.servers));
+    key_cache_.resize(static_cast<std::size_t>(roles_.servers));
     receive_.resize(static_cast<std::size_t>(roles_.servers));
     for (int srv = 0; srv < roles_.servers; ++srv) post_receive(srv);
     request hello;
@@ -143,40 +144,23 @@ class worker {
   ///   disagree; nothing is sent then.
   request push(std::span<const key_type> keys, std::span<const T> values, std::size_t length) {
     check_length(keys.size(), values.size(), length, "push");
-    request r;
-    std::vector<T> gathered;
-    split_by_server(keys, [&](int s, std::span<const key_type> mine, std::size_t first,
-                              std::span<const std::uint32_t> positions) {
-      std::span<const T> v = values.subspan(first * length, mine.size() * length);
-      if (!positions.empty()) {  // scattered keys: gather their values
-        gathered.resize(positions.size() * length);
-        for (std::size_t j = 0; j < positions.size(); ++j) {
-          std::copy_n(values.data() + static_cast<std::size_t>(positions[j]) * length, length, gathered.data() + j * length);
-        }
-        v = gathered;
-      }
-      r.ids_.push_back(send(s, op::push, table_id::sparse, mine, v, length, nullptr));
-    });
-    ++stats_.pushes;
-    stats_.keys_pushed += keys.size();
-    return r;
+    return sparse_request(op::push, keys, values, {}, length);
   }
 
   /// Pulls the values of sorted, unique `keys` into `out` (keys.size() * length) once the
   /// consistency model allows; `out` must stay valid until the request is waited for.
   request pull(std::span<const key_type> keys, std::span<T> out, std::size_t length) {
     check_length(keys.size(), out.size(), length, "pull");
-    request r;
-    split_by_server(keys, [&](int s, std::span<const key_type> mine, std::size_t first,
-                              std::span<const std::uint32_t> positions) {
-      destination d = positions.empty()  // a run of keys: the reply lands in one run of `out`
-                          ? destination{out.data() + first * length, {}, length, mine.size()}
-                          : destination{out.data(), std::vector<std::uint32_t>(positions.begin(), positions.end()), length, 0};
-      r.ids_.push_back(send(s, op::pull, table_id::sparse, mine, std::span<const T>{}, length, &d));
-    });
-    ++stats_.pulls;
-    stats_.keys_pulled += keys.size();
-    return r;
+    return sparse_request(op::pull, keys, {}, out, length);
+  }
+
+  /// `push(keys, values)` then `pull(keys, out)` as one request per server: the keys travel
+  /// once, and under ASP and SSP the server applies the push and reads the new values in one
+  /// pass (ps-lite's ZPushPull). `out` may not overlap `values`.
+  request push_pull(std::span<const key_type> keys, std::span<const T> values, std::span<T> out, std::size_t length) {
+    check_length(keys.size(), values.size(), length, "push_pull");
+    check_length(keys.size(), out.size(), length, "push_pull");
+    return sparse_request(op::push_pull, keys, values, out, length);
   }
 
   /// Declares a dense tensor of `elements` values (the same tensors, in the same order, on every
@@ -187,34 +171,20 @@ class worker {
   /// Pushes all of dense tensor `tensor` (`values.size()` must be its size).
   request push_dense(std::size_t tensor, std::span<const T> values) {
     check_tensor(tensor, values.size());
-    request r;
-    const auto [first, last] = dense_layout_.slices_of(tensor);
-    for (std::size_t i = first; i < last; ++i) {
-      const auto& sl = dense_layout_.slices()[i];
-      const key_type key = sl.key;
-      r.ids_.push_back(send(sl.server, op::push, table_id::dense, std::span<const key_type>(&key, 1),
-                            values.subspan(sl.offset, sl.count), sl.count, nullptr));
-    }
-    ++stats_.pushes;
-    stats_.keys_pushed += values.size();
-    return r;
+    return dense_request(op::push, tensor, values, {});
   }
 
   /// Pulls dense tensor `tensor` into `out` once the consistency model allows.
   request pull_dense(std::size_t tensor, std::span<T> out) {
     check_tensor(tensor, out.size());
-    request r;
-    const auto [first, last] = dense_layout_.slices_of(tensor);
-    for (std::size_t i = first; i < last; ++i) {
-      const auto& sl = dense_layout_.slices()[i];
-      const key_type key = sl.key;
-      destination d{out.data() + sl.offset, {}, sl.count, 1};
-      r.ids_.push_back(send(sl.server, op::pull, table_id::dense, std::span<const key_type>(&key, 1),
-                            std::span<const T>{}, sl.count, &d));
-    }
-    ++stats_.pulls;
-    stats_.keys_pulled += out.size();
-    return r;
+    return dense_request(op::pull, tensor, {}, out);
+  }
+
+  /// `push_dense(tensor, values)` then `pull_dense(tensor, out)`, one request per slice.
+  request push_pull_dense(std::size_t tensor, std::span<const T> values, std::span<T> out) {
+    check_tensor(tensor, values.size());
+    check_tensor(tensor, out.size());
+    return dense_request(op::push_pull, tensor, values, out);
   }
 
   /// Finishes this worker's current clock on every server. Waiting on it blocks while the
@@ -328,6 +298,63 @@ class worker {
   using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
   using recv_handle = decltype(std::declval<Transport&>().irecv(0, 0, std::declval<std::vector<std::byte>&>()));
 
+  // A push (values), pull (out) or push_pull (both) of sorted, unique keys, split by server.
+  request sparse_request(op what, std::span<const key_type> keys, std::span<const T> values, std::span<T> out,
+                         std::size_t length) {
+    const bool pushes = what != op::pull, pulls = what != op::push;
+    request r;
+    std::vector<T> gathered;
+    split_by_server(keys, [&](int s, std::span<const key_type> mine, std::size_t first,
+                              std::span<const std::uint32_t> positions) {
+      std::span<const T> v;
+      if (pushes) v = values.subspan(first * length, mine.size() * length);
+      if (pushes && !positions.empty()) {  // scattered keys: gather their values
+        gathered.resize(positions.size() * length);
+        for (std::size_t j = 0; j < positions.size(); ++j) {
+          std::copy_n(values.data() + static_cast<std::size_t>(positions[j]) * length, length, gathered.data() + j * length);
+        }
+        v = gathered;
+      }
+      std::optional<destination> d;
+      if (pulls) {
+        d = positions.empty()  // a run of keys: the reply lands in one run of `out`
+                ? destination{out.data() + first * length, {}, length, mine.size()}
+                : destination{out.data(), std::vector<std::uint32_t>(positions.begin(), positions.end()), length, 0};
+      }
+      r.ids_.push_back(send(s, what, table_id::sparse, mine, v, length, d ? &*d : nullptr));
+    });
+    count(what, keys.size());
+    return r;
+  }
+
+  // The same for a dense tensor: one request per slice.
+  request dense_request(op what, std::size_t tensor, std::span<const T> values, std::span<T> out) {
+    request r;
+    const auto [first, last] = dense_layout_.slices_of(tensor);
+    for (std::size_t i = first; i < last; ++i) {
+      const auto& sl = dense_layout_.slices()[i];
+      const key_type key = sl.key;
+      std::optional<destination> d;
+      if (what != op::push) d = destination{out.data() + sl.offset, {}, sl.count, 1};
+      r.ids_.push_back(send(sl.server, what, table_id::dense, std::span<const key_type>(&key, 1),
+                            what != op::pull ? values.subspan(sl.offset, sl.count) : std::span<const T>{}, sl.count,
+                            d ? &*d : nullptr));
+    }
+    count(what, dense_layout_.tensor_size(tensor));
+    return r;
+  }
+
+  void count(op what, std::size_t keys) noexcept {
+    if (what != op::pull) {
+      ++stats_.pushes;
+      stats_.keys_pushed += keys;
+    }
+    if (what != op::push) {
+      ++stats_.pulls;
+      stats_.keys_pulled += keys;
+    }
+  }
+
   static void check_length(std::size_t keys, std::size_t values, std::size_t length, const char* what) {
     if (length == 0 || values != keys * length) {
       throw error(errc::invalid_argument, std::string("ps::worker ") + what + ": " + std::to_string(keys) +
@@ -352,6 +379,13 @@ class worker {
     const std::uint64_t id = next_id_++;
     request_header h{what, which, id, clock_, basis_[static_cast<std::size_t>(server)], keys.size(),
                      static_cast<std::uint32_t>(length), id_};
+    const bool keyed = what == op::push || what == op::pull || what == op::push_pull;
+    if (keyed && which == table_id::sparse && options_.key_cache_lists > 0 && keys.size() >= options_.key_cache_min_keys) {
+      const auto [slot, hit] = cache_slot(server, keys);
+      h.cache = hit ? key_cache::use : key_cache::store;
+      h.cache_slot = slot;
+      if (hit) keys = {};  // the server has them
+    }
     message bytes = encode_request<T>(h, keys, values);
     stats_.bytes_out += bytes.size();
     pending& p = pending_[id];
@@ -363,6 +397,27 @@ class worker {
         transport_.isend(roles_.server_rank(server), options_.tag, signature{}, outgoing_.back().bytes.bytes()));
     while (!outgoing_.empty() && outgoing_.front().handle->test()) outgoing_.pop_front();
     return id;
+  }
+
+  // The key cache slot of `keys` for `server`, and whether the server already holds them there;
+  // if not, they take the least recently used slot.
+  std::pair<std::uint8_t, bool> cache_slot(int server, std::span<const key_type> keys) {
+    auto& lists = key_cache_[static_cast<std::size_t>(server)];
+    std::size_t slot = 0;
+    for (std::size_t i = 0; i < lists.size(); ++i) {
+      if (lists[i].keys.size() == keys.size() && std::equal(keys.begin(), keys.end(), lists[i].keys.begin())) {
+        lists[i].used = ++cache_tick_;
+        return {static_cast<std::uint8_t>(i), true};
+      }
+      if (lists[i].used < lists[slot].used) slot = i;
+    }
+    if (lists.size() < std::min<std::size_t>(options_.key_cache_lists, 256)) {
+      slot = lists.size();
+      lists.emplace_back();
+    }
+    lists[slot].keys.assign(keys.begin(), keys.end());
+    lists[slot].used = ++cache_tick_;
+    return {static_cast<std::uint8_t>(slot), false};
   }
 
   // One receive posted per server: a wait then reads that server's connection itself (no hand-off
@@ -435,6 +490,7 @@ class worker {
       case op::heartbeat: return "heartbeat";
       case op::checkpoint: return "checkpoint";
       case op::goodbye: return "goodbye";
+      case op::push_pull: return "push_pull";
     }
     return "request";
   }
@@ -472,6 +528,12 @@ class worker {
   consistent_hash_sharding dense_sharding_;
   dense_layout dense_layout_;
   std::vector<std::uint64_t> basis_;  // per server: the version of the last pull
+  struct sent_keys {
+    std::vector<key_type> keys;
+    std::uint64_t used = 0;
+  };
+  std::vector<std::vector<sent_keys>> key_cache_;  // per server: the lists it holds, by slot
+  std::uint64_t cache_tick_ = 0;
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
   std::vector<std::int64_t> hello_clocks_;
