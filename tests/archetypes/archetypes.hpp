@@ -40,35 +40,44 @@ struct transport_archetype {
   completion_archetype irecv(int, std::uint64_t, std::vector<std::byte>&) { return {}; }
 };
 
-struct collective_archetype {
-  using memory_space = host_memory;
+template <class T>
+using host_span_t = std::span<T>;
+
+// The collective operations over buffers of type Span<T> in memory space `Space`.
+template <template <class> class Span, class Space>
+struct basic_collective_archetype {
+  using memory_space = Space;
   int rank() const noexcept { return 0; }
   int size() const noexcept { return 1; }
-  template <class T> void broadcast(std::span<T>, int) {}
-  template <class T> void broadcast(std::span<T>, int, std::error_code&) noexcept {}
-  template <class T> void gather(std::span<const T>, std::span<T>, int) {}
-  template <class T> void gather(std::span<const T>, std::span<T>, int, std::error_code&) noexcept {}
-  template <class T> void scatter(std::span<const T>, std::span<T>, int) {}
-  template <class T> void scatter(std::span<const T>, std::span<T>, int, std::error_code&) noexcept {}
-  template <class T> void reduce(std::span<const T>, std::span<T>, reduce_op, int) {}
-  template <class T> void reduce(std::span<const T>, std::span<T>, reduce_op, int, std::error_code&) noexcept {}
-  template <class T> void reduce(std::span<T>, reduce_op, int) {}
-  template <class T> void allreduce(std::span<const T>, std::span<T>, reduce_op) {}
-  template <class T> void allreduce(std::span<const T>, std::span<T>, reduce_op, std::error_code&) noexcept {}
-  template <class T> void allreduce(std::span<T>, reduce_op) {}
-  template <class T> void allreduce(std::span<T>, reduce_op, std::error_code&) noexcept {}
-  template <class T> void reduce_scatter(std::span<const T>, std::span<T>, reduce_op) {}
-  template <class T> void reduce_scatter(std::span<const T>, std::span<T>, reduce_op, std::error_code&) noexcept {}
-  template <class T> void reduce_scatter(std::span<T>, reduce_op) {}
-  template <class T> void allgather(std::span<const T>, std::span<T>) {}
-  template <class T> void allgather(std::span<const T>, std::span<T>, std::error_code&) noexcept {}
-  template <class T> void allgather(std::span<T>) {}
-  template <class T> void alltoall(std::span<const T>, std::span<T>) {}
-  template <class T> void alltoall(std::span<const T>, std::span<T>, std::error_code&) noexcept {}
-  template <class T> void alltoall(std::span<T>) {}
+  template <class T> void broadcast(Span<T>, int) {}
+  template <class T> void broadcast(Span<T>, int, std::error_code&) noexcept {}
+  template <class T> void gather(Span<const T>, Span<T>, int) {}
+  template <class T> void gather(Span<const T>, Span<T>, int, std::error_code&) noexcept {}
+  template <class T> void scatter(Span<const T>, Span<T>, int) {}
+  template <class T> void scatter(Span<const T>, Span<T>, int, std::error_code&) noexcept {}
+  template <class T> void reduce(Span<const T>, Span<T>, reduce_op, int) {}
+  template <class T> void reduce(Span<const T>, Span<T>, reduce_op, int, std::error_code&) noexcept {}
+  template <class T> void reduce(Span<T>, reduce_op, int) {}
+  template <class T> void allreduce(Span<const T>, Span<T>, reduce_op) {}
+  template <class T> void allreduce(Span<const T>, Span<T>, reduce_op, std::error_code&) noexcept {}
+  template <class T> void allreduce(Span<T>, reduce_op) {}
+  template <class T> void allreduce(Span<T>, reduce_op, std::error_code&) noexcept {}
+  template <class T> void reduce_scatter(Span<const T>, Span<T>, reduce_op) {}
+  template <class T> void reduce_scatter(Span<const T>, Span<T>, reduce_op, std::error_code&) noexcept {}
+  template <class T> void reduce_scatter(Span<T>, reduce_op) {}
+  template <class T> void allgather(Span<const T>, Span<T>) {}
+  template <class T> void allgather(Span<const T>, Span<T>, std::error_code&) noexcept {}
+  template <class T> void allgather(Span<T>) {}
+  template <class T> void alltoall(Span<const T>, Span<T>) {}
+  template <class T> void alltoall(Span<const T>, Span<T>, std::error_code&) noexcept {}
+  template <class T> void alltoall(Span<T>) {}
   void barrier() {}
   void barrier(std::error_code&) noexcept {}
 };
+
+using collective_archetype = basic_collective_archetype<host_span_t, host_memory>;
+/// A collective over device memory (NCCL's shape).
+using device_collective_archetype = basic_collective_archetype<device_span, device_memory>;
 
 struct reduction_archetype {
   using memory_space = host_memory;

@@ -75,6 +75,27 @@ struct collective_without_barrier : collective_archetype {
 static_assert(!collective<collective_without_barrier>);
 static_assert(!collective<transport_archetype>, "a transport is not a collective");
 
+// --- memory spaces: a buffer from the wrong space does not compile ---
+static_assert(collective<device_collective_archetype>);
+static_assert(collective<device_collective_archetype, double>);
+static_assert(std::is_convertible_v<device_span<float>, device_span<const float>>);
+static_assert(!std::is_convertible_v<device_span<float>, std::span<float>>, "device memory is not a host span");
+static_assert(!std::is_convertible_v<std::span<float>, device_span<float>>, "host memory is not a device span");
+static_assert(!std::is_convertible_v<device_span<const float>, device_span<float>>);
+static_assert(!std::is_convertible_v<float*, device_span<float>>, "a raw pointer must be vouched for explicitly");
+static_assert(std::is_same_v<buffer_of<communicator<inproc_transport>, float>, std::span<float>>);
+static_assert(std::is_same_v<buffer_of<device_collective_archetype, float>, device_span<float>>);
+template <class C, class Buffer>
+concept allreduces = requires(C& c, Buffer b) { c.allreduce(b, reduce_op::sum); };
+static_assert(allreduces<communicator<inproc_transport>, std::span<float>>);
+static_assert(!allreduces<communicator<inproc_transport>, device_span<float>>, "a host collective refuses device memory");
+static_assert(!allreduces<ring<inproc_transport>, device_span<float>>);
+static_assert(allreduces<device_collective_archetype, device_span<float>>);
+static_assert(!allreduces<device_collective_archetype, std::span<float>>, "a device collective refuses host memory");
+template <class R, class Dst, class Src>
+concept reduces = requires(const R& r, Dst d, Src s) { r(d, s, reduce_op::sum); };
+static_assert(!reduces<host_reduction, device_span<float>, device_span<const float>>, "host reductions read host memory");
+
 // --- reduction ---
 static_assert(reduction<reduction_archetype>);
 static_assert(reduction<host_reduction, float16>);

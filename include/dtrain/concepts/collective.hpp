@@ -8,14 +8,20 @@
 
 #include "dtrain/concepts/element.hpp"
 #include "dtrain/concepts/transport.hpp"
+#include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
 
 namespace dtrain {
 
+/// The buffers a collective takes: spans in its memory space (`std::span` on the host,
+/// `device_span` on the device), so a buffer from the wrong space does not compile.
+template <class C, class T>
+using buffer_of = span_in<typename C::memory_space, T>;
+
 /// Rooted operations that move data: broadcast, gather, scatter.
 template <class C, class T>
 concept rooted_data_collective =
-    requires(C& c, std::span<T> buf, std::span<const T> in, int root, std::error_code& ec) {
+    requires(C& c, buffer_of<C, T> buf, buffer_of<C, const T> in, int root, std::error_code& ec) {
       { c.broadcast(buf, root) } -> std::same_as<void>;
       { c.broadcast(buf, root, ec) } noexcept -> std::same_as<void>;
       { c.gather(in, buf, root) } -> std::same_as<void>;
@@ -26,7 +32,7 @@ concept rooted_data_collective =
 
 /// Operations that combine contributions: reduce, allreduce, reduce-scatter, in place and not.
 template <class C, class T>
-concept reducing_collective = requires(C& c, std::span<T> buf, std::span<const T> in,
+concept reducing_collective = requires(C& c, buffer_of<C, T> buf, buffer_of<C, const T> in,
                                        reduce_op op, int root, std::error_code& ec) {
   { c.reduce(in, buf, op, root) } -> std::same_as<void>;
   { c.reduce(in, buf, op, root, ec) } noexcept -> std::same_as<void>;
@@ -43,7 +49,7 @@ concept reducing_collective = requires(C& c, std::span<T> buf, std::span<const T
 /// Operations where every rank sends to every rank: allgather, alltoall, in place and not.
 template <class C, class T>
 concept exchanging_collective =
-    requires(C& c, std::span<T> buf, std::span<const T> in, std::error_code& ec) {
+    requires(C& c, buffer_of<C, T> buf, buffer_of<C, const T> in, std::error_code& ec) {
       { c.allgather(in, buf) } -> std::same_as<void>;
       { c.allgather(in, buf, ec) } noexcept -> std::same_as<void>;
       { c.allgather(buf) } -> std::same_as<void>;
@@ -54,7 +60,8 @@ concept exchanging_collective =
 
 /// A collective runs the nine collective operations of one group on buffers of element type `T`.
 ///  1. `c.rank()`, `c.size()`: this rank and the group size. noexcept.
-///  2. `C::memory_space`: where the buffers live (`host_memory` or `device_memory`).
+///  2. `C::memory_space`: where the buffers live (`host_memory` or `device_memory`); buffers
+///     are `buffer_of<C, T>`: `std::span<T>` on the host, `device_span<T>` on the device.
 ///  3. `broadcast(buf, root)`: root's `buf` is copied to every rank's `buf`.
 ///  4. `reduce(in, out, op, root)` / `reduce(buf, op, root)`: root's `out` gets the element-wise
 ///     reduction of every rank's `in`; `out` is not touched elsewhere.

@@ -27,6 +27,7 @@ enum class errc {
   unsupported,          ///< the operation or type is not supported by this model
   auth_failed,          ///< a peer could not prove it holds the job token
   bad_data,             ///< a data file, checkpoint or record that is corrupt or of the wrong kind
+  device_error,         ///< a CUDA or NCCL call failed (the message carries the library's text)
 };
 
 namespace detail {
@@ -46,6 +47,7 @@ class error_category_impl final : public std::error_category {
       case errc::cancelled: return "operation cancelled";
       case errc::broken: return "communicator broken by an earlier error";
       case errc::unsupported: return "unsupported operation";
+      case errc::device_error: return "GPU runtime or NCCL error";
       case errc::auth_failed: return "authentication failed";
       case errc::bad_data: return "corrupt or unexpected data";
     }

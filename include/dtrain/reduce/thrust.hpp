@@ -23,10 +23,15 @@ namespace dtrain {
 
 /// The memory `thrust::device` works on in this build: device memory under CUDA, host memory
 /// under the CPP, OMP and TBB systems.
+/// `thrust_buffer<T>` is the span type of that memory (`device_span`, or `std::span`).
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 using thrust_device_memory = device_memory;
+template <class T>
+using thrust_buffer = device_span<T>;
 #else
 using thrust_device_memory = host_memory;
+template <class T>
+using thrust_buffer = std::span<T>;
 #endif
 
 namespace detail {
@@ -45,8 +50,10 @@ struct average_fn {
 }  // namespace detail
 
 /// Reduces buffers with Thrust under execution policy `Policy` (a model of `reduction`).
-/// `Policy` defaults to `thrust::device`'s type; pass e.g. `thrust::cuda::par.on(stream)` for
-/// stream-ordered execution on the GPU.
+/// `Policy` defaults to `thrust::device`'s type, which synchronises after each call; pass
+/// `thrust::cuda::par_nosync.on(stream)` (see `stream_reduction`) for stream-ordered execution
+/// on the GPU: the call only enqueues, and work after it on `stream` sees the result.
+/// Buffers are `thrust_buffer<T>`: `device_span` under CUDA, `std::span` otherwise.
 template <class Policy = std::remove_cvref_t<decltype(thrust::device)>>
 class thrust_reduction {
  public:
@@ -57,7 +64,7 @@ class thrust_reduction {
 
   /// `dst[i] = op(dst[i], src[i])` (`avg` combines as sum). @pre equal sizes, no overlap.
   template <element T>
-  void operator()(std::span<T> dst, std::span<const T> src, reduce_op op) const {
+  void operator()(thrust_buffer<T> dst, thrust_buffer<const T> src, reduce_op op) const {
     DTRAIN_ASSERT(dst.size() == src.size(), "reduction of buffers of different sizes");
     switch (op) {
       case reduce_op::sum:
@@ -70,19 +77,27 @@ class thrust_reduction {
 
   /// Divides every element of `buf` by `n`.
   template <element T>
-  void finish_average(std::span<T> buf, int n) const {
+  void finish_average(thrust_buffer<T> buf, int n) const {
     thrust::transform(policy_, buf.data(), buf.data() + buf.size(), buf.data(),
                       detail::average_fn<T>{n});
   }
 
  private:
   template <reduce_op Op, class T>
-  void run(std::span<T> dst, std::span<const T> src) const {
+  void run(thrust_buffer<T> dst, thrust_buffer<const T> src) const {
     thrust::transform(policy_, dst.data(), dst.data() + dst.size(), src.data(), dst.data(),
                       detail::combine_fn<Op, T>{});
   }
 
   Policy policy_{};
 };
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+/// A Thrust reduction enqueued on a CUDA stream without synchronising (stream-ordered).
+inline auto stream_reduction(cudaStream_t stream) {
+  auto policy = thrust::cuda::par_nosync.on(stream);
+  return thrust_reduction<decltype(policy)>(policy);
+}
+#endif
 
 }  // namespace dtrain

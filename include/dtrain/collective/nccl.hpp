@@ -1,0 +1,485 @@
+#pragma once
+/// @file
+/// `nccl_communicator`: the collective operations on device memory through NCCL (a model of
+/// `collective` over `device_memory`). Link `dtrain::nccl`.
+///
+/// @code
+/// auto store = ...;  // any rendezvous store: the TCP store, the file store
+/// auto comm = dtrain::nccl_communicator::connect(store, rank, size);
+/// comm.allreduce(dtrain::device_span<float>(grads, n), dtrain::reduce_op::avg);  // waits
+/// auto r = comm.iallreduce(dtrain::device_span<float>(grads, n), dtrain::reduce_op::sum);
+/// ... other work ...
+/// r.wait();                                              // under the communicator's deadline
+/// @endcode
+///
+/// - Start-up: rank 0 creates the NCCL unique id and publishes it through the rendezvous store;
+///   the others read it. The communicator is created non-blocking, so joining is bounded by the
+///   deadline too (an error names the ranks' count and what never arrived).
+/// - Every operation is enqueued on the communicator's CUDA stream. The blocking forms wait for
+///   it; the `i*` forms return a `request` that `test`s and `wait`s on a CUDA event.
+/// - Waiting polls `ncclCommGetAsyncError` under the same deadline model as the host
+///   collectives. A failure or a timeout aborts the communicator (`ncclCommAbort`) and raises a
+///   `dtrain::error` naming the operation, its sequence number and the group; later calls raise
+///   `errc::broken`. (NCCL cannot tell a lost peer from one that never called the operation: both
+///   end in the timeout.)
+/// - gather, scatter and alltoall go through grouped `ncclSend`/`ncclRecv`, which every NCCL
+///   since 2.7 has.
+/// - One rank per GPU: NCCL refuses two ranks on one device. To share a GPU between ranks, use
+///   the staged TCP communicator (`staged_communicator`).
+/// Not thread-safe: one call at a time, in the same order on every rank.
+
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dtrain/concepts/element.hpp"
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_space.hpp"
+#include "dtrain/core/reduce_op.hpp"
+#include "dtrain/cuda/runtime.hpp"
+
+namespace dtrain {
+
+struct nccl_options {
+  /// Deadline of start-up and of each blocking call (and of `request::wait()`).
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  /// CUDA device; -1: the local rank (DTRAIN_LOCAL_RANK, else the rank) modulo the device count.
+  int device = -1;
+  /// Store key of the NCCL unique id; groups formed through one store need different keys.
+  std::string key = "nccl/unique_id";
+};
+
+namespace detail::nccl {
+
+template <class T>
+constexpr ncclDataType_t type_of() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
+  else if constexpr (std::is_same_v<T, float16>) return ncclFloat16;
+  else if constexpr (std::is_same_v<T, bfloat16>) return ncclBfloat16;
+  else static_assert(sizeof(T) == 0, "no NCCL type for this element");
+}
+
+inline ncclRedOp_t op_of(reduce_op op) {
+  switch (op) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::prod: return ncclProd;
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+    case reduce_op::avg: return ncclAvg;
+  }
+  return ncclSum;
+}
+
+inline std::string text(ncclResult_t r) { return ncclGetErrorString(r); }
+
+}  // namespace detail::nccl
+
+class nccl_communicator {
+ public:
+  using memory_space = device_memory;
+
+  /// An operation in flight on the communicator's stream.
+  class request {
+   public:
+    request() = default;
+    /// @returns true once the operation has finished. @throws as `wait`
+    bool test() {
+      if (owner_ == nullptr || done_) return true;
+      owner_->check_async(what_);
+      done_ = event_->ready();
+      return done_;
+    }
+    /// Waits under the communicator's timeout. @throws dtrain::error `timeout` or `device_error`
+    ///   naming the operation; the communicator is aborted then.
+    void wait() {
+      if (owner_ != nullptr && !done_) wait(deadline::after(owner_->options_.timeout));
+    }
+    void wait(deadline d) {
+      if (owner_ == nullptr || done_) return;
+      owner_->wait_for(*event_, what_, d);
+      done_ = true;
+    }
+
+   private:
+    friend class nccl_communicator;
+    nccl_communicator* owner_ = nullptr;
+    std::shared_ptr<cuda::event> event_;
+    std::string what_;
+    bool done_ = false;
+  };
+
+  /// Forms the group through `store`. @throws dtrain::error `timeout` when not every rank joins
+  ///   in time, `device_error` for CUDA or NCCL failures, `invalid_argument` for a bad rank.
+  template <class Store>
+  static nccl_communicator connect(Store& store, int rank, int size, nccl_options o = {}) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw error(errc::invalid_argument, "nccl: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
+    }
+    const deadline d = deadline::after(o.timeout);
+    const int devices = cuda::device_count();
+    if (devices == 0) throw error(errc::device_error, "nccl: no CUDA device is visible on this host");
+    int device = o.device;
+    if (device < 0) {
+      const char* local = std::getenv("DTRAIN_LOCAL_RANK");
+      device = (local != nullptr ? std::atoi(local) : rank) % devices;
+    }
+    cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    ncclUniqueId id;
+    if (rank == 0) {
+      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+      store.set(o.key, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&id), sizeof id), d);
+    } else {
+      const auto bytes = store.get(o.key, d);
+      if (bytes.size() != sizeof id) {
+        throw error(errc::protocol_error, "nccl: the unique id under '" + o.key + "' has " + std::to_string(bytes.size()) +
+                                              " bytes, not " + std::to_string(sizeof id));
+      }
+      std::memcpy(&id, bytes.data(), sizeof id);
+    }
+    return nccl_communicator(id, rank, size, device, o, d);
+  }
+
+  nccl_communicator(nccl_communicator&& o) noexcept
+      : comm_(std::exchange(o.comm_, nullptr)),
+        rank_(o.rank_),
+        size_(o.size_),
+        device_(o.device_),
+        options_(std::move(o.options_)),
+        stream_(std::move(o.stream_)),
+        scratch_(std::move(o.scratch_)),
+        sequence_(o.sequence_),
+        broken_(std::move(o.broken_)) {}
+  nccl_communicator& operator=(nccl_communicator&&) = delete;
+  ~nccl_communicator() {
+    if (comm_ != nullptr) {
+      cudaStreamSynchronize(stream_.get());
+      ncclCommDestroy(comm_);
+    }
+  }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  int device() const noexcept { return device_; }
+  /// The stream every operation is enqueued on; order other work against it with events.
+  cudaStream_t stream() const noexcept { return stream_.get(); }
+  const nccl_options& options() const noexcept { return options_; }
+
+  // --- asynchronous forms ----------------------------------------------------------------------
+
+  template <element T>
+  request iallreduce(device_span<const T> in, device_span<T> out, reduce_op op) {
+    same_size(in.size(), out.size(), "allreduce");
+    return start("allreduce", [&] {
+      return ncclAllReduce(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), detail::nccl::op_of(op), comm_,
+                           stream());
+    });
+  }
+  template <element T>
+  request iallreduce(device_span<T> buf, reduce_op op) {
+    return iallreduce(device_span<const T>(buf), buf, op);
+  }
+  template <element T>
+  request ibroadcast(device_span<T> buf, int root) {
+    check_root(root, "broadcast");
+    return start("broadcast", [&] {
+      return ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl::type_of<T>(), root, comm_, stream());
+    });
+  }
+
+  // --- the collective operations (blocking) ----------------------------------------------------
+
+  template <element T>
+  void broadcast(device_span<T> buf, int root) {
+    ibroadcast(buf, root).wait();
+  }
+  template <element T>
+  void reduce(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, int root) {
+    check_root(root, "reduce");
+    if (rank_ == root) same_size(in.size(), out.size(), "reduce");
+    start("reduce", [&] {
+      return ncclReduce(in.data(), rank_ == root ? out.data() : nullptr, in.size(), detail::nccl::type_of<T>(),
+                        detail::nccl::op_of(op), root, comm_, stream());
+    }).wait();
+  }
+  template <element T>
+  void reduce(device_span<T> buf, reduce_op op, int root) {
+    reduce<T>(device_span<const T>(buf), buf, op, root);
+  }
+  template <element T>
+  void allreduce(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op) {
+    iallreduce<T>(in, out, op).wait();
+  }
+  template <element T>
+  void allreduce(device_span<T> buf, reduce_op op) {
+    iallreduce<T>(buf, op).wait();
+  }
+  template <element T>
+  void reduce_scatter(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op) {
+    same_size(in.size(), out.size() * static_cast<std::size_t>(size_), "reduce_scatter (input = size() blocks)");
+    start("reduce_scatter", [&] {
+      return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl::type_of<T>(), detail::nccl::op_of(op),
+                               comm_, stream());
+    }).wait();
+  }
+  template <element T>
+  void reduce_scatter(device_span<T> buf, reduce_op op) {
+    const std::size_t n = block(buf.size(), "reduce_scatter");
+    reduce_scatter<T>(device_span<const T>(buf), buf.subspan(static_cast<std::size_t>(rank_) * n, n), op);
+  }
+  template <element T>
+  void allgather(std::type_identity_t<device_span<const T>> in, device_span<T> out) {
+    same_size(in.size() * static_cast<std::size_t>(size_), out.size(), "allgather (output = size() blocks)");
+    start("allgather", [&] {
+      return ncclAllGather(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), comm_, stream());
+    }).wait();
+  }
+  template <element T>
+  void allgather(device_span<T> buf) {
+    const std::size_t n = block(buf.size(), "allgather");
+    allgather<T>(device_span<const T>(buf.subspan(static_cast<std::size_t>(rank_) * n, n)), buf);
+  }
+  template <element T>
+  void gather(std::type_identity_t<device_span<const T>> in, device_span<T> out, int root) {
+    check_root(root, "gather");
+    if (rank_ == root) same_size(in.size() * static_cast<std::size_t>(size_), out.size(), "gather (output = size() blocks)");
+    const std::size_t n = in.size();
+    start("gather", [&] {
+      return grouped([&](int p) -> ncclResult_t {
+        if (rank_ != root) return p == root ? send(in, p) : ncclSuccess;
+        return recv(out.subspan(static_cast<std::size_t>(p) * n, n), in, p);
+      });
+    }).wait();
+  }
+  template <element T>
+  void scatter(std::type_identity_t<device_span<const T>> in, device_span<T> out, int root) {
+    check_root(root, "scatter");
+    if (rank_ == root) same_size(in.size(), out.size() * static_cast<std::size_t>(size_), "scatter (input = size() blocks)");
+    const std::size_t n = out.size();
+    start("scatter", [&] {
+      return grouped([&](int p) -> ncclResult_t {
+        if (rank_ != root) return p == root ? recv(out, device_span<const T>{}, p) : ncclSuccess;
+        return p == rank_ ? recv(out, in.subspan(static_cast<std::size_t>(p) * n, n), p)
+                          : send(in.subspan(static_cast<std::size_t>(p) * n, n), p);
+      });
+    }).wait();
+  }
+  template <element T>
+  void alltoall(std::type_identity_t<device_span<const T>> in, device_span<T> out) {
+    same_size(in.size(), out.size(), "alltoall");
+    const std::size_t n = block(in.size(), "alltoall");
+    start("alltoall", [&] {
+      return grouped([&](int p) -> ncclResult_t {
+        const auto mine = in.subspan(static_cast<std::size_t>(p) * n, n);
+        const auto theirs = out.subspan(static_cast<std::size_t>(p) * n, n);
+        if (p == rank_) return recv(theirs, mine, p);
+        if (const ncclResult_t r = send(mine, p); r != ncclSuccess) return r;
+        return recv(theirs, device_span<const T>{}, p);
+      });
+    }).wait();
+  }
+  template <element T>
+  void alltoall(device_span<T> buf) {
+    auto copy = scratch<T>(buf.size());
+    cuda::copy_async(copy, device_span<const T>(buf), stream());
+    alltoall<T>(device_span<const T>(copy), buf);
+  }
+  void barrier() {
+    auto one = scratch<float>(1);
+    allreduce(one, reduce_op::sum);
+  }
+
+  // --- the error-code forms: the same, reporting through `ec` ----------------------------------
+
+#define DTRAIN_NCCL_EC_FORM(name, params, args)          \
+  template <element T>                                   \
+  void name params noexcept {                            \
+    ec.clear();                                          \
+    try {                                                \
+      name<T> args;                                      \
+    } catch (const std::system_error& e) {               \
+      ec = e.code();                                     \
+    } catch (...) {                                      \
+      ec = make_error_code(errc::device_error);          \
+    }                                                    \
+  }
+  DTRAIN_NCCL_EC_FORM(broadcast, (device_span<T> buf, int root, std::error_code& ec), (buf, root))
+  DTRAIN_NCCL_EC_FORM(reduce, (std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, int root, std::error_code& ec), (in, out, op, root))
+  DTRAIN_NCCL_EC_FORM(allreduce, (std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, std::error_code& ec), (in, out, op))
+  DTRAIN_NCCL_EC_FORM(allreduce, (device_span<T> buf, reduce_op op, std::error_code& ec), (buf, op))
+  DTRAIN_NCCL_EC_FORM(reduce_scatter, (std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, std::error_code& ec), (in, out, op))
+  DTRAIN_NCCL_EC_FORM(allgather, (std::type_identity_t<device_span<const T>> in, device_span<T> out, std::error_code& ec), (in, out))
+  DTRAIN_NCCL_EC_FORM(gather, (std::type_identity_t<device_span<const T>> in, device_span<T> out, int root, std::error_code& ec), (in, out, root))
+  DTRAIN_NCCL_EC_FORM(scatter, (std::type_identity_t<device_span<const T>> in, device_span<T> out, int root, std::error_code& ec), (in, out, root))
+  DTRAIN_NCCL_EC_FORM(alltoall, (std::type_identity_t<device_span<const T>> in, device_span<T> out, std::error_code& ec), (in, out))
+#undef DTRAIN_NCCL_EC_FORM
+  void barrier(std::error_code& ec) noexcept {
+    ec.clear();
+    try {
+      barrier();
+    } catch (const std::system_error& e) {
+      ec = e.code();
+    } catch (...) {
+      ec = make_error_code(errc::device_error);
+    }
+  }
+
+  /// Why the communicator was aborted; empty while it is healthy.
+  const std::string& failure() const noexcept { return *broken_; }
+
+ private:
+  nccl_communicator(ncclUniqueId id, int rank, int size, int device, nccl_options o, deadline d)
+      : rank_(rank), size_(size), device_(device), options_(std::move(o)), broken_(std::make_shared<std::string>()) {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;  // joining, and every call, then return at once; we wait under deadlines
+    check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
+    settle("joining the group of " + std::to_string(size) + " ranks (every rank must call connect)", d);
+  }
+
+  static void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess && r != ncclInProgress) {
+      throw error(errc::device_error, std::string("nccl: ") + what + ": " + detail::nccl::text(r));
+    }
+  }
+
+  std::string name(const std::string& what) const {
+    return "nccl " + what + " #" + std::to_string(sequence_) + " (rank " + std::to_string(rank_) + " of " +
+           std::to_string(size_) + ", device " + std::to_string(device_) + ")";
+  }
+
+  [[noreturn]] void fail(errc code, const std::string& why) {
+    *broken_ = why;
+    if (comm_ != nullptr) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+    }
+    throw error(code, why);
+  }
+
+  // Waits until the communicator leaves ncclInProgress (non-blocking mode) or `d` passes.
+  void settle(const std::string& what, deadline d) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(errc::device_error, "nccl: " + what + ": " + detail::nccl::text(state) + "; communicator aborted");
+      if (d.expired()) fail(errc::timeout, "nccl: " + what + ": not done within the deadline; communicator aborted");
+      std::this_thread::yield();
+    }
+  }
+
+  void check_async(const std::string& what) {
+    if (comm_ == nullptr) throw error(errc::broken, "nccl: " + what + ": the communicator was aborted: " + *broken_);
+    ncclResult_t state = ncclSuccess;
+    check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+    if (state != ncclSuccess && state != ncclInProgress) {
+      fail(errc::device_error, what + ": " + detail::nccl::text(state) + " (a peer failed or was lost); communicator aborted");
+    }
+  }
+
+  void wait_for(const cuda::event& e, const std::string& what, deadline d) {
+    for (int polls = 0;; ++polls) {
+      if (e.ready()) return;
+      check_async(what);
+      if (d.expired()) {
+        fail(errc::timeout, what + ": not complete within the deadline; a peer is lost, slow, or not calling the same "
+                                   "operation; communicator aborted");
+      }
+      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  // Enqueues `enqueue()` (an NCCL call or group) and records its completion.
+  template <class F>
+  request start(const std::string& what, F&& enqueue) {
+    ++sequence_;
+    const std::string full = name(what);
+    if (comm_ == nullptr) throw error(errc::broken, full + ": the communicator was aborted: " + *broken_);
+    const ncclResult_t r = enqueue();
+    if (r != ncclSuccess && r != ncclInProgress) fail(errc::device_error, full + ": " + detail::nccl::text(r));
+    settle(full, deadline::after(options_.timeout));
+    request q;
+    q.owner_ = this;
+    q.event_ = std::make_shared<cuda::event>();
+    q.event_->record(stream());
+    q.what_ = full;
+    return q;
+  }
+
+  // Calls f(p) for every rank p inside one NCCL group.
+  template <class F>
+  ncclResult_t grouped(F&& f) {
+    if (const ncclResult_t r = ncclGroupStart(); r != ncclSuccess) return r;
+    ncclResult_t first = ncclSuccess;
+    for (int p = 0; p < size_ && first == ncclSuccess; ++p) first = f(p);
+    const ncclResult_t end = ncclGroupEnd();
+    return first != ncclSuccess ? first : end;
+  }
+
+  template <class T>
+  ncclResult_t send(device_span<const T> b, int peer) {
+    return ncclSend(b.data(), b.size(), detail::nccl::type_of<T>(), peer, comm_, stream());
+  }
+  // Receives `b` from `peer`; from itself, copies `self` (a device-to-device copy on the stream).
+  template <class T>
+  ncclResult_t recv(device_span<T> b, device_span<const T> self, int peer) {
+    if (peer == rank_) {
+      return cudaMemcpyAsync(b.data(), self.data(), self.size_bytes(), cudaMemcpyDeviceToDevice, stream()) == cudaSuccess
+                 ? ncclSuccess
+                 : ncclUnhandledCudaError;
+    }
+    return ncclRecv(b.data(), b.size(), detail::nccl::type_of<T>(), peer, comm_, stream());
+  }
+
+  template <class T>
+  device_span<T> scratch(std::size_t n) {
+    const std::size_t bytes = n * sizeof(T);
+    if (scratch_.size() < bytes) scratch_ = cuda::device_buffer<std::byte>(bytes);
+    return {reinterpret_cast<T*>(scratch_.data()), n};
+  }
+
+  void check_root(int root, const char* what) const {
+    if (root < 0 || root >= size_) {
+      throw error(errc::invalid_argument, std::string("nccl ") + what + ": root " + std::to_string(root) +
+                                              " outside a group of " + std::to_string(size_));
+    }
+  }
+  static void same_size(std::size_t a, std::size_t b, const char* what) {
+    if (a != b) {
+      throw error(errc::invalid_argument, std::string("nccl ") + what + ": buffers of " + std::to_string(a) + " and " +
+                                              std::to_string(b) + " elements");
+    }
+  }
+  std::size_t block(std::size_t n, const char* what) const {
+    if (n % static_cast<std::size_t>(size_) != 0) {
+      throw error(errc::invalid_argument, std::string("nccl ") + what + ": " + std::to_string(n) +
+                                              " elements do not split into " + std::to_string(size_) + " blocks");
+    }
+    return n / static_cast<std::size_t>(size_);
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0, size_ = 1, device_ = 0;
+  nccl_options options_;
+  cuda::stream stream_;
+  cuda::device_buffer<std::byte> scratch_;
+  std::uint64_t sequence_ = 0;
+  std::shared_ptr<std::string> broken_;
+};
+
+}  // namespace dtrain

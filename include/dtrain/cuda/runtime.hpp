@@ -1,0 +1,154 @@
+#pragma once
+/// @file
+/// The CUDA runtime pieces dtrain's GPU layer shares: errors as `dtrain::error`, owning
+/// streams, events, device and pinned host buffers, and the device count. Host code only: it
+/// compiles with any C++20 compiler against the CUDA runtime (link `dtrain::cuda`).
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_space.hpp"
+
+namespace dtrain::cuda {
+
+/// @throws dtrain::error `device_error` naming `what` and CUDA's explanation
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw error(errc::device_error, std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+  }
+}
+
+/// Visible devices; 0 when there is no driver or no GPU (never throws).
+inline int device_count() noexcept {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+/// An owned, non-blocking CUDA stream on the current device.
+class stream {
+ public:
+  stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  stream(stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  stream& operator=(stream&& o) noexcept {
+    std::swap(s_, o.s_);
+    return *this;
+  }
+  ~stream() {
+    if (s_ != nullptr) cudaStreamDestroy(s_);
+  }
+  cudaStream_t get() const noexcept { return s_; }
+  void synchronize() const { check(cudaStreamSynchronize(s_), "cudaStreamSynchronize"); }
+
+ private:
+  cudaStream_t s_ = nullptr;
+};
+
+/// An owned CUDA event without timing (cheapest to record and query).
+class event {
+ public:
+  event() { check(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming), "cudaEventCreate"); }
+  event(event&& o) noexcept : e_(std::exchange(o.e_, nullptr)) {}
+  event& operator=(event&& o) noexcept {
+    std::swap(e_, o.e_);
+    return *this;
+  }
+  ~event() {
+    if (e_ != nullptr) cudaEventDestroy(e_);
+  }
+  cudaEvent_t get() const noexcept { return e_; }
+  void record(cudaStream_t s) { check(cudaEventRecord(e_, s), "cudaEventRecord"); }
+  /// Work enqueued on `s` after this call waits for the work recorded before.
+  void make_wait(cudaStream_t s) const { check(cudaStreamWaitEvent(s, e_, 0), "cudaStreamWaitEvent"); }
+  /// @returns true once the recorded work has finished. @throws on a device error
+  bool ready() const {
+    const cudaError_t e = cudaEventQuery(e_);
+    if (e == cudaErrorNotReady) return false;
+    check(e, "cudaEventQuery");
+    return true;
+  }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+/// `n` elements of device memory on the current device.
+template <class T>
+class device_buffer {
+ public:
+  device_buffer() = default;
+  explicit device_buffer(std::size_t n) : n_(n) {
+    if (n > 0) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+  }
+  device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  device_buffer& operator=(device_buffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~device_buffer() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  device_span<T> span() noexcept { return {p_, n_}; }
+  device_span<const T> span() const noexcept { return {p_, n_}; }
+  T* data() noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// `n` elements of page-locked host memory: copies to and from the device run at full speed
+/// and asynchronously.
+template <class T>
+class pinned_buffer {
+ public:
+  pinned_buffer() = default;
+  explicit pinned_buffer(std::size_t n) : n_(n) {
+    if (n > 0) check(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMallocHost");
+  }
+  pinned_buffer(pinned_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
+    std::swap(p_, o.p_);
+    std::swap(n_, o.n_);
+    return *this;
+  }
+  ~pinned_buffer() {
+    if (p_ != nullptr) cudaFreeHost(p_);
+  }
+  std::span<T> span() noexcept { return {p_, n_}; }
+  T* data() noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
+/// Enqueues a copy of `src` (device) into `dst` (host) on `s`.
+template <class T>
+void copy_async(std::span<std::remove_const_t<T>> dst, device_span<T> src, cudaStream_t s) {
+  check(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync D2H");
+}
+/// Enqueues a copy of `src` (host) into `dst` (device) on `s`.
+template <class T>
+void copy_async(device_span<T> dst, std::span<const T> src, cudaStream_t s) {
+  check(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D");
+}
+/// Enqueues a device-to-device copy on `s`.
+template <class T>
+void copy_async(device_span<T> dst, device_span<const T> src, cudaStream_t s) {
+  check(cudaMemcpyAsync(dst.data(), src.data(), src.size_bytes(), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync D2D");
+}
+
+}  // namespace dtrain::cuda
