@@ -1,0 +1,320 @@
+#pragma once
+/// @file
+/// `staged_communicator<Transport>`: the collective operations on Thrust-device buffers over
+/// a host transport (TCP), staging through host memory and reducing on the device with Thrust.
+/// Several ranks can then share one GPU (NCCL refuses that), and hosts without NCCL still train
+/// on GPUs. Link `dtrain::thrust` (and `dtrain::cuda` in a CUDA build).
+///
+/// In a CUDA build (THRUST_DEVICE_SYSTEM CUDA) buffers are `device_span`, staging buffers are
+/// pinned, and copies and reductions are enqueued on the communicator's stream. Under Thrust's
+/// CPP and OMP systems the same code runs on host buffers (`std::span`), which is how it is
+/// tested on machines without a GPU.
+///
+/// Reducing operations (allreduce, reduce_scatter, reduce) are bandwidth-optimal and
+/// deterministic: each rank stages its buffer out, an alltoall hands rank r block r of every
+/// rank, rank r combines them on the device in rank order (the same bits everywhere), and an
+/// allgather returns the result. Data-moving operations stage out, run the host communicator's
+/// algorithm, and stage back. Deadlines, mismatch detection and errors are the host
+/// communicator's.
+///
+/// @code
+/// dtrain::staged_communicator<dtrain::tcp_transport> comm(dtrain::tcp_transport::from_environment());
+/// comm.allreduce(dtrain::device_span<float>(grads, n), dtrain::reduce_op::avg);
+/// @endcode
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <system_error>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/concepts/element.hpp"
+#include "dtrain/concepts/transport.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_space.hpp"
+#include "dtrain/reduce/thrust.hpp"
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#include "dtrain/cuda/runtime.hpp"
+#endif
+
+namespace dtrain {
+
+namespace detail::staging {
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+// Pinned host memory and device scratch; copies on one stream, waited for before the host reads.
+class memory {
+ public:
+  template <class T>
+  using host_block = cuda::pinned_buffer<T>;
+  template <class T>
+  using device_block = cuda::device_buffer<T>;
+
+  template <class T>
+  void to_host(std::span<T> dst, device_span<const T> src) {
+    cuda::copy_async<const T>(dst, src, stream_.get());
+    stream_.synchronize();
+  }
+  template <class T>
+  void to_device(device_span<T> dst, std::span<const T> src) {
+    cuda::copy_async<T>(dst, src, stream_.get());
+    stream_.synchronize();
+  }
+  template <class T>
+  void on_device(device_span<T> dst, device_span<const T> src) {
+    cuda::copy_async<T>(dst, src, stream_.get());
+  }
+  void finish() { stream_.synchronize(); }
+  auto reduction() const { return stream_reduction(stream_.get()); }
+
+ private:
+  cuda::stream stream_;
+};
+#else
+// Thrust's host systems: "device" memory is host memory; staging is a copy.
+class memory {
+ public:
+  template <class T>
+  class host_block {
+   public:
+    host_block() = default;
+    explicit host_block(std::size_t n) : v_(n) {}
+    std::span<T> span() noexcept { return v_; }
+    std::size_t size() const noexcept { return v_.size(); }
+
+   private:
+    std::vector<T> v_;
+  };
+  template <class T>
+  using device_block = host_block<T>;
+
+  template <class T>
+  void to_host(std::span<T> dst, std::span<const T> src) {
+    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size_bytes());
+  }
+  template <class T>
+  void to_device(std::span<T> dst, std::span<const T> src) {
+    to_host(dst, src);
+  }
+  template <class T>
+  void on_device(std::span<T> dst, std::span<const T> src) {
+    to_host(dst, src);
+  }
+  void finish() {}
+  auto reduction() const { return thrust_reduction<>{}; }
+};
+#endif
+
+}  // namespace detail::staging
+
+template <transport Transport>
+class staged_communicator {
+ public:
+  using memory_space = thrust_device_memory;
+  template <class T>
+  using buffer = thrust_buffer<T>;
+
+  explicit staged_communicator(Transport t, communicator_options o = {}) : host_(std::move(t), std::move(o)) {}
+
+  int rank() const noexcept { return host_.rank(); }
+  int size() const noexcept { return host_.size(); }
+  /// The host communicator that moves the staged bytes (its options, timeout, sequence).
+  communicator<Transport>& host() noexcept { return host_; }
+
+  // --- data-moving operations: stage out, host algorithm, stage back ---------------------------
+
+  template <element T>
+  void broadcast(thrust_buffer<T> buf, int root) {
+    auto h = stage_out<T>(buf, 0);
+    host_.broadcast(h, root);
+    stage_in<T>(buf, h);
+  }
+  template <element T>
+  void allgather(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out) {
+    auto h_in = stage_out<T>(in, 0);
+    auto h_out = host_block<T>(1, out.size());
+    host_.allgather(std::span<const T>(h_in), h_out);
+    stage_in<T>(out, h_out);
+  }
+  template <element T>
+  void allgather(thrust_buffer<T> buf) {
+    auto h = stage_out<T>(buf, 0);
+    host_.allgather(h);
+    stage_in<T>(buf, h);
+  }
+  template <element T>
+  void gather(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root) {
+    auto h_in = stage_out<T>(in, 0);
+    auto h_out = host_block<T>(1, rank() == root ? out.size() : 0);
+    host_.gather(std::span<const T>(h_in), h_out, root);
+    if (rank() == root) stage_in<T>(out, h_out);
+  }
+  template <element T>
+  void scatter(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root) {
+    auto h_in = rank() == root ? stage_out<T>(in, 0) : host_block<T>(0, 0);
+    auto h_out = host_block<T>(1, out.size());
+    host_.scatter(std::span<const T>(h_in), h_out, root);
+    stage_in<T>(out, h_out);
+  }
+  template <element T>
+  void alltoall(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out) {
+    auto h_in = stage_out<T>(in, 0);
+    auto h_out = host_block<T>(1, out.size());
+    host_.alltoall(std::span<const T>(h_in), h_out);
+    stage_in<T>(out, h_out);
+  }
+  template <element T>
+  void alltoall(thrust_buffer<T> buf) {
+    auto h = stage_out<T>(buf, 0);
+    host_.alltoall(h);
+    stage_in<T>(buf, h);
+  }
+  void barrier() { host_.barrier(); }
+
+  // --- reducing operations: alltoall, combine on the device in rank order, allgather -----------
+
+  template <element T>
+  void allreduce(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op) {
+    same_size(in.size(), out.size(), "allreduce");
+    const std::size_t block = blocks_of(in.size());
+    auto mine = reduce_blocks<T>(in, block, op);  // this rank's block of the result, staged
+    std::span<T> gathered = host_block<T>(3, block * static_cast<std::size_t>(size()));
+    host_.allgather(std::span<const T>(mine), gathered);
+    stage_in<T>(out, gathered.first(out.size()));
+  }
+  template <element T>
+  void allreduce(thrust_buffer<T> buf, reduce_op op) {
+    allreduce<T>(thrust_buffer<const T>(buf), buf, op);
+  }
+  template <element T>
+  void reduce_scatter(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op) {
+    same_size(in.size(), out.size() * static_cast<std::size_t>(size()), "reduce_scatter (input = size() blocks)");
+    auto mine = reduce_blocks<T>(in, out.size(), op);
+    stage_in<T>(out, mine);
+  }
+  template <element T>
+  void reduce_scatter(thrust_buffer<T> buf, reduce_op op) {
+    if (buf.size() % static_cast<std::size_t>(size()) != 0) {
+      throw error(errc::invalid_argument, "staged reduce_scatter: " + std::to_string(buf.size()) +
+                                              " elements do not split into " + std::to_string(size()) + " blocks");
+    }
+    const std::size_t n = buf.size() / static_cast<std::size_t>(size());
+    reduce_scatter<T>(thrust_buffer<const T>(buf), buf.subspan(static_cast<std::size_t>(rank()) * n, n), op);
+  }
+  /// The root gets the reduction (through an allreduce: the other ranks' `out` is not touched).
+  template <element T>
+  void reduce(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op, int root) {
+    if (rank() == root) same_size(in.size(), out.size(), "reduce");
+    device_block<T> result(in.size());
+    allreduce<T>(in, result.span(), op);
+    if (rank() == root) {
+      mem_.template on_device<T>(out, thrust_buffer<const T>(result.span()));
+      mem_.finish();
+    }
+  }
+  template <element T>
+  void reduce(thrust_buffer<T> buf, reduce_op op, int root) {
+    reduce<T>(thrust_buffer<const T>(buf), buf, op, root);
+  }
+
+  // --- the error-code forms --------------------------------------------------------------------
+
+#define DTRAIN_STAGED_EC_FORM(name, params, args) \
+  template <element T>                            \
+  void name params noexcept {                     \
+    ec.clear();                                   \
+    try {                                         \
+      name<T> args;                               \
+    } catch (const std::system_error& e) {        \
+      ec = e.code();                              \
+    } catch (...) {                               \
+      ec = make_error_code(errc::broken);         \
+    }                                             \
+  }
+  DTRAIN_STAGED_EC_FORM(broadcast, (thrust_buffer<T> buf, int root, std::error_code& ec), (buf, root))
+  DTRAIN_STAGED_EC_FORM(reduce, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op, int root, std::error_code& ec), (in, out, op, root))
+  DTRAIN_STAGED_EC_FORM(allreduce, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op, std::error_code& ec), (in, out, op))
+  DTRAIN_STAGED_EC_FORM(allreduce, (thrust_buffer<T> buf, reduce_op op, std::error_code& ec), (buf, op))
+  DTRAIN_STAGED_EC_FORM(reduce_scatter, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op, std::error_code& ec), (in, out, op))
+  DTRAIN_STAGED_EC_FORM(allgather, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, std::error_code& ec), (in, out))
+  DTRAIN_STAGED_EC_FORM(gather, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root, std::error_code& ec), (in, out, root))
+  DTRAIN_STAGED_EC_FORM(scatter, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root, std::error_code& ec), (in, out, root))
+  DTRAIN_STAGED_EC_FORM(alltoall, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, std::error_code& ec), (in, out))
+#undef DTRAIN_STAGED_EC_FORM
+  void barrier(std::error_code& ec) noexcept { host_.barrier(ec); }
+
+ private:
+  template <class T>
+  using host_block_t = detail::staging::memory::host_block<T>;
+  template <class T>
+  using device_block = detail::staging::memory::device_block<T>;
+
+  // Staging buffers are kept between calls, one per role, as raw bytes sized to the largest use.
+  template <class T>
+  std::span<T> host_block(int role, std::size_t n) {
+    auto& b = staging_[static_cast<std::size_t>(role)];
+    if (b.size() < n * sizeof(T)) b = host_block_t<std::byte>(n * sizeof(T));
+    return {reinterpret_cast<T*>(b.span().data()), n};
+  }
+  template <class T>
+  std::span<T> stage_out(thrust_buffer<const T> src, int role) {
+    std::span<T> h = host_block<T>(role, src.size());
+    mem_.template to_host<T>(h, src);
+    return h;
+  }
+  template <class T>
+  void stage_in(thrust_buffer<T> dst, std::span<T> src) {
+    mem_.template to_device<T>(dst, std::span<const T>(src.first(dst.size())));
+  }
+
+  // Every rank's block `rank()` (blocks of `block` elements; `in` is padded with zeros to
+  // size() blocks), combined on the device in rank order (avg divided there too); returns it
+  // staged on the host.
+  template <class T>
+  std::span<T> reduce_blocks(thrust_buffer<const T> in, std::size_t block, reduce_op op) {
+    const std::size_t p = static_cast<std::size_t>(size()), padded = block * p;
+    std::span<T> out = host_block<T>(0, padded);
+    mem_.template to_host<T>(out.first(in.size()), in);
+    std::fill(out.begin() + static_cast<std::ptrdiff_t>(in.size()), out.end(), T{});
+    std::span<T> got = host_block<T>(1, padded);  // block q: rank q's block rank()
+    host_.alltoall(std::span<const T>(out), got);
+    const thrust_buffer<T> dev = device_scratch<T>(padded);
+    mem_.template to_device<T>(dev, std::span<const T>(got));
+    const auto reduce = mem_.reduction();
+    const auto acc = dev.first(block);
+    for (std::size_t q = 1; q < p; ++q) reduce(acc, thrust_buffer<const T>(dev.subspan(q * block, block)), op);
+    if (op == reduce_op::avg) reduce.finish_average(acc, size());
+    std::span<T> mine = host_block<T>(2, block);
+    mem_.template to_host<T>(mine, thrust_buffer<const T>(acc));
+    return mine;
+  }
+
+  template <class T>
+  thrust_buffer<T> device_scratch(std::size_t n) {
+    if (scratch_.size() < n * sizeof(T)) scratch_ = device_block<std::byte>(n * sizeof(T));
+    return {reinterpret_cast<T*>(scratch_.span().data()), n};
+  }
+
+  std::size_t blocks_of(std::size_t n) const noexcept {
+    const std::size_t p = static_cast<std::size_t>(size());
+    return (n + p - 1) / p;
+  }
+  static void same_size(std::size_t a, std::size_t b, const char* what) {
+    if (a != b) {
+      throw error(errc::invalid_argument, std::string("staged ") + what + ": buffers of " + std::to_string(a) +
+                                              " and " + std::to_string(b) + " elements");
+    }
+  }
+
+  communicator<Transport> host_;
+  detail::staging::memory mem_;
+  host_block_t<std::byte> staging_[4];
+  device_block<std::byte> scratch_;
+};
+
+}  // namespace dtrain
