@@ -50,6 +50,7 @@
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/cuda/runtime.hpp"
+#include "dtrain/detail/error_code_forms.hpp"
 
 namespace dtrain {
 
@@ -306,38 +307,7 @@ class nccl_communicator {
 
   // --- the error-code forms: the same, reporting through `ec` ----------------------------------
 
-#define DTRAIN_NCCL_EC_FORM(name, params, args)          \
-  template <element T>                                   \
-  void name params noexcept {                            \
-    ec.clear();                                          \
-    try {                                                \
-      name<T> args;                                      \
-    } catch (const std::system_error& e) {               \
-      ec = e.code();                                     \
-    } catch (...) {                                      \
-      ec = make_error_code(errc::device_error);          \
-    }                                                    \
-  }
-  DTRAIN_NCCL_EC_FORM(broadcast, (device_span<T> buf, int root, std::error_code& ec), (buf, root))
-  DTRAIN_NCCL_EC_FORM(reduce, (std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, int root, std::error_code& ec), (in, out, op, root))
-  DTRAIN_NCCL_EC_FORM(allreduce, (std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, std::error_code& ec), (in, out, op))
-  DTRAIN_NCCL_EC_FORM(allreduce, (device_span<T> buf, reduce_op op, std::error_code& ec), (buf, op))
-  DTRAIN_NCCL_EC_FORM(reduce_scatter, (std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, std::error_code& ec), (in, out, op))
-  DTRAIN_NCCL_EC_FORM(allgather, (std::type_identity_t<device_span<const T>> in, device_span<T> out, std::error_code& ec), (in, out))
-  DTRAIN_NCCL_EC_FORM(gather, (std::type_identity_t<device_span<const T>> in, device_span<T> out, int root, std::error_code& ec), (in, out, root))
-  DTRAIN_NCCL_EC_FORM(scatter, (std::type_identity_t<device_span<const T>> in, device_span<T> out, int root, std::error_code& ec), (in, out, root))
-  DTRAIN_NCCL_EC_FORM(alltoall, (std::type_identity_t<device_span<const T>> in, device_span<T> out, std::error_code& ec), (in, out))
-#undef DTRAIN_NCCL_EC_FORM
-  void barrier(std::error_code& ec) noexcept {
-    ec.clear();
-    try {
-      barrier();
-    } catch (const std::system_error& e) {
-      ec = e.code();
-    } catch (...) {
-      ec = make_error_code(errc::device_error);
-    }
-  }
+DTRAIN_ERROR_CODE_FORMS(device_span)
 
   /// Why the communicator was aborted; empty while it is healthy.
   const std::string& failure() const noexcept { return *broken_; }

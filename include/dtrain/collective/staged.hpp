@@ -36,6 +36,7 @@
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
+#include "dtrain/detail/error_code_forms.hpp"
 #include "dtrain/reduce/thrust.hpp"
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
@@ -136,10 +137,7 @@ class staged_communicator {
   }
   template <element T>
   void allgather(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out) {
-    auto h_in = stage_out<T>(in, 0);
-    auto h_out = host_block<T>(1, out.size());
-    host_.allgather(std::span<const T>(h_in), h_out);
-    stage_in<T>(out, h_out);
+    through_host<T>(in, out, true, [&](std::span<const T> i, std::span<T> o) { host_.allgather(i, o); });
   }
   template <element T>
   void allgather(thrust_buffer<T> buf) {
@@ -149,24 +147,16 @@ class staged_communicator {
   }
   template <element T>
   void gather(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root) {
-    auto h_in = stage_out<T>(in, 0);
-    auto h_out = host_block<T>(1, rank() == root ? out.size() : 0);
-    host_.gather(std::span<const T>(h_in), h_out, root);
-    if (rank() == root) stage_in<T>(out, h_out);
+    through_host<T>(in, out, rank() == root, [&](std::span<const T> i, std::span<T> o) { host_.gather(i, o, root); });
   }
   template <element T>
   void scatter(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root) {
-    auto h_in = rank() == root ? stage_out<T>(in, 0) : host_block<T>(0, 0);
-    auto h_out = host_block<T>(1, out.size());
-    host_.scatter(std::span<const T>(h_in), h_out, root);
-    stage_in<T>(out, h_out);
+    const auto sent = rank() == root ? in : thrust_buffer<const T>{};
+    through_host<T>(sent, out, true, [&](std::span<const T> i, std::span<T> o) { host_.scatter(i, o, root); });
   }
   template <element T>
   void alltoall(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out) {
-    auto h_in = stage_out<T>(in, 0);
-    auto h_out = host_block<T>(1, out.size());
-    host_.alltoall(std::span<const T>(h_in), h_out);
-    stage_in<T>(out, h_out);
+    through_host<T>(in, out, true, [&](std::span<const T> i, std::span<T> o) { host_.alltoall(i, o); });
   }
   template <element T>
   void alltoall(thrust_buffer<T> buf) {
@@ -224,29 +214,8 @@ class staged_communicator {
 
   // --- the error-code forms --------------------------------------------------------------------
 
-#define DTRAIN_STAGED_EC_FORM(name, params, args) \
-  template <element T>                            \
-  void name params noexcept {                     \
-    ec.clear();                                   \
-    try {                                         \
-      name<T> args;                               \
-    } catch (const std::system_error& e) {        \
-      ec = e.code();                              \
-    } catch (...) {                               \
-      ec = make_error_code(errc::broken);         \
-    }                                             \
-  }
-  DTRAIN_STAGED_EC_FORM(broadcast, (thrust_buffer<T> buf, int root, std::error_code& ec), (buf, root))
-  DTRAIN_STAGED_EC_FORM(reduce, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op, int root, std::error_code& ec), (in, out, op, root))
-  DTRAIN_STAGED_EC_FORM(allreduce, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op, std::error_code& ec), (in, out, op))
-  DTRAIN_STAGED_EC_FORM(allreduce, (thrust_buffer<T> buf, reduce_op op, std::error_code& ec), (buf, op))
-  DTRAIN_STAGED_EC_FORM(reduce_scatter, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, reduce_op op, std::error_code& ec), (in, out, op))
-  DTRAIN_STAGED_EC_FORM(allgather, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, std::error_code& ec), (in, out))
-  DTRAIN_STAGED_EC_FORM(gather, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root, std::error_code& ec), (in, out, root))
-  DTRAIN_STAGED_EC_FORM(scatter, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root, std::error_code& ec), (in, out, root))
-  DTRAIN_STAGED_EC_FORM(alltoall, (std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, std::error_code& ec), (in, out))
-#undef DTRAIN_STAGED_EC_FORM
-  void barrier(std::error_code& ec) noexcept { host_.barrier(ec); }
+DTRAIN_ERROR_CODE_FORMS(thrust_buffer)
+
 
  private:
   template <class T>
@@ -266,6 +235,14 @@ class staged_communicator {
     std::span<T> h = host_block<T>(role, src.size());
     mem_.template to_host<T>(h, src);
     return h;
+  }
+  // Stages `in` out, runs `op(host in, host out)`, and stages the result into `out` (if `back`).
+  template <class T, class Op>
+  void through_host(thrust_buffer<const T> in, thrust_buffer<T> out, bool back, Op&& op) {
+    std::span<T> h_in = stage_out<T>(in, 0);
+    std::span<T> h_out = host_block<T>(1, back ? out.size() : 0);
+    op(std::span<const T>(h_in), h_out);
+    if (back) stage_in<T>(out, h_out);
   }
   template <class T>
   void stage_in(thrust_buffer<T> dst, std::span<T> src) {

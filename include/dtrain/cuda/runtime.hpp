@@ -81,26 +81,44 @@ class event {
   cudaEvent_t e_ = nullptr;
 };
 
-/// `n` elements of device memory on the current device.
-template <class T>
-class device_buffer {
- public:
-  device_buffer() = default;
-  explicit device_buffer(std::size_t n) : n_(n) {
-    if (n > 0) check(cudaMalloc(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMalloc");
+namespace detail {
+
+struct device_allocation {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    check(cudaMalloc(&p, bytes), "cudaMalloc");
+    return p;
   }
-  device_buffer(device_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  device_buffer& operator=(device_buffer&& o) noexcept {
+  static void release(void* p) noexcept { cudaFree(p); }
+};
+
+struct pinned_allocation {
+  static void* allocate(std::size_t bytes) {
+    void* p = nullptr;
+    check(cudaMallocHost(&p, bytes), "cudaMallocHost");
+    return p;
+  }
+  static void release(void* p) noexcept { cudaFreeHost(p); }
+};
+
+// `n` elements of memory from `Allocation`, owned (move-only).
+template <class T, class Allocation>
+class owned_memory {
+ public:
+  owned_memory() = default;
+  explicit owned_memory(std::size_t n)
+      : p_(n > 0 ? static_cast<T*>(Allocation::allocate(n * sizeof(T))) : nullptr), n_(n) {}
+  owned_memory(owned_memory&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  owned_memory& operator=(owned_memory&& o) noexcept {
     std::swap(p_, o.p_);
     std::swap(n_, o.n_);
     return *this;
   }
-  ~device_buffer() {
-    if (p_ != nullptr) cudaFree(p_);
+  ~owned_memory() {
+    if (p_ != nullptr) Allocation::release(p_);
   }
-  device_span<T> span() noexcept { return {p_, n_}; }
-  device_span<const T> span() const noexcept { return {p_, n_}; }
   T* data() noexcept { return p_; }
+  const T* data() const noexcept { return p_; }
   std::size_t size() const noexcept { return n_; }
 
  private:
@@ -108,31 +126,24 @@ class device_buffer {
   std::size_t n_ = 0;
 };
 
+}  // namespace detail
+
+/// `n` elements of device memory on the current device.
+template <class T>
+class device_buffer : public detail::owned_memory<T, detail::device_allocation> {
+ public:
+  using detail::owned_memory<T, detail::device_allocation>::owned_memory;
+  device_span<T> span() noexcept { return {this->data(), this->size()}; }
+  device_span<const T> span() const noexcept { return {this->data(), this->size()}; }
+};
+
 /// `n` elements of page-locked host memory: copies to and from the device run at full speed
 /// and asynchronously.
 template <class T>
-class pinned_buffer {
+class pinned_buffer : public detail::owned_memory<T, detail::pinned_allocation> {
  public:
-  pinned_buffer() = default;
-  explicit pinned_buffer(std::size_t n) : n_(n) {
-    if (n > 0) check(cudaMallocHost(reinterpret_cast<void**>(&p_), n * sizeof(T)), "cudaMallocHost");
-  }
-  pinned_buffer(pinned_buffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
-  pinned_buffer& operator=(pinned_buffer&& o) noexcept {
-    std::swap(p_, o.p_);
-    std::swap(n_, o.n_);
-    return *this;
-  }
-  ~pinned_buffer() {
-    if (p_ != nullptr) cudaFreeHost(p_);
-  }
-  std::span<T> span() noexcept { return {p_, n_}; }
-  T* data() noexcept { return p_; }
-  std::size_t size() const noexcept { return n_; }
-
- private:
-  T* p_ = nullptr;
-  std::size_t n_ = 0;
+  using detail::owned_memory<T, detail::pinned_allocation>::owned_memory;
+  std::span<T> span() noexcept { return {this->data(), this->size()}; }
 };
 
 /// Enqueues a copy of `src` (device) into `dst` (host) on `s`.
