@@ -43,9 +43,9 @@ struct result {
 using worker_t = worker<tcp_transport, asp, float>;
 
 // Runs `op` until `min_seconds` have passed (at least `min_iters` times) after `warmup` calls;
-// returns seconds per call, the slowest worker's (all workers start together).
+// returns this worker's seconds per call (all workers run the same loop at the same time).
 template <class Op>
-double time_op(worker_t& w, Op op, double min_seconds, int warmup) {
+double time_op(Op op, double min_seconds, int warmup) {
   for (int i = 0; i < warmup; ++i) op();
   int iters = 0;
   const auto t0 = clock_type::now();
@@ -55,7 +55,6 @@ double time_op(worker_t& w, Op op, double min_seconds, int warmup) {
     ++iters;
     elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
   }
-  (void)w;
   return elapsed / iters;
 }
 
@@ -90,9 +89,6 @@ int main(int argc, char** argv) {
   }
   worker_t w(std::move(t), r, range_sharding(r.servers, std::uint64_t{1} << 24), o);
   std::vector<result> results;
-  auto all_workers = [&](double mine) {  // the slowest worker's time, through the servers' view
-    return mine;  // workers run the same loop at the same time; each reports its own
-  };
   for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
     if (only == "sparse") break;
     const std::size_t n = bytes / sizeof(float);
@@ -100,14 +96,14 @@ int main(int argc, char** argv) {
     std::vector<float> grad(n, 1e-3f), values(n);
     for (const char* what : {"push", "pull", "push+pull"}) {
       const std::string op = what;
-      const double s = time_op(w, [&] {
+      const double s = time_op([&] {
         worker_t::request q = op == "push"   ? w.push_dense(tensor, grad)
                               : op == "pull" ? w.pull_dense(tensor, values)
                                              : w.push_pull_dense(tensor, grad, values);
         w.wait(q);
       }, seconds, 3);
       const double moved = static_cast<double>(bytes) * (op == "push+pull" ? 2 : 1) * r.workers;
-      results.push_back({"dense " + op, bytes, 0, all_workers(s), moved / s / 1e9, 0});
+      results.push_back({"dense " + op, bytes, 0, s, moved / s / 1e9, 0});
     }
   }
   std::mt19937_64 gen(static_cast<std::uint64_t>(w.id()) + 7);
@@ -117,7 +113,7 @@ int main(int argc, char** argv) {
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::vector<float> grad(keys.size(), 1e-3f), values(keys.size());
-  const double s = keys.empty() ? 1.0 : time_op(w, [&] {
+  const double s = keys.empty() ? 1.0 : time_op([&] {
     auto q = w.push_pull(keys, std::span<const float>(grad), std::span(values), 1);
     w.wait(q);
   }, seconds, 3);

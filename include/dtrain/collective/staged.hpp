@@ -117,8 +117,6 @@ template <transport Transport>
 class staged_communicator {
  public:
   using memory_space = thrust_device_memory;
-  template <class T>
-  using buffer = thrust_buffer<T>;
 
   explicit staged_communicator(Transport t, communicator_options o = {}) : host_(std::move(t), std::move(o)) {}
 

@@ -50,6 +50,9 @@ enum class op : std::uint8_t {
   push_pull = 8,  ///< a push, then a pull of the same keys, in one request and one reply
 };
 
+/// Whether requests of kind `o` carry keys (and may name a key cache slot).
+constexpr bool carries_keys(op o) noexcept { return o == op::push || o == op::pull || o == op::push_pull; }
+
 /// Which of a server's tables a request addresses.
 enum class table_id : std::uint8_t { sparse = 0, dense = 1 };
 
@@ -200,8 +203,7 @@ request_view<T> decode_request(std::span<const std::byte> b, int from) {
   if (cache > 2) throw bad("unknown key cache mode " + std::to_string(cache));
   r.header.cache = static_cast<key_cache>(cache);
   r.header.cache_slot = detail::get<std::uint8_t>(b.data() + 7);
-  const bool keyed = r.header.what == op::push || r.header.what == op::pull || r.header.what == op::push_pull;
-  if (r.header.cache != key_cache::none && !keyed) throw bad("key cache on a request without keys");
+  if (r.header.cache != key_cache::none && !carries_keys(r.header.what)) throw bad("key cache on a request without keys");
   const bool cached = r.header.cache == key_cache::use;
   const std::size_t payload = b.size() - header_bytes;
   if (!cached && r.header.keys > payload / 8) {

@@ -403,11 +403,8 @@ class server {
   void push(request_view<T>& r, const key_list& k) {
     const request_header& h = r.header;
     check_push(h, k);
-    if (applies_on_arrival()) {  // one push is its own mean, applied straight from the request's bytes
-      const std::uint64_t s = staleness_of(h.basis);
-      record_staleness(h.worker, s);
-      if (!k.keys.empty()) table_of(h.table).push(k.keys, values_of(r), h.length, {s, 1.0}, k.resolved);
-      ++stats_.version;
+    if (applies_on_arrival()) {  // straight from the request's bytes
+      apply_single(h.worker, h.table, k.keys, values_of(r), h.length, h.basis, k.resolved);
       return;
     }
     pending_push p{h.worker, h.table, h.length, h.basis, own(r, k), {}};
@@ -432,17 +429,23 @@ class server {
     ++stats_.per_worker_staleness[worker][bucket];
   }
 
+  // One push that is its own mean: straight into its table as one update.
+  void apply_single(std::uint32_t worker, table_id which, std::span<const key_type> keys, std::span<const T> values,
+                    std::size_t length, std::uint64_t basis, resolved_keys* resolved = nullptr) {
+    const std::uint64_t s = staleness_of(basis);
+    record_staleness(worker, s);
+    if (!keys.empty()) table_of(which).push(keys, values, length, {s, 1.0}, resolved);
+    ++stats_.version;
+  }
+
   // Applies the group's pushes, in worker order (deterministic under BSP): each key's pushes are
   // summed and divided by `bundles`, the number of (worker, clock) contributions in the group,
   // so a worker whose clock spans several requests (slices, servers' shares) counts once.
   void apply_group(std::vector<pending_push>& group, std::size_t bundles) {
     if (group.empty()) return;
-    if (group.size() == 1 && bundles == 1) {  // one push is its own mean
+    if (group.size() == 1 && bundles == 1) {
       const pending_push& p = group.front();
-      const std::uint64_t s = staleness_of(p.basis);
-      record_staleness(p.worker, s);
-      if (!p.keys.empty()) table_of(p.which).push(p.keys, p.values, p.length, {s, 1.0});
-      ++stats_.version;
+      apply_single(p.worker, p.which, p.keys, p.values, p.length, p.basis);
       group.clear();
       return;
     }

@@ -379,8 +379,7 @@ class worker {
     const std::uint64_t id = next_id_++;
     request_header h{what, which, id, clock_, basis_[static_cast<std::size_t>(server)], keys.size(),
                      static_cast<std::uint32_t>(length), id_};
-    const bool keyed = what == op::push || what == op::pull || what == op::push_pull;
-    if (keyed && which == table_id::sparse && options_.key_cache_lists > 0 && keys.size() >= options_.key_cache_min_keys) {
+    if (carries_keys(what) && which == table_id::sparse && options_.key_cache_lists > 0 && keys.size() >= options_.key_cache_min_keys) {
       const auto [slot, hit] = cache_slot(server, keys);
       h.cache = hit ? key_cache::use : key_cache::store;
       h.cache_slot = slot;
