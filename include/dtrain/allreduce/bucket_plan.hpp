@@ -6,6 +6,8 @@
 /// first), a bucket closes once it holds at least its capacity, and the first bucket is small
 /// so communication starts early in the backward pass.
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -81,5 +83,88 @@ class bucket_plan {
   std::vector<bucket> buckets_;
   std::size_t elements_ = 0;
 };
+
+namespace detail {
+
+/// One step's bookkeeping of which gradients the model reported ready, and which buckets are
+/// complete, launched in plan order so every rank issues the same collectives in the same order.
+class step_readiness {
+ public:
+  explicit step_readiness(const bucket_plan& plan)
+      : plan_(&plan), pending_(plan.buckets().size()), reported_(plan.tensor_count()) {}
+
+  void reset() {
+    for (std::size_t b = 0; b < pending_.size(); ++b) pending_[b] = plan_->buckets()[b].tensors.size();
+    std::fill(reported_.begin(), reported_.end(), false);
+    next_ = 0;
+    misuse_.clear();
+  }
+
+  /// Records that tensor `t` is ready; false (remembering why) if it is out of range or repeated.
+  bool report(std::size_t t) {
+    if (t >= reported_.size() || reported_[t]) {
+      if (misuse_.empty()) {
+        misuse_ = "the model reported tensor " + std::to_string(t) + (t >= reported_.size() ? " (out of range)" : " twice");
+      }
+      return false;
+    }
+    reported_[t] = true;
+    --pending_[plan_->bucket_of(t)];
+    return true;
+  }
+
+  /// The next bucket in plan order if all its tensors are ready (the last one only if
+  /// `include_last`), marking it launched; null otherwise.
+  const bucket* take_complete(bool include_last) {
+    const std::size_t end = include_last || pending_.empty() ? pending_.size() : pending_.size() - 1;
+    if (next_ >= end || pending_[next_] != 0) return nullptr;
+    return &plan_->buckets()[next_++];
+  }
+  /// The next unlaunched bucket, whatever its state (after backward, all are complete).
+  const bucket* take_next() { return next_ < pending_.size() ? &plan_->buckets()[next_++] : nullptr; }
+
+  /// After backward: notes the first tensor never reported. Returns what went wrong, or "".
+  const std::string& finish() {
+    for (std::size_t i = 0; i < reported_.size() && misuse_.empty(); ++i) {
+      if (!reported_[i]) misuse_ = "the model never reported tensor " + std::to_string(i) + "'s gradient as ready";
+    }
+    return misuse_;
+  }
+
+ private:
+  const bucket_plan* plan_;
+  std::vector<std::size_t> pending_;
+  std::vector<bool> reported_;
+  std::size_t next_ = 0;
+  std::string misuse_;
+};
+
+/// What ranks compare at start-up: the plan's digest, its size, and a digest of the options that
+/// change what goes on the wire (`options_digest`). Equal on every rank, or the job is misbuilt.
+using plan_digest = std::array<std::int64_t, 4>;
+
+inline plan_digest digest_of(const bucket_plan& plan, std::uint64_t options_digest) {
+  return {static_cast<std::int64_t>(plan.fingerprint()), static_cast<std::int64_t>(plan.tensor_count()),
+          static_cast<std::int64_t>(plan.elements()), static_cast<std::int64_t>(options_digest)};
+}
+
+/// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the
+/// message every rank raises, naming the first rank that differs from rank 0.
+inline std::string plan_disagreement(std::span<const std::int64_t> all, const std::string& who) {
+  auto describe = [](const std::int64_t* p) {
+    return std::to_string(p[1]) + " tensors, " + std::to_string(p[2]) + " elements, plan digest " +
+           std::to_string(static_cast<std::uint64_t>(p[0])) + ", options digest " + std::to_string(p[3]);
+  };
+  for (std::size_t r = 1; 4 * r < all.size(); ++r) {
+    const std::int64_t* theirs = all.data() + 4 * r;
+    if (std::equal(theirs, theirs + 4, all.data())) continue;
+    return who + ": ranks disagree on the model or trainer options: rank 0 has " + describe(all.data()) + "; rank " +
+           std::to_string(r) + " has " + describe(theirs) +
+           ". Every rank must build the same model and pass the same trainer_options";
+  }
+  return {};
+}
+
+}  // namespace detail
 
 }  // namespace dtrain::allreduce

@@ -233,8 +233,7 @@ class trainer {
     scratch_.resize(largest);
     for (const bucket& b : plan_.buckets()) run_bucket(b, role::broadcast_parameters);
     if (updater_.parameters() < plan_.elements()) updater_.resize(plan_.elements());
-    pending_.resize(plan_.buckets().size());
-    reported_.resize(plan_.tensor_count());
+    readiness_.emplace(plan_);
     tracer_.set_rank(comm_.rank());
     tracer_.name_thread("compute");
     worker_.emplace(tracer_);
@@ -261,21 +260,9 @@ class trainer {
     result.learning_rate = updater_.learning_rate();
     const bool sync = !local_sgd_now();
 
-    for (std::size_t b = 0; b < plan_.buckets().size(); ++b) pending_[b] = plan_.buckets()[b].tensors.size();
-    std::fill(reported_.begin(), reported_.end(), false);
-    next_bucket_ = 0;
-    std::string misuse;
+    readiness_->reset();
     auto on_ready = [&](std::size_t tensor) {
-      if (tensor >= reported_.size() || reported_[tensor]) {
-        if (misuse.empty()) {
-          misuse = "the model reported tensor " + std::to_string(tensor) +
-                   (tensor >= reported_.size() ? " (out of range)" : " twice");
-        }
-        return;
-      }
-      reported_[tensor] = true;
-      --pending_[plan_.bucket_of(tensor)];
-      if (sync && options_.overlap) launch_ready_buckets();
+      if (readiness_->report(tensor) && sync && options_.overlap) launch_ready_buckets();
     };
     try {
       {
@@ -283,14 +270,7 @@ class trainer {
         result.loss = model_.forward_backward(batch, gradient_ready(on_ready));
       }
       const auto t1 = clock::now();
-      if (misuse.empty()) {
-        for (std::size_t i = 0; i < reported_.size(); ++i) {
-          if (!reported_[i]) {
-            misuse = "the model never reported tensor " + std::to_string(i) + "'s gradient as ready";
-            break;
-          }
-        }
-      }
+      const std::string misuse = readiness_->finish();
       {
         trace::scope s("wait for gradients", "communication", tracer_);
         worker_->drain();
@@ -298,10 +278,10 @@ class trainer {
         // The buckets still unlaunched (at least the last) have nothing left to overlap with:
         // reduce them here, now that the communication thread is idle, rather than pay a
         // thread hand-off (on a busy machine, a wait for a core) per step.
-        if (sync && next_bucket_ < pending_.size()) {
+        if (sync) {
           const auto inline_start = clock::now();
           trace::scope r("allreduce gradients", "communication", tracer_);
-          while (next_bucket_ < pending_.size()) run_bucket(plan_.buckets()[next_bucket_++], role::average_gradients);
+          while (const bucket* b = readiness_->take_next()) run_bucket(*b, role::average_gradients);
           inline_seconds_ += std::chrono::duration<double>(clock::now() - inline_start).count();
         }
       }
@@ -385,30 +365,16 @@ class trainer {
     const std::uint64_t options_digest = (static_cast<std::uint64_t>(options_.compress) ^ (contiguity << 2)) |
                                          (static_cast<std::uint64_t>(options_.average_every) << 8) |
                                          (static_cast<std::uint64_t>(options_.local_sgd_after) << 32);
-    const std::int64_t mine[4] = {static_cast<std::int64_t>(plan_.fingerprint()),
-                                  static_cast<std::int64_t>(plan_.tensor_count()),
-                                  static_cast<std::int64_t>(plan_.elements()), static_cast<std::int64_t>(options_digest)};
+    const auto mine = detail::digest_of(plan_, options_digest);
     std::vector<std::int64_t> all(4 * static_cast<std::size_t>(comm_.size()));
     comm_.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
-    for (int r = 1; r < comm_.size(); ++r) {
-      const std::int64_t* theirs = all.data() + 4 * static_cast<std::size_t>(r);
-      if (std::equal(theirs, theirs + 4, all.data())) continue;
-      auto describe = [](const std::int64_t* p) {
-        return std::to_string(p[1]) + " tensors, " + std::to_string(p[2]) + " elements, plan digest " +
-               std::to_string(static_cast<std::uint64_t>(p[0])) + ", options digest " + std::to_string(p[3]);
-      };
-      throw error(errc::invalid_argument,
-                  "allreduce::trainer: ranks disagree on the model or trainer options: rank 0 has " +
-                      describe(all.data()) + "; rank " + std::to_string(r) + " has " + describe(theirs) +
-                      ". Every rank must build the same model and pass the same trainer_options");
-    }
+    const std::string disagreement = detail::plan_disagreement(all, "allreduce::trainer");
+    if (!disagreement.empty()) throw error(errc::invalid_argument, disagreement);
   }
 
   // Posts the ready buckets in plan order, except the last, which `step` reduces itself.
   void launch_ready_buckets() {
-    while (next_bucket_ + 1 < pending_.size() && pending_[next_bucket_] == 0) {
-      post_bucket(plan_.buckets()[next_bucket_++], role::average_gradients);
-    }
+    while (const bucket* b = readiness_->take_complete(false)) post_bucket(*b, role::average_gradients);
   }
 
   void post_bucket(const bucket& b, role r) {
@@ -512,9 +478,7 @@ class trainer {
   std::vector<value_type> scratch_;
   std::tuple<std::vector<float16>, std::vector<bfloat16>> scratch16_;
   std::vector<bool> contiguous_;  // per bucket
-  std::vector<std::size_t> pending_;
-  std::vector<bool> reported_;
-  std::size_t next_bucket_ = 0;
+  std::optional<detail::step_readiness> readiness_;  // refers to plan_
   std::size_t steps_ = 0;
   double inline_seconds_ = 0;  // buckets reduced by `step` itself
   std::uint64_t bytes_reduced_ = 0;  // written by the communication thread; read after drain

@@ -13,31 +13,32 @@
 
 namespace dtrain {
 
-/// Adam. State: m, v and the parameter's step count t (3 slots). A model of `updater`.
-template <std::floating_point T = float>
-class adam : public basic_updater<adam<T>, T, 3> {
- public:
-  static constexpr std::string_view name = "adam";
-  explicit adam(double lr = 0.001, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8)
-      : basic_updater<adam<T>, T, 3>(lr), b1_(static_cast<T>(beta1)), b2_(static_cast<T>(beta2)),
-        eps_(static_cast<T>(eps)) {}
-
-  void update(T& w, T g, T* s, T lr) const noexcept {
+/// Adam's per-element rule.
+template <std::floating_point T>
+struct adam_rule {
+  T b1;
+  T b2;
+  T eps;
+  DTRAIN_HOST_DEVICE void operator()(T& w, T g, T* s, T lr) const noexcept {
     T& m = s[0];
     T& v = s[1];
     T& t = s[2];
     t += T(1);
-    m = b1_ * m + (T(1) - b1_) * g;
-    v = b2_ * v + (T(1) - b2_) * g * g;
-    T m_hat = m / (T(1) - std::pow(b1_, t));
-    T v_hat = v / (T(1) - std::pow(b2_, t));
-    w -= lr * m_hat / (std::sqrt(v_hat) + eps_);
+    m = b1 * m + (T(1) - b1) * g;
+    v = b2 * v + (T(1) - b2) * g * g;
+    T m_hat = m / (T(1) - std::pow(b1, t));
+    T v_hat = v / (T(1) - std::pow(b2, t));
+    w -= lr * m_hat / (std::sqrt(v_hat) + eps);
   }
+};
 
- private:
-  T b1_;
-  T b2_;
-  T eps_;
+/// Adam. State: m, v and the parameter's step count t (3 slots). A model of `updater`.
+template <std::floating_point T = float>
+class adam : public basic_updater<adam_rule<T>, T, 3> {
+ public:
+  static constexpr std::string_view name = "adam";
+  explicit adam(double lr = 0.001, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8)
+      : basic_updater<adam_rule<T>, T, 3>(lr, {static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(eps)}) {}
 };
 
 }  // namespace dtrain

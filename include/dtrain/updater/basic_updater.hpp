@@ -1,7 +1,9 @@
 #pragma once
 /// @file
 /// The state handling every updater shares: `Slots` values per parameter, interleaved, grown on
-/// demand; and the learning rate. A model derives from it and supplies one per-element rule.
+/// demand; and the learning rate. A model derives from it and supplies one per-element rule: a
+/// small, trivially copyable function object, so the same rule also runs on a GPU
+/// (`device_updater`).
 
 #include <concepts>
 #include <cstddef>
@@ -9,16 +11,19 @@
 #include <vector>
 
 #include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
 
 namespace dtrain {
 
-/// Base of the updater models (CRTP): `Derived::update(w, g, state, lr)` updates one parameter
-/// `w` from gradient `g` with a pointer to its `Slots` state values and the effective rate.
-template <class Derived, std::floating_point T, std::size_t Slots>
+/// Base of the updater models: `Rule{...}(w, g, state, lr)` updates one parameter `w` from
+/// gradient `g` with a pointer to its `Slots` state values and the effective rate.
+template <class Rule, std::floating_point T, std::size_t Slots>
 class basic_updater {
  public:
   static constexpr std::size_t state_slots = Slots;
+  using value_type = T;
+  using rule_type = Rule;
 
   /// Room for the state of `n` parameters; existing state is kept, new state is zero.
   void resize(std::size_t n) { state_.resize(n * Slots); parameters_ = n; }
@@ -30,22 +35,22 @@ class basic_updater {
     DTRAIN_ASSERT(offset + params.size() <= parameters_, "updater state too small; call resize");
     const T lr = static_cast<T>(lr_ * info.lr_scale);
     T* state = state_.data() + offset * Slots;
-    const auto& self = static_cast<const Derived&>(*this);
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      self.update(params[i], grads[i], state + i * Slots, lr);
-    }
+    for (std::size_t i = 0; i < params.size(); ++i) rule_(params[i], grads[i], state + i * Slots, lr);
   }
 
   std::size_t parameters() const noexcept { return parameters_; }
   std::span<T> state() noexcept { return state_; }
   double learning_rate() const noexcept { return lr_; }
   void set_learning_rate(double lr) noexcept { lr_ = lr; }
+  /// The per-element rule with this updater's hyperparameters.
+  const Rule& rule() const noexcept { return rule_; }
 
  protected:
-  explicit basic_updater(double lr) : lr_(lr) {}
+  basic_updater(double lr, Rule rule) : lr_(lr), rule_(rule) {}
 
  private:
   double lr_;
+  Rule rule_;
   std::size_t parameters_ = 0;
   std::vector<T> state_;
 };

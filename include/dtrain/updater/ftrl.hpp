@@ -18,34 +18,36 @@
 
 namespace dtrain {
 
-/// FTRL-proximal. State: z and n (2 slots). The learning rate is alpha; the step's `lr_scale`
-/// (schedules, staleness) scales it. A model of `updater`.
-template <std::floating_point T = float>
-class ftrl : public basic_updater<ftrl<T>, T, 2> {
- public:
-  static constexpr std::string_view name = "ftrl";
-  /// @param alpha learning rate  @param beta smoothing of the per-coordinate rate
-  /// @param l1 L1 strength (sparsity)  @param l2 L2 strength
-  explicit ftrl(double alpha = 0.1, double beta = 1.0, double l1 = 1.0, double l2 = 1.0)
-      : basic_updater<ftrl<T>, T, 2>(alpha), beta_(static_cast<T>(beta)), l1_(static_cast<T>(l1)), l2_(static_cast<T>(l2)) {}
-
-  void update(T& w, T g, T* s, T alpha) const noexcept {
+/// FTRL-proximal's per-element rule; the rate passed in is alpha.
+template <std::floating_point T>
+struct ftrl_rule {
+  T beta, l1, l2;
+  DTRAIN_HOST_DEVICE void operator()(T& w, T g, T* s, T alpha) const noexcept {
     T& z = s[0];
     T& n = s[1];
     const T n_new = n + g * g;
     const T sigma = (std::sqrt(n_new) - std::sqrt(n)) / alpha;
     z += g - sigma * w;
     n = n_new;
-    if (std::fabs(z) <= l1_) {
+    if (std::fabs(z) <= l1) {
       w = T(0);
     } else {
       const T sign = z < T(0) ? T(-1) : T(1);
-      w = -(z - sign * l1_) / ((beta_ + std::sqrt(n)) / alpha + l2_);
+      w = -(z - sign * l1) / ((beta + std::sqrt(n)) / alpha + l2);
     }
   }
+};
 
- private:
-  T beta_, l1_, l2_;
+/// FTRL-proximal. State: z and n (2 slots). The learning rate is alpha; the step's `lr_scale`
+/// (schedules, staleness) scales it. A model of `updater`.
+template <std::floating_point T = float>
+class ftrl : public basic_updater<ftrl_rule<T>, T, 2> {
+ public:
+  static constexpr std::string_view name = "ftrl";
+  /// @param alpha learning rate  @param beta smoothing of the per-coordinate rate
+  /// @param l1 L1 strength (sparsity)  @param l2 L2 strength
+  explicit ftrl(double alpha = 0.1, double beta = 1.0, double l1 = 1.0, double l2 = 1.0)
+      : basic_updater<ftrl_rule<T>, T, 2>(alpha, {static_cast<T>(beta), static_cast<T>(l1), static_cast<T>(l2)}) {}
 };
 
 }  // namespace dtrain

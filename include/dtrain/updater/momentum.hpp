@@ -10,24 +10,26 @@
 
 namespace dtrain {
 
+/// Momentum's per-element rule.
+template <std::floating_point T>
+struct momentum_rule {
+  T mu;
+  bool nesterov;
+  DTRAIN_HOST_DEVICE void operator()(T& w, T g, T* s, T lr) const noexcept {
+    T& v = s[0];
+    v = mu * v + g;
+    w -= lr * (nesterov ? g + mu * v : v);
+  }
+};
+
 /// Momentum SGD. State: the velocity v (1 slot). A model of `updater`.
 template <std::floating_point T = float>
-class momentum : public basic_updater<momentum<T>, T, 1> {
+class momentum : public basic_updater<momentum_rule<T>, T, 1> {
  public:
   static constexpr std::string_view name = "momentum";
   /// @param lr learning rate  @param mu momentum factor  @param nesterov Nesterov's variant
   explicit momentum(double lr = 0.01, double mu = 0.9, bool nesterov = false)
-      : basic_updater<momentum<T>, T, 1>(lr), mu_(static_cast<T>(mu)), nesterov_(nesterov) {}
-
-  void update(T& w, T g, T* s, T lr) const noexcept {
-    T& v = s[0];
-    v = mu_ * v + g;
-    w -= lr * (nesterov_ ? g + mu_ * v : v);
-  }
-
- private:
-  T mu_;
-  bool nesterov_;
+      : basic_updater<momentum_rule<T>, T, 1>(lr, {static_cast<T>(mu), nesterov}) {}
 };
 
 }  // namespace dtrain

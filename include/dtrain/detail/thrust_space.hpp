@@ -1,0 +1,109 @@
+#pragma once
+/// @file
+/// The memory, streams and events of Thrust's device system in this build, under one set of
+/// names, so that GPU code paths (the device updater, the device trainer) are also the code that
+/// runs, and is tested, on the CPU:
+///  - THRUST_DEVICE_SYSTEM CUDA: device buffers, CUDA streams and events, work enqueued with
+///    `thrust::cuda::par_nosync.on(stream)`.
+///  - CPP / OMP / TBB: host vectors; a "stream" is the calling thread (work runs at once), and
+///    events are already complete.
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include <thrust/execution_policy.h>
+
+#include "dtrain/reduce/thrust.hpp"
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#include "dtrain/cuda/runtime.hpp"
+#endif
+
+namespace dtrain::detail::thrust_space {
+
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+
+using stream_handle = cudaStream_t;
+using owned_stream = cuda::stream;
+using event = cuda::event;
+template <class T>
+using buffer = cuda::device_buffer<T>;
+
+/// The execution policy that enqueues on `s` without synchronising.
+inline auto on(stream_handle s) { return thrust::cuda::par_nosync.on(s); }
+
+template <class T>
+void copy(thrust_buffer<T> dst, thrust_buffer<const T> src, stream_handle s) {
+  cuda::copy_async<T>(dst, src, s);
+}
+template <class T>
+void zero(thrust_buffer<T> dst, stream_handle s) {
+  cuda::check(cudaMemsetAsync(dst.data(), 0, dst.size_bytes(), s), "cudaMemsetAsync");
+}
+inline void synchronize(stream_handle s) { cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+/// Copies host values into device memory and waits.
+template <class T>
+void upload(thrust_buffer<T> dst, std::span<const T> src, stream_handle s) {
+  cuda::copy_async<T>(dst, src, s);
+  synchronize(s);
+}
+/// Copies device values into host memory and waits.
+template <class T>
+void download(std::span<T> dst, thrust_buffer<const T> src, stream_handle s) {
+  cuda::copy_async<const T>(dst, src, s);
+  synchronize(s);
+}
+
+#else
+
+/// The calling thread: work "enqueued" on it has run when the call returns.
+struct stream_handle {};
+struct owned_stream {
+  stream_handle get() const noexcept { return {}; }
+  void synchronize() const noexcept {}
+};
+struct event {
+  void record(stream_handle) noexcept {}
+  void make_wait(stream_handle) const noexcept {}
+  bool ready() const noexcept { return true; }
+};
+template <class T>
+class buffer {
+ public:
+  buffer() = default;
+  explicit buffer(std::size_t n) : v_(n) {}
+  T* data() noexcept { return v_.data(); }
+  std::size_t size() const noexcept { return v_.size(); }
+  std::span<T> span() noexcept { return v_; }
+  std::span<const T> span() const noexcept { return v_; }
+
+ private:
+  std::vector<T> v_;
+};
+
+inline auto on(stream_handle) { return thrust::device; }
+
+template <class T>
+void copy(thrust_buffer<T> dst, thrust_buffer<const T> src, stream_handle) {
+  if (!src.empty()) std::memmove(dst.data(), src.data(), src.size_bytes());
+}
+template <class T>
+void zero(thrust_buffer<T> dst, stream_handle) {
+  if (!dst.empty()) std::memset(dst.data(), 0, dst.size_bytes());
+}
+inline void synchronize(stream_handle) noexcept {}
+template <class T>
+void upload(thrust_buffer<T> dst, std::span<const T> src, stream_handle s) {
+  copy<T>(dst, src, s);
+}
+template <class T>
+void download(std::span<T> dst, thrust_buffer<const T> src, stream_handle s) {
+  copy<T>(dst, src, s);
+}
+
+#endif
+
+}  // namespace dtrain::detail::thrust_space

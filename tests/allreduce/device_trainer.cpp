@@ -1,0 +1,148 @@
+// The device trainer and device updater under Thrust's CPP system, where "device" memory is host
+// memory: the code a CUDA build runs on the GPU, checked here against the same serial simulation
+// as the host trainer, and against the host updaters bit for bit. tests/gpu runs it on a GPU.
+
+#include <cstddef>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../catch.hpp"
+#include "dtrain/allreduce/device_trainer.hpp"
+#include "dtrain/collective/staged.hpp"
+#include "dtrain/transport/inproc.hpp"
+#include "dtrain/updater/adagrad.hpp"
+#include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/device.hpp"
+#include "dtrain/updater/ftrl.hpp"
+#include "dtrain/updater/momentum.hpp"
+#include "dtrain/updater/rmsprop.hpp"
+#include "dtrain/updater/sgd.hpp"
+#include "linear_model.hpp"
+#include "simulation.hpp"
+
+using namespace dtrain;
+using namespace dtrain::testing;
+using comm_t = staged_communicator<inproc_transport>;
+
+namespace {
+
+// linear_model with the one thing a device model adds: the stream its work runs on.
+class device_linear_model : public linear_model {
+ public:
+  using linear_model::linear_model;
+  detail::thrust_space::stream_handle stream() const noexcept { return {}; }
+};
+static_assert(device_model<device_linear_model>);
+
+std::vector<std::vector<double>> train(int p, int steps, allreduce::trainer_options options, bool gaps) {
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(p));
+  run_inproc(p, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    device_linear_model m(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r, gaps);  // the broadcast fixes the start
+    allreduce::device_trainer tr(comm_t(std::move(t)), momentum<double>(lr, mu), m, options);
+    for (int k = 0; k < steps; ++k) {
+      const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+      tr.step({begin, begin + batch});
+    }
+    out[static_cast<std::size_t>(r)] = m.weights();
+  });
+  return out;
+}
+
+template <class Updater>
+void check_device_updater_matches_host(Updater host) {
+  constexpr std::size_t n = 1000;
+  std::vector<double> w_host(n), w_dev(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) w_host[i] = w_dev[i] = 0.01 * static_cast<double>(i % 37) - 0.2;
+  device_updater<Updater> dev(host);
+  host.resize(n);
+  dev.resize(n / 2);
+  dev.resize(n);  // growing keeps the old state and zeroes the new
+  for (int step = 0; step < 5; ++step) {
+    for (std::size_t i = 0; i < n; ++i) g[i] = 0.1 * static_cast<double>((i * 7 + static_cast<std::size_t>(step)) % 11) - 0.5;
+    // two ranges with offsets, as a trainer steps tensor by tensor
+    host.step(std::span(w_host).first(300), std::span<const double>(g).first(300), 0, {});
+    host.step(std::span(w_host).subspan(300), std::span<const double>(g).subspan(300), 300, {});
+    dev.step(std::span(w_dev).first(300), std::span<const double>(g).first(300), 0, {});
+    dev.step(std::span(w_dev).subspan(300), std::span<const double>(g).subspan(300), 300, {});
+  }
+  CHECK(w_dev == w_host);
+  CHECK(std::vector<double>(dev.state().begin(), dev.state().end()) ==
+        std::vector<double>(host.state().begin(), host.state().end()));
+}
+
+}  // namespace
+
+TEST_CASE("device_updater: every updater's rule on Thrust's device gives the host updater's bits", "[device]") {
+  check_device_updater_matches_host(sgd<double>(0.1));
+  check_device_updater_matches_host(momentum<double>(0.1, 0.9, true));
+  check_device_updater_matches_host(adagrad<double>(0.1));
+  check_device_updater_matches_host(rmsprop<double>(0.01));
+  check_device_updater_matches_host(adam<double>(0.01));
+  check_device_updater_matches_host(ftrl<double>(0.1, 1.0, 0.01, 0.1));
+}
+
+TEST_CASE("device_trainer: synchronous training equals the serial simulation, P = 1-4", "[device]") {
+  allreduce::trainer_options o;
+  o.first_bucket_bytes = 8 * 10;  // several buckets in flight
+  o.bucket_bytes = 8 * 50;
+  for (bool gaps : {false, true}) {  // in place, and through the bucket buffer
+    for (int p = 1; p <= 4; ++p) {
+      const auto expected = simulate(p, 12, 1, 0);
+      const auto got = train(p, 12, o, gaps);
+      for (int r = 0; r < p; ++r) {
+        INFO("p=" << p << " rank " << r << " gaps " << gaps);
+        const auto& w = got[static_cast<std::size_t>(r)];
+        REQUIRE(w.size() == expected[0].size());
+        for (std::size_t j = 0; j < w.size(); ++j) CHECK(w[j] == Approx(expected[0][j]).epsilon(1e-12));
+        CHECK(w == got[0]);  // replicas bit-identical
+      }
+    }
+  }
+}
+
+TEST_CASE("device_trainer: local SGD averages the parameters every tau steps", "[device]") {
+  allreduce::trainer_options o;
+  o.average_every = 3;
+  o.local_sgd_after = 2;
+  const auto expected = simulate(3, 11, 3, 2);
+  const auto got = train(3, 11, o, true);
+  for (int r = 0; r < 3; ++r) {
+    const auto& w = got[static_cast<std::size_t>(r)];
+    const auto& e = expected[static_cast<std::size_t>(r)];
+    for (std::size_t j = 0; j < w.size(); ++j) CHECK(w[j] == Approx(e[j]).epsilon(1e-12));
+  }
+}
+
+TEST_CASE("device_trainer: refuses compression and mismatched models, naming the rank", "[device]") {
+  std::vector<std::string> errors(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    std::vector<std::size_t> sizes = tensor_sizes;
+    if (r == 1) sizes.back() += 1;
+    device_linear_model m(sizes, data, 0.25);
+    try {
+      allreduce::device_trainer tr(comm_t(std::move(t)), sgd<double>(0.1), m);
+    } catch (const error& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    CHECK(e.find("ranks disagree on the model") != std::string::npos);
+    CHECK(e.find("rank 1 has") != std::string::npos);
+  }
+  run_inproc(1, [&](int, inproc_transport t) {
+    auto data = data_of(0);
+    device_linear_model m(tensor_sizes, data, 0.25);
+    allreduce::trainer_options o;
+    o.compress = allreduce::compression::fp16;
+    try {
+      allreduce::device_trainer tr(comm_t(std::move(t)), sgd<double>(0.1), m, o);
+      errors[0] = "no error";
+    } catch (const error& e) {
+      errors[0] = e.what();
+    }
+  });
+  CHECK(errors[0].find("compression is not implemented on the device") != std::string::npos);
+}

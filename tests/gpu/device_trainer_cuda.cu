@@ -1,0 +1,126 @@
+// The device trainer on the GPU, against the serial simulation of tests/allreduce/simulation.hpp:
+// over the staged communicator with ranks (threads) sharing one GPU, and over NCCL (one rank per
+// GPU); the device updater against the host updaters.
+
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../allreduce/simulation.hpp"
+#include "../catch.hpp"
+#include "device_linear_model.cuh"
+#include "dtrain/allreduce/device_trainer.hpp"
+#include "dtrain/collective/nccl.hpp"
+#include "dtrain/collective/staged.hpp"
+#include "dtrain/rendezvous/file_store.hpp"
+#include "dtrain/transport/inproc.hpp"
+#include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/device.hpp"
+#include "dtrain/updater/momentum.hpp"
+#include "gpu.hpp"
+
+using namespace dtrain;
+using namespace dtrain::testing;
+
+static_assert(device_model<device_linear_model>);
+
+namespace {
+
+// Trains `steps` steps with `make_comm(rank, transport)`'s collective; each rank's final weights.
+template <class MakeComm>
+std::vector<std::vector<double>> train(int p, int steps, bool gaps, MakeComm make_comm) {
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(p));
+  std::mutex m;
+  std::vector<std::string> errors;
+  allreduce::trainer_options o;
+  o.first_bucket_bytes = 8 * 10;
+  o.bucket_bytes = 8 * 50;
+  run_inproc(p, [&](int r, inproc_transport t) {
+    try {
+      dtrain::cuda::check(cudaSetDevice(r % dtrain::cuda::device_count()), "cudaSetDevice");
+      auto data = data_of(r);
+      device_linear_model model(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r, gaps);
+      allreduce::device_trainer tr(make_comm(r, std::move(t)), momentum<double>(lr, mu), model, o);
+      for (int k = 0; k < steps; ++k) {
+        const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+        tr.step({begin, begin + batch});
+      }
+      out[static_cast<std::size_t>(r)] = model.weights();
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m);
+      errors.push_back("rank " + std::to_string(r) + ": " + e.what());
+    }
+  });
+  for (const auto& e : errors) FAIL(e);
+  return out;
+}
+
+void check_against_simulation(const std::vector<std::vector<double>>& got, int p, int steps) {
+  const auto expected = simulate(p, steps, 1, 0);
+  for (int r = 0; r < p; ++r) {
+    const auto& w = got[static_cast<std::size_t>(r)];
+    REQUIRE(w.size() == expected[0].size());
+    for (std::size_t j = 0; j < w.size(); ++j) CHECK(w[j] == Approx(expected[0][j]).epsilon(1e-9));
+    CHECK(w == got[0]);  // replicas bit-identical
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device trainer on the GPU: staged ranks sharing a device train as the serial simulation", "[gpu][device]") {
+  DTRAIN_REQUIRE_GPUS(1);
+  for (bool gaps : {false, true}) {
+    for (int p : {1, 2, 3}) {
+      INFO("p=" << p << " gaps " << gaps);
+      const auto got = train(p, 10, gaps, [](int, inproc_transport t) { return staged_communicator<inproc_transport>(std::move(t)); });
+      check_against_simulation(got, p, 10);
+    }
+  }
+}
+
+TEST_CASE("device trainer on the GPU: NCCL, one rank per device, trains as the serial simulation", "[gpu][device][nccl]") {
+  DTRAIN_REQUIRE_GPUS(1);
+  const int p = dtrain::cuda::device_count();
+  const auto dir = std::filesystem::temp_directory_path() / ("dtrain_device_trainer_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto got = train(p, 10, true, [&](int r, inproc_transport) {
+    file_store store(dir.string());
+    return nccl_communicator::connect(store, r, p);
+  });
+  check_against_simulation(got, p, 10);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("device updater on the GPU: momentum and Adam match the host updaters", "[gpu][device]") {
+  DTRAIN_REQUIRE_GPUS(1);
+  constexpr std::size_t n = 100000;
+  std::vector<double> w(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    w[i] = 0.001 * static_cast<double>(i % 1000) - 0.5;
+    g[i] = 0.01 * static_cast<double>((i * 7) % 101) - 0.5;
+  }
+  auto run = [&](auto host) {
+    device_updater dev(host);
+    host.resize(n);
+    dev.resize(n);
+    dtrain::cuda::device_buffer<double> dw(n), dg(n);
+    dtrain::cuda::check(cudaMemcpy(dw.data(), w.data(), n * sizeof(double), cudaMemcpyHostToDevice), "H2D");
+    dtrain::cuda::check(cudaMemcpy(dg.data(), g.data(), n * sizeof(double), cudaMemcpyHostToDevice), "H2D");
+    std::vector<double> hw = w;
+    dtrain::cuda::stream s;
+    for (int k = 0; k < 4; ++k) {
+      host.step(std::span(hw), std::span<const double>(g), 0, {});
+      dev.step(dw.span(), device_span<const double>(dg.span()), 0, {}, s.get());
+    }
+    s.synchronize();
+    std::vector<double> back(n);
+    dtrain::cuda::check(cudaMemcpy(back.data(), dw.data(), n * sizeof(double), cudaMemcpyDeviceToHost), "D2H");
+    std::size_t far = 0;
+    for (std::size_t i = 0; i < n; ++i) far += std::abs(back[i] - hw[i]) > 1e-12 * (1 + std::abs(hw[i]));
+    CHECK(far == 0);
+  };
+  run(momentum<double>(0.1, 0.9, true));
+  run(adam<double>(0.01));
+}
