@@ -12,9 +12,11 @@
 #include <vector>
 
 #include "../catch.hpp"
+#include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/nccl.hpp"
 #include "dtrain/concepts/collective.hpp"
 #include "dtrain/rendezvous/file_store.hpp"
+#include "dtrain/transport/inproc.hpp"
 #include "gpu.hpp"
 
 using namespace dtrain;
@@ -187,4 +189,24 @@ TEST_CASE("nccl: a rank whose peer never joins times out, naming what it waited 
   // Rank 0 of 2 publishes the id and waits for rank 1, which never comes.
   CHECK_THROWS_WITH(nccl_communicator::connect(store, 0, 2, o), Catch::Contains("joining the group of 2 ranks"));
   CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+}
+
+TEST_CASE("nccl: a group formed over a host communicator (the id broadcast through it) reduces correctly", "[gpu][nccl]") {
+  DTRAIN_REQUIRE_GPUS(1);
+  const int p = std::min(cuda::device_count(), 4);
+  std::vector<std::vector<std::string>> failures(static_cast<std::size_t>(p));
+  run_inproc(p, [&](int r, inproc_transport t) {
+    try {
+      communicator<inproc_transport> host(std::move(t));
+      nccl_options o;
+      o.device = r;
+      auto comm = nccl_communicator::over(host, o);
+      exercise(comm, failures[static_cast<std::size_t>(r)]);
+    } catch (const std::exception& e) {
+      failures[static_cast<std::size_t>(r)].push_back(e.what());
+    }
+  });
+  for (const auto& fs : failures) {
+    for (const auto& f : fs) FAIL_CHECK(f);
+  }
 }

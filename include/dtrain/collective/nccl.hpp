@@ -30,6 +30,7 @@
 
 #include <nccl.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -129,31 +130,32 @@ class nccl_communicator {
   ///   in time, `device_error` for CUDA or NCCL failures, `invalid_argument` for a bad rank.
   template <class Store>
   static nccl_communicator connect(Store& store, int rank, int size, nccl_options o = {}) {
-    if (size < 1 || rank < 0 || rank >= size) {
-      throw error(errc::invalid_argument, "nccl: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
-    }
-    const deadline d = deadline::after(o.timeout);
-    const int devices = cuda::device_count();
-    if (devices == 0) throw error(errc::device_error, "nccl: no CUDA device is visible on this host");
-    int device = o.device;
-    if (device < 0) {
-      const char* local = std::getenv("DTRAIN_LOCAL_RANK");
-      device = (local != nullptr ? std::atoi(local) : rank) % devices;
-    }
-    cuda::check(cudaSetDevice(device), "cudaSetDevice");
-    ncclUniqueId id;
-    if (rank == 0) {
-      check(ncclGetUniqueId(&id), "ncclGetUniqueId");
-      store.set(o.key, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&id), sizeof id), d);
-    } else {
+    return form(rank, size, o, [&](ncclUniqueId& id, deadline d) {
+      if (rank == 0) {
+        store.set(o.key, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&id), sizeof id), d);
+        return;
+      }
       const auto bytes = store.get(o.key, d);
       if (bytes.size() != sizeof id) {
         throw error(errc::protocol_error, "nccl: the unique id under '" + o.key + "' has " + std::to_string(bytes.size()) +
                                               " bytes, not " + std::to_string(sizeof id));
       }
       std::memcpy(&id, bytes.data(), sizeof id);
-    }
-    return nccl_communicator(id, rank, size, device, o, d);
+    });
+  }
+
+  /// Forms the group of the ranks of `host`, a host collective (`communicator<tcp_transport>`,
+  /// say) that already connects them: rank 0's unique id is broadcast through it, as Horovod
+  /// does through MPI. Collective on `host`. @throws as `connect`, and `host`'s errors.
+  template <class HostCollective>
+  static nccl_communicator over(HostCollective& host, nccl_options o = {}) {
+    return form(host.rank(), host.size(), o, [&](ncclUniqueId& id, deadline) {
+      static_assert(sizeof(ncclUniqueId) % sizeof(std::int64_t) == 0);
+      std::array<std::int64_t, sizeof(ncclUniqueId) / sizeof(std::int64_t)> words{};
+      if (host.rank() == 0) std::memcpy(words.data(), &id, sizeof id);
+      host.broadcast(std::span<std::int64_t>(words), 0);
+      std::memcpy(&id, words.data(), sizeof id);
+    });
   }
 
   nccl_communicator(nccl_communicator&& o) noexcept
@@ -441,6 +443,28 @@ DTRAIN_ERROR_CODE_FORMS(device_span)
                                               " elements do not split into " + std::to_string(size_) + " blocks");
     }
     return n / static_cast<std::size_t>(size_);
+  }
+
+  // Picks the device, makes rank 0's unique id, lets `exchange(id, deadline)` hand it to every
+  // rank, and initialises the communicator.
+  template <class Exchange>
+  static nccl_communicator form(int rank, int size, const nccl_options& o, Exchange&& exchange) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw error(errc::invalid_argument, "nccl: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
+    }
+    const deadline d = deadline::after(o.timeout);
+    const int devices = cuda::device_count();
+    if (devices == 0) throw error(errc::device_error, "nccl: no CUDA device is visible on this host");
+    int device = o.device;
+    if (device < 0) {
+      const char* local = std::getenv("DTRAIN_LOCAL_RANK");
+      device = (local != nullptr ? std::atoi(local) : rank) % devices;
+    }
+    cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    ncclUniqueId id{};
+    if (rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    exchange(id, d);
+    return nccl_communicator(id, rank, size, device, o, d);
   }
 
   ncclComm_t comm_ = nullptr;
