@@ -39,8 +39,9 @@ namespace dtrain {
 class any_completion {
  public:
   any_completion() = default;
-  template <completion C>
-    requires(!std::same_as<std::remove_cvref_t<C>, any_completion>)
+  // The self-check comes first: checking `completion<any_completion>` here would recurse.
+  template <class C>
+    requires(!std::same_as<std::remove_cvref_t<C>, any_completion>) && completion<C>
   explicit any_completion(C c) : self_(std::make_unique<model<C>>(std::move(c))) {}
 
   bool wait(deadline d, std::error_code& ec) noexcept { return self_ == nullptr || self_->wait(d, ec); }
@@ -95,9 +96,9 @@ class any_transport {
   using request = any_completion;
 
   /// Takes `t` over. @pre `T` works on host memory (a device transport would need staging).
-  template <transport T>
-    requires(!std::same_as<std::remove_cvref_t<T>, any_transport> &&
-             std::same_as<typename T::memory_space, host_memory>)
+  template <class T>
+    requires(!std::same_as<std::remove_cvref_t<T>, any_transport>) && transport<T> &&
+            std::same_as<typename T::memory_space, host_memory>
   explicit any_transport(T t) : self_(std::make_unique<model<T>>(std::move(t))) {}
 
   int rank() const noexcept { return self_->rank(); }
