@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/hash.hpp"
 
 namespace dtrain::allreduce {
@@ -138,6 +139,40 @@ class step_readiness {
   std::size_t next_ = 0;
   std::string misuse_;
 };
+
+/// The sizes of a model's tensors; `who` names the trainer in the error.
+/// @throws dtrain::error `invalid_argument` if a tensor's parameters and gradients differ in size
+template <class Model>
+std::vector<std::size_t> tensor_sizes(Model& model, const std::string& who) {
+  std::vector<std::size_t> sizes(model.tensor_count());
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    sizes[i] = model.parameters(i).size();
+    if (model.gradients(i).size() != sizes[i]) {
+      throw error(errc::invalid_argument, who + ": tensor " + std::to_string(i) + " has " + std::to_string(sizes[i]) +
+                                              " parameters but " + std::to_string(model.gradients(i).size()) +
+                                              " gradients");
+    }
+  }
+  return sizes;
+}
+
+/// Per bucket: whether its tensors' parameters, and their gradients, are adjacent in memory
+/// (models with one flat buffer, like DDP's gradient_as_bucket_view), so it is reduced in place
+/// without copies. Tensors come in reverse order, so memory runs from the bucket's last tensor.
+template <class Model>
+std::vector<bool> contiguous_buckets(const bucket_plan& plan, Model& model) {
+  std::vector<bool> contiguous;
+  for (const bucket& b : plan.buckets()) {
+    bool adjacent = true;
+    for (std::size_t k = 1; k < b.tensors.size(); ++k) {
+      const std::size_t hi = b.tensors[k - 1], lo = b.tensors[k];
+      adjacent = adjacent && model.parameters(lo).data() + model.parameters(lo).size() == model.parameters(hi).data() &&
+                 model.gradients(lo).data() + model.gradients(lo).size() == model.gradients(hi).data();
+    }
+    contiguous.push_back(adjacent);
+  }
+  return contiguous;
+}
 
 /// What ranks compare at start-up: the plan's digest, its size, and a digest of the options that
 /// change what goes on the wire (`options_digest`). Equal on every rank, or the job is misbuilt.

@@ -100,15 +100,7 @@ class device_trainer {
         model_(model),
         options_(std::move(options)),
         tracer_(options_.tracer != nullptr ? *options_.tracer : trace::recorder::global()) {
-    std::vector<std::size_t> sizes(model_.tensor_count());
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      sizes[i] = model_.parameters(i).size();
-      if (model_.gradients(i).size() != sizes[i]) {
-        throw error(errc::invalid_argument, "allreduce::device_trainer: tensor " + std::to_string(i) + " has " +
-                                                std::to_string(sizes[i]) + " parameters but " +
-                                                std::to_string(model_.gradients(i).size()) + " gradients");
-      }
-    }
+    const std::vector<std::size_t> sizes = detail::tensor_sizes(model_, "allreduce::device_trainer");
     if (options_.average_every == 0) options_.average_every = 1;
     if (options_.root < 0 || options_.root >= comm_.size()) {
       throw error(errc::invalid_argument, "allreduce::device_trainer: root " + std::to_string(options_.root) +
@@ -120,7 +112,7 @@ class device_trainer {
                   "use compression::none (NCCL's bandwidth makes it rarely worth it)");
     }
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
-    find_contiguous_buckets();
+    contiguous_ = detail::contiguous_buckets(plan_, model_);
     ready_events_.resize(plan_.tensor_count());
     std::size_t largest = 0;
     for (const bucket& b : plan_.buckets()) largest = std::max(largest, b.elements);
@@ -193,13 +185,7 @@ class device_trainer {
         average_parameters();
         result.averaged_parameters = true;
       }
-      const auto t3 = clock::now();
-      auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
-      stats_.steps = steps_;
-      stats_.step_seconds += seconds(t3 - t0);
-      stats_.compute_seconds += seconds(t1 - t0);
-      stats_.wait_seconds += seconds(t2 - t1);
-      stats_.update_seconds += seconds(t3 - t2);
+      stats_.add_step(t0, t1, t2, clock::now());
       stats_.comm_seconds = worker_->busy_seconds() + inline_seconds_;
       stats_.bytes_reduced = bytes_reduced_;
     } catch (...) {
@@ -304,22 +290,6 @@ class device_trainer {
       comm_.broadcast(data, options_.root);
     } else {
       comm_.allreduce(data, reduce_op::avg);
-    }
-  }
-
-  // As `trainer`: a bucket whose tensors (parameters and gradients) sit side by side in memory
-  // is reduced in place.
-  void find_contiguous_buckets() {
-    contiguous_.clear();
-    for (const bucket& b : plan_.buckets()) {
-      bool adjacent = true;
-      for (std::size_t k = 1; k < b.tensors.size(); ++k) {
-        const std::size_t hi = b.tensors[k - 1], lo = b.tensors[k];
-        adjacent = adjacent &&
-                   model_.parameters(lo).data() + model_.parameters(lo).size() == model_.parameters(hi).data() &&
-                   model_.gradients(lo).data() + model_.gradients(lo).size() == model_.gradients(hi).data();
-      }
-      contiguous_.push_back(adjacent);
     }
   }
 

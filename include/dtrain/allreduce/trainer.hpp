@@ -95,6 +95,16 @@ struct trainer_stats {
   double update_seconds = 0;   ///< the updater, and local SGD's parameter averaging
   double comm_seconds = 0;     ///< time in collectives, overlapped or not
   std::uint64_t bytes_reduced = 0;  ///< bytes handed to allreduce on this rank
+  /// Adds one step: forward and backward from t0, waiting from t1, the update from t2, done at t3.
+  void add_step(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1,
+                std::chrono::steady_clock::time_point t2, std::chrono::steady_clock::time_point t3) {
+    auto seconds = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    ++steps;
+    step_seconds += seconds(t3 - t0);
+    compute_seconds += seconds(t1 - t0);
+    wait_seconds += seconds(t2 - t1);
+    update_seconds += seconds(t3 - t2);
+  }
   /// The share of a step spent waiting for communication.
   double communication_share() const noexcept { return step_seconds > 0 ? wait_seconds / step_seconds : 0; }
 };
@@ -208,15 +218,7 @@ class trainer {
         model_(model),
         options_(std::move(options)),
         tracer_(options_.tracer != nullptr ? *options_.tracer : trace::recorder::global()) {
-    std::vector<std::size_t> sizes(model_.tensor_count());
-    for (std::size_t i = 0; i < sizes.size(); ++i) {
-      sizes[i] = model_.parameters(i).size();
-      if (model_.gradients(i).size() != sizes[i]) {
-        throw error(errc::invalid_argument, "allreduce::trainer: tensor " + std::to_string(i) + " has " +
-                                                std::to_string(sizes[i]) + " parameters but " +
-                                                std::to_string(model_.gradients(i).size()) + " gradients");
-      }
-    }
+    const std::vector<std::size_t> sizes = detail::tensor_sizes(model_, "allreduce::trainer");
     if (options_.average_every == 0) options_.average_every = 1;
     if (options_.root < 0 || options_.root >= comm_.size()) {
       throw error(errc::invalid_argument, "allreduce::trainer: root " + std::to_string(options_.root) +
@@ -226,7 +228,7 @@ class trainer {
       throw error(errc::unsupported, "allreduce::trainer: this collective has no 16-bit element types");
     }
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
-    find_contiguous_buckets();
+    contiguous_ = detail::contiguous_buckets(plan_, model_);
     check_plan_matches();
     std::size_t largest = 0;
     for (const bucket& b : plan_.buckets()) largest = std::max(largest, b.elements);
@@ -299,13 +301,7 @@ class trainer {
         average_parameters();
         result.averaged_parameters = true;
       }
-      const auto t3 = clock::now();
-      auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
-      stats_.steps = steps_;
-      stats_.step_seconds += seconds(t3 - t0);
-      stats_.compute_seconds += seconds(t1 - t0);
-      stats_.wait_seconds += seconds(t2 - t1);
-      stats_.update_seconds += seconds(t3 - t2);
+      stats_.add_step(t0, t1, t2, clock::now());
       stats_.comm_seconds = worker_->busy_seconds() + inline_seconds_;
       stats_.bytes_reduced = bytes_reduced_;
     } catch (...) {
@@ -419,22 +415,6 @@ class trainer {
       auto t = tensor(b.tensors[k], r);
       auto from = flat.begin() + static_cast<std::ptrdiff_t>(b.offsets[k]);
       std::copy(from, from + static_cast<std::ptrdiff_t>(t.size()), t.begin());
-    }
-  }
-
-  // A bucket is contiguous when its tensors' parameters, and their gradients, are adjacent in
-  // memory (models with one flat buffer, like DDP's gradient_as_bucket_view): it then needs no
-  // copy. Tensors come in reverse order, so memory runs from the bucket's last tensor.
-  void find_contiguous_buckets() {
-    contiguous_.clear();
-    for (const bucket& b : plan_.buckets()) {
-      bool adjacent = true;
-      for (std::size_t k = 1; k < b.tensors.size(); ++k) {
-        const std::size_t hi = b.tensors[k - 1], lo = b.tensors[k];
-        adjacent = adjacent && model_.parameters(lo).data() + model_.parameters(lo).size() == model_.parameters(hi).data() &&
-                   model_.gradients(lo).data() + model_.gradients(lo).size() == model_.gradients(hi).data();
-      }
-      contiguous_.push_back(adjacent);
     }
   }
 
