@@ -24,12 +24,10 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstring>
 #include <span>
 #include <system_error>
 #include <type_traits>
 #include <utility>
-#include <vector>
 
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/concepts/element.hpp"
@@ -37,79 +35,40 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/detail/error_code_forms.hpp"
+#include "dtrain/detail/thrust_space.hpp"
 #include "dtrain/reduce/thrust.hpp"
-
-#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
-#include "dtrain/cuda/runtime.hpp"
-#endif
 
 namespace dtrain {
 
 namespace detail::staging {
 
-#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
-// Pinned host memory and device scratch; copies on one stream, waited for before the host reads.
+// Pinned host blocks and device scratch; copies on one stream, waited for before the host reads.
+// Under Thrust's host systems "device" memory is host memory and staging is a copy.
 class memory {
  public:
   template <class T>
-  using host_block = cuda::pinned_buffer<T>;
+  using host_block = thrust_space::pinned<T>;
   template <class T>
-  using device_block = cuda::device_buffer<T>;
+  using device_block = thrust_space::buffer<T>;
 
   template <class T>
-  void to_host(std::span<T> dst, device_span<const T> src) {
-    cuda::copy_async<const T>(dst, src, stream_.get());
-    stream_.synchronize();
+  void to_host(std::span<T> dst, thrust_buffer<const T> src) {
+    thrust_space::download<T>(dst, src, stream_.get());
   }
   template <class T>
-  void to_device(device_span<T> dst, std::span<const T> src) {
-    cuda::copy_async<T>(dst, src, stream_.get());
-    stream_.synchronize();
+  void to_device(thrust_buffer<T> dst, std::span<const T> src) {
+    thrust_space::upload<T>(dst, src, stream_.get());
   }
   template <class T>
-  void on_device(device_span<T> dst, device_span<const T> src) {
-    cuda::copy_async<T>(dst, src, stream_.get());
+  void on_device(thrust_buffer<T> dst, thrust_buffer<const T> src) {
+    thrust_space::copy<T>(dst, src, stream_.get());
   }
-  void finish() { stream_.synchronize(); }
-  auto reduction() const { return stream_reduction(stream_.get()); }
+  void finish() { thrust_space::synchronize(stream_.get()); }
+  auto reduction() const { return thrust_space::reduction_on(stream_.get()); }
 
  private:
-  cuda::stream stream_;
+  thrust_space::owned_stream stream_;
 };
-#else
-// Thrust's host systems: "device" memory is host memory; staging is a copy.
-class memory {
- public:
-  template <class T>
-  class host_block {
-   public:
-    host_block() = default;
-    explicit host_block(std::size_t n) : v_(n) {}
-    std::span<T> span() noexcept { return v_; }
-    std::size_t size() const noexcept { return v_.size(); }
-
-   private:
-    std::vector<T> v_;
-  };
-  template <class T>
-  using device_block = host_block<T>;
-
-  template <class T>
-  void to_host(std::span<T> dst, std::span<const T> src) {
-    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size_bytes());
-  }
-  template <class T>
-  void to_device(std::span<T> dst, std::span<const T> src) {
-    to_host(dst, src);
-  }
-  template <class T>
-  void on_device(std::span<T> dst, std::span<const T> src) {
-    to_host(dst, src);
-  }
-  void finish() {}
-  auto reduction() const { return thrust_reduction<>{}; }
-};
-#endif
 
 }  // namespace detail::staging
 

@@ -31,9 +31,14 @@ using owned_stream = cuda::stream;
 using event = cuda::event;
 template <class T>
 using buffer = cuda::device_buffer<T>;
+/// Host memory the device copies to and from at full speed (page-locked).
+template <class T>
+using pinned = cuda::pinned_buffer<T>;
 
 /// The execution policy that enqueues on `s` without synchronising.
 inline auto on(stream_handle s) { return thrust::cuda::par_nosync.on(s); }
+/// The Thrust reduction that enqueues on `s`.
+inline auto reduction_on(stream_handle s) { return stream_reduction(s); }
 
 template <class T>
 void copy(thrust_buffer<T> dst, thrust_buffer<const T> src, stream_handle s) {
@@ -84,7 +89,11 @@ class buffer {
   std::vector<T> v_;
 };
 
+template <class T>
+using pinned = buffer<T>;
+
 inline auto on(stream_handle) { return thrust::device; }
+inline auto reduction_on(stream_handle) { return thrust_reduction<>{}; }
 
 template <class T>
 void copy(thrust_buffer<T> dst, thrust_buffer<const T> src, stream_handle) {
