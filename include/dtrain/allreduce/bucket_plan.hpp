@@ -7,7 +7,6 @@
 /// so communication starts early in the backward pass.
 
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -59,6 +58,12 @@ class bucket_plan {
   const std::vector<bucket>& buckets() const noexcept { return buckets_; }
   std::size_t tensor_count() const noexcept { return sizes_.size(); }
   std::size_t tensor_size(std::size_t i) const noexcept { return sizes_[i]; }
+  /// Elements in the largest bucket: the size of a buffer any bucket fits in.
+  std::size_t largest_bucket() const noexcept {
+    std::size_t largest = 0;
+    for (const bucket& b : buckets_) largest = std::max(largest, b.elements);
+    return largest;
+  }
   /// Total parameters; tensor i owns [parameter_offset(i), + tensor_size(i)) in the updater.
   std::size_t elements() const noexcept { return elements_; }
   std::size_t bucket_of(std::size_t tensor) const noexcept { return bucket_of_[tensor]; }
@@ -114,11 +119,11 @@ class step_readiness {
     return true;
   }
 
-  /// The next bucket in plan order if all its tensors are ready (the last one only if
-  /// `include_last`), marking it launched; null otherwise.
-  const bucket* take_complete(bool include_last) {
-    const std::size_t end = include_last || pending_.empty() ? pending_.size() : pending_.size() - 1;
-    if (next_ >= end || pending_[next_] != 0) return nullptr;
+  /// The next bucket in plan order if all its tensors are ready, marking it launched; null
+  /// otherwise, and always for the last bucket: the trainer reduces that one itself, once
+  /// backward is over (nothing is left to overlap it with).
+  const bucket* take_complete() {
+    if (next_ + 1 >= pending_.size() || pending_[next_] != 0) return nullptr;
     return &plan_->buckets()[next_++];
   }
   /// The next unlaunched bucket, whatever its state (after backward, all are complete).
@@ -172,32 +177,6 @@ std::vector<bool> contiguous_buckets(const bucket_plan& plan, Model& model) {
     contiguous.push_back(adjacent);
   }
   return contiguous;
-}
-
-/// What ranks compare at start-up: the plan's digest, its size, and a digest of the options that
-/// change what goes on the wire (`options_digest`). Equal on every rank, or the job is misbuilt.
-using plan_digest = std::array<std::int64_t, 4>;
-
-inline plan_digest digest_of(const bucket_plan& plan, std::uint64_t options_digest) {
-  return {static_cast<std::int64_t>(plan.fingerprint()), static_cast<std::int64_t>(plan.tensor_count()),
-          static_cast<std::int64_t>(plan.elements()), static_cast<std::int64_t>(options_digest)};
-}
-
-/// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the
-/// message every rank raises, naming the first rank that differs from rank 0.
-inline std::string plan_disagreement(std::span<const std::int64_t> all, const std::string& who) {
-  auto describe = [](const std::int64_t* p) {
-    return std::to_string(p[1]) + " tensors, " + std::to_string(p[2]) + " elements, plan digest " +
-           std::to_string(static_cast<std::uint64_t>(p[0])) + ", options digest " + std::to_string(p[3]);
-  };
-  for (std::size_t r = 1; 4 * r < all.size(); ++r) {
-    const std::int64_t* theirs = all.data() + 4 * r;
-    if (std::equal(theirs, theirs + 4, all.data())) continue;
-    return who + ": ranks disagree on the model or trainer options: rank 0 has " + describe(all.data()) + "; rank " +
-           std::to_string(r) + " has " + describe(theirs) +
-           ". Every rank must build the same model and pass the same trainer_options";
-  }
-  return {};
 }
 
 }  // namespace detail

@@ -114,9 +114,7 @@ class device_trainer {
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     contiguous_ = detail::contiguous_buckets(plan_, model_);
     ready_events_.resize(plan_.tensor_count());
-    std::size_t largest = 0;
-    for (const bucket& b : plan_.buckets()) largest = std::max(largest, b.elements);
-    scratch_ = detail::thrust_space::buffer<value_type>(largest);
+    scratch_ = detail::thrust_space::buffer<value_type>(plan_.largest_bucket());
     check_plan_matches();
     // The model may still be initialising its parameters on its stream.
     detail::thrust_space::synchronize(model_.stream());
@@ -150,7 +148,7 @@ class device_trainer {
       if (!sync) return;
       ready_events_[tensor].record(model_.stream());
       if (options_.overlap) {
-        while (const bucket* b = readiness_->take_complete(false)) post_bucket(*b, role::average_gradients);
+        while (const bucket* b = readiness_->take_complete()) post_bucket(*b, role::average_gradients);
       }
     };
     try {
@@ -229,11 +227,7 @@ class device_trainer {
   // Every rank gathers every rank's plan digest (through device memory: the collective takes no
   // other); all raise the same error on a mismatch.
   void check_plan_matches() {
-    std::uint64_t contiguity = 0;
-    for (bool c : contiguous_) contiguity = contiguity * 3 + (c ? 1 : 2);
-    const std::uint64_t options_digest = (contiguity << 2) | (static_cast<std::uint64_t>(options_.average_every) << 8) |
-                                         (static_cast<std::uint64_t>(options_.local_sgd_after) << 32);
-    const auto mine = detail::digest_of(plan_, options_digest);
+    const auto mine = detail::digest_of(plan_, contiguous_, options_);
     const auto n = static_cast<std::size_t>(comm_.size());
     detail::thrust_space::buffer<std::int64_t> in(mine.size()), out(mine.size() * n);
     detail::thrust_space::upload<std::int64_t>(in.span(), mine, comm_stream_.get());

@@ -25,6 +25,7 @@
 ///    (post-local SGD).
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -110,6 +111,38 @@ struct trainer_stats {
 };
 
 namespace detail {
+
+/// What ranks compare at start-up: the plan's digest, its size, and a digest of what changes
+/// the traffic: compression, local SGD, and which buckets are contiguous (those reduce in memory
+/// order, the others in plan order). Equal on every rank, or the job is misbuilt.
+using plan_digest = std::array<std::int64_t, 4>;
+
+inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& contiguous, const trainer_options& o) {
+  std::uint64_t contiguity = 0;
+  for (bool c : contiguous) contiguity = contiguity * 3 + (c ? 1 : 2);
+  const std::uint64_t options = (static_cast<std::uint64_t>(o.compress) ^ (contiguity << 2)) |
+                                (static_cast<std::uint64_t>(o.average_every) << 8) |
+                                (static_cast<std::uint64_t>(o.local_sgd_after) << 32);
+  return {static_cast<std::int64_t>(plan.fingerprint()), static_cast<std::int64_t>(plan.tensor_count()),
+          static_cast<std::int64_t>(plan.elements()), static_cast<std::int64_t>(options)};
+}
+
+/// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the
+/// message every rank raises, naming the first rank that differs from rank 0.
+inline std::string plan_disagreement(std::span<const std::int64_t> all, const std::string& who) {
+  auto describe = [](const std::int64_t* p) {
+    return std::to_string(p[1]) + " tensors, " + std::to_string(p[2]) + " elements, plan digest " +
+           std::to_string(static_cast<std::uint64_t>(p[0])) + ", options digest " + std::to_string(p[3]);
+  };
+  for (std::size_t r = 1; 4 * r < all.size(); ++r) {
+    const std::int64_t* theirs = all.data() + 4 * r;
+    if (std::equal(theirs, theirs + 4, all.data())) continue;
+    return who + ": ranks disagree on the model or trainer options: rank 0 has " + describe(all.data()) + "; rank " +
+           std::to_string(r) + " has " + describe(theirs) +
+           ". Every rank must build the same model and pass the same trainer_options";
+  }
+  return {};
+}
 
 /// Runs jobs, in the order they were queued, on one thread that owns the collective.
 class comm_thread {
@@ -230,9 +263,7 @@ class trainer {
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     contiguous_ = detail::contiguous_buckets(plan_, model_);
     check_plan_matches();
-    std::size_t largest = 0;
-    for (const bucket& b : plan_.buckets()) largest = std::max(largest, b.elements);
-    scratch_.resize(largest);
+    scratch_.resize(plan_.largest_bucket());
     for (const bucket& b : plan_.buckets()) run_bucket(b, role::broadcast_parameters);
     if (updater_.parameters() < plan_.elements()) updater_.resize(plan_.elements());
     readiness_.emplace(plan_);
@@ -355,13 +386,7 @@ class trainer {
 
   // Every rank gathers every rank's plan digest and option digest; all raise the same error.
   void check_plan_matches() {
-    // Contiguous buckets reduce in memory order, the others in plan order: all ranks must agree.
-    std::uint64_t contiguity = 0;
-    for (std::size_t b = 0; b < contiguous_.size(); ++b) contiguity = contiguity * 3 + (contiguous_[b] ? 1 : 2);
-    const std::uint64_t options_digest = (static_cast<std::uint64_t>(options_.compress) ^ (contiguity << 2)) |
-                                         (static_cast<std::uint64_t>(options_.average_every) << 8) |
-                                         (static_cast<std::uint64_t>(options_.local_sgd_after) << 32);
-    const auto mine = detail::digest_of(plan_, options_digest);
+    const auto mine = detail::digest_of(plan_, contiguous_, options_);
     std::vector<std::int64_t> all(4 * static_cast<std::size_t>(comm_.size()));
     comm_.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
     const std::string disagreement = detail::plan_disagreement(all, "allreduce::trainer");
@@ -370,7 +395,7 @@ class trainer {
 
   // Posts the ready buckets in plan order, except the last, which `step` reduces itself.
   void launch_ready_buckets() {
-    while (const bucket* b = readiness_->take_complete(false)) post_bucket(*b, role::average_gradients);
+    while (const bucket* b = readiness_->take_complete()) post_bucket(*b, role::average_gradients);
   }
 
   void post_bucket(const bucket& b, role r) {
