@@ -16,6 +16,7 @@
 #include <utility>  // before Asio (Boost 1.74)
 
 #include <boost/asio.hpp>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -112,15 +113,17 @@ using incoming_ptr = std::shared_ptr<incoming>;
 enum class rx_state { header, payload, discard, closed };
 
 struct connection {
-  explicit connection(int p, tcp::socket s) : peer(p), socket(std::move(s)) {}
-  ~connection() {
-    if (wfd >= 0) ::close(wfd);
-  }
+  connection(int p, int socket_fd) : peer(p), fd(socket_fd) {}
+  ~connection() { close(); }
   connection(const connection&) = delete;
   connection& operator=(const connection&) = delete;
+  void close() noexcept {
+    if (wfd >= 0) ::close(wfd);
+    if (fd >= 0) ::close(fd);
+    fd = wfd = -1;
+  }
   int peer;
-  tcp::socket socket;
-  int fd = -1;   // the socket's descriptor
+  int fd = -1;   // the socket, owned (taken from Asio: see adopt)
   int wfd = -1;  // a dup of it: the write side's epoll registration
 
   // Reader state: touched only by the thread holding `reading`.
@@ -406,7 +409,7 @@ class engine {
     boost::system::error_code ignored;
     acceptor_.close(ignored);
     for (auto& c : conns_) {
-      if (c) c->socket.close(ignored);
+      if (c) c->close();
     }
     fail_everything(make_error_code(errc::cancelled), "the transport was shut down");
   }
@@ -531,9 +534,17 @@ class engine {
   // Runs on the I/O thread: the connection joins the group and its reader starts.
   void adopt(int peer, tcp::socket s) {
     tune_socket(s, settings_.socket_buffer_bytes);
-    auto c = std::make_unique<connection>(peer, std::move(s));
-    c->fd = c->socket.native_handle();
-    c->socket.non_blocking(true);
+    // The descriptor leaves Asio: its reactor watches every socket it owns (edge-triggered), so
+    // each burst of arriving data would also wake the I/O thread, which has nothing to do with it.
+    boost::system::error_code ec;
+    const int fd = s.release(ec);
+    if (ec) {  // the peer then counts as missing when the group forms, and is named there
+      log(log_level::error, "rank " + std::to_string(rank_) + " could not take over its socket to rank " +
+                                std::to_string(peer) + ": " + ec.message());
+      return;
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    auto c = std::make_unique<connection>(peer, fd);
     // Registered before it is published: a sender that finds the socket full at once parks on
     // the write registration, which must already exist.
     c->wfd = ::dup(c->fd);
