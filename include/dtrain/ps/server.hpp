@@ -18,6 +18,7 @@
 ///    version the worker last pulled. Averaged pushes carry their mean staleness.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -144,9 +145,16 @@ class server {
   ///   naming a worker that went silent (policy `abort`); the transport's errors.
   void run() {
     const auto start = clock::now();
-    std::vector<std::byte> buffer;
-    auto request = transport_.irecv(any_peer, options_.tag, buffer);
-    for (;;) {
+    // Two receives are posted, filled in turn: a request that arrives while the previous one is
+    // handled lands in its own buffer, not in the transport's unexpected queue (an allocation and
+    // a copy per request when a worker pipelines them, as a sliced tensor's slices are).
+    constexpr std::size_t slots = 2;
+    std::array<std::vector<std::byte>, slots> buffers;
+    std::array<std::optional<recv_handle>, slots> requests;
+    for (std::size_t i = 0; i < slots; ++i) requests[i].emplace(transport_.irecv(any_peer, options_.tag, buffers[i]));
+    for (std::size_t next = 0;; ) {
+      auto& request = *requests[next];
+      const std::vector<std::byte>& buffer = buffers[next];
       std::error_code ec;
       // Requests come in bursts (a worker's push, clock and pull): look again for a few
       // microseconds before sleeping, which saves a wake-up per request in a burst.
@@ -167,7 +175,8 @@ class server {
         handle(from, std::span<const std::byte>(buffer));
         // Keep the buffer's size: the transport resizes it to the next request, and a request of
         // the same size then costs no zero-filling.
-        request = transport_.irecv(any_peer, options_.tag, buffer);
+        requests[next].emplace(transport_.irecv(any_peer, options_.tag, buffers[next]));
+        next = (next + 1) % slots;
       } else if (ec != errc::timeout) {
         throw error(ec, "ps::server " + std::to_string(transport_.rank()) + ": receiving requests");
       }
@@ -175,7 +184,7 @@ class server {
       check_liveness(start);
       if (done()) break;
     }
-    request.cancel();
+    for (auto& request : requests) request->cancel();
     flush_sends();
   }
 
@@ -193,6 +202,7 @@ class server {
   using clock = std::chrono::steady_clock;
   using table_type = table<T, Updater, Initializer>;
   using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
+  using recv_handle = decltype(std::declval<Transport&>().irecv(0, 0, std::declval<std::vector<std::byte>&>()));
 
   struct pending_push {
     std::uint32_t worker;

@@ -16,6 +16,7 @@
 /// @endcode
 /// Not thread-safe: one thread per worker object (the heartbeat thread is internal).
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -89,10 +90,11 @@ class worker {
                                               " servers but the group has " + std::to_string(roles_.servers));
     }
     id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
-    inbox_.resize(static_cast<std::size_t>(roles_.servers));
+    inbox_ = std::vector<server_inbox>(static_cast<std::size_t>(roles_.servers));
     key_cache_.resize(static_cast<std::size_t>(roles_.servers));
-    receive_.resize(static_cast<std::size_t>(roles_.servers));
-    for (int srv = 0; srv < roles_.servers; ++srv) post_receive(srv);
+    for (int srv = 0; srv < roles_.servers; ++srv) {
+      for (std::size_t slot = 0; slot < reply_slots; ++slot) post_receive(srv, slot);
+    }
     request hello;
     const std::uint64_t config[4] = {static_cast<std::uint64_t>(roles_.servers),
                                      static_cast<std::uint64_t>(roles_.workers), name_digest(Consistency::name),
@@ -134,8 +136,10 @@ class worker {
     } catch (...) {
     }
     stop_heartbeat();
-    for (auto& r : receive_) {
-      if (r) r->cancel();
+    for (auto& box : inbox_) {
+      for (auto& r : box.receive) {
+        if (r) r->cancel();
+      }
     }
   }
 
@@ -419,20 +423,28 @@ class worker {
     return {static_cast<std::uint8_t>(slot), false};
   }
 
-  // One receive posted per server: a wait then reads that server's connection itself (no hand-off
-  // through the transport's reader thread, as a receive from any peer needs), and a server's
-  // replies arrive in the order it sent them.
-  void post_receive(int server) {
-    // The inbox keeps its size: the transport resizes it to the reply, free when sizes repeat.
-    const auto s = static_cast<std::size_t>(server);
-    receive_[s].emplace(transport_.irecv(roles_.server_rank(server), options_.tag + 1, inbox_[s]));
+  // Receives are posted per server: a wait then reads that server's connection itself (no
+  // hand-off through the transport's reader thread, as a receive from any peer needs), and a
+  // server's replies arrive in the order it sent them, filling the slots in turn.
+  void post_receive(int server, std::size_t slot) {
+    // The buffer keeps its size: the transport resizes it to the reply, free when sizes repeat.
+    server_inbox& box = inbox_[static_cast<std::size_t>(server)];
+    box.receive[slot].emplace(transport_.irecv(roles_.server_rank(server), options_.tag + 1, box.buffer[slot]));
+  }
+
+  // The reply in the server's current slot has been read: post that slot again behind the other.
+  void repost(int server) {
+    server_inbox& box = inbox_[static_cast<std::size_t>(server)];
+    post_receive(server, box.next);
+    box.next = (box.next + 1) % reply_slots;
   }
 
   // Receives one reply (for whichever request it answers) under `d`.
   void receive_one(deadline d, const pending& waiting_for) {
     const int server = waiting_for.server;
-    auto& receive = receive_[static_cast<std::size_t>(server)];
-    const std::vector<std::byte>& inbox = inbox_[static_cast<std::size_t>(server)];
+    server_inbox& box = inbox_[static_cast<std::size_t>(server)];
+    auto& receive = box.receive[box.next];
+    const std::vector<std::byte>& inbox = box.buffer[box.next];
     std::error_code ec;
     if (!receive->wait(d, ec)) {
       throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " +
@@ -443,7 +455,7 @@ class worker {
     const response_header h = decode_response(inbox, from);
     auto it = pending_.find(h.id);
     if (it == pending_.end()) {
-      post_receive(server);
+      repost(server);
       throw error(errc::protocol_error, "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) +
                                             " answered request " + std::to_string(h.id) + ", which is not outstanding");
     }
@@ -477,7 +489,7 @@ class worker {
         basis = std::max(basis, h.version);
       }
     }
-    post_receive(server);
+    repost(server);
   }
 
   static const char* op_name(op o) noexcept {
@@ -539,8 +551,16 @@ class worker {
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, pending> pending_;
   std::deque<outgoing> outgoing_;
-  std::vector<std::vector<std::byte>> inbox_;           // per server
-  std::vector<std::optional<recv_handle>> receive_;     // per server
+  // Two receives are posted per server, so that a reply arriving while the previous one is read
+  // out lands in its own buffer, not in the transport's unexpected queue (an allocation and a
+  // copy per reply when requests are pipelined, as a sliced tensor's are).
+  static constexpr std::size_t reply_slots = 2;
+  struct server_inbox {
+    std::array<std::vector<std::byte>, reply_slots> buffer;
+    std::array<std::optional<recv_handle>, reply_slots> receive;
+    std::size_t next = 0;  // the slot the server's next reply lands in
+  };
+  std::vector<server_inbox> inbox_;  // per server; never resized once receives are posted
   worker_stats stats_;
   bool finished_ = false, broken_ = false;
   std::mutex beat_mutex_;
