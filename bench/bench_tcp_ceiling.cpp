@@ -37,13 +37,12 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
-#include "report.hpp"
+#include "push_pull_patterns.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
-
-enum class op : std::uint32_t { push = 1, pull = 2, push_pull = 3, done = 4 };
+using op = dtrain::bench::pattern;
 
 struct request_header {
   op what;
@@ -221,15 +220,9 @@ class client {
 }  // namespace
 
 int main(int argc, char** argv) {
-  double seconds = 1.0;
-  int depth = 1;
-  std::string json;
-  std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
+  dtrain::bench::pattern_options o;
   CLI::App app{"TCP loopback's own speed for bench_ps's message patterns (bare sockets, two processes)"};
-  app.add_option("--seconds", seconds, "time per measurement")->check(CLI::PositiveNumber);
-  app.add_option("--depth", depth, "requests in flight")->check(CLI::Range(1, 1024));
-  app.add_option("--sizes", sizes, "value bytes per request")->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
-  app.add_option("--json", json, "write the results as JSON");
+  o.add_to(app);
   CLI11_PARSE(app, argc, argv);
 
   int listener = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -261,33 +254,12 @@ int main(int argc, char** argv) {
   tune(fd);
 
   client c(fd);
-  struct result {
-    const char* what;
-    std::size_t bytes;
-    double seconds;
-    double gbps;
-  };
-  std::vector<result> results;
-  for (std::size_t bytes : sizes) {
-    for (auto [what, name] : {std::pair{op::push, "push"}, {op::pull, "pull"}, {op::push_pull, "push+pull"}}) {
-      const double s = c.time(what, bytes, depth, seconds);
-      const double moved = static_cast<double>(bytes) * (what == op::push_pull ? 2 : 1);
-      results.push_back({name, bytes, s, moved / s / 1e9});
-    }
-  }
+  const auto results = dtrain::bench::run_patterns(o, [&](op what, std::size_t bytes) {
+    return c.time(what, bytes, o.depth, o.seconds);
+  });
   c.finish();
   int status = 0;
   ::waitpid(child, &status, 0);
-
-  fmt::print("# bare TCP loopback, blocking sockets, 2 processes, {} request(s) in flight\n", depth);
-  fmt::print("# {:<18} {:>12} {:>12} {:>10}\n", "op", "size(B)", "time(us)", "GB/s");
-  std::string out = "[\n";
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const result& r = results[i];
-    fmt::print("  {:<18} {:>12} {:>12.1f} {:>10.3f}\n", std::string("tcp ") + r.what, r.bytes, r.seconds * 1e6, r.gbps);
-    out += fmt::format("  {{\"op\": \"tcp {}\", \"depth\": {}, \"bytes\": {}, \"time_us\": {:.2f}, \"GBps\": {:.4f}}}{}\n",
-                       r.what, depth, r.bytes, r.seconds * 1e6, r.gbps, i + 1 < results.size() ? "," : "");
-  }
-  dtrain::bench::write_file(json, out + "]\n");
+  dtrain::bench::print_patterns("tcp", "bare TCP loopback, blocking sockets, 2 processes", o, results);
   return 0;
 }

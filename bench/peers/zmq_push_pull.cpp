@@ -24,15 +24,16 @@
 
 #include <zmq.h>
 
-#include <CLI/CLI.hpp>
-#include <fmt/core.h>
+#include "../push_pull_patterns.hpp"
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+using dtrain::bench::pattern;
+
 struct request_header {
-  std::uint32_t what;  // 1 push, 2 pull, 3 push+pull, 4 done
+  pattern what;
   std::uint32_t pad;
   std::uint64_t bytes;
 };
@@ -65,10 +66,10 @@ void serve(const std::string& endpoint) {
     if (zmq_msg_recv(&id, s, 0) < 0 || zmq_msg_recv(&head, s, 0) < 0) die("receiving a request");
     request_header h{};
     std::memcpy(&h, zmq_msg_data(&head), sizeof h);
-    if (h.what == 4) break;
-    if (h.what != 2 && zmq_msg_recv(&body, s, 0) < 0) die("receiving a request's payload");
+    if (h.what == pattern::done) break;
+    if (h.what != pattern::pull && zmq_msg_recv(&body, s, 0) < 0) die("receiving a request's payload");
     if (zmq_msg_send(&id, s, ZMQ_SNDMORE) < 0) die("answering");
-    if (h.what == 1) {
+    if (h.what == pattern::push) {
       send_view(s, &ack, sizeof ack, 0);
     } else {
       reply.resize(h.bytes, 1);
@@ -85,7 +86,7 @@ class client {
  public:
   explicit client(void* socket) : s_(socket) {}
 
-  double time(std::uint32_t what, std::size_t bytes, int depth, double seconds) {
+  double time(pattern what, std::size_t bytes, int depth, double seconds) {
     payload_.resize(bytes, 2);
     header_ = request_header{what, 0, bytes};
     for (int i = 0; i < depth; ++i) send_one();
@@ -107,13 +108,13 @@ class client {
   }
 
   void finish() {
-    header_ = request_header{4, 0, 0};
+    header_ = request_header{pattern::done, 0, 0};
     send_view(s_, &header_, sizeof header_, 0);
   }
 
  private:
   void send_one() {
-    const bool payload = header_.what != 2;
+    const bool payload = header_.what != pattern::pull;
     send_view(s_, &header_, sizeof header_, payload ? ZMQ_SNDMORE : 0);
     if (payload) send_view(s_, payload_.data(), payload_.size(), 0);
   }
@@ -132,15 +133,9 @@ class client {
 }  // namespace
 
 int main(int argc, char** argv) {
-  double seconds = 1.0;
-  int depth = 1;
-  std::string json;
-  std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
+  dtrain::bench::pattern_options o;
   CLI::App app{"ZeroMQ (ps-lite's transport) running bench_ps's message patterns over TCP loopback"};
-  app.add_option("--seconds", seconds, "time per measurement")->check(CLI::PositiveNumber);
-  app.add_option("--depth", depth, "requests in flight")->check(CLI::Range(1, 1024));
-  app.add_option("--sizes", sizes, "value bytes per request")->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
-  app.add_option("--json", json, "write the results as JSON");
+  o.add_to(app);
   CLI11_PARSE(app, argc, argv);
 
   // The client binds a free port; the forked server connects to it.
@@ -162,40 +157,17 @@ int main(int argc, char** argv) {
   }
 
   client c(s);
-  struct result {
-    const char* what;
-    std::size_t bytes;
-    double seconds, gbps;
-  };
-  std::vector<result> results;
-  for (std::size_t bytes : sizes) {
-    for (auto [what, name] : {std::pair{1u, "push"}, {2u, "pull"}, {3u, "push+pull"}}) {
-      const double t = c.time(what, bytes, depth, seconds);
-      const double moved = static_cast<double>(bytes) * (what == 3 ? 2 : 1);
-      results.push_back({name, bytes, t, moved / t / 1e9});
-    }
-  }
+  const auto results = dtrain::bench::run_patterns(o, [&](pattern what, std::size_t bytes) {
+    return c.time(what, bytes, o.depth, o.seconds);
+  });
   c.finish();
   int status = 0;
   ::waitpid(child, &status, 0);
   zmq_close(s);
   zmq_ctx_term(ctx);
-
-  fmt::print("# ZeroMQ {}.{}.{} DEALER/ROUTER over TCP loopback, 2 processes, {} request(s) in flight\n",
-             ZMQ_VERSION_MAJOR, ZMQ_VERSION_MINOR, ZMQ_VERSION_PATCH, depth);
-  fmt::print("# {:<18} {:>12} {:>12} {:>10}\n", "op", "size(B)", "time(us)", "GB/s");
-  std::string out = "[\n";
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const result& r = results[i];
-    fmt::print("  {:<18} {:>12} {:>12.1f} {:>10.3f}\n", std::string("zmq ") + r.what, r.bytes, r.seconds * 1e6, r.gbps);
-    out += fmt::format("  {{\"op\": \"zmq {}\", \"depth\": {}, \"bytes\": {}, \"time_us\": {:.2f}, \"GBps\": {:.4f}}}{}\n",
-                       r.what, depth, r.bytes, r.seconds * 1e6, r.gbps, i + 1 < results.size() ? "," : "");
-  }
-  if (!json.empty()) {
-    if (std::FILE* f = std::fopen(json.c_str(), "w")) {
-      std::fputs((out + "]\n").c_str(), f);
-      std::fclose(f);
-    }
-  }
+  dtrain::bench::print_patterns("zmq",
+                                fmt::format("ZeroMQ {}.{}.{} DEALER/ROUTER over TCP loopback, 2 processes",
+                                            ZMQ_VERSION_MAJOR, ZMQ_VERSION_MINOR, ZMQ_VERSION_PATCH),
+                                o, results);
   return 0;
 }
