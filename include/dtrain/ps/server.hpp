@@ -18,7 +18,6 @@
 ///    version the worker last pulled. Averaged pushes carry their mean staleness.
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -42,6 +41,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/detail/log.hpp"
+#include "dtrain/detail/receive_ring.hpp"
 #include "dtrain/ps/checkpoint.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/roles.hpp"
@@ -145,16 +145,11 @@ class server {
   ///   naming a worker that went silent (policy `abort`); the transport's errors.
   void run() {
     const auto start = clock::now();
-    // Two receives are posted, filled in turn: a request that arrives while the previous one is
-    // handled lands in its own buffer, not in the transport's unexpected queue (an allocation and
-    // a copy per request when a worker pipelines them, as a sliced tensor's slices are).
-    constexpr std::size_t slots = 2;
-    std::array<std::vector<std::byte>, slots> buffers;
-    std::array<std::optional<recv_handle>, slots> requests;
-    for (std::size_t i = 0; i < slots; ++i) requests[i].emplace(transport_.irecv(any_peer, options_.tag, buffers[i]));
-    for (std::size_t next = 0;; ) {
-      auto& request = *requests[next];
-      const std::vector<std::byte>& buffer = buffers[next];
+    // Two receives stay posted, so a worker's pipelined requests (a sliced tensor's) land in place.
+    dtrain::detail::receive_ring<Transport> requests;
+    requests.start(transport_, any_peer, options_.tag);
+    for (;;) {
+      auto& request = requests.current();
       std::error_code ec;
       // Requests come in bursts (a worker's push, clock and pull): look again for a few
       // microseconds before sleeping, which saves a wake-up per request in a burst.
@@ -171,12 +166,9 @@ class server {
       }
       if (got) {
         const int from = request.info().peer;
-        stats_.bytes_in += buffer.size();
-        handle(from, std::span<const std::byte>(buffer));
-        // Keep the buffer's size: the transport resizes it to the next request, and a request of
-        // the same size then costs no zero-filling.
-        requests[next].emplace(transport_.irecv(any_peer, options_.tag, buffers[next]));
-        next = (next + 1) % slots;
+        stats_.bytes_in += requests.message().size();
+        handle(from, std::span<const std::byte>(requests.message()));
+        requests.advance();
       } else if (ec != errc::timeout) {
         throw error(ec, "ps::server " + std::to_string(transport_.rank()) + ": receiving requests");
       }
@@ -184,7 +176,7 @@ class server {
       check_liveness(start);
       if (done()) break;
     }
-    for (auto& request : requests) request->cancel();
+    requests.cancel();
     flush_sends();
   }
 
@@ -202,7 +194,6 @@ class server {
   using clock = std::chrono::steady_clock;
   using table_type = table<T, Updater, Initializer>;
   using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
-  using recv_handle = decltype(std::declval<Transport&>().irecv(0, 0, std::declval<std::vector<std::byte>&>()));
 
   struct pending_push {
     std::uint32_t worker;

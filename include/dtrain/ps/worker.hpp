@@ -16,7 +16,6 @@
 /// @endcode
 /// Not thread-safe: one thread per worker object (the heartbeat thread is internal).
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -38,6 +37,7 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/detail/receive_ring.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/server.hpp"
@@ -90,10 +90,13 @@ class worker {
                                               " servers but the group has " + std::to_string(roles_.servers));
     }
     id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
-    inbox_ = std::vector<server_inbox>(static_cast<std::size_t>(roles_.servers));
     key_cache_.resize(static_cast<std::size_t>(roles_.servers));
+    // Receives are posted per server: a wait then reads that server's connection itself (no
+    // hand-off through the transport's reader thread, as a receive from any peer needs), and a
+    // server's replies arrive in the order it sent them.
+    replies_ = std::vector<reply_ring>(static_cast<std::size_t>(roles_.servers));
     for (int srv = 0; srv < roles_.servers; ++srv) {
-      for (std::size_t slot = 0; slot < reply_slots; ++slot) post_receive(srv, slot);
+      replies_[static_cast<std::size_t>(srv)].start(transport_, roles_.server_rank(srv), options_.tag + 1);
     }
     request hello;
     const std::uint64_t config[4] = {static_cast<std::uint64_t>(roles_.servers),
@@ -136,11 +139,7 @@ class worker {
     } catch (...) {
     }
     stop_heartbeat();
-    for (auto& box : inbox_) {
-      for (auto& r : box.receive) {
-        if (r) r->cancel();
-      }
-    }
+    for (auto& ring : replies_) ring.cancel();
   }
 
   /// Pushes `values` (keys.size() * length) for sorted, unique `keys` in the current clock.
@@ -300,7 +299,6 @@ class worker {
   };
 
   using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
-  using recv_handle = decltype(std::declval<Transport&>().irecv(0, 0, std::declval<std::vector<std::byte>&>()));
 
   // A push (values), pull (out) or push_pull (both) of sorted, unique keys, split by server.
   request sparse_request(op what, std::span<const key_type> keys, std::span<const T> values, std::span<T> out,
@@ -423,39 +421,23 @@ class worker {
     return {static_cast<std::uint8_t>(slot), false};
   }
 
-  // Receives are posted per server: a wait then reads that server's connection itself (no
-  // hand-off through the transport's reader thread, as a receive from any peer needs), and a
-  // server's replies arrive in the order it sent them, filling the slots in turn.
-  void post_receive(int server, std::size_t slot) {
-    // The buffer keeps its size: the transport resizes it to the reply, free when sizes repeat.
-    server_inbox& box = inbox_[static_cast<std::size_t>(server)];
-    box.receive[slot].emplace(transport_.irecv(roles_.server_rank(server), options_.tag + 1, box.buffer[slot]));
-  }
-
-  // The reply in the server's current slot has been read: post that slot again behind the other.
-  void repost(int server) {
-    server_inbox& box = inbox_[static_cast<std::size_t>(server)];
-    post_receive(server, box.next);
-    box.next = (box.next + 1) % reply_slots;
-  }
-
   // Receives one reply (for whichever request it answers) under `d`.
   void receive_one(deadline d, const pending& waiting_for) {
     const int server = waiting_for.server;
-    server_inbox& box = inbox_[static_cast<std::size_t>(server)];
-    auto& receive = box.receive[box.next];
-    const std::vector<std::byte>& inbox = box.buffer[box.next];
+    reply_ring& ring = replies_[static_cast<std::size_t>(server)];
+    auto& receive = ring.current();
+    const std::vector<std::byte>& inbox = ring.message();
     std::error_code ec;
-    if (!receive->wait(d, ec)) {
+    if (!receive.wait(d, ec)) {
       throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " +
                           std::to_string(waiting_for.server) + " to answer a " + op_name(waiting_for.what));
     }
-    const int from = receive->info().peer;
+    const int from = receive.info().peer;
     stats_.bytes_in += inbox.size();
     const response_header h = decode_response(inbox, from);
     auto it = pending_.find(h.id);
     if (it == pending_.end()) {
-      repost(server);
+      ring.advance();
       throw error(errc::protocol_error, "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) +
                                             " answered request " + std::to_string(h.id) + ", which is not outstanding");
     }
@@ -489,7 +471,7 @@ class worker {
         basis = std::max(basis, h.version);
       }
     }
-    repost(server);
+    ring.advance();
   }
 
   static const char* op_name(op o) noexcept {
@@ -551,16 +533,9 @@ class worker {
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, pending> pending_;
   std::deque<outgoing> outgoing_;
-  // Two receives are posted per server, so that a reply arriving while the previous one is read
-  // out lands in its own buffer, not in the transport's unexpected queue (an allocation and a
-  // copy per reply when requests are pipelined, as a sliced tensor's are).
-  static constexpr std::size_t reply_slots = 2;
-  struct server_inbox {
-    std::array<std::vector<std::byte>, reply_slots> buffer;
-    std::array<std::optional<recv_handle>, reply_slots> receive;
-    std::size_t next = 0;  // the slot the server's next reply lands in
-  };
-  std::vector<server_inbox> inbox_;  // per server; never resized once receives are posted
+  // Two receives stay posted per server, so pipelined replies (a sliced tensor's) land in place.
+  using reply_ring = dtrain::detail::receive_ring<Transport>;
+  std::vector<reply_ring> replies_;  // per server; never resized once its receives are posted
   worker_stats stats_;
   bool finished_ = false, broken_ = false;
   std::mutex beat_mutex_;

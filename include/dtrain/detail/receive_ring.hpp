@@ -1,0 +1,63 @@
+#pragma once
+// Receives from one source (a peer, or any peer) kept posted `Slots` deep and taken in the order
+// they were posted. A message that arrives while the previous one is still being handled lands in
+// a buffer of its own; with a single posted receive it would go to the transport's unexpected
+// queue instead, costing an allocation and a copy each time the sender pipelines its messages.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace dtrain::detail {
+
+template <class Transport, std::size_t Slots = 2>
+class receive_ring {
+ public:
+  using handle = decltype(std::declval<Transport&>().irecv(0, 0, std::declval<std::vector<std::byte>&>()));
+
+  receive_ring() = default;
+  // The transport holds the buffers' addresses while receives are posted.
+  receive_ring(const receive_ring&) = delete;
+  receive_ring& operator=(const receive_ring&) = delete;
+
+  /// Posts every slot for messages from `peer` (or any peer) on `tag`.
+  void start(Transport& transport, int peer, std::uint64_t tag) {
+    transport_ = &transport;
+    peer_ = peer;
+    tag_ = tag;
+    for (std::size_t slot = 0; slot < Slots; ++slot) post(slot);
+  }
+
+  /// The receive the next message completes.
+  handle& current() { return *receives_[next_]; }
+  /// Its buffer, once `current()` has completed.
+  const std::vector<std::byte>& message() const { return buffers_[next_]; }
+
+  /// The current message is handled: its slot is posted again, behind the others. The buffer
+  /// keeps its size, so a message of the same size costs no zero-filling.
+  void advance() {
+    post(next_);
+    next_ = (next_ + 1) % Slots;
+  }
+
+  void cancel() noexcept {
+    for (auto& r : receives_) {
+      if (r) r->cancel();
+    }
+  }
+
+ private:
+  void post(std::size_t slot) { receives_[slot].emplace(transport_->irecv(peer_, tag_, buffers_[slot])); }
+
+  Transport* transport_ = nullptr;
+  int peer_ = 0;
+  std::uint64_t tag_ = 0;
+  std::array<std::vector<std::byte>, Slots> buffers_;
+  std::array<std::optional<handle>, Slots> receives_;
+  std::size_t next_ = 0;
+};
+
+}  // namespace dtrain::detail
