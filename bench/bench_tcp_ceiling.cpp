@@ -1,16 +1,17 @@
 // What TCP loopback itself gives bench_ps's message patterns on this machine: two processes over
 // bare blocking sockets, with no framing, matching, copying or updating at either end.
 //   push       N bytes to the server, an 8-byte acknowledgement back
-//   pull       an 8-byte request, N bytes back
+//   pull       a 16-byte request header, N bytes back
 //   push+pull  N bytes each way
 // `--depth K` keeps K requests in flight (a writer thread and a reader thread on the client), as
 // a worker with K slices outstanding does; depth 1 is one request at a time, as bench_ps runs.
 //
 //   build/bench/bench_tcp_ceiling [--seconds 1] [--depth 1] [--json out.json]
 //
-// GB/s counts as bench_ps does: the value bytes moved (push+pull counts both directions). No
-// peer can beat these figures over TCP loopback on the same machine: they are what the kernel
-// moves when user space does nothing but call send and recv.
+// GB/s counts as bench_ps does: the value bytes moved (push+pull counts both directions). One
+// request at a time, these are what the kernel moves when user space does nothing but call send
+// and recv. With more in flight they are not a ceiling: this server reads a request only after
+// writing the previous reply, where ZeroMQ's I/O thread overlaps the two (zmq_push_pull).
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -43,14 +45,9 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 using op = dtrain::bench::pattern;
+using dtrain::bench::ack_bytes;
+using dtrain::bench::request_header;
 
-struct request_header {
-  op what;
-  std::uint32_t pad;
-  std::uint64_t bytes;
-};
-
-constexpr std::size_t ack_bytes = 8;
 // No call may block longer than this: a peer that stops answering ends the run with a message.
 constexpr int io_timeout_s = 30;
 
@@ -99,7 +96,7 @@ void tune(int fd) {
 // The server process: reads each request whole, answers from a buffer it already holds.
 void serve(int fd) {
   std::vector<char> in, out;
-  const std::uint64_t ack = 0;
+  const std::array<char, ack_bytes> ack{};
   request_header h{};
   while (read_all(fd, &h, sizeof h, "a request header")) {
     if (h.what == op::done) return;
@@ -108,7 +105,7 @@ void serve(int fd) {
       read_all(fd, in.data(), in.size(), "a request's payload");
     }
     if (h.what == op::push) {
-      write_all(fd, &ack, sizeof ack, "an acknowledgement");
+      write_all(fd, ack.data(), ack.size(), "an acknowledgement");
       continue;
     }
     out.resize(h.bytes, 1);

@@ -14,9 +14,19 @@
 
 namespace dtrain::bench {
 
-/// push: N bytes out, an acknowledgement back; pull: a small request, N bytes back;
-/// push+pull: N bytes each way. The values travel in request headers, so they are fixed.
+/// push: N bytes out, an acknowledgement back; pull: a request header, N bytes back;
+/// push+pull: N bytes each way.
 enum class pattern : std::uint32_t { push = 1, pull = 2, push_pull = 3, done = 4 };
+
+/// What a request starts with; a push or push+pull's `bytes` of values follow it.
+struct request_header {
+  pattern what;
+  std::uint32_t pad;
+  std::uint64_t bytes;
+};
+
+/// The size of a push's acknowledgement.
+inline constexpr std::size_t ack_bytes = 8;
 
 struct pattern_options {
   double seconds = 1.0;

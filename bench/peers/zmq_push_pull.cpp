@@ -3,7 +3,7 @@
 // zero-copy sends on both sides (zmq_msg_init_data, as ps-lite sends its SArrays). The server
 // does nothing with a request but answer it: an upper bound for ps-lite with its summing handler.
 //   push       N bytes to the server, an 8-byte acknowledgement back
-//   pull       an 8-byte request, N bytes back
+//   pull       a 16-byte request header, N bytes back
 //   push+pull  N bytes each way
 //
 //   build/bench/zmq_push_pull [--seconds 1] [--depth 1] [--json out.json]
@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
@@ -30,13 +31,9 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+using dtrain::bench::ack_bytes;
 using dtrain::bench::pattern;
-
-struct request_header {
-  pattern what;
-  std::uint32_t pad;
-  std::uint64_t bytes;
-};
+using dtrain::bench::request_header;
 
 [[noreturn]] void die(const std::string& what) {
   fmt::print(stderr, "zmq_push_pull: {}: {}\n", what, zmq_strerror(zmq_errno()));
@@ -57,7 +54,7 @@ void serve(const std::string& endpoint) {
   zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
   if (zmq_connect(s, endpoint.c_str()) != 0) die("connecting to the client");
   std::vector<char> reply;
-  const std::uint64_t ack = 0;
+  const std::array<char, ack_bytes> ack{};
   for (;;) {
     zmq_msg_t id, head, body;
     zmq_msg_init(&id);
@@ -70,7 +67,7 @@ void serve(const std::string& endpoint) {
     if (h.what != pattern::pull && zmq_msg_recv(&body, s, 0) < 0) die("receiving a request's payload");
     if (zmq_msg_send(&id, s, ZMQ_SNDMORE) < 0) die("answering");
     if (h.what == pattern::push) {
-      send_view(s, &ack, sizeof ack, 0);
+      send_view(s, ack.data(), ack.size(), 0);
     } else {
       reply.resize(h.bytes, 1);
       send_view(s, reply.data(), reply.size(), 0);
