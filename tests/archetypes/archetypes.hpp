@@ -13,6 +13,7 @@
 #include "dtrain/concepts/completion.hpp"
 #include "dtrain/concepts/consistency.hpp"
 #include "dtrain/concepts/model.hpp"
+#include "dtrain/concepts/transport.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
@@ -38,6 +39,8 @@ struct transport_archetype {
   completion_archetype isend(int, std::uint64_t, const signature&, std::span<const std::byte>) { return {}; }
   completion_archetype irecv(int, std::uint64_t, std::span<std::byte>) { return {}; }
   completion_archetype irecv(int, std::uint64_t, std::vector<std::byte>&) { return {}; }
+  completion_archetype isend(int, std::uint64_t, const signature&, gather_list) { return {}; }
+  completion_archetype irecv(int, std::uint64_t, scatter_list, std::vector<std::byte>*) { return {}; }
 };
 
 template <class T>

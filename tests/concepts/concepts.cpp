@@ -48,12 +48,22 @@ struct transport_without_growing_receive : transport_archetype {
   completion_archetype irecv(int, std::uint64_t, std::vector<std::byte>&) = delete;
 };
 static_assert(!transport<transport_without_growing_receive>);
+struct transport_without_gathered_send : transport_archetype {
+  completion_archetype isend(int, std::uint64_t, const signature&, gather_list) = delete;
+};
+static_assert(!transport<transport_without_gathered_send>);
+struct transport_without_scattered_receive : transport_archetype {
+  completion_archetype irecv(int, std::uint64_t, scatter_list, std::vector<std::byte>*) = delete;
+};
+static_assert(!transport<transport_without_scattered_receive>);
 struct transport_without_memory_space {
   int rank() const noexcept { return 0; }
   int size() const noexcept { return 1; }
   completion_archetype isend(int, std::uint64_t, const signature&, std::span<const std::byte>) { return {}; }
   completion_archetype irecv(int, std::uint64_t, std::span<std::byte>) { return {}; }
   completion_archetype irecv(int, std::uint64_t, std::vector<std::byte>&) { return {}; }
+  completion_archetype isend(int, std::uint64_t, const signature&, gather_list) { return {}; }
+  completion_archetype irecv(int, std::uint64_t, scatter_list, std::vector<std::byte>*) { return {}; }
 };
 static_assert(!transport<transport_without_memory_space>);
 struct transport_with_bad_completion : transport_archetype {

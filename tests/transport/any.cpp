@@ -13,6 +13,7 @@
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/transport/any.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "parts_case.hpp"
 
 using namespace dtrain;
 using namespace dtrain::conformance;
@@ -37,6 +38,16 @@ TEST_CASE("any_transport: every collective over an erased transport matches the 
       CHECK(wrong.load() == 0);
     }
   }
+}
+
+TEST_CASE("any_transport: gathered sends and scattered receives pass through", "[transport][any]") {
+  parts_case::tally t;
+  run_inproc(2, [&](int r, inproc_transport e) {
+    any_transport erased(std::move(e));
+    parts_case::run(r, erased, t.checker());
+  });
+  for (const auto& what : t.failed) FAIL_CHECK(what);
+  CHECK(t.checks == parts_case::expected_checks);
 }
 
 TEST_CASE("any_transport: a timeout and a truncation still name the peer", "[transport][any]") {

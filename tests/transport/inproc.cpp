@@ -10,6 +10,7 @@
 #include "../catch.hpp"
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "parts_case.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
@@ -95,6 +96,14 @@ TEST_CASE("inproc: any_peer receives and resizing receives", "[transport][inproc
       s.wait(deadline::after(5s));
     }
   });
+}
+
+TEST_CASE("inproc: gathered sends and scattered receives, every fit, whichever side comes first",
+          "[transport][inproc]") {
+  parts_case::tally t;
+  run_inproc(2, [&](int r, inproc_transport e) { parts_case::run(r, e, t.checker()); });
+  for (const auto& what : t.failed) FAIL_CHECK(what);
+  CHECK(t.checks == parts_case::expected_checks);
 }
 
 TEST_CASE("inproc: a too-small buffer reports truncation and names the sender",

@@ -12,6 +12,7 @@
 #include "../catch.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/tcp.hpp"
+#include "parts_case.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
@@ -103,6 +104,13 @@ TEST_CASE("tcp: messages on one tag arrive in order, whichever side comes first"
       }
     }
   });
+}
+
+TEST_CASE("tcp: gathered sends and scattered receives, every fit, whichever side comes first", "[tcp]") {
+  parts_case::tally tally;
+  run_tcp(2, [&](int r, tcp_transport& t) { parts_case::run(r, t, tally.checker()); });
+  for (const auto& what : tally.failed) FAIL_CHECK(what);
+  CHECK(tally.checks == parts_case::expected_checks);
 }
 
 TEST_CASE("tcp: any_peer, tags, self-sends, resizing receives", "[tcp]") {

@@ -48,6 +48,7 @@
 #include "dtrain/detail/backoff.hpp"
 #include "dtrain/detail/handshake.hpp"
 #include "dtrain/detail/log.hpp"
+#include "dtrain/detail/message_parts.hpp"
 #include "dtrain/transport/progress.hpp"
 
 namespace dtrain::detail::tcp_engine {
@@ -73,10 +74,10 @@ struct operation {
   bool is_send = false;
   frame_kind kind = frame_kind::data;
   envelope env;                            // peer, tag, signature, size
-  std::span<const std::byte> data;         // send payload
+  send_parts data;                         // send payload, gathered
   std::string owned;                       // payload of control frames
-  std::span<std::byte> buffer;             // fixed receive buffer
-  std::vector<std::byte>* grow = nullptr;  // resizable receive buffer
+  receive_parts buffer;                    // receive: where a message that fits goes
+  std::vector<std::byte>* grow = nullptr;  // receive: where a larger one goes
 
   phase state = phase::queued;  // guarded by the engine lock
   frame_bytes header{};         // encoded when its write starts (sends)
@@ -94,7 +95,7 @@ struct operation {
     detail = std::move(why);
     flag.set();
   }
-  std::size_t total() const noexcept { return frame_header::size + data.size(); }
+  std::size_t total() const noexcept { return frame_header::size + data.bytes(); }
 };
 using op_ptr = std::shared_ptr<operation>;
 
@@ -136,7 +137,9 @@ struct connection {
   std::size_t rx_have = 0;  // header bytes so far
   frame_header rx_frame{};  // the frame being read
   std::uint64_t rx_seq = 0;
-  std::byte* rx_dst = nullptr;  // where the payload goes
+  receive_parts rx_parts;       // where the payload goes: rx_parts[rx_part] from rx_offset on
+  std::size_t rx_part = 0;
+  std::size_t rx_offset = 0;
   std::size_t rx_left = 0;      // payload (or discard) bytes still to read
   op_ptr rx_recv;               // the posted receive it is read into
   incoming_ptr rx_in;           // or the unexpected message
@@ -248,14 +251,14 @@ class engine {
 
   // --- messages -----------------------------------------------------------------------------
 
-  op_ptr send(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
+  op_ptr send(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
     auto op = std::make_shared<operation>();
     op->is_send = true;
-    op->env = envelope{peer, tag, sig, bytes.size()};
-    op->data = bytes;
-    if (bytes.size() > settings_.max_frame_bytes) {
+    op->data = send_parts(parts);
+    op->env = envelope{peer, tag, sig, op->data.bytes()};
+    if (op->data.bytes() > settings_.max_frame_bytes) {
       op->complete(make_error_code(errc::invalid_argument),
-                   "a message of " + std::to_string(bytes.size()) + " bytes exceeds max_frame_bytes (" +
+                   "a message of " + std::to_string(op->data.bytes()) + " bytes exceeds max_frame_bytes (" +
                        std::to_string(settings_.max_frame_bytes) + ")");
       return op;
     }
@@ -267,10 +270,11 @@ class engine {
     return op;
   }
 
-  op_ptr receive(int peer, std::uint64_t tag, std::span<std::byte> buffer, std::vector<std::byte>* grow) {
+  // A receive into `parts`, or into `grow` when the message is larger (transport concept, item 6).
+  op_ptr receive(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* grow) {
     auto op = std::make_shared<operation>();
     op->env = envelope{peer, tag, signature{}, 0};
-    op->buffer = buffer;
+    op->buffer = receive_parts(parts);
     op->grow = grow;
     std::unique_lock lock(m_);
     if (failed_) {
@@ -633,27 +637,27 @@ class engine {
   bool drain(connection& c) {
     if (c.reading.exchange(true, std::memory_order_acquire)) return false;
     while (true) {
-      std::byte* dst = nullptr;
-      std::size_t want = 0;
+      iovec iov[max_message_parts];
+      int parts = 1;
       switch (c.rx_phase) {
         case rx_state::header:
-          dst = c.rx_header.data() + c.rx_have;
-          want = frame_header::size - c.rx_have;
+          iov[0] = {c.rx_header.data() + c.rx_have, frame_header::size - c.rx_have};
           break;
         case rx_state::payload:
-          dst = c.rx_dst;
-          want = c.rx_left;
+          parts = payload_iov(c, iov);
           break;
         case rx_state::discard:
           c.rx_scratch.resize(1 << 16);
-          dst = c.rx_scratch.data();
-          want = std::min<std::size_t>(c.rx_left, c.rx_scratch.size());
+          iov[0] = {c.rx_scratch.data(), std::min<std::size_t>(c.rx_left, c.rx_scratch.size())};
           break;
         case rx_state::closed:
           c.reading.store(false, std::memory_order_release);
           return false;
       }
-      ssize_t got = ::recv(c.fd, dst, want, MSG_DONTWAIT);
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(parts);
+      ssize_t got = ::recvmsg(c.fd, &msg, MSG_DONTWAIT);
       if (got > 0) {
         auto n = static_cast<std::size_t>(got);
         if (c.rx_phase == rx_state::header) {
@@ -663,7 +667,7 @@ class engine {
             on_header(c);
           }
         } else {
-          if (c.rx_phase == rx_state::payload) c.rx_dst += n;
+          if (c.rx_phase == rx_state::payload) advance_payload(c, n);
           c.rx_left -= n;
           if (c.rx_left == 0) finish_payload(c);
         }
@@ -712,7 +716,7 @@ class engine {
           return;
         }
         c.rx_text.resize(h.length);
-        return expect_payload(c, c.rx_text.data(), h.length);
+        return expect_payload(c, receive_parts(std::span<std::byte>(c.rx_text)), h.length);
     }
     expect_discard(c, h.length);
   }
@@ -723,11 +727,40 @@ class engine {
     c.rx_closed.store(true, std::memory_order_release);
   }
 
-  void expect_payload(connection& c, std::byte* dst, std::size_t len) {
-    c.rx_dst = dst;
+  void expect_payload(connection& c, const receive_parts& into, std::size_t len) {
+    c.rx_parts = into;
+    c.rx_part = 0;
+    c.rx_offset = 0;
     c.rx_left = len;
     c.rx_phase = rx_state::payload;
     if (len == 0) finish_payload(c);
+  }
+
+  // The rest of the payload as iovecs: the parts from the cursor on, `rx_left` bytes in all (the
+  // parts may hold more than this message). @returns how many.
+  static int payload_iov(const connection& c, iovec* iov) noexcept {
+    int n = 0;
+    std::size_t left = c.rx_left;
+    for (std::size_t i = c.rx_part; i < c.rx_parts.count() && left > 0; ++i) {
+      const auto part = c.rx_parts[i].subspan(i == c.rx_part ? c.rx_offset : 0);
+      const std::size_t take = std::min(part.size(), left);
+      iov[n++] = {part.data(), take};
+      left -= take;
+    }
+    return n;
+  }
+
+  static void advance_payload(connection& c, std::size_t n) noexcept {
+    while (n > 0) {
+      const std::size_t room = c.rx_parts[c.rx_part].size() - c.rx_offset;
+      const std::size_t step = std::min(room, n);
+      c.rx_offset += step;
+      n -= step;
+      if (c.rx_offset == c.rx_parts[c.rx_part].size()) {
+        ++c.rx_part;
+        c.rx_offset = 0;
+      }
+    }
   }
 
   void expect_discard(connection& c, std::uint64_t len) {
@@ -750,11 +783,8 @@ class engine {
       recv->env.sig = h.sig;
       recv->env.bytes = len;
       c.rx_recv = recv;
-      if (recv->grow != nullptr) {
-        recv->grow->resize(len);
-        return expect_payload(c, recv->grow->data(), len);
-      }
-      if (len <= recv->buffer.size()) return expect_payload(c, recv->buffer.data(), len);
+      const landing into = land(recv->buffer, recv->grow, len);
+      if (!into.truncated) return expect_payload(c, into.parts, len);
       c.rx_truncated = true;  // too large for the posted buffer: consume it, report truncation
       return expect_discard(c, len);
     }
@@ -767,7 +797,7 @@ class engine {
     unexpected_.push_back(in);
     lock.unlock();
     c.rx_in = in;
-    expect_payload(c, in->data.get(), len);
+    expect_payload(c, receive_parts(std::span<std::byte>(in->data.get(), len)), len);
   }
 
   // The payload (or discarded bytes) of the current frame are in: complete what waited on it.
@@ -881,25 +911,28 @@ class engine {
           h.kind = op->kind;
           h.tag = op->env.tag;
           h.seq = c.tx_seq++;
-          h.length = op->kind == frame_kind::data ? op->data.size() : op->owned.size();
+          if (op->kind != frame_kind::data) op->data = send_parts(std::as_bytes(std::span(op->owned)));
+          h.length = op->data.bytes();
           h.sig = op->env.sig;
           op->header = encode_frame(h);
-          if (op->kind != frame_kind::data) op->data = std::as_bytes(std::span(op->owned));
           op->state = operation::phase::active;
         }
       }
       while (op->written < op->total()) {
-        iovec iov[2];
+        // The frame header, then the payload's parts, from where the last write stopped.
+        iovec iov[1 + max_message_parts];
         int n = 0;
-        if (op->written < frame_header::size) {
-          iov[n].iov_base = op->header.data() + op->written;
-          iov[n++].iov_len = frame_header::size - op->written;
-        }
-        std::size_t done_payload = op->written > frame_header::size ? op->written - frame_header::size : 0;
-        if (done_payload < op->data.size()) {
-          iov[n].iov_base = const_cast<std::byte*>(op->data.data()) + done_payload;
-          iov[n++].iov_len = op->data.size() - done_payload;
-        }
+        std::size_t skip = op->written;
+        auto add = [&](const std::byte* p, std::size_t len) {
+          if (skip >= len) {
+            skip -= len;
+            return;
+          }
+          iov[n++] = {const_cast<std::byte*>(p) + skip, len - skip};
+          skip = 0;
+        };
+        add(op->header.data(), frame_header::size);
+        for (auto part : op->data.view()) add(part.data(), part.size());
         msghdr msg{};
         msg.msg_iov = iov;
         msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(n);
@@ -1060,8 +1093,8 @@ class engine {
       in.peer = rank_;
       in.tag = op->env.tag;
       in.sig = op->env.sig;
-      in.length = op->data.size();
-      copy_into(in, op->data.data(), *recv);
+      in.length = op->data.bytes();
+      copy_into(in, op->data, *recv);
       op->complete({});
       return;
     }
@@ -1069,30 +1102,29 @@ class engine {
     in->peer = rank_;
     in->tag = op->env.tag;
     in->sig = op->env.sig;
-    in->length = op->data.size();
+    in->length = op->data.bytes();
     in->data = std::make_unique_for_overwrite<std::byte[]>(in->length == 0 ? 1 : in->length);
-    if (in->length != 0) std::memcpy(in->data.get(), op->data.data(), in->length);
+    scatter_copy(op->data, receive_parts(std::span<std::byte>(in->data.get(), in->length)));
     in->complete = true;
     unexpected_.push_back(std::move(in));
     lock.unlock();
     op->complete({});
   }
 
-  static void deliver(const incoming& in, operation& recv) { copy_into(in, in.data.get(), recv); }
+  static void deliver(const incoming& in, operation& recv) {
+    copy_into(in, send_parts(std::span<const std::byte>(in.data.get(), in.length)), recv);
+  }
 
-  static void copy_into(const incoming& in, const std::byte* src, operation& recv) {
+  static void copy_into(const incoming& in, const send_parts& from, operation& recv) {
     recv.env.peer = in.peer;
     recv.env.sig = in.sig;
     recv.env.bytes = in.length;
-    if (recv.grow != nullptr) {
-      recv.grow->resize(in.length);
-      if (in.length != 0) std::memcpy(recv.grow->data(), src, in.length);
-    } else if (in.length > recv.buffer.size()) {
+    const landing into = land(recv.buffer, recv.grow, in.length);
+    if (into.truncated) {
       recv.complete(make_error_code(errc::message_truncated));
       return;
-    } else if (in.length != 0) {
-      std::memcpy(recv.buffer.data(), src, in.length);
     }
+    scatter_copy(from, into.parts);
     recv.complete({});
   }
 

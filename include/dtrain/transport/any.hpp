@@ -106,8 +106,14 @@ class any_transport {
   request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
     return self_->isend(peer, tag, sig, bytes);
   }
+  request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
+    return self_->isend(peer, tag, sig, parts);
+  }
   request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) { return self_->irecv(peer, tag, buffer); }
   request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) { return self_->irecv(peer, tag, buffer); }
+  request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) {
+    return self_->irecv(peer, tag, parts, overflow);
+  }
 
  private:
   struct concept_t {
@@ -115,8 +121,10 @@ class any_transport {
     virtual int rank() const noexcept = 0;
     virtual int size() const noexcept = 0;
     virtual request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) = 0;
+    virtual request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) = 0;
     virtual request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) = 0;
     virtual request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) = 0;
+    virtual request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) = 0;
   };
   template <class T>
   struct model final : concept_t {
@@ -126,8 +134,14 @@ class any_transport {
     request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) override {
       return request(t_.isend(peer, tag, sig, bytes));
     }
+    request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) override {
+      return request(t_.isend(peer, tag, sig, parts));
+    }
     request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) override {
       return request(t_.irecv(peer, tag, buffer));
+    }
+    request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) override {
+      return request(t_.irecv(peer, tag, parts, overflow));
     }
     request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) override {
       return request(t_.irecv(peer, tag, buffer));

@@ -27,6 +27,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/detail/message_parts.hpp"
 #include "dtrain/detail/request_error.hpp"
 
 namespace dtrain {
@@ -42,9 +43,9 @@ struct operation {
   int self = 0;            // the rank that started it
   int mailbox = 0;         // the mailbox it is queued in (the receiver's)
   envelope env;            // peer = the other side (or any_peer), tag, signature, size
-  std::span<const std::byte> data;       // send payload
-  std::span<std::byte> buffer;           // fixed receive buffer
-  std::vector<std::byte>* grow = nullptr;  // resizable receive buffer
+  send_parts data;                         // send payload, gathered
+  receive_parts buffer;                    // receive: where a message that fits goes
+  std::vector<std::byte>* grow = nullptr;  // receive: where a larger one goes
 
   phase state = phase::queued;  // guarded by the mailbox lock until done
   std::mutex m;
@@ -77,20 +78,12 @@ inline bool matches(const operation& recv, int sender, std::uint64_t tag) {
 
 // Copies a matched send into a matched receive and completes both. Runs outside any mailbox lock.
 inline void deliver(operation& send, operation& recv) {
-  std::size_t n = send.data.size();
   recv.env.peer = send.self;
   recv.env.sig = send.env.sig;
-  recv.env.bytes = n;
-  std::error_code recv_ec;
-  if (recv.grow != nullptr) {
-    recv.grow->resize(n);
-    if (n != 0) std::memcpy(recv.grow->data(), send.data.data(), n);
-  } else if (n > recv.buffer.size()) {
-    recv_ec = make_error_code(errc::message_truncated);
-  } else if (n != 0) {
-    std::memcpy(recv.buffer.data(), send.data.data(), n);
-  }
-  recv.complete(recv_ec);
+  recv.env.bytes = send.data.bytes();
+  const landing into = land(recv.buffer, recv.grow, send.data.bytes());
+  if (!into.truncated) scatter_copy(send.data, into.parts);
+  recv.complete(into.truncated ? make_error_code(errc::message_truncated) : std::error_code{});
   send.complete({});
 }
 
@@ -104,14 +97,13 @@ class fabric {
 
   int size() const noexcept { return static_cast<int>(boxes_.size()); }
 
-  operation_ptr send(int self, int peer, std::uint64_t tag, const signature& sig,
-                     std::span<const std::byte> data) {
+  operation_ptr send(int self, int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
     auto op = std::make_shared<operation>();
     op->is_send = true;
     op->self = self;
     op->mailbox = peer;
-    op->env = envelope{peer, tag, sig, data.size()};
-    op->data = data;
+    op->data = send_parts(parts);
+    op->env = envelope{peer, tag, sig, op->data.bytes()};
     mailbox& box = *boxes_[static_cast<std::size_t>(peer)];
     std::unique_lock lock(box.m);
     if (box.closed) {
@@ -135,13 +127,12 @@ class fabric {
     return op;
   }
 
-  operation_ptr receive(int self, int peer, std::uint64_t tag, std::span<std::byte> buffer,
-                        std::vector<std::byte>* grow) {
+  operation_ptr receive(int self, int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* grow) {
     auto op = std::make_shared<operation>();
     op->self = self;
     op->mailbox = self;
     op->env = envelope{peer, tag, signature{}, 0};
-    op->buffer = buffer;
+    op->buffer = receive_parts(parts);
     op->grow = grow;
     mailbox& box = *boxes_[static_cast<std::size_t>(self)];
     std::unique_lock lock(box.m);
@@ -311,22 +302,34 @@ class inproc_transport {
   /// Starts sending `bytes` to `peer` on `tag`. @pre 0 <= peer < size().
   request isend(int peer, std::uint64_t tag, const signature& sig,
                 std::span<const std::byte> bytes) {
+    const std::span<const std::byte> one[1] = {bytes};
+    return isend(peer, tag, sig, gather_list(one));
+  }
+
+  /// Starts sending the bytes of `parts` as one message (copied straight into the receive).
+  /// @pre 0 <= peer < size(), parts.size() <= max_message_parts
+  request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
     DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
-    return {fabric_, fabric_->send(rank_, peer, tag, sig, bytes)};
+    return {fabric_, fabric_->send(rank_, peer, tag, sig, parts)};
   }
 
   /// Starts receiving from `peer` (or `any_peer`) on `tag` into `buffer`.
   request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) {
-    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()),
-                  "receive from a rank outside the group");
-    return {fabric_, fabric_->receive(rank_, peer, tag, buffer, nullptr)};
+    const std::span<std::byte> one[1] = {buffer};
+    return irecv(peer, tag, scatter_list(one), nullptr);
   }
 
   /// Starts receiving from `peer` (or `any_peer`) on `tag`, resizing `buffer` to the message.
   request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) {
+    return irecv(peer, tag, scatter_list{}, &buffer);
+  }
+
+  /// Starts receiving from `peer` (or `any_peer`) on `tag` into `parts`, or whole into
+  /// `*overflow` if larger (see the `transport` concept).
+  request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) {
     DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()),
                   "receive from a rank outside the group");
-    return {fabric_, fabric_->receive(rank_, peer, tag, {}, &buffer)};
+    return {fabric_, fabric_->receive(rank_, peer, tag, parts, overflow)};
   }
 
   /// Leaves the group now (the destructor does this too).

@@ -261,20 +261,33 @@ class basic_tcp_transport {
 
   /// Starts sending `bytes` to `peer` on `tag`. @pre 0 <= peer < size()
   request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
+    const std::span<const std::byte> one[1] = {bytes};
+    return isend(peer, tag, sig, gather_list(one));
+  }
+
+  /// Starts sending the bytes of `parts` as one message, written from where they are (one
+  /// gathered `sendmsg`). @pre 0 <= peer < size(), parts.size() <= max_message_parts
+  request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
     DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
-    return {engine_, engine_->send(peer, tag, sig, bytes)};
+    return {engine_, engine_->send(peer, tag, sig, parts)};
   }
 
   /// Starts receiving from `peer` (or `any_peer`) on `tag` into `buffer`.
   request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) {
-    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
-    return {engine_, engine_->receive(peer, tag, buffer, nullptr)};
+    const std::span<std::byte> one[1] = {buffer};
+    return irecv(peer, tag, scatter_list(one), nullptr);
   }
 
   /// Starts receiving from `peer` (or `any_peer`) on `tag`, resizing `buffer` to the message.
   request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) {
+    return irecv(peer, tag, scatter_list{}, &buffer);
+  }
+
+  /// Starts receiving from `peer` (or `any_peer`) on `tag`, read straight into `parts`, or whole
+  /// into `*overflow` if larger (see the `transport` concept).
+  request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) {
     DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
-    return {engine_, engine_->receive(peer, tag, {}, &buffer)};
+    return {engine_, engine_->receive(peer, tag, parts, overflow)};
   }
 
   /// Why the group failed (which rank was lost, and how); empty while it is healthy.
