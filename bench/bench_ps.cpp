@@ -8,6 +8,8 @@
 //
 // GB/s counts the value bytes moved by all workers (push: the tensor; pull: the tensor;
 // push+pull: both); M keys/s counts keys per push+pull round (each key pushed and pulled once).
+// `--depth K` puts K tensors of each size in flight before a round waits for them, as ps-lite's
+// test_benchmark does with its keys (40 per server); time is per tensor.
 // push+pull is one `push_pull` request per server (ps-lite's ZPushPull, as its benchmark's
 // PUSH_PULL mode): the server applies the push and answers with the new values.
 
@@ -72,6 +74,8 @@ int main(int argc, char** argv) {
   bool no_key_cache = false;
   app.add_option("--slice-kib", slice_kib, "dense slice size (ps_options::dense_slice_bytes) in KiB");
   app.add_flag("--no-key-cache", no_key_cache, "send every key list in full (ps_options::key_cache_lists = 0)");
+  int depth = 1;
+  app.add_option("--depth", depth, "dense tensors of each size in flight per round")->check(CLI::Range(1, 64));
   app.add_option("--only", only, "measure only dense or only sparse")->check(CLI::IsMember({"dense", "sparse"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -92,16 +96,21 @@ int main(int argc, char** argv) {
   for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
     if (only == "sparse") break;
     const std::size_t n = bytes / sizeof(float);
-    const auto tensor = w.add_dense(n);
-    std::vector<float> grad(n, 1e-3f), values(n);
+    std::vector<std::size_t> tensors;
+    for (int k = 0; k < depth; ++k) tensors.push_back(w.add_dense(n));
+    std::vector<float> grad(n, 1e-3f);
+    std::vector<std::vector<float>> values(tensors.size(), std::vector<float>(n));
+    std::vector<worker_t::request> round(tensors.size());
     for (const char* what : {"push", "pull", "push+pull"}) {
       const std::string op = what;
       const double s = time_op([&] {
-        worker_t::request q = op == "push"   ? w.push_dense(tensor, grad)
-                              : op == "pull" ? w.pull_dense(tensor, values)
-                                             : w.push_pull_dense(tensor, grad, values);
-        w.wait(q);
-      }, seconds, 3);
+        for (std::size_t k = 0; k < tensors.size(); ++k) {
+          round[k] = op == "push"   ? w.push_dense(tensors[k], grad)
+                     : op == "pull" ? w.pull_dense(tensors[k], values[k])
+                                    : w.push_pull_dense(tensors[k], grad, values[k]);
+        }
+        for (auto& q : round) w.wait(q);
+      }, seconds, 3) / static_cast<double>(depth);
       const double moved = static_cast<double>(bytes) * (op == "push+pull" ? 2 : 1) * r.workers;
       results.push_back({"dense " + op, bytes, 0, s, moved / s / 1e9, 0});
     }
@@ -122,7 +131,8 @@ int main(int argc, char** argv) {
                      static_cast<double>(keys.size()) * r.workers / s / 1e6});
   w.finish();
   if (w.id() == 0) {
-    fmt::print("# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers\n", r.servers, r.workers);
+    fmt::print("# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers, {} dense tensor(s) in flight, "
+               "{} KiB slices\n", r.servers, r.workers, depth, slice_kib);
     fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "op", "size(B)", "keys", "time(us)", "GB/s", "Mkeys/s");
     std::string out = "[\n";
     for (std::size_t i = 0; i < results.size(); ++i) {
