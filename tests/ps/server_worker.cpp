@@ -375,7 +375,7 @@ TEST_CASE("a request naming a key cache slot the server does not hold is refused
       const message m = encode_request<float>(h, keys, values);
       t.isend(0, o.tag, signature{}, m.bytes()).wait(deadline::after(o.timeout));
       std::vector<std::byte> reply;
-      t.irecv(0, o.tag + 1, reply).wait(deadline::after(o.timeout));
+      t.irecv(0, reply_tag(o.tag, h.id), reply).wait(deadline::after(o.timeout));
       const auto rh = decode_response(reply, 0);
       return rh.status == 0 ? std::string() : std::string(reinterpret_cast<const char*>(reply.data()) + header_bytes,
                                                            reply.size() - header_bytes);

@@ -141,22 +141,36 @@ struct outgoing_message {
   std::optional<Handle> handle;
 };
 
+/// The tag the reply to request `id` travels on, when requests use `request_tag`. Each request
+/// has its own, so the worker posts the reply's receive with its destination (the caller's
+/// buffer) before sending and the values land there; id 0 is for replies to requests whose id
+/// could not be read.
+constexpr std::uint64_t reply_tag(std::uint64_t request_tag, std::uint64_t id) noexcept { return request_tag + 1 + id; }
+
+/// Writes a request's header: `keys` is the key count that follows it (with `key_cache::use`,
+/// the count of the cached list, which stays behind).
+inline void encode_request_header(const request_header& h, std::uint64_t keys, std::span<std::byte, header_bytes> out) {
+  std::byte* b = out.data();
+  detail::put_common(b, h.what, static_cast<std::uint8_t>(h.table));
+  detail::put(b + 6, static_cast<std::uint8_t>(h.cache));
+  detail::put(b + 7, h.cache_slot);
+  detail::put(b + 8, h.id);
+  detail::put(b + 16, h.clock);
+  detail::put(b + 24, h.basis);
+  detail::put(b + 32, keys);
+  detail::put(b + 40, h.length);
+  detail::put(b + 44, h.worker);
+}
+
 /// A request: header, `keys` (u64 each), then `values` bytes. With `key_cache::use` the keys
-/// stay behind (pass none) and the header's key count is `h.keys`.
+/// stay behind (pass none) and the header's key count is `h.keys`. (A worker sends the header,
+/// keys and values where they are, gathered; this contiguous form is for tests and heartbeats.)
 template <class T>
 message encode_request(const request_header& h, std::span<const std::uint64_t> keys, std::span<const T> values) {
   const bool cached = h.cache == key_cache::use;
   DTRAIN_ASSERT(!cached || keys.empty(), "a request that uses cached keys carries none");
   message b(header_bytes + keys.size() * 8 + values.size_bytes());
-  detail::put_common(b.data(), h.what, static_cast<std::uint8_t>(h.table));
-  detail::put(b.data() + 6, static_cast<std::uint8_t>(h.cache));
-  detail::put(b.data() + 7, h.cache_slot);
-  detail::put(b.data() + 8, h.id);
-  detail::put(b.data() + 16, h.clock);
-  detail::put(b.data() + 24, h.basis);
-  detail::put(b.data() + 32, static_cast<std::uint64_t>(cached ? h.keys : keys.size()));
-  detail::put(b.data() + 40, h.length);
-  detail::put(b.data() + 44, h.worker);
+  encode_request_header(h, cached ? h.keys : keys.size(), std::span<std::byte, header_bytes>(b.data(), header_bytes));
   std::byte* p = b.data() + header_bytes;
   if constexpr (std::endian::native == std::endian::little) {
     if (!keys.empty()) std::memcpy(p, keys.data(), keys.size_bytes());

@@ -57,7 +57,8 @@ enum class dead_worker_policy {
 
 /// Tags and timings shared by servers and workers.
 struct ps_options {
-  /// Requests use `tag`, replies `tag + 1`.
+  /// Requests use `tag`; the reply to request i uses `reply_tag(tag, i)`, `tag + 1 + i`. Give
+  /// other traffic on the same transport tags outside [tag, tag + 1 + requests].
   std::uint64_t tag = 0x70735f7265710000;  // "ps_req"
   /// How often workers send heartbeats, and how long a server waits before declaring one dead.
   std::chrono::milliseconds heartbeat_interval{1000};
@@ -682,11 +683,13 @@ class server {
     send(to, encode_error(h, code, text));
   }
 
+  // Sends a reply on the tag of the request it answers (its id is in the reply's header).
   void send(int to, message bytes) {
     stats_.bytes_out += bytes.size();
+    const std::uint64_t id = dtrain::detail::wire::get<std::uint64_t>(bytes.data() + 8);
     sends_.emplace_back(std::move(bytes));
     auto& s = sends_.back();
-    s.handle.emplace(transport_.isend(to, options_.tag + 1, signature{}, s.bytes.bytes()));
+    s.handle.emplace(transport_.isend(to, reply_tag(options_.tag, id), signature{}, s.bytes.bytes()));
   }
 
   void reap_sends() {

@@ -15,8 +15,16 @@
 /// w.finish();
 /// @endcode
 /// Not thread-safe: one thread per worker object (the heartbeat thread is internal).
+///
+/// Nothing is copied on the worker: a request is sent gathered from its header and the caller's
+/// keys and values, and a reply's values are received straight into the caller's `out` (each
+/// request's reply has its own tag, and its receive is posted before the request leaves). So
+/// keys, values and `out` must stay valid, and keys and values unchanged, until the request has
+/// been waited for; after a failed request, `out` holds unspecified values.
 
+#include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -37,7 +45,6 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
-#include "dtrain/detail/receive_ring.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/server.hpp"
@@ -91,26 +98,16 @@ class worker {
     }
     id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
     key_cache_.resize(static_cast<std::size_t>(roles_.servers));
-    // Receives are posted per server: a wait then reads that server's connection itself (no
-    // hand-off through the transport's reader thread, as a receive from any peer needs), and a
-    // server's replies arrive in the order it sent them.
-    replies_ = std::vector<reply_ring>(static_cast<std::size_t>(roles_.servers));
-    for (int srv = 0; srv < roles_.servers; ++srv) {
-      replies_[static_cast<std::size_t>(srv)].start(transport_, roles_.server_rank(srv), options_.tag + 1);
-    }
     request hello;
-    const std::uint64_t config[4] = {static_cast<std::uint64_t>(roles_.servers),
-                                     static_cast<std::uint64_t>(roles_.workers), name_digest(Consistency::name),
-                                     sizeof(T)};
     for (int s = 0; s < roles_.servers; ++s) {
-      hello.ids_.push_back(send(s, op::hello, table_id::sparse, config, std::span<const T>{}, 0, nullptr));
+      hello.ids_.push_back(send(s, op::hello, table_id::sparse, config_, std::span<const T>{}, 0, nullptr));
     }
     try {
       wait(hello, deadline::after(options_.timeout));
     } catch (const error& e) {
       std::string missing;
       for (auto id : hello.ids_) {
-        if (auto it = pending_.find(id); it != pending_.end() && !it->second.done) {
+        if (auto it = pending_.find(id); it != pending_.end() && !it->second.answer->test()) {
           missing += (missing.empty() ? "" : ", ") + std::to_string(it->second.server);
         }
       }
@@ -139,7 +136,6 @@ class worker {
     } catch (...) {
     }
     stop_heartbeat();
-    for (auto& ring : replies_) ring.cancel();
   }
 
   /// Pushes `values` (keys.size() * length) for sorted, unique `keys` in the current clock.
@@ -214,18 +210,13 @@ class worker {
       ~mark_broken() { broken = broken || !ok; }
     } guard{broken_};
     for (std::uint64_t id : r.ids_) {
-      for (;;) {
-        auto it = pending_.find(id);
-        if (it == pending_.end()) break;  // consumed by an earlier wait
-        if (it->second.done) {
-          const std::string failure = std::move(it->second.failure);
-          const errc code = it->second.code;
-          pending_.erase(it);
-          if (!failure.empty()) throw error(code, failure);
-          break;
-        }
-        receive_one(d, it->second);
-      }
+      auto it = pending_.find(id);
+      if (it == pending_.end()) continue;  // consumed by an earlier wait
+      take_reply(it->second, d);
+      const std::string failure = std::move(it->second.failure);
+      const errc code = it->second.code;
+      pending_.erase(it);
+      if (!failure.empty()) throw error(code, failure);
     }
     r.ids_.clear();
     guard.ok = true;
@@ -289,33 +280,47 @@ class worker {
     }
   }
 
+  using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, gather_list{}));
+  using receive_handle = decltype(std::declval<Transport&>().irecv(0, 0, scatter_list{}, nullptr));
+
+  // One request in flight: what it sends, where its reply lands, and what became of it. Lives in
+  // a std::map, so the buffers the transport holds never move.
   struct pending {
+    std::uint64_t id = 0;
     int server = 0;
     op what = op::heartbeat;
-    bool done = false;
     std::optional<destination> into;
     std::string failure;
     errc code = errc::protocol_error;
+    std::array<std::byte, header_bytes> request{};  // the request's header, sent first
+    std::vector<key_type> own_keys;                  // keys the request carries that the caller does not hold
+    std::vector<T> own_values;                       // likewise its values
+    std::array<std::byte, header_bytes> reply{};     // the reply's header lands here...
+    std::span<std::byte> reply_values;               // ...and its values here (the caller's buffer)
+    std::vector<std::byte> overflow;                 // a reply that does not fit those (an error's text)
+    std::optional<send_handle> sent;
+    std::optional<receive_handle> answer;
   };
-
-  using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
 
   // A push (values), pull (out) or push_pull (both) of sorted, unique keys, split by server.
   request sparse_request(op what, std::span<const key_type> keys, std::span<const T> values, std::span<T> out,
                          std::size_t length) {
     const bool pushes = what != op::pull, pulls = what != op::push;
     request r;
-    std::vector<T> gathered;
     split_by_server(keys, [&](int s, std::span<const key_type> mine, std::size_t first,
                               std::span<const std::uint32_t> positions) {
       std::span<const T> v;
       if (pushes) v = values.subspan(first * length, mine.size() * length);
-      if (pushes && !positions.empty()) {  // scattered keys: gather their values
-        gathered.resize(positions.size() * length);
-        for (std::size_t j = 0; j < positions.size(); ++j) {
-          std::copy_n(values.data() + static_cast<std::size_t>(positions[j]) * length, length, gathered.data() + j * length);
+      std::vector<key_type> own_keys;
+      std::vector<T> gathered;
+      if (!positions.empty()) {  // scattered keys: the request carries copies of them and their values
+        own_keys.assign(mine.begin(), mine.end());
+        if (pushes) {
+          gathered.resize(positions.size() * length);
+          for (std::size_t j = 0; j < positions.size(); ++j) {
+            std::copy_n(values.data() + static_cast<std::size_t>(positions[j]) * length, length, gathered.data() + j * length);
+          }
         }
-        v = gathered;
       }
       std::optional<destination> d;
       if (pulls) {
@@ -323,7 +328,8 @@ class worker {
                 ? destination{out.data() + first * length, {}, length, mine.size()}
                 : destination{out.data(), std::vector<std::uint32_t>(positions.begin(), positions.end()), length, 0};
       }
-      r.ids_.push_back(send(s, what, table_id::sparse, mine, v, length, d ? &*d : nullptr));
+      r.ids_.push_back(send(s, what, table_id::sparse, mine, v, length, d ? &*d : nullptr, std::move(own_keys),
+                            std::move(gathered)));
     });
     count(what, keys.size());
     return r;
@@ -335,12 +341,12 @@ class worker {
     const auto [first, last] = dense_layout_.slices_of(tensor);
     for (std::size_t i = first; i < last; ++i) {
       const auto& sl = dense_layout_.slices()[i];
-      const key_type key = sl.key;
       std::optional<destination> d;
       if (what != op::push) d = destination{out.data() + sl.offset, {}, sl.count, 1};
-      r.ids_.push_back(send(sl.server, what, table_id::dense, std::span<const key_type>(&key, 1),
+      // The slice's key travels from the request's own copy (the layout may grow meanwhile).
+      r.ids_.push_back(send(sl.server, what, table_id::dense, {},
                             what != op::pull ? values.subspan(sl.offset, sl.count) : std::span<const T>{}, sl.count,
-                            d ? &*d : nullptr));
+                            d ? &*d : nullptr, std::vector<key_type>{sl.key}));
     }
     count(what, dense_layout_.tensor_size(tensor));
     return r;
@@ -376,9 +382,27 @@ class worker {
     }
   }
 
+  // Sends one request, gathered from its header, `keys` and `values` (or `own_keys` and
+  // `own_values` when given: copies the request itself keeps), after posting the receive of its
+  // reply: its header into the pending entry, its values (a pull of a run of keys) straight into
+  // the caller's buffer.
   std::uint64_t send(int server, op what, table_id which, std::span<const key_type> keys, std::span<const T> values,
-                     std::size_t length, const destination* into) {
+                     std::size_t length, const destination* into, std::vector<key_type> own_keys = {},
+                     std::vector<T> own_values = {}) {
     const std::uint64_t id = next_id_++;
+    pending& p = pending_[id];
+    p.id = id;
+    p.server = server;
+    p.what = what;
+    p.own_keys = std::move(own_keys);
+    p.own_values = std::move(own_values);
+    if (!p.own_keys.empty()) keys = p.own_keys;
+    if (!p.own_values.empty()) values = p.own_values;
+    if constexpr (std::endian::native != std::endian::little) {  // keys travel little-endian
+      if (p.own_keys.empty()) p.own_keys.assign(keys.begin(), keys.end());
+      for (auto& k : p.own_keys) k = __builtin_bswap64(k);
+      keys = p.own_keys;
+    }
     request_header h{what, which, id, clock_, basis_[static_cast<std::size_t>(server)], keys.size(),
                      static_cast<std::uint32_t>(length), id_};
     if (carries_keys(what) && which == table_id::sparse && options_.key_cache_lists > 0 && keys.size() >= options_.key_cache_min_keys) {
@@ -387,16 +411,19 @@ class worker {
       h.cache_slot = slot;
       if (hit) keys = {};  // the server has them
     }
-    message bytes = encode_request<T>(h, keys, values);
-    stats_.bytes_out += bytes.size();
-    pending& p = pending_[id];
-    p.server = server;
-    p.what = what;
-    if (into != nullptr) p.into = *into;
-    outgoing_.emplace_back(std::move(bytes));
-    outgoing_.back().handle.emplace(
-        transport_.isend(roles_.server_rank(server), options_.tag, signature{}, outgoing_.back().bytes.bytes()));
-    while (!outgoing_.empty() && outgoing_.front().handle->test()) outgoing_.pop_front();
+    encode_request_header(h, h.cache == key_cache::use ? h.keys : keys.size(), std::span(p.request));
+    if (into != nullptr) {
+      p.into = *into;
+      if (into->run > 0) p.reply_values = std::as_writable_bytes(std::span(into->out, into->run * into->length));
+    }
+    // A pull of scattered keys has no run to land in: its values come whole into the overflow.
+    const std::span<std::byte> reply_parts[] = {std::span(p.reply), p.reply_values};
+    p.answer.emplace(transport_.irecv(roles_.server_rank(server), reply_tag(options_.tag, id),
+                                      scatter_list(reply_parts), &p.overflow));
+    const std::span<const std::byte> request_parts[] = {std::span<const std::byte>(p.request), std::as_bytes(keys),
+                                                        std::as_bytes(values)};
+    p.sent.emplace(transport_.isend(roles_.server_rank(server), options_.tag, signature{}, gather_list(request_parts)));
+    stats_.bytes_out += header_bytes + keys.size_bytes() + values.size_bytes();
     return id;
   }
 
@@ -421,57 +448,51 @@ class worker {
     return {static_cast<std::uint8_t>(slot), false};
   }
 
-  // Receives one reply (for whichever request it answers) under `d`.
-  void receive_one(deadline d, const pending& waiting_for) {
-    const int server = waiting_for.server;
-    reply_ring& ring = replies_[static_cast<std::size_t>(server)];
-    auto& receive = ring.current();
-    const std::vector<std::byte>& inbox = ring.message();
+  // Waits for the reply to `p` under `d` and reads it: a refusal becomes `p.failure`; a pull's
+  // values are already in place (a run of keys) or are copied to their positions.
+  void take_reply(pending& p, deadline d) {
+    const int server = roles_.server_rank(p.server);
     std::error_code ec;
-    if (!receive.wait(d, ec)) {
-      throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " +
-                          std::to_string(waiting_for.server) + " to answer a " + op_name(waiting_for.what));
+    if (!p.answer->wait(d, ec)) {
+      throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " + std::to_string(p.server) +
+                          " to answer a " + op_name(p.what));
     }
-    const int from = receive.info().peer;
-    stats_.bytes_in += inbox.size();
-    const response_header h = decode_response(inbox, from);
-    auto it = pending_.find(h.id);
-    if (it == pending_.end()) {
-      ring.advance();
-      throw error(errc::protocol_error, "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) +
-                                            " answered request " + std::to_string(h.id) + ", which is not outstanding");
+    p.sent->wait(d);  // written before the server could answer; this only collects its status
+    const std::size_t bytes = p.answer->info().bytes;
+    stats_.bytes_in += bytes;
+    const bool whole = bytes > header_bytes + p.reply_values.size();  // it came into the overflow
+    const std::span<const std::byte> message = whole ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
+    const response_header h = decode_response(message.first(std::min(bytes, message.size())), server);
+    const std::span<const std::byte> payload =
+        whole ? message.subspan(header_bytes) : std::span<const std::byte>(p.reply_values).first(bytes - header_bytes);
+    const std::string from = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(server);
+    if (h.id != p.id) {
+      p.failure = from + " answered request " + std::to_string(h.id) + " on the tag of another";
+      return;
     }
-    pending& p = it->second;
-    p.done = true;
     if (p.what == op::hello && h.status == 0) {
       hello_clocks_.resize(static_cast<std::size_t>(roles_.servers), 0);
       hello_clocks_[static_cast<std::size_t>(p.server)] = h.slowest;
     }
-    const std::span<const std::byte> payload = std::span<const std::byte>(inbox).subspan(header_bytes);
     if (h.status != 0) {
       p.code = static_cast<errc>(h.status);
-      p.failure = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) + " refused a " +
-                  op_name(p.what) + ": " + std::string(reinterpret_cast<const char*>(payload.data()), payload.size());
-    } else if (p.into) {
-      const destination& dst = *p.into;
-      if (payload.size() != dst.keys() * dst.length * sizeof(T)) {
-        p.failure = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(from) + " sent " +
-                    std::to_string(payload.size()) + " bytes for a pull of " + std::to_string(dst.keys()) + " keys";
-      } else if (dst.run > 0) {
-        std::memcpy(dst.out, payload.data(), payload.size());
-      } else {
-        for (std::size_t j = 0; j < dst.positions.size(); ++j) {
-          std::memcpy(dst.out + static_cast<std::size_t>(dst.positions[j]) * dst.length,
-                      payload.data() + j * dst.length * sizeof(T), dst.length * sizeof(T));
-        }
-      }
-      if (p.failure.empty()) {
-        auto& basis = basis_[static_cast<std::size_t>(p.server)];
-        ++stats_.pull_advance_histogram[std::min<std::size_t>(h.version - std::min(h.version, basis), 32)];
-        basis = std::max(basis, h.version);
-      }
+      p.failure = from + " refused a " + op_name(p.what) + ": " +
+                  std::string(reinterpret_cast<const char*>(payload.data()), payload.size());
+      return;
     }
-    ring.advance();
+    if (!p.into) return;
+    const destination& dst = *p.into;
+    if (payload.size() != dst.keys() * dst.length * sizeof(T)) {
+      p.failure = from + " sent " + std::to_string(payload.size()) + " bytes for a pull of " + std::to_string(dst.keys()) + " keys";
+      return;
+    }
+    for (std::size_t j = 0; j < dst.positions.size(); ++j) {  // scattered keys; a run is in place
+      std::memcpy(dst.out + static_cast<std::size_t>(dst.positions[j]) * dst.length,
+                  payload.data() + j * dst.length * sizeof(T), dst.length * sizeof(T));
+    }
+    auto& basis = basis_[static_cast<std::size_t>(p.server)];
+    ++stats_.pull_advance_histogram[std::min<std::size_t>(h.version - std::min(h.version, basis), 32)];
+    basis = std::max(basis, h.version);
   }
 
   static const char* op_name(op o) noexcept {
@@ -512,8 +533,6 @@ class worker {
     if (heartbeat_.joinable()) heartbeat_.join();
   }
 
-  using outgoing = outgoing_message<send_handle>;
-
   Transport transport_;
   roles roles_;
   Sharding sharding_;
@@ -530,12 +549,13 @@ class worker {
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
   std::vector<std::int64_t> hello_clocks_;
+  // What a hello carries (as keys), checked by every server: servers, workers, the consistency
+  // model, the value size.
+  const std::array<std::uint64_t, 4> config_{static_cast<std::uint64_t>(roles_.servers),
+                                             static_cast<std::uint64_t>(roles_.workers),
+                                             name_digest(Consistency::name), sizeof(T)};
   std::uint64_t next_id_ = 1;
-  std::map<std::uint64_t, pending> pending_;
-  std::deque<outgoing> outgoing_;
-  // Two receives stay posted per server, so pipelined replies (a sliced tensor's) land in place.
-  using reply_ring = dtrain::detail::receive_ring<Transport>;
-  std::vector<reply_ring> replies_;  // per server; never resized once its receives are posted
+  std::map<std::uint64_t, pending> pending_;  // declared after transport_: its receives go first
   worker_stats stats_;
   bool finished_ = false, broken_ = false;
   std::mutex beat_mutex_;
