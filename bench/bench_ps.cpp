@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
   app.add_option("--slice-kib", slice_kib, "dense slice size (ps_options::dense_slice_bytes) in KiB");
   app.add_flag("--no-key-cache", no_key_cache, "send every key list in full (ps_options::key_cache_lists = 0)");
   int depth = 1;
+  std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
+  app.add_option("--sizes", sizes, "dense tensor bytes")->check(CLI::Range(std::size_t{4}, std::size_t{1} << 30));
   app.add_option("--depth", depth, "dense tensors of each size in flight per round")->check(CLI::Range(1, 64));
   app.add_option("--only", only, "measure only dense or only sparse")->check(CLI::IsMember({"dense", "sparse"}));
   CLI11_PARSE(app, argc, argv);
@@ -93,7 +95,7 @@ int main(int argc, char** argv) {
   }
   worker_t w(std::move(t), r, range_sharding(r.servers, std::uint64_t{1} << 24), o);
   std::vector<result> results;
-  for (std::size_t bytes : {std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
+  for (std::size_t bytes : sizes) {
     if (only == "sparse") break;
     const std::size_t n = bytes / sizeof(float);
     std::vector<std::size_t> tensors;
