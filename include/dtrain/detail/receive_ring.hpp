@@ -1,10 +1,10 @@
 #pragma once
-// Receives from one source (a peer, or any peer) kept posted `Slots` deep and taken in the order
-// they were posted. A message that arrives while the previous one is still being handled lands in
+// Receives from one source (a peer, or any peer) kept posted a fixed number deep and taken in the
+// order they were posted. A message that arrives while the previous one is still being handled lands in
 // a buffer of its own; with a single posted receive it would go to the transport's unexpected
 // queue instead, costing an allocation and a copy each time the sender pipelines its messages.
 
-#include <array>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -13,7 +13,7 @@
 
 namespace dtrain::detail {
 
-template <class Transport, std::size_t Slots = 2>
+template <class Transport>
 class receive_ring {
  public:
   using handle = decltype(std::declval<Transport&>().irecv(0, 0, std::declval<std::vector<std::byte>&>()));
@@ -23,12 +23,15 @@ class receive_ring {
   receive_ring(const receive_ring&) = delete;
   receive_ring& operator=(const receive_ring&) = delete;
 
-  /// Posts every slot for messages from `peer` (or any peer) on `tag`.
-  void start(Transport& transport, int peer, std::uint64_t tag) {
+  /// Posts `slots` (at least one) receives for messages from `peer` (or any peer) on `tag`.
+  void start(Transport& transport, int peer, std::uint64_t tag, std::size_t slots) {
     transport_ = &transport;
     peer_ = peer;
     tag_ = tag;
-    for (std::size_t slot = 0; slot < Slots; ++slot) post(slot);
+    // Sized once: the posted receives hold the buffers' addresses.
+    buffers_ = std::vector<std::vector<std::byte>>(std::max<std::size_t>(slots, 1));
+    receives_ = std::vector<std::optional<handle>>(buffers_.size());
+    for (std::size_t slot = 0; slot < buffers_.size(); ++slot) post(slot);
   }
 
   /// The receive the next message completes.
@@ -40,7 +43,7 @@ class receive_ring {
   /// keeps its size, so a message of the same size costs no zero-filling.
   void advance() {
     post(next_);
-    next_ = (next_ + 1) % Slots;
+    next_ = (next_ + 1) % buffers_.size();
   }
 
   void cancel() noexcept {
@@ -55,8 +58,8 @@ class receive_ring {
   Transport* transport_ = nullptr;
   int peer_ = 0;
   std::uint64_t tag_ = 0;
-  std::array<std::vector<std::byte>, Slots> buffers_;
-  std::array<std::optional<handle>, Slots> receives_;
+  std::vector<std::vector<std::byte>> buffers_;
+  std::vector<std::optional<handle>> receives_;
   std::size_t next_ = 0;
 };
 

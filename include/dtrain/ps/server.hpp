@@ -68,6 +68,10 @@ struct ps_options {
   dead_worker_policy on_dead_worker = dead_worker_policy::abort;
   /// How long a server looks for the next request before it sleeps (0: never spins).
   std::chrono::microseconds spin{50};
+  /// How many request receives a server keeps posted. Each holds a buffer as large as the largest
+  /// request it took (up to a dense slice), so the server's memory grows by up to this many slices;
+  /// requests beyond it still arrive, through the transport's unexpected queue (a copy each).
+  std::size_t posted_requests = 8;
   /// Dense tensors are cut into slices of at most this many bytes, spread over the servers.
   std::size_t dense_slice_bytes = std::size_t{4} << 20;
   /// Key caching: a worker remembers the last `key_cache_lists` sparse key lists of at least
@@ -146,9 +150,10 @@ class server {
   ///   naming a worker that went silent (policy `abort`); the transport's errors.
   void run() {
     const auto start = clock::now();
-    // Two receives stay posted, so a worker's pipelined requests (a sliced tensor's) land in place.
+    // Several receives stay posted, so the workers' pipelined requests (a sliced tensor's, or
+    // many tensors') land in place instead of in the transport's unexpected queue.
     dtrain::detail::receive_ring<Transport> requests;
-    requests.start(transport_, any_peer, options_.tag);
+    requests.start(transport_, any_peer, options_.tag, options_.posted_requests);
     for (;;) {
       auto& request = requests.current();
       std::error_code ec;
