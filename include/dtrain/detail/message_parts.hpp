@@ -85,4 +85,12 @@ inline void scatter_copy(const send_parts& from, const receive_parts& to) noexce
   }
 }
 
+// Copies a whole message, gathered in `from`, into a receive of `parts` with `overflow` (where
+// `land` says). @returns false if it fits neither: the receive is then truncated.
+inline bool copy_message(const send_parts& from, const receive_parts& parts, std::vector<std::byte>* overflow) {
+  const landing into = land(parts, overflow, from.bytes());
+  if (!into.truncated) scatter_copy(from, into.parts);
+  return !into.truncated;
+}
+
 }  // namespace dtrain::detail

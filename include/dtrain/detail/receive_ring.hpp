@@ -1,8 +1,9 @@
 #pragma once
 // Receives from one source (a peer, or any peer) kept posted a fixed number deep and taken in the
-// order they were posted. A message that arrives while the previous one is still being handled lands in
-// a buffer of its own; with a single posted receive it would go to the transport's unexpected
-// queue instead, costing an allocation and a copy each time the sender pipelines its messages.
+// order they were posted. A message that arrives while the previous one is still being handled
+// lands in a buffer of its own; with a single posted receive it would go to the transport's
+// unexpected queue instead, costing an allocation and a copy each time the sender pipelines its
+// messages.
 
 #include <algorithm>
 #include <cstddef>

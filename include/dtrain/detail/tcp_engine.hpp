@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -137,9 +138,8 @@ struct connection {
   std::size_t rx_have = 0;  // header bytes so far
   frame_header rx_frame{};  // the frame being read
   std::uint64_t rx_seq = 0;
-  receive_parts rx_parts;       // where the payload goes: rx_parts[rx_part] from rx_offset on
-  std::size_t rx_part = 0;
-  std::size_t rx_offset = 0;
+  receive_parts rx_parts;       // where the payload goes
+  std::size_t rx_done = 0;      // payload bytes read into rx_parts so far
   std::size_t rx_left = 0;      // payload (or discard) bytes still to read
   op_ptr rx_recv;               // the posted receive it is read into
   incoming_ptr rx_in;           // or the unexpected message
@@ -644,7 +644,7 @@ class engine {
           iov[0] = {c.rx_header.data() + c.rx_have, frame_header::size - c.rx_have};
           break;
         case rx_state::payload:
-          parts = payload_iov(c, iov);
+          parts = remaining_iov(c.rx_parts.view(), c.rx_done, c.rx_left, iov);
           break;
         case rx_state::discard:
           c.rx_scratch.resize(1 << 16);
@@ -667,7 +667,7 @@ class engine {
             on_header(c);
           }
         } else {
-          if (c.rx_phase == rx_state::payload) advance_payload(c, n);
+          if (c.rx_phase == rx_state::payload) c.rx_done += n;
           c.rx_left -= n;
           if (c.rx_left == 0) finish_payload(c);
         }
@@ -729,38 +729,30 @@ class engine {
 
   void expect_payload(connection& c, const receive_parts& into, std::size_t len) {
     c.rx_parts = into;
-    c.rx_part = 0;
-    c.rx_offset = 0;
+    c.rx_done = 0;
     c.rx_left = len;
     c.rx_phase = rx_state::payload;
     if (len == 0) finish_payload(c);
   }
 
-  // The rest of the payload as iovecs: the parts from the cursor on, `rx_left` bytes in all (the
-  // parts may hold more than this message). @returns how many.
-  static int payload_iov(const connection& c, iovec* iov) noexcept {
+  // Fills `iov` with the bytes of `ranges` after the first `skip`, at most `limit` of them: where
+  // a partly done read or write goes on. @returns how many iovecs.
+  template <class Byte>
+  static int remaining_iov(std::span<const std::span<Byte>> ranges, std::size_t skip, std::size_t limit,
+                           iovec* iov) noexcept {
     int n = 0;
-    std::size_t left = c.rx_left;
-    for (std::size_t i = c.rx_part; i < c.rx_parts.count() && left > 0; ++i) {
-      const auto part = c.rx_parts[i].subspan(i == c.rx_part ? c.rx_offset : 0);
-      const std::size_t take = std::min(part.size(), left);
-      iov[n++] = {part.data(), take};
-      left -= take;
+    for (auto r : ranges) {
+      if (limit == 0) break;
+      if (skip >= r.size()) {
+        skip -= r.size();
+        continue;
+      }
+      const std::size_t take = std::min(r.size() - skip, limit);
+      iov[n++] = {const_cast<std::byte*>(r.data()) + skip, take};
+      skip = 0;
+      limit -= take;
     }
     return n;
-  }
-
-  static void advance_payload(connection& c, std::size_t n) noexcept {
-    while (n > 0) {
-      const std::size_t room = c.rx_parts[c.rx_part].size() - c.rx_offset;
-      const std::size_t step = std::min(room, n);
-      c.rx_offset += step;
-      n -= step;
-      if (c.rx_offset == c.rx_parts[c.rx_part].size()) {
-        ++c.rx_part;
-        c.rx_offset = 0;
-      }
-    }
   }
 
   void expect_discard(connection& c, std::uint64_t len) {
@@ -920,19 +912,11 @@ class engine {
       }
       while (op->written < op->total()) {
         // The frame header, then the payload's parts, from where the last write stopped.
+        std::array<std::span<const std::byte>, 1 + max_message_parts> frame{std::span<const std::byte>(op->header)};
+        std::ranges::copy(op->data.view(), frame.begin() + 1);
         iovec iov[1 + max_message_parts];
-        int n = 0;
-        std::size_t skip = op->written;
-        auto add = [&](const std::byte* p, std::size_t len) {
-          if (skip >= len) {
-            skip -= len;
-            return;
-          }
-          iov[n++] = {const_cast<std::byte*>(p) + skip, len - skip};
-          skip = 0;
-        };
-        add(op->header.data(), frame_header::size);
-        for (auto part : op->data.view()) add(part.data(), part.size());
+        const int n = remaining_iov(std::span<const std::span<const std::byte>>(frame.data(), 1 + op->data.count()),
+                                    op->written, op->total() - op->written, iov);
         msghdr msg{};
         msg.msg_iov = iov;
         msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(n);
@@ -1119,13 +1103,8 @@ class engine {
     recv.env.peer = in.peer;
     recv.env.sig = in.sig;
     recv.env.bytes = in.length;
-    const landing into = land(recv.buffer, recv.grow, in.length);
-    if (into.truncated) {
-      recv.complete(make_error_code(errc::message_truncated));
-      return;
-    }
-    scatter_copy(from, into.parts);
-    recv.complete({});
+    const bool fits = copy_message(from, recv.buffer, recv.grow);
+    recv.complete(fits ? std::error_code{} : make_error_code(errc::message_truncated));
   }
 
   int rank_;

@@ -81,9 +81,8 @@ inline void deliver(operation& send, operation& recv) {
   recv.env.peer = send.self;
   recv.env.sig = send.env.sig;
   recv.env.bytes = send.data.bytes();
-  const landing into = land(recv.buffer, recv.grow, send.data.bytes());
-  if (!into.truncated) scatter_copy(send.data, into.parts);
-  recv.complete(into.truncated ? make_error_code(errc::message_truncated) : std::error_code{});
+  const bool fits = copy_message(send.data, recv.buffer, recv.grow);
+  recv.complete(fits ? std::error_code{} : make_error_code(errc::message_truncated));
   send.complete({});
 }
 
