@@ -6,12 +6,21 @@ dtrain_add_test(test_tcp SOURCES transport/tcp.cpp LIBS dtrain::asio)
 add_executable(tcp_worker transport/tcp_worker.cpp)
 target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)
 
+# Multi-process tests pass or fail by exit status only: every rank exits non-zero on a wrong
+# result, and dtrain-run (tested by tools/dtrain_run.sh) and mpirun exit non-zero when any rank
+# does. No test here matches its output with PASS_REGULAR_EXPRESSION, which would make ctest
+# ignore the exit status (tests/check_gates.cmake keeps it so).
+
+# dtrain-run's own contract: environment, prefixed output, a failed rank stops the rest and its
+# status is the launcher's.
+add_test(NAME dtrain_run_contract COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/dtrain_run.sh $<TARGET_FILE:dtrain-run>)
+set_tests_properties(dtrain_run_contract PROPERTIES TIMEOUT 120)
+
 # Every collective and algorithm across 2..6 processes started by dtrain-run.
 foreach(n RANGE 2 6)
   add_test(NAME tcp_conformance_dtrain_run_${n}
            COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> conformance)
-  set_tests_properties(tcp_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600
-                       PASS_REGULAR_EXPRESSION "conformance: [0-9]+ cases on ${n} ranks: all correct")
+  set_tests_properties(tcp_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600)
 endforeach()
 
 # The same under Open MPI's mpirun: rank and size from OMPI_COMM_WORLD_*, rank 0 serves the store.
@@ -21,8 +30,7 @@ if(DTRAIN_MPIRUN)
     add_test(NAME tcp_conformance_mpirun_${n}
              COMMAND ${DTRAIN_MPIRUN} --allow-run-as-root --oversubscribe -np ${n}
                      $<TARGET_FILE:tcp_worker> conformance)
-    set_tests_properties(tcp_conformance_mpirun_${n} PROPERTIES TIMEOUT 600
-                         PASS_REGULAR_EXPRESSION "conformance: [0-9]+ cases on ${n} ranks: all correct")
+    set_tests_properties(tcp_conformance_mpirun_${n} PROPERTIES TIMEOUT 600)
   endforeach()
 endif()
 
@@ -50,8 +58,7 @@ foreach(mode sync local-sgd)
   foreach(n 2 3 4)
     add_test(NAME allreduce_trainer_tcp_${mode}_${n}
              COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:trainer_worker> ${mode})
-    set_tests_properties(allreduce_trainer_tcp_${mode}_${n} PROPERTIES TIMEOUT 300
-                         PASS_REGULAR_EXPRESSION "trainer ${mode}: ${n} ranks over TCP, [0-9]+ steps, match")
+    set_tests_properties(allreduce_trainer_tcp_${mode}_${n} PROPERTIES TIMEOUT 300)
   endforeach()
 endforeach()
 
@@ -61,8 +68,7 @@ target_link_libraries(ps_worker PRIVATE dtrain::asio dtrain_warnings)
 foreach(n 4 5)
   add_test(NAME ps_tcp_bsp_${n} COMMAND ${CMAKE_COMMAND} -E env DTRAIN_PS_SERVERS=2
                                         $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:ps_worker> bsp)
-  set_tests_properties(ps_tcp_bsp_${n} PROPERTIES TIMEOUT 300
-                       PASS_REGULAR_EXPRESSION "ps bsp: 2 servers, [0-9] workers over TCP, 30 steps: match")
+  set_tests_properties(ps_tcp_bsp_${n} PROPERTIES TIMEOUT 300)
 endforeach()
 add_test(NAME ps_tcp_asp_4 COMMAND ${CMAKE_COMMAND} -E env DTRAIN_PS_SERVERS=2
                                    $<TARGET_FILE:dtrain-run> -n 4 $<TARGET_FILE:ps_worker> asp)

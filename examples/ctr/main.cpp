@@ -189,7 +189,8 @@ int run(const settings& s) {
                static_cast<double>(st.bytes_in) / 1e6, st.wait_seconds);
   }
   w.finish();
-  return s.max_gap > 0 && gap > s.max_gap ? 3 : 0;
+  // Written so that a NaN gap fails too.
+  return s.max_gap > 0 && !(gap <= s.max_gap) ? 3 : 0;
 }
 
 }  // namespace

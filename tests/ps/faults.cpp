@@ -87,7 +87,8 @@ TEST_CASE("ps faults: a server SIGKILLed mid-job, the job restarted from the che
   INFO(dump(second));
   for (const auto& r : second.ranks) CHECK(r.status == 0);
   CHECK(has(second.ranks[2].output, "worker 0 resumes at step"));
-  CHECK(has(second.ranks[2].output, "30 steps: match the serial simulation"));
+  CHECK(has(second.ranks[2].output, "worker 0's parameters match the serial simulation"));
+  CHECK(has(second.ranks[3].output, "worker 1's parameters match the serial simulation"));
   for (int s = 0; s < 2; ++s) {
     for (int c = 0; c <= 30; c += 5) {
       for (const char* which : {"sparse", "dense"}) std::remove((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str());

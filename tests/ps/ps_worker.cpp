@@ -1,8 +1,8 @@
 // One rank of a parameter-server job over TCP, in a real process (started by dtrain-run or by the
 // fault tests). Servers are the first DTRAIN_PS_SERVERS ranks.
 //
-//   ps_worker bsp        synchronous SGD under BSP; worker 0 checks the center against the serial
-//                        simulation and prints "ps bsp: ... match"
+//   ps_worker bsp        synchronous SGD under BSP; every worker checks its parameters against the
+//                        serial simulation, prints "ps bsp: ... match" and exits 1 if they differ
 //   ps_worker asp        Downpour under ASP; each worker checks its final loss
 //
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k and DTRAIN_TEST_KILL_STEP=s make rank k
@@ -105,11 +105,11 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
       }
       for (std::size_t j = 0; j < dim; ++j) center[j] -= 0.05f * (acc[j] * (1.0f / static_cast<float>(r.workers)));
     }
+    // Every worker checks its own parameters and exits 1 on a difference; dtrain-run fails the
+    // job when any one does.
     const bool ok = x == center;
-    if (w == 0) {
-      std::printf("ps bsp: %d servers, %d workers over TCP, %d steps: %s the serial simulation\n", r.servers, r.workers,
-                  steps, ok ? "match" : "DO NOT match");
-    }
+    std::printf("ps bsp: %d servers, %d workers over TCP, %d steps: worker %d's parameters %s the serial simulation\n",
+                r.servers, r.workers, steps, w, ok ? "match" : "DO NOT match");
     return ok ? 0 : 1;
   }
   const float loss = p.loss(x);

@@ -26,6 +26,12 @@ using clock_type = std::chrono::steady_clock;
 
 namespace {
 
+// steady_clock is CLOCK_MONOTONIC, one clock for every process of the machine: the fault tests
+// compare a rank's time of death with the time each survivor reported it.
+long long monotonic_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now().time_since_epoch()).count();
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::atoi(v) : fallback;
@@ -89,9 +95,13 @@ int run_conformance(communicator<tcp_transport>& c) {
       }
     }
   }
-  c.barrier();
-  if (c.rank() == 0) std::printf("conformance: %d cases on %d ranks: %s\n", cases, p, ok ? "all correct" : "WRONG RESULTS");
-  return ok ? 0 : 1;
+  // Every rank's verdict counts: the group's count of ranks with a wrong result decides every
+  // rank's exit status, so a launcher that reports any one rank reports them all.
+  int wrong_ranks = ok ? 0 : 1;
+  c.allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);
+  std::printf("conformance: %d cases on %d ranks: rank %d %s; %s\n", cases, p, c.rank(),
+              ok ? "correct" : "WRONG", wrong_ranks == 0 ? "all correct" : "WRONG RESULTS on some rank");
+  return wrong_ranks == 0 ? 0 : 1;
 }
 
 int allreduce_loop(communicator<tcp_transport>& c) {
@@ -112,6 +122,8 @@ int allreduce_loop(communicator<tcp_transport>& c) {
       // Mid-collective: post the first sends, then die without any goodbye.
       std::thread([] {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        std::printf("dying at monotonic %lld us\n", monotonic_us());
+        std::fflush(stdout);
         ::raise(SIGKILL);
       }).detach();
     }
@@ -161,8 +173,8 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const dtrain::error& e) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count();
-    std::printf("caught dtrain::error [%s] after %lld ms: %s\n", e.code().message().c_str(),
-                static_cast<long long>(ms), e.what());
+    std::printf("caught dtrain::error [%s] after %lld ms (at monotonic %lld us): %s\n", e.code().message().c_str(),
+                static_cast<long long>(ms), monotonic_us(), e.what());
     std::fflush(stdout);
     return 3;
   }
