@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# dtrain-run's own contract, which every multi-process test leans on: each rank gets its
+# environment and its output lines prefixed with its rank; when one rank fails the others are
+# stopped (SIGTERM, then SIGKILL after --grace-ms) and dtrain-run exits with the failed rank's
+# status (128 + N for a signal), naming that rank.
+#
+#   dtrain_run.sh path/to/dtrain-run
+set -u
+run=$1
+failures=0
+out=$(mktemp) err=$(mktemp)
+trap 'rm -f "$out" "$err"' EXIT
+
+# Runs dtrain-run with the given arguments; sets status and elapsed_ms.
+launch() {
+  local t0 t1
+  t0=$(date +%s%N)
+  "$run" "$@" >"$out" 2>"$err"
+  status=$?
+  t1=$(date +%s%N)
+  elapsed_ms=$(((t1 - t0) / 1000000))
+}
+expect() {  # expect DESCRIPTION CONDITION...
+  local what=$1
+  shift
+  if "$@"; then
+    echo "ok: $what"
+  else
+    echo "FAILED: $what"
+    echo "--- stdout"; cat "$out"; echo "--- stderr"; cat "$err"; echo "---"
+    failures=$((failures + 1))
+  fi
+}
+has_out() { grep -qF -- "$1" "$out"; }
+has_err() { grep -qF -- "$1" "$err"; }
+
+# Every rank runs with its rank, world size and store; output lines carry the rank.
+launch -n 3 sh -c 'echo "rank $DTRAIN_RANK of $DTRAIN_WORLD_SIZE local $DTRAIN_LOCAL_RANK store=${DTRAIN_STORE:+set} token=${DTRAIN_TOKEN:+set}"'
+expect "all ranks succeed: exit 0" test "$status" -eq 0
+for r in 0 1 2; do
+  expect "rank $r's line is prefixed and has its environment" has_out "[$r] rank $r of 3 local $r store=set token=set"
+done
+
+# One rank fails while the others would run for a minute: they are stopped at once and the
+# failed rank's status is dtrain-run's.
+launch -n 3 sh -c 'if [ "$DTRAIN_RANK" = 1 ]; then exit 7; fi; exec sleep 60'
+expect "a failing rank's status is dtrain-run's (got $status)" test "$status" -eq 7
+expect "the failed rank is named" has_err "rank 1 exited with status 7"
+expect "the others are stopped, not waited for (${elapsed_ms} ms)" test "$elapsed_ms" -lt 10000
+
+# A rank killed by a signal: 128 + the signal.
+launch -n 2 sh -c 'if [ "$DTRAIN_RANK" = 0 ]; then kill -KILL $$; fi; exec sleep 60'
+expect "a rank killed by SIGKILL gives 137 (got $status)" test "$status" -eq 137
+expect "the signal is named" has_err "rank 0 was killed by signal 9 (SIGKILL)"
+
+# Ranks that ignore SIGTERM are killed once the grace period is over.
+launch -n 3 --grace-ms 500 sh -c 'if [ "$DTRAIN_RANK" = 2 ]; then sleep 0.2; exit 5; fi; trap "" TERM; exec sleep 60'
+expect "after the grace period the rest are killed; status 5 (got $status)" test "$status" -eq 5
+expect "... within the grace period and a margin (${elapsed_ms} ms)" test "$elapsed_ms" -lt 10000
+
+# A program that cannot be started.
+launch -n 2 /nonexistent/program
+expect "a missing program gives 127 (got $status)" test "$status" -eq 127
+expect "and says which" has_err "cannot start /nonexistent/program"
+
+echo "dtrain-run: $failures check(s) failed"
+[ "$failures" -eq 0 ]
