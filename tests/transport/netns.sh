@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Ranks in separate network namespaces, joined through a bridge by veth pairs, so every rank has
-# its own address and the traffic really crosses interfaces. Needs root and `ip netns`; exits 77
-# (ctest: skipped) where namespaces are unavailable.
+# its own address and the traffic really crosses interfaces. Needs root and a working
+# `ip netns exec`; exits 77 (ctest: skipped), naming the reason, where either is missing.
 #
 #   netns.sh path/to/tcp_worker N
 set -u
@@ -18,6 +18,12 @@ cleanup() {
 trap cleanup EXIT
 if ! ip netns add "${tag}r0" 2>/dev/null; then
   echo "skipped: cannot create network namespaces here"; exit 77
+fi
+# `ip netns exec` also needs a private mount namespace with / as a mount point it can make a slave
+# (it remounts /sys): a chroot or a container without CAP_SYS_ADMIN has namespaces but not that.
+# Probe it before relying on it, so that only a fault of dtrain's fails this test.
+if ! probe=$(ip netns exec "${tag}r0" true 2>&1); then
+  echo "skipped: 'ip netns exec' does not work here: ${probe}"; exit 77
 fi
 ip link add "${tag}br" type bridge && ip link set "${tag}br" up || { echo "skipped: no bridge support"; exit 77; }
 for ((r = 0; r < n; r++)); do
