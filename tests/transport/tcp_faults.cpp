@@ -8,9 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -25,6 +28,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The number after `marker` in `text` (the workers print CLOCK_MONOTONIC times in microseconds).
+std::optional<long long> number_after(const std::string& text, const std::string& marker) {
+  const auto at = text.find(marker);
+  if (at == std::string::npos) return std::nullopt;
+  return std::atoll(text.c_str() + at + marker.size());
+}
+
 template <class Extra, class During>
 group_run run_group(int n, const std::string& mode, Extra extra, During during, std::chrono::seconds limit = 60s) {
   return run_program_group(DTRAIN_TCP_WORKER, n, mode, extra, during, limit);
@@ -38,6 +48,9 @@ TEST_CASE("faults: a rank SIGKILLed mid-allreduce makes every survivor fail fast
   }, nothing_during);
   INFO(dump(g));
   CHECK(g.ranks[2].status == 128 + SIGKILL);
+  const auto died = number_after(g.ranks[2].output, "dying at monotonic ");
+  REQUIRE(died);
+  long long slowest_us = 0;
   for (int r : {0, 1, 3}) {
     const auto& o = g.ranks[static_cast<std::size_t>(r)];
     CHECK(o.status == 3);  // caught the documented error
@@ -45,8 +58,14 @@ TEST_CASE("faults: a rank SIGKILLed mid-allreduce makes every survivor fail fast
     CHECK(has(o.output, "rank 2"));
     // The collective it was in: the allreduce, or the loop's broadcast if it was behind.
     CHECK((has(o.output, "allreduce #") || has(o.output, "broadcast #")));
+    const auto caught = number_after(o.output, "(at monotonic ");
+    REQUIRE(caught);
+    slowest_us = std::max(slowest_us, *caught - *died);
   }
-  CHECK(g.elapsed < 20s);  // far inside the 30 s deadline: nobody waited it out
+  // What the docs promise: every survivor fails well within a second of the death, not at the
+  // 30 s deadline. Typically a few milliseconds; 2 s leaves room for a loaded 2-core CI machine.
+  INFO("the slowest survivor reported the death after " << slowest_us / 1000 << " ms");
+  CHECK(slowest_us < 2'000'000);
 }
 
 TEST_CASE("faults: a rank with the wrong token is refused and logged, nobody hangs", "[tcp][faults]") {
