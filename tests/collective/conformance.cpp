@@ -112,21 +112,24 @@ TEST_CASE("conformance: scatter", "[collective][conformance]") { run_matrix(coll
 TEST_CASE("conformance: alltoall", "[collective][conformance]") { run_matrix(coll_op::alltoall); }
 
 TEST_CASE("conformance: barrier lets nobody out before everyone is in", "[collective][conformance]") {
-  for (int p = 1; p <= max_world; ++p) {
-    std::atomic<int> arrived{0};
-    std::atomic<int> early{0};
-    run_inproc(p, [&](int r, inproc_transport t) {
-      communicator<inproc_transport> c(std::move(t));
-      for (int round = 0; round < 20; ++round) {
-        std::this_thread::sleep_for(std::chrono::microseconds((r * 37 + round * 11) % 300));
-        arrived.fetch_add(1);
-        c.barrier();
-        if (arrived.load() < (round + 1) * p) early.fetch_add(1);
-        c.barrier();  // nobody starts the next round before all checked this one
-      }
-    });
-    INFO("p=" << p);
-    REQUIRE(early.load() == 0);
+  for (algorithm a : {algorithm::dissemination, algorithm::binomial_tree}) {
+    for (int p = 1; p <= max_world; ++p) {
+      std::atomic<int> arrived{0};
+      std::atomic<int> early{0};
+      run_inproc(p, [&](int r, inproc_transport t) {
+        communicator<inproc_transport> c(std::move(t));
+        c.algorithms().force(coll_op::barrier, a);
+        for (int round = 0; round < 20; ++round) {
+          std::this_thread::sleep_for(std::chrono::microseconds((r * 37 + round * 11) % 300));
+          arrived.fetch_add(1);
+          c.barrier();
+          if (arrived.load() < (round + 1) * p) early.fetch_add(1);
+          c.barrier();  // nobody starts the next round before all checked this one
+        }
+      });
+      INFO(algorithm_name(a) << ", p=" << p);
+      REQUIRE(early.load() == 0);
+    }
   }
 }
 

@@ -212,6 +212,29 @@ TEST_CASE("tcp: collectives run unchanged over it, blocking and spinning", "[tcp
   run_tcp<basic_tcp_transport<spin_then_block<20>>>(4, body);
 }
 
+TEST_CASE("tcp: a root mismatch where both ranks only send is caught by the next call", "[tcp]") {
+  // Each rank thinks the other is the root, so each sends and, its send buffered by TCP, returns:
+  // nothing can be compared during the call. The stray message stays queued, signed reduce #0,
+  // and the next call reports it by both names instead of reading it as its own.
+  std::vector<std::string> msgs(2);
+  std::vector<std::error_code> codes(2);
+  run_tcp(2, [&](int r, tcp_transport& t) {
+    binomial_tree<tcp_transport> c(std::move(t));
+    std::vector<float> f(10, 1.0f);
+    std::error_code ec;
+    c.reduce(std::span(f), reduce_op::sum, r == 0 ? 1 : 0, ec);  // each names the other
+    if (!ec) c.allreduce(std::span(f), reduce_op::sum, ec);
+    codes[static_cast<std::size_t>(r)] = ec;
+    msgs[static_cast<std::size_t>(r)] = c.last_error();
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << msgs[static_cast<std::size_t>(r)]);
+    CHECK(codes[static_cast<std::size_t>(r)] == errc::collective_mismatch);
+    CHECK(msgs[static_cast<std::size_t>(r)].find("reduce #0") != std::string::npos);
+    CHECK(msgs[static_cast<std::size_t>(r)].find("allreduce #1") != std::string::npos);
+  }
+}
+
 TEST_CASE("tcp: an oversized frame from an authenticated peer closes only that connection", "[tcp]") {
   tcp_store_server server("127.0.0.1", 0, token);
   std::atomic<bool> sent{false};

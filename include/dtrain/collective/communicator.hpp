@@ -357,10 +357,15 @@ class communicator {
 
   // --- barrier ---------------------------------------------------------------------------------
 
-  /// Returns once every rank has entered the barrier. Algorithm: dissemination.
+  /// Returns once every rank has entered the barrier. Algorithms: dissemination, binomial_tree.
   void barrier() {
-    run<std::int32_t>(coll_op::barrier, reduce_op::sum, 0, 0, 0,
-                      [&](auto& ctx, algorithm) { detail::dissemination_barrier(ctx); });
+    run<std::int32_t>(coll_op::barrier, reduce_op::sum, 0, 0, 0, [&](auto& ctx, algorithm a) {
+      if (a == algorithm::binomial_tree) {
+        detail::tree_barrier(ctx);
+      } else {
+        detail::dissemination_barrier(ctx);
+      }
+    });
   }
   void barrier(std::error_code& ec) noexcept {
     guard(ec, [&] { barrier(); });

@@ -33,7 +33,7 @@ constexpr bool supports(coll_op op, algorithm a) noexcept {
     case coll_op::gather:
     case coll_op::scatter: return a == algorithm::binomial_tree || a == algorithm::linear;
     case coll_op::alltoall: return a == algorithm::pairwise || a == algorithm::linear;
-    case coll_op::barrier: return a == algorithm::dissemination;
+    case coll_op::barrier: return a == algorithm::dissemination || a == algorithm::binomial_tree;
     case coll_op::message: return false;
   }
   return false;
@@ -46,8 +46,10 @@ inline constexpr algorithm all_algorithms[] = {
     algorithm::linear,        algorithm::dissemination};
 
 /// Hockney's model extended with a reduction term: a message of m bytes costs alpha + m * beta,
-/// reducing m bytes costs m * gamma. Defaults fit the in-process transport on a small machine;
-/// set them from a measurement (bench/collectives prints one) for other transports.
+/// reducing m bytes costs m * gamma. The defaults fit the in-process transport on a small
+/// 2-core machine. Nothing in dtrain measures them for another transport yet: set alpha from a
+/// small-message latency (bench_tcp_latency, or bench_collectives' smallest sizes) and beta from
+/// a large transfer's bandwidth, or pin algorithms with rules (DTRAIN_ALGORITHMS).
 struct cost_model {
   double alpha = 15e-6;         ///< seconds per message
   double beta = 1.0 / 4e9;      ///< seconds per byte moved
@@ -108,7 +110,7 @@ struct cost_model {
       case coll_op::alltoall:
         if (a == algorithm::pairwise) return (P - 1) * (alpha + n / P * beta);
         return alpha + (P - 1) / P * n * beta * (1 + (P - 2) / P);  // all at once, contended
-      case coll_op::barrier: return lg * alpha;
+      case coll_op::barrier: return a == algorithm::binomial_tree ? 2 * lg * alpha : lg * alpha;
       case coll_op::message: break;
     }
     return std::numeric_limits<double>::infinity();
