@@ -45,8 +45,11 @@ class gradient_ready {
 ///  Semantics: after `ready(i)` the model must not read or write `gradients(i)` again in this
 ///  call: the trainer averages it across ranks on its communication thread, in place, while the
 ///  backward pass goes on. `forward_backward` must not change `parameters(i)`; the trainer
-///  updates them between calls. Every rank's model has the same tensors in the same order, and
-///  calls `ready` in the same order (the trainer checks the tensors at start-up).
+///  updates them between calls. Every rank's model has the same tensors in the same order (the
+///  trainer compares their sizes and its bucket plan across ranks at start-up, and fails on
+///  every rank if they differ). The order of `ready` calls is free and may differ between ranks
+///  and steps: buckets are launched in the plan's order, whatever order they complete in. A
+///  tensor reported twice, out of range or never fails the step with `errc::invalid_argument`.
 ///  A LibTorch module fits by wrapping `module.parameters()` (`.data_ptr<float>()`, `.numel()`)
 ///  and calling `ready(i)` from a gradient hook on tensor i; see docs/concepts/model.md.
 ///  A minimal model: tests/archetypes/archetypes.hpp `model_archetype`.
