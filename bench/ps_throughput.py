@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""The parameter server's throughput table in docs/performance.md, measured in one run.
+
+Runs, alternated round by round so that a slow spell of the machine hits every program alike:
+  dtrain   bench_ps under dtrain-run: dense push+pull (1 and 4 tensors in flight, 1+1 and 2+2
+           servers+workers) and sparse push+pull of 100k keys (with and without key caching)
+  bare TCP bench_tcp_ceiling: the same message patterns over blocking sockets (1 and 4 in flight)
+  ZeroMQ   peers/zmq_push_pull: DEALER/ROUTER, ps-lite's transport (when built; libzmq)
+and prints, per configuration, the low-high range over the rounds of push+pull GB/s (dense) and
+M keys/s (sparse), with the machine and the commit measured.
+
+  python3 bench/ps_throughput.py --build build [--rounds 5] [--seconds 1] [--json ps_throughput.json]
+  python3 bench/ps_throughput.py --from-json ps_throughput.json     # the table of a saved run
+"""
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+
+DENSE_SIZES = [1 << 20, 16 << 20]
+SPARSE_KEYS = 100000
+
+
+def machine():
+    model = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} vCPUs, {model}, {platform.system()} {platform.release()}"
+
+
+def commit(source):
+    out = subprocess.run(["git", "-C", source, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def run_json(cmd, env=None):
+    """Runs `cmd` with `--json FILE` appended; returns the rows it wrote."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        out = subprocess.run(cmd + ["--json", f.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env, timeout=900)
+        if out.returncode != 0:
+            sys.exit(f"failed ({out.returncode}): {' '.join(cmd)}\n{out.stdout}")
+        return json.load(open(f.name))
+
+
+def configurations(build, seconds):
+    """(key, label, command, unit, rows -> {size: value}) for every program in the table."""
+    run = [os.path.join(build, "tools", "dtrain-run")]
+    ps = os.path.join(build, "bench", "bench_ps")
+    sizes = [str(s) for s in DENSE_SIZES]
+    common = ["--seconds", str(seconds)]
+
+    def dense(rows):
+        return {r["bytes"]: r["GBps"] for r in rows if r["op"].endswith("push+pull") and r["bytes"] in DENSE_SIZES}
+
+    def sparse(rows):
+        return {"keys": r["Mkeys_per_s"] for r in rows if r["op"] == "sparse push+pull"}
+
+    configs = [
+        ("dtrain_1_1", "dtrain bench_ps, 1+1, 1 in flight",
+         run + ["--servers", "1", "-n", "2", ps, "--only", "dense", "--sizes", *sizes] + common, "GB/s", dense),
+        ("dtrain_1_1_d4", "dtrain bench_ps, 1+1, 4 in flight",
+         run + ["--servers", "1", "-n", "2", ps, "--only", "dense", "--sizes", *sizes, "--depth", "4"] + common,
+         "GB/s", dense),
+        ("dtrain_2_2", "dtrain bench_ps, 2+2, 1 in flight",
+         run + ["--servers", "2", "-n", "4", ps, "--only", "dense", "--sizes", *sizes] + common, "GB/s", dense),
+        ("tcp_d1", "bare TCP (bench_tcp_ceiling), 1 in flight",
+         [os.path.join(build, "bench", "bench_tcp_ceiling"), "--sizes", *sizes] + common, "GB/s", dense),
+        ("tcp_d4", "bare TCP (bench_tcp_ceiling), 4 in flight",
+         [os.path.join(build, "bench", "bench_tcp_ceiling"), "--sizes", *sizes, "--depth", "4"] + common, "GB/s",
+         dense),
+    ]
+    zmq = os.path.join(build, "bench", "zmq_push_pull")
+    if os.access(zmq, os.X_OK):
+        configs += [
+            ("zmq_d1", "ZeroMQ (zmq_push_pull, server only answers), 1 in flight",
+             [zmq, "--sizes", *sizes] + common, "GB/s", dense),
+            ("zmq_d4", "ZeroMQ (zmq_push_pull, server only answers), 4 in flight",
+             [zmq, "--sizes", *sizes, "--depth", "4"] + common, "GB/s", dense),
+        ]
+    keys = ["--only", "sparse", "--keys", str(SPARSE_KEYS)] + common
+    configs += [
+        ("sparse_1_1", "dtrain sparse, key caching, 1+1", run + ["--servers", "1", "-n", "2", ps] + keys, "Mkeys/s",
+         sparse),
+        ("sparse_2_2", "dtrain sparse, key caching, 2+2", run + ["--servers", "2", "-n", "4", ps] + keys, "Mkeys/s",
+         sparse),
+        ("sparse_1_1_nc", "dtrain sparse, --no-key-cache, 1+1",
+         run + ["--servers", "1", "-n", "2", ps, "--no-key-cache"] + keys, "Mkeys/s", sparse),
+        ("sparse_2_2_nc", "dtrain sparse, --no-key-cache, 2+2",
+         run + ["--servers", "2", "-n", "4", ps, "--no-key-cache"] + keys, "Mkeys/s", sparse),
+    ]
+    return configs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=1.0, help="time per measured point")
+    ap.add_argument("--json", help="write every sample, with the machine and commit, to this file")
+    ap.add_argument("--from-json", help="print the table of an earlier run's --json instead of measuring")
+    args = ap.parse_args()
+    source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    configs = configurations(args.build, args.seconds)
+    samples = {key: {} for key, *_ in configs}
+    where, measured = machine(), commit(source)
+    if args.from_json:
+        saved = json.load(open(args.from_json))
+        where, measured, args.rounds = saved["machine"], saved["commit"], saved["rounds"]
+        for key, cols in saved["samples"].items():
+            samples[key] = {(int(c) if c.isdigit() else c): v for c, v in cols.items()}
+    else:
+        for rnd in range(args.rounds):
+            for key, label, cmd, _, pick in configs:
+                print(f"round {rnd + 1}/{args.rounds}: {label}", file=sys.stderr, flush=True)
+                for column, value in pick(run_json(cmd)).items():
+                    samples[key].setdefault(column, []).append(value)
+
+    def cell(values):
+        return f"{min(values):.2f}-{max(values):.2f}" if values else "-"
+
+    def ratio(key, peer, column):
+        """The median over rounds of key / peer, each pair measured in the same round: the
+        machine's drift between rounds cancels."""
+        mine, theirs = samples[key].get(column, []), samples.get(peer, {}).get(column, [])
+        ratios = sorted(a / b for a, b in zip(mine, theirs) if b > 0)
+        return f"{ratios[len(ratios) // 2]:.2f}x" if ratios else "-"
+
+    print(f"# parameter-server throughput, {args.rounds} alternated rounds, {args.seconds:g} s per point; "
+          f"low-high over the rounds")
+    print(f"# machine: {where}; dtrain {measured}")
+    print("| push+pull, GB/s (both directions) | 1 MiB | 16 MiB | 1 MiB vs bare TCP, vs ZeroMQ | "
+          "16 MiB vs bare TCP, vs ZeroMQ |")
+    print("|---|---|---|---|---|")
+    for key, label, _, unit, _ in configs:
+        if unit != "GB/s":
+            continue
+        row = f"| {label} | {cell(samples[key].get(DENSE_SIZES[0], []))} | {cell(samples[key].get(DENSE_SIZES[1], []))} |"
+        if key.startswith("dtrain"):
+            # Against the peer with as many requests in flight.
+            depth = "d4" if key.endswith("_d4") else "d1"
+            for size in DENSE_SIZES:
+                row += f" {ratio(key, 'tcp_' + depth, size)}, {ratio(key, 'zmq_' + depth, size)} |"
+        else:
+            row += " | |"
+        print(row)
+    print("# ratios: the median over rounds of dtrain / peer, both measured in the same round, "
+          "with as many requests in flight")
+    print()
+    print(f"| sparse push+pull, {SPARSE_KEYS // 1000}k keys, M keys/s | low-high |")
+    print("|---|---|")
+    for key, label, _, unit, _ in configs:
+        if unit == "Mkeys/s":
+            print(f"| {label} | {cell(samples[key].get('keys', []))} |")
+    if args.json and not args.from_json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": where, "commit": measured, "rounds": args.rounds,
+                       "samples": {k: {str(c): v for c, v in cols.items()} for k, cols in samples.items()}}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
