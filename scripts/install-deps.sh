@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what dtrain's build, tests, examples and benchmarks need, from Debian's repository:
 # Boost.Asio and OpenSSL's libcrypto for the TCP transport; Open MPI (mpirun tests, peer bench),
-# Gloo and ZeroMQ (peer benches); iproute2 for the network-namespace test; clang's libFuzzer; Eigen, zlib
-# and the Fashion-MNIST data for the example.
+# Gloo and ZeroMQ (peer benches); iproute2 for the network-namespace test; clang's libFuzzer; Python
+# for the layering check; Eigen, zlib and the Fashion-MNIST data for the example.
 #   --bench  also the Python side of the benchmarks: PyTorch (the DDP peer) with OpenBLAS, and
 #            matplotlib for the plots.
 set -euo pipefail
@@ -16,7 +16,7 @@ $sudo apt-get install -y -qq --no-install-recommends \
   libcli11-dev libfmt-dev \
   libboost-dev libssl-dev \
   openmpi-bin libopenmpi-dev libgloo-dev libzmq3-dev pkg-config \
-  iproute2 clang-14 libclang-rt-14-dev \
+  iproute2 clang-14 libclang-rt-14-dev python3 \
   libeigen3-dev zlib1g-dev dataset-fashion-mnist gzip >/dev/null
 if [ "${1:-}" = "--bench" ]; then
   $sudo apt-get install -y -qq --no-install-recommends \

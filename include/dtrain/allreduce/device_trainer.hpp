@@ -36,36 +36,23 @@
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/allreduce/trainer.hpp"
 #include "dtrain/concepts/collective.hpp"
+#include "dtrain/concepts/device_model.hpp"
 #include "dtrain/concepts/model.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
-#include "dtrain/detail/thrust_space.hpp"
+#include "dtrain/reduce/thrust_space.hpp"
 #include "dtrain/reduce/thrust.hpp"
 #include "dtrain/updater/device.hpp"
 
 namespace dtrain {
 
-/// A model whose tensors live in Thrust's device memory (`thrust_buffer`), for `device_trainer`.
-///  1-3. As `model`: `value_type`, `batch_type`, `tensor_count()`.
-///  4. `m.parameters(i)` / `m.gradients(i)` are `thrust_buffer<value_type>` (a `device_span` in a
-///     CUDA build), equal in size, at fixed addresses for the model's lifetime.
-///  5. `m.stream()` is the stream its kernels run on (`cudaStream_t`; on the CPU, a tag).
-///  6. `m.forward_backward(batch, ready)` enqueues forward and backward on `stream()`, overwriting
-///     every gradient with the batch's mean gradient, and returns the mean loss. It calls `ready(i)`
-///     once per tensor, as soon as the kernels writing gradient i are *enqueued*; after that it
-///     enqueues nothing that touches gradient i.
+/// A `device_tensor_model` (concepts/device_model.hpp) over this build's Thrust device memory:
+/// tensors are `thrust_buffer<value_type>` (a `device_span` in a CUDA build) and `stream()` is a
+/// `cudaStream_t` (on the CPU, a tag).
 template <class M>
-concept device_model =
-    std::floating_point<typename M::value_type> && requires { typename M::batch_type; } &&
-    requires(M& m, const M& cm, std::size_t i, const typename M::batch_type& batch, gradient_ready ready) {
-      { cm.tensor_count() } noexcept -> std::same_as<std::size_t>;
-      { m.parameters(i) } -> std::same_as<thrust_buffer<typename M::value_type>>;
-      { m.gradients(i) } -> std::same_as<thrust_buffer<typename M::value_type>>;
-      { m.stream() } -> std::convertible_to<detail::thrust_space::stream_handle>;
-      { m.forward_backward(batch, ready) } -> std::convertible_to<double>;
-    };
+concept device_model = device_tensor_model<M, thrust_buffer, detail::thrust_space::stream_handle>;
 
 }  // namespace dtrain
 

@@ -35,6 +35,7 @@
 #include "dtrain/collective/tree.hpp"
 #include "dtrain/concepts/reduction.hpp"
 #include "dtrain/concepts/transport.hpp"
+#include "dtrain/detail/error_code_forms.hpp"
 #include "dtrain/reduce/host.hpp"
 
 namespace dtrain {
@@ -58,13 +59,19 @@ struct communicator_options {
 /// Algorithms are chosen per call by `options().algorithms`; reductions run through `Reduction`.
 /// Not thread-safe: one call at a time, in the same order on every rank.
 template <transport Transport, reduction Reduction = host_reduction>
-class communicator {
+class communicator : public detail::error_code_forms<communicator<Transport, Reduction>, detail::host_span> {
   static_assert(std::is_same_v<typename Transport::memory_space, host_memory>,
                 "the generic algorithms read and write buffers on the host");
+  using error_code_forms = detail::error_code_forms<communicator, detail::host_span>;
+  friend error_code_forms;
 
  public:
   using transport_type = Transport;
   using memory_space = host_memory;
+  // Each operation's noexcept `std::error_code` form, beside the throwing one defined here.
+  using error_code_forms::allgather, error_code_forms::allreduce, error_code_forms::alltoall,
+      error_code_forms::barrier, error_code_forms::broadcast, error_code_forms::gather, error_code_forms::reduce,
+      error_code_forms::reduce_scatter, error_code_forms::scatter;
 
   /// Takes this rank's transport endpoint. @throws dtrain::error if DTRAIN_ALGORITHMS is set
   /// and cannot be read.
@@ -111,10 +118,6 @@ class communicator {
              }
            });
   }
-  template <element T>
-  void broadcast(std::span<T> buf, int root, std::error_code& ec) noexcept {
-    guard(ec, [&] { broadcast(buf, root); });
-  }
 
   // --- reduce ----------------------------------------------------------------------------------
 
@@ -136,19 +139,10 @@ class communicator {
       }
     });
   }
-  template <element T>
-  void reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op, int root,
-              std::error_code& ec) noexcept {
-    guard(ec, [&] { reduce<T>(in, out, op, root); });
-  }
   /// In place: the root's `buf` becomes the reduction; other ranks' `buf` is left unchanged.
   template <element T>
   void reduce(std::span<T> buf, reduce_op op, int root) {
     reduce<T>(std::span<const T>(buf), buf, op, root);
-  }
-  template <element T>
-  void reduce(std::span<T> buf, reduce_op op, int root, std::error_code& ec) noexcept {
-    guard(ec, [&] { reduce<T>(buf, op, root); });
   }
 
   // --- allreduce -------------------------------------------------------------------------------
@@ -178,19 +172,10 @@ class communicator {
       }
     });
   }
-  template <element T>
-  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op,
-                 std::error_code& ec) noexcept {
-    guard(ec, [&] { allreduce<T>(in, out, op); });
-  }
   /// In place.
   template <element T>
   void allreduce(std::span<T> buf, reduce_op op) {
     allreduce<T>(std::span<const T>(buf), buf, op);
-  }
-  template <element T>
-  void allreduce(std::span<T> buf, reduce_op op, std::error_code& ec) noexcept {
-    guard(ec, [&] { allreduce<T>(buf, op); });
   }
 
   // --- reduce-scatter --------------------------------------------------------------------------
@@ -212,11 +197,6 @@ class communicator {
              std::copy(mine.begin(), mine.end(), out.begin());
            });
   }
-  template <element T>
-  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op,
-                      std::error_code& ec) noexcept {
-    guard(ec, [&] { reduce_scatter<T>(in, out, op); });
-  }
   /// In place: the result lands in block `rank()` of `buf`; other blocks are left unspecified.
   template <element T>
   void reduce_scatter(std::span<T> buf, reduce_op op) {
@@ -224,10 +204,6 @@ class communicator {
     check(buf.size() % p == 0, coll_op::reduce_scatter, "buf must hold size() equal blocks");
     run<T>(coll_op::reduce_scatter, op, 0, buf.size() / p, buf.size_bytes(),
            [&](auto& ctx, algorithm a) { reduce_scatter_in_place(ctx, a, buf, buf.size() / p, op); });
-  }
-  template <element T>
-  void reduce_scatter(std::span<T> buf, reduce_op op, std::error_code& ec) noexcept {
-    guard(ec, [&] { reduce_scatter<T>(buf, op); });
   }
 
   // --- allgather -------------------------------------------------------------------------------
@@ -250,11 +226,6 @@ class communicator {
              }
            });
   }
-  template <element T>
-  void allgather(std::type_identity_t<std::span<const T>> in, std::span<T> out,
-                 std::error_code& ec) noexcept {
-    guard(ec, [&] { allgather<T>(in, out); });
-  }
   /// In place: each rank's contribution is already in block `rank()` of `buf`.
   template <element T>
   void allgather(std::span<T> buf) {
@@ -262,10 +233,6 @@ class communicator {
     check(buf.size() % p == 0, coll_op::allgather, "buf must hold size() equal blocks");
     const std::size_t n = buf.size() / p;
     allgather<T>(std::span<const T>(buf.subspan(static_cast<std::size_t>(rank()) * n, n)), buf);
-  }
-  template <element T>
-  void allgather(std::span<T> buf, std::error_code& ec) noexcept {
-    guard(ec, [&] { allgather<T>(buf); });
   }
 
   // --- gather / scatter ------------------------------------------------------------------------
@@ -289,11 +256,6 @@ class communicator {
              }
            });
   }
-  template <element T>
-  void gather(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root,
-              std::error_code& ec) noexcept {
-    guard(ec, [&] { gather<T>(in, out, root); });
-  }
 
   /// Rank r's `out` gets block r of the root's `in` (size() blocks of `out.size()`).
   /// Algorithms: binomial_tree, linear.
@@ -314,11 +276,6 @@ class communicator {
              }
            });
   }
-  template <element T>
-  void scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root,
-               std::error_code& ec) noexcept {
-    guard(ec, [&] { scatter<T>(in, out, root); });
-  }
 
   // --- alltoall --------------------------------------------------------------------------------
 
@@ -338,21 +295,12 @@ class communicator {
              }
            });
   }
-  template <element T>
-  void alltoall(std::type_identity_t<std::span<const T>> in, std::span<T> out,
-                std::error_code& ec) noexcept {
-    guard(ec, [&] { alltoall<T>(in, out); });
-  }
   /// In place (through one temporary copy of `buf`).
   template <element T>
   void alltoall(std::span<T> buf) {
     auto& in = staging_for<T>();
     in.assign(buf.begin(), buf.end());
     alltoall<T>(std::span<const T>(in), buf);
-  }
-  template <element T>
-  void alltoall(std::span<T> buf, std::error_code& ec) noexcept {
-    guard(ec, [&] { alltoall<T>(buf); });
   }
 
   // --- barrier ---------------------------------------------------------------------------------
@@ -367,12 +315,12 @@ class communicator {
       }
     });
   }
-  void barrier(std::error_code& ec) noexcept {
-    guard(ec, [&] { barrier(); });
-  }
 
  private:
   using context = detail::call_context<Transport>;
+
+  // Where the error-code forms keep the last error's text (`last_error()`).
+  std::string* error_message() noexcept { return &last_error_; }
 
   template <class T, class Body>
   void run(coll_op op, reduce_op redop, int root, std::size_t count, std::size_t bytes, Body&& body) {
@@ -405,23 +353,6 @@ class communicator {
     detail::ring_reduce_scatter(ctx, buf, detail::uniform_offsets(block, size()), op, reduce_, scratch);
     if (op == reduce_op::avg) {
       reduce_.finish_average(buf.subspan(static_cast<std::size_t>(rank()) * block, block), size());
-    }
-  }
-
-  template <class F>
-  void guard(std::error_code& ec, F&& f) noexcept {
-    ec.clear();
-    try {
-      f();
-    } catch (const std::system_error& e) {
-      ec = e.code();
-      last_error_ = e.what();
-    } catch (const std::bad_alloc&) {
-      ec = std::make_error_code(std::errc::not_enough_memory);
-      last_error_ = "dtrain: out of memory";
-    } catch (...) {
-      ec = make_error_code(errc::broken);
-      last_error_ = "dtrain: unexpected exception";
     }
   }
 
@@ -479,27 +410,31 @@ inline communicator_options preferring(communicator_options o, algorithm a) {
 }
 }  // namespace detail
 
-/// Declares a communicator that prefers one algorithm family wherever it applies.
-#define DTRAIN_DETAIL_FAMILY(name)                                                     \
-  template <transport Transport, reduction Reduction = host_reduction>                 \
-  class name : public communicator<Transport, Reduction> {                              \
-   public:                                                                              \
-    explicit name(Transport t, communicator_options o = {}, Reduction r = {})           \
-        : communicator<Transport, Reduction>(                                           \
-              std::move(t), detail::preferring(std::move(o), algorithm::name), r) {}    \
-  };
+/// A communicator that prefers the algorithm family `Family` wherever it applies (the caller's
+/// own rules in `communicator_options::algorithms` still come first); the cost model picks the
+/// rest. Users name it through the aliases below.
+template <algorithm Family, transport Transport, reduction Reduction = host_reduction>
+class family_communicator : public communicator<Transport, Reduction> {
+ public:
+  explicit family_communicator(Transport t, communicator_options o = {}, Reduction r = {})
+      : communicator<Transport, Reduction>(std::move(t), detail::preferring(std::move(o), Family), r) {}
+};
 
 /// Ring allreduce / reduce-scatter / allgather, chain broadcast and reduce.
-DTRAIN_DETAIL_FAMILY(ring)
+template <transport Transport, reduction Reduction = host_reduction>
+using ring = family_communicator<algorithm::ring, Transport, Reduction>;
 /// Rabenseifner allreduce and halving reduce-scatter.
-DTRAIN_DETAIL_FAMILY(halving_doubling)
+template <transport Transport, reduction Reduction = host_reduction>
+using halving_doubling = family_communicator<algorithm::halving_doubling, Transport, Reduction>;
 /// Recursive-doubling allreduce.
-DTRAIN_DETAIL_FAMILY(recursive_doubling)
-/// Binomial-tree broadcast, reduce, gather, scatter (and reduce + broadcast allreduce).
-DTRAIN_DETAIL_FAMILY(binomial_tree)
+template <transport Transport, reduction Reduction = host_reduction>
+using recursive_doubling = family_communicator<algorithm::recursive_doubling, Transport, Reduction>;
+/// Binomial-tree broadcast, reduce, gather, scatter, barrier (and reduce + broadcast allreduce).
+template <transport Transport, reduction Reduction = host_reduction>
+using binomial_tree = family_communicator<algorithm::binomial_tree, Transport, Reduction>;
 /// Bruck allgather.
-DTRAIN_DETAIL_FAMILY(bruck)
-#undef DTRAIN_DETAIL_FAMILY
+template <transport Transport, reduction Reduction = host_reduction>
+using bruck = family_communicator<algorithm::bruck, Transport, Reduction>;
 
 /// The cost-model choice for every call (the default communicator).
 template <transport Transport, reduction Reduction = host_reduction>

@@ -92,8 +92,14 @@ inline std::string text(ncclResult_t r) { return ncclGetErrorString(r); }
 
 }  // namespace detail::nccl
 
-class nccl_communicator {
+class nccl_communicator : public detail::error_code_forms<nccl_communicator, device_span> {
+  using error_code_forms = detail::error_code_forms<nccl_communicator, device_span>;
+
  public:
+  // Each operation's noexcept `std::error_code` form, beside the throwing one defined here.
+  using error_code_forms::allgather, error_code_forms::allreduce, error_code_forms::alltoall,
+      error_code_forms::barrier, error_code_forms::broadcast, error_code_forms::gather, error_code_forms::reduce,
+      error_code_forms::reduce_scatter, error_code_forms::scatter;
   using memory_space = device_memory;
 
   /// An operation in flight on the communicator's stream.
@@ -306,10 +312,6 @@ class nccl_communicator {
     auto one = scratch<float>(1);
     allreduce(one, reduce_op::sum);
   }
-
-  // --- the error-code forms: the same, reporting through `ec` ----------------------------------
-
-DTRAIN_ERROR_CODE_FORMS(device_span)
 
   /// Why the communicator was aborted; empty while it is healthy.
   const std::string& failure() const noexcept { return *broken_; }

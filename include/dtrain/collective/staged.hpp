@@ -35,7 +35,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/detail/error_code_forms.hpp"
-#include "dtrain/detail/thrust_space.hpp"
+#include "dtrain/reduce/thrust_space.hpp"
 #include "dtrain/reduce/thrust.hpp"
 
 namespace dtrain {
@@ -73,8 +73,14 @@ class memory {
 }  // namespace detail::staging
 
 template <transport Transport>
-class staged_communicator {
+class staged_communicator : public detail::error_code_forms<staged_communicator<Transport>, thrust_buffer> {
+  using error_code_forms = detail::error_code_forms<staged_communicator, thrust_buffer>;
+
  public:
+  // Each operation's noexcept `std::error_code` form, beside the throwing one defined here.
+  using error_code_forms::allgather, error_code_forms::allreduce, error_code_forms::alltoall,
+      error_code_forms::barrier, error_code_forms::broadcast, error_code_forms::gather, error_code_forms::reduce,
+      error_code_forms::reduce_scatter, error_code_forms::scatter;
   using memory_space = thrust_device_memory;
 
   explicit staged_communicator(Transport t, communicator_options o = {}) : host_(std::move(t), std::move(o)) {}
@@ -168,10 +174,6 @@ class staged_communicator {
   void reduce(thrust_buffer<T> buf, reduce_op op, int root) {
     reduce<T>(thrust_buffer<const T>(buf), buf, op, root);
   }
-
-  // --- the error-code forms --------------------------------------------------------------------
-
-DTRAIN_ERROR_CODE_FORMS(thrust_buffer)
 
 
  private:

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/concepts/initializer.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/hash.hpp"
@@ -49,13 +50,6 @@ struct uniform_initializer {
       values[j] = static_cast<T>(scale * (2.0 * u - 1.0));
     }
   }
-};
-
-/// An initializer sets a new key's values, the same way for the same key on every run.
-template <class I, class T>
-concept initializer = std::copy_constructible<I> && requires(const I& i, key_type k, std::span<T> v) {
-  { I::name } -> std::convertible_to<std::string_view>;
-  { i(k, v) } -> std::same_as<void>;
 };
 
 /// How a table applies what workers push.

@@ -47,7 +47,7 @@
 #include "dtrain/core/signature.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/roles.hpp"
-#include "dtrain/ps/server.hpp"
+#include "dtrain/ps/options.hpp"
 #include "dtrain/ps/sharding.hpp"
 
 namespace dtrain::ps {

@@ -30,7 +30,7 @@
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/detail/netif.hpp"
 #include "dtrain/detail/request_error.hpp"
-#include "dtrain/detail/tcp_engine.hpp"
+#include "dtrain/transport/tcp/engine.hpp"
 #include "dtrain/rendezvous/environment.hpp"
 #include "dtrain/rendezvous/file_store.hpp"
 #include "dtrain/rendezvous/store.hpp"

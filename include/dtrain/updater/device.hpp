@@ -23,7 +23,7 @@
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
-#include "dtrain/detail/thrust_space.hpp"
+#include "dtrain/reduce/thrust_space.hpp"
 
 namespace dtrain {
 

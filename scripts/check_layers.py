@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Keeps dtrain's headers in their layers.
+
+Reads the layer ladder from docs/architecture.md (the fenced block after the line
+`<!-- layer ladder -->`: one layer a line, `number name folder/ folder/ file.hpp ...`, higher numbers
+above lower ones) and every `#include "dtrain/..."` under include/, and fails when
+  - a header includes one from a higher layer (the same layer is fine),
+  - a header is in no layer of the ladder,
+  - the includes form a cycle,
+  - a header is longer than MAX_LINES and not in LARGE_HEADERS below, or is listed there but no
+    longer needs to be (so the list stays short and true).
+
+  python3 scripts/check_layers.py [--root .]
+"""
+import argparse
+import os
+import re
+import sys
+
+MAX_LINES = 500
+
+# Headers allowed past MAX_LINES, each with the reason it is still one file.
+LARGE_HEADERS = {
+    "dtrain/transport/tcp/engine.hpp": "the TCP engine; its split into connection, write pump and group "
+                                       "lifecycle files is the next step of the architecture issue",
+    "dtrain/ps/server.hpp": "the server's dispatch, rounds, key cache and checkpoint scheduling; to be split by job",
+    "dtrain/ps/worker.hpp": "the worker's request paths and key cache half; to be split with the server",
+}
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](dtrain/[^">]+)[">]', re.MULTILINE)
+
+
+def read_ladder(architecture):
+    text = open(architecture, encoding="utf-8").read()
+    marker = text.find("<!-- layer ladder -->")
+    if marker < 0:
+        sys.exit(f"check_layers: {architecture} has no '<!-- layer ladder -->' block")
+    block = re.search(r"```[^\n]*\n(.*?)```", text[marker:], re.DOTALL)
+    if not block:
+        sys.exit(f"check_layers: no fenced block after the ladder marker in {architecture}")
+    layers = []  # (level, name, [prefixes])
+    for line in block.group(1).splitlines():
+        parts = line.split()
+        if len(parts) < 3 or not parts[0].isdigit():
+            continue
+        layers.append((int(parts[0]), parts[1], ["dtrain/" + p for p in parts[2:]]))
+    return layers
+
+
+def layer_of(header, layers):
+    """The layer whose folder or file names `header` most specifically."""
+    best = None
+    for level, name, prefixes in layers:
+        for p in prefixes:
+            if (header == p or (p.endswith("/") and header.startswith(p))) and (best is None or len(p) > best[2]):
+                best = (level, name, len(p))
+    return best[:2] if best else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    args = ap.parse_args()
+    include_dir = os.path.join(args.root, "include")
+    layers = read_ladder(os.path.join(args.root, "docs", "architecture.md"))
+
+    headers = {}
+    for folder, _, files in os.walk(include_dir):
+        for f in files:
+            if f.endswith((".hpp", ".cuh", ".h")):
+                path = os.path.join(folder, f)
+                rel = os.path.relpath(path, include_dir).replace(os.sep, "/")
+                text = open(path, encoding="utf-8").read()
+                headers[rel] = (text.count("\n"), INCLUDE.findall(text))
+
+    problems = []
+    for header, (_, includes) in sorted(headers.items()):
+        mine = layer_of(header, layers)
+        if mine is None:
+            problems.append(f"{header}: in no layer of the ladder in docs/architecture.md")
+            continue
+        for inc in includes:
+            if inc not in headers:
+                problems.append(f"{header}: includes {inc}, which does not exist")
+                continue
+            theirs = layer_of(inc, layers)
+            if theirs is not None and theirs[0] > mine[0]:
+                problems.append(f"{header} ({mine[1]}, layer {mine[0]}) includes {inc} "
+                                f"({theirs[1]}, layer {theirs[0]}): a lower layer may not include a higher one")
+
+    # Cycles: a depth-first search that reports each back edge's loop once.
+    state, stack = {}, []
+
+    def visit(h):
+        state[h] = "open"
+        stack.append(h)
+        for inc in headers[h][1]:
+            if inc not in headers:
+                continue
+            if state.get(inc) == "open":
+                loop = stack[stack.index(inc):] + [inc]
+                problems.append("include cycle: " + " -> ".join(loop))
+            elif inc not in state:
+                visit(inc)
+        stack.pop()
+        state[h] = "done"
+
+    for h in sorted(headers):
+        if h not in state:
+            visit(h)
+
+    for header, (lines, _) in sorted(headers.items()):
+        if lines > MAX_LINES and header not in LARGE_HEADERS:
+            problems.append(f"{header}: {lines} lines, over {MAX_LINES}; split it (or allow it in "
+                            f"scripts/check_layers.py with a reason)")
+    for header, reason in sorted(LARGE_HEADERS.items()):
+        if header not in headers:
+            problems.append(f"scripts/check_layers.py allows {header}, which does not exist")
+        elif headers[header][0] <= MAX_LINES:
+            problems.append(f"{header}: {headers[header][0]} lines now; take it off the allow-list")
+        else:
+            print(f"allowed: {header} ({headers[header][0]} lines): {reason}")
+
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
+        print(f"check_layers: {len(problems)} problem(s) in {len(headers)} headers", file=sys.stderr)
+        return 1
+    print(f"check_layers: {len(headers)} headers in {len(layers)} layers, no upward include, no cycle, "
+          f"none over {MAX_LINES} lines but the {len(LARGE_HEADERS)} allowed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
