@@ -27,6 +27,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/detail/match_queue.hpp"
 #include "dtrain/detail/message_parts.hpp"
 #include "dtrain/detail/request_error.hpp"
 
@@ -65,16 +66,18 @@ struct operation {
 
 using operation_ptr = std::shared_ptr<operation>;
 
-struct mailbox {
-  std::mutex m;
-  std::deque<operation_ptr> posted;      // receives of this rank waiting for a send
-  std::deque<operation_ptr> unexpected;  // sends to this rank waiting for a receive
-  bool closed = false;                   // the owner left the group
+// A receive wants (peer, tag); a send waiting in its receiver's mailbox came from its sender.
+struct match_keys {
+  static match_key of_receive(const operation_ptr& r) noexcept { return {r->env.peer, r->env.tag}; }
+  static match_key of_message(const operation_ptr& s) noexcept { return {s->self, s->env.tag}; }
 };
 
-inline bool matches(const operation& recv, int sender, std::uint64_t tag) {
-  return recv.env.tag == tag && (recv.env.peer == any_peer || recv.env.peer == sender);
-}
+struct mailbox {
+  std::mutex m;
+  // Receives of this rank waiting for a send, and sends to this rank waiting for a receive.
+  match_queue<operation_ptr, operation_ptr, match_keys> queue;
+  bool closed = false;  // the owner left the group
+};
 
 // Copies a matched send into a matched receive and completes both. Runs outside any mailbox lock.
 inline void deliver(operation& send, operation& recv) {
@@ -111,14 +114,11 @@ class fabric {
       op->complete(make_error_code(errc::peer_lost));
       return op;
     }
-    auto it = std::find_if(box.posted.begin(), box.posted.end(),
-                           [&](const operation_ptr& r) { return matches(*r, self, tag); });
-    if (it == box.posted.end()) {
-      box.unexpected.push_back(op);
+    operation_ptr recv = box.queue.take_receive({self, tag});
+    if (!recv) {
+      box.queue.hold(op);
       return op;
     }
-    operation_ptr recv = std::move(*it);
-    box.posted.erase(it);
     recv->state = operation::phase::copying;
     op->state = operation::phase::copying;
     lock.unlock();
@@ -135,11 +135,7 @@ class fabric {
     op->grow = grow;
     mailbox& box = *boxes_[static_cast<std::size_t>(self)];
     std::unique_lock lock(box.m);
-    auto it = std::find_if(box.unexpected.begin(), box.unexpected.end(),
-                           [&](const operation_ptr& s) { return matches(*op, s->self, s->env.tag); });
-    if (it != box.unexpected.end()) {
-      operation_ptr send = std::move(*it);
-      box.unexpected.erase(it);
+    if (operation_ptr send = box.queue.take_message({peer, tag})) {
       send->state = operation::phase::copying;
       op->state = operation::phase::copying;
       lock.unlock();
@@ -154,7 +150,7 @@ class fabric {
       op->complete(make_error_code(errc::peer_lost));
       return op;
     }
-    box.posted.push_back(op);
+    box.queue.post(op);
     return op;
   }
 
@@ -164,8 +160,11 @@ class fabric {
     {
       std::lock_guard lock(box.m);
       if (op->state == operation::phase::queued) {
-        auto& queue = op->is_send ? box.unexpected : box.posted;
-        queue.erase(std::remove(queue.begin(), queue.end(), op), queue.end());
+        if (op->is_send) {
+          box.queue.withdraw_message(op);
+        } else {
+          box.queue.withdraw_receive(op);
+        }
         op->state = operation::phase::done;
         op->complete(make_error_code(errc::cancelled));
         return;
@@ -187,20 +186,16 @@ class fabric {
     for (std::size_t b = 0; b < boxes_.size(); ++b) {
       mailbox& box = *boxes_[b];
       std::lock_guard lock(box.m);
+      auto all = [](const operation_ptr&) { return true; };
       if (static_cast<int>(b) == self) {
         box.closed = true;
-        for (auto& s : box.unexpected) take(std::move(s));
-        box.unexpected.clear();
-        for (auto& r : box.posted) take(std::move(r));
-        box.posted.clear();
+        for (auto& s : box.queue.take_messages_if(all)) take(std::move(s));
+        for (auto& r : box.queue.take_receives_if(all)) take(std::move(r));
         continue;
       }
-      auto waits_on_self = [&](const operation_ptr& r) { return r->env.peer == self; };
-      for (auto& r : box.posted) {
-        if (waits_on_self(r)) take(r);
+      for (auto& r : box.queue.take_receives_if([&](const operation_ptr& w) { return w->env.peer == self; })) {
+        take(std::move(r));
       }
-      box.posted.erase(std::remove_if(box.posted.begin(), box.posted.end(), waits_on_self),
-                       box.posted.end());
     }
     for (auto& op : failed) op->complete(make_error_code(errc::peer_lost));
   }

@@ -49,6 +49,7 @@
 #include "dtrain/detail/backoff.hpp"
 #include "dtrain/detail/handshake.hpp"
 #include "dtrain/detail/log.hpp"
+#include "dtrain/detail/match_queue.hpp"
 #include "dtrain/detail/message_parts.hpp"
 #include "dtrain/transport/progress.hpp"
 
@@ -158,9 +159,11 @@ struct connection {
   std::string lost;           // why the connection failed
 };
 
-inline bool matches(const operation& recv, int sender, std::uint64_t tag) {
-  return recv.env.tag == tag && (recv.env.peer == any_peer || recv.env.peer == sender);
-}
+// A receive wants (peer, tag); an unexpected message came from its peer on its tag.
+struct match_keys {
+  static match_key of_receive(const op_ptr& r) noexcept { return {r->env.peer, r->env.tag}; }
+  static match_key of_message(const incoming_ptr& in) noexcept { return {in->peer, in->tag}; }
+};
 
 inline std::string rank_text(int r) { return "rank " + std::to_string(r); }
 
@@ -282,12 +285,7 @@ class engine {
       op->complete(make_error_code(errc::peer_lost), failure_);
       return op;
     }
-    auto it = std::find_if(unexpected_.begin(), unexpected_.end(), [&](const incoming_ptr& in) {
-      return matches(*op, in->peer, in->tag);
-    });
-    if (it != unexpected_.end()) {
-      incoming_ptr in = std::move(*it);
-      unexpected_.erase(it);
+    if (incoming_ptr in = queue_.take_message({peer, tag})) {
       if (!in->complete) {
         in->claimed = op;  // the reader delivers when the payload is in
         op->state = operation::phase::active;
@@ -305,7 +303,7 @@ class engine {
         return op;
       }
     }
-    posted_.push_back(op);
+    queue_.post(op);
     return op;
   }
 
@@ -361,7 +359,7 @@ class engine {
           auto& q = conns_[static_cast<std::size_t>(op->env.peer)]->sendq;
           q.erase(std::remove(q.begin(), q.end(), op), q.end());
         } else {
-          posted_.erase(std::remove(posted_.begin(), posted_.end(), op), posted_.end());
+          queue_.withdraw_receive(op);
         }
         op->complete(make_error_code(errc::cancelled));
         return;
@@ -764,11 +762,7 @@ class engine {
   void on_data(connection& c, const frame_header& h) {
     const auto len = static_cast<std::size_t>(h.length);
     std::unique_lock lock(m_);
-    auto it = std::find_if(posted_.begin(), posted_.end(),
-                           [&](const op_ptr& r) { return matches(*r, c.peer, h.tag); });
-    if (it != posted_.end()) {
-      op_ptr recv = std::move(*it);
-      posted_.erase(it);
+    if (op_ptr recv = queue_.take_receive({c.peer, h.tag})) {
       recv->state = operation::phase::active;
       lock.unlock();
       recv->env.peer = c.peer;
@@ -786,7 +780,7 @@ class engine {
     in->sig = h.sig;
     in->length = len;
     in->data = std::make_unique_for_overwrite<std::byte[]>(len == 0 ? 1 : len);
-    unexpected_.push_back(in);
+    queue_.hold(in);
     lock.unlock();
     c.rx_in = in;
     expect_payload(c, receive_parts(std::span<std::byte>(in->data.get(), len)), len);
@@ -851,10 +845,7 @@ class engine {
       c.departed = true;
       // Everything the peer sent came before its goodbye; receives still waiting on it never
       // will be satisfied.
-      for (auto& r : posted_) {
-        if (r->env.peer == c.peer) orphans.push_back(r);
-      }
-      std::erase_if(posted_, [&](const op_ptr& r) { return r->env.peer == c.peer; });
+      orphans = queue_.take_receives_if([&](const op_ptr& r) { return r->env.peer == c.peer; });
     }
     for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), departure_text(c));
     auto ack = std::make_shared<operation>();
@@ -983,13 +974,12 @@ class engine {
       c.open = false;
       c.lost = rank_text(c.peer) + " " + why;
       (void)code;
-      for (auto& r : posted_) {
-        if (r->env.peer == c.peer) orphans.push_back(r);
+      for (auto& r : queue_.take_receives_if([&](const op_ptr& w) { return w->env.peer == c.peer; })) {
+        orphans.push_back(std::move(r));
       }
-      std::erase_if(posted_, [&](const op_ptr& r) { return r->env.peer == c.peer; });
       fail_queue(c);
       // Half-read messages from this peer will never complete.
-      std::erase_if(unexpected_, [&](const incoming_ptr& in) { return in->peer == c.peer && !in->complete; });
+      queue_.take_messages_if([&](const incoming_ptr& in) { return in->peer == c.peer && !in->complete; });
       // The group's failure is recorded before anyone wakes, so what they read is complete.
       abort = settings_.abort_group_on_peer_loss && !stopping_ && !failed_;
       if (abort) {
@@ -1015,8 +1005,7 @@ class engine {
       if (failed_ && !marked) return;
       failed_ = true;
       failure_ = why;
-      orphans.assign(posted_.begin(), posted_.end());
-      posted_.clear();
+      orphans = queue_.take_receives_if(every);
       for (auto& c : conns_) {
         if (c && c->open && c->peer != source && !c->departed) others.push_back(c.get());
       }
@@ -1038,11 +1027,7 @@ class engine {
     std::vector<op_ptr> orphans;
     {
       std::lock_guard lock(m_);
-      orphans.assign(posted_.begin(), posted_.end());
-      posted_.clear();
-      for (auto& in : unexpected_) {
-        if (in->claimed) orphans.push_back(std::move(in->claimed));
-      }
+      orphans = queue_.take_receives_if(every);
       for (auto& c : conns_) {
         if (!c) continue;
         for (auto& op : c->sendq) orphans.push_back(op);
@@ -1066,11 +1051,7 @@ class engine {
 
   void send_to_self(const op_ptr& op) {
     std::unique_lock lock(m_);
-    auto it = std::find_if(posted_.begin(), posted_.end(),
-                           [&](const op_ptr& r) { return matches(*r, rank_, op->env.tag); });
-    if (it != posted_.end()) {
-      op_ptr recv = std::move(*it);
-      posted_.erase(it);
+    if (op_ptr recv = queue_.take_receive({rank_, op->env.tag})) {
       recv->state = operation::phase::active;
       lock.unlock();
       incoming in;
@@ -1090,7 +1071,7 @@ class engine {
     in->data = std::make_unique_for_overwrite<std::byte[]>(in->length == 0 ? 1 : in->length);
     scatter_copy(op->data, receive_parts(std::span<std::byte>(in->data.get(), in->length)));
     in->complete = true;
-    unexpected_.push_back(std::move(in));
+    queue_.hold(std::move(in));
     lock.unlock();
     op->complete({});
   }
@@ -1115,8 +1096,9 @@ class engine {
   std::condition_variable accept_cv_;
   std::condition_variable state_cv_;
   std::vector<std::unique_ptr<connection>> conns_;  // by peer rank; null for self
-  std::deque<op_ptr> posted_;
-  std::deque<incoming_ptr> unexpected_;
+  // Posted receives and unexpected messages (guarded by m_).
+  match_queue<op_ptr, incoming_ptr, match_keys> queue_;
+  static constexpr auto every = [](const op_ptr&) { return true; };
   bool failed_ = false;
   std::atomic<bool> stopping_{false};
   std::string failure_;
