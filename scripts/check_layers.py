@@ -23,7 +23,8 @@ MAX_LINES = 500
 LARGE_HEADERS = {
     "dtrain/transport/tcp/engine.hpp": "the TCP engine; its split into connection, write pump and group "
                                        "lifecycle files is the next step of the architecture issue",
-    "dtrain/ps/server.hpp": "the server's dispatch, rounds, key cache and checkpoint scheduling; to be split by job",
+    "dtrain/ps/server.hpp": "dispatch, consistency rounds, key cache and worker liveness in one class "
+                            "(checkpoints and replies are out); rounds and liveness are next",
     "dtrain/ps/worker.hpp": "the worker's request paths and key cache half; to be split with the server",
 }
 

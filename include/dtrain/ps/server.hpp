@@ -45,7 +45,9 @@
 #include "dtrain/ps/checkpoint.hpp"
 #include "dtrain/ps/options.hpp"
 #include "dtrain/ps/protocol.hpp"
+#include "dtrain/ps/reply_queue.hpp"
 #include "dtrain/ps/roles.hpp"
+#include "dtrain/ps/shard_checkpoints.hpp"
 #include "dtrain/ps/table.hpp"
 
 namespace dtrain::ps {
@@ -85,6 +87,8 @@ class server {
         roles_(r),
         consistency_(c),
         options_(o),
+        checkpoints_(o.checkpoint_prefix, transport_.rank(), r.servers),
+        replies_(o.tag),
         sparse_(u, init, mode),
         dense_(u, init, mode),
         clocks_(static_cast<std::size_t>(r.workers), 0),
@@ -156,7 +160,6 @@ class server {
  private:
   using clock = std::chrono::steady_clock;
   using table_type = table<T, Updater, Initializer>;
-  using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
 
   struct pending_push {
     std::uint32_t worker;
@@ -204,47 +207,61 @@ class server {
       return;
     }
     try {
+      // Each handler sends its own reply (or defers it until the consistency model allows).
       switch (h.what) {
-        case op::hello:
-          check_hello(r);
-          greeted_[w] = true;
-          key_cache_[w].clear();  // a restarted worker starts with an empty key cache
-          reply.slowest = clocks_[w];  // a resumed server tells the worker where it left off
-          send(from, encode_response<T>(reply, {}));
-          break;
-        case op::push: push(r, keys_of(r)); send(from, encode_response<T>(reply, {})); break;
+        case op::hello: on_hello(from, r, reply); break;
+        case op::push: on_push(from, r, reply); break;
         case op::pull: on_pull(from, r); break;
         case op::push_pull: on_push_pull(from, r); break;
-        case op::clock:
-          if (h.clock != clocks_[w]) {
-            throw error(errc::protocol_error, "worker " + std::to_string(w) + " finished clock " +
-                                                  std::to_string(h.clock) + " but the server expected " +
-                                                  std::to_string(clocks_[w]));
-          }
-          ++clocks_[w];
-          ++stats_.clocks;
-          close_bundle(w);
-          defer_or_serve({from, h, {}});
-          progress();
-          break;
+        case op::clock: on_clock(from, h); break;
         case op::heartbeat: break;
-        case op::checkpoint:
-          if (options_.checkpoint_prefix.empty()) {
-            throw error(errc::unsupported, "this server was started without a checkpoint path");
-          }
-          save();
-          send(from, encode_response<T>(reply, {}));
-          break;
-        case op::goodbye:
-          close_bundle(w);
-          finished_[w] = true;
-          send(from, encode_response<T>(reply, {}));
-          progress();
-          break;
+        case op::checkpoint: on_checkpoint(from, reply); break;
+        case op::goodbye: on_goodbye(from, w, reply); break;
       }
     } catch (const error& e) {
       reply_error(from, reply, code_of(e), e.what());
     }
+  }
+
+  void on_hello(int from, const request_view<T>& r, response_header reply) {
+    const auto w = static_cast<std::size_t>(r.header.worker);
+    check_hello(r);
+    greeted_[w] = true;
+    key_cache_[w].clear();       // a restarted worker starts with an empty key cache
+    reply.slowest = clocks_[w];  // a resumed server tells the worker where it left off
+    send(from, encode_response<T>(reply, {}));
+  }
+
+  void on_push(int from, request_view<T>& r, const response_header& reply) {
+    push(r, keys_of(r));
+    send(from, encode_response<T>(reply, {}));
+  }
+
+  // The worker finished a clock; its reply waits until the consistency model lets it advance.
+  void on_clock(int from, const request_header& h) {
+    const auto w = static_cast<std::size_t>(h.worker);
+    if (h.clock != clocks_[w]) {
+      throw error(errc::protocol_error, "worker " + std::to_string(w) + " finished clock " + std::to_string(h.clock) +
+                                            " but the server expected " + std::to_string(clocks_[w]));
+    }
+    ++clocks_[w];
+    ++stats_.clocks;
+    close_bundle(w);
+    defer_or_serve({from, h, {}});
+    progress();
+  }
+
+  void on_checkpoint(int from, const response_header& reply) {
+    if (!checkpoints_.enabled()) throw error(errc::unsupported, "this server was started without a checkpoint path");
+    save();
+    send(from, encode_response<T>(reply, {}));
+  }
+
+  void on_goodbye(int from, std::size_t w, const response_header& reply) {
+    close_bundle(w);
+    finished_[w] = true;
+    send(from, encode_response<T>(reply, {}));
+    progress();
   }
 
   void check_hello(const request_view<T>& r) {
@@ -535,52 +552,16 @@ class server {
 
   // --- checkpoints -------------------------------------------------------------------------------
 
-  std::string checkpoint_path(std::int64_t at, const char* which) const {
-    return checkpoint_file(options_.checkpoint_prefix, shard(), at, which);
-  }
-
   void save() {
     const shard_state st{static_cast<std::uint32_t>(shard()), static_cast<std::uint32_t>(roles_.servers),
                          stats_.version, clocks_};
-    const std::int64_t at = std::min(slowest(), *std::max_element(clocks_.begin(), clocks_.end()));
-    save_checkpoint(checkpoint_path(at, "sparse"), sparse_, st);
-    save_checkpoint(checkpoint_path(at, "dense"), dense_, st);
-    if (written_.empty() || written_.back() != at) written_.push_back(at);
-    while (written_.size() > 2) {  // keep the two newest
-      std::remove(checkpoint_path(written_.front(), "sparse").c_str());
-      std::remove(checkpoint_path(written_.front(), "dense").c_str());
-      written_.erase(written_.begin());
-    }
+    checkpoints_.save(sparse_, dense_, st, std::min(slowest(), *std::max_element(clocks_.begin(), clocks_.end())));
   }
 
   void restore() {
-    if (options_.checkpoint_prefix.empty()) {
-      throw error(errc::invalid_argument, "ps::server: resume asked without a checkpoint prefix");
-    }
-    std::int64_t at = options_.resume_clock;
-    if (at < 0) {
-      const auto common = latest_common_checkpoint(options_.checkpoint_prefix, roles_.servers);
-      if (!common) {
-        throw error(errc::bad_data, "ps::server " + std::to_string(shard()) + ": no clock has a checkpoint of every one of the " +
-                                        std::to_string(roles_.servers) + " shards at " + options_.checkpoint_prefix);
-      }
-      at = *common;
-    }
-    const auto sparse = load_checkpoint(checkpoint_path(at, "sparse"), sparse_, static_cast<std::uint32_t>(shard()),
-                                        static_cast<std::uint32_t>(roles_.servers));
-    const auto dense = load_checkpoint(checkpoint_path(at, "dense"), dense_, static_cast<std::uint32_t>(shard()),
-                                       static_cast<std::uint32_t>(roles_.servers));
-    if (sparse.version != dense.version || sparse.clocks != dense.clocks) {
-      throw error(errc::bad_data, "ps::server " + std::to_string(shard()) + ": the sparse and dense checkpoints at " +
-                                      options_.checkpoint_prefix + " are from different moments");
-    }
-    if (sparse.clocks.size() != clocks_.size()) {
-      throw error(errc::bad_data, "ps::server " + std::to_string(shard()) + ": the checkpoint has " +
-                                      std::to_string(sparse.clocks.size()) + " workers' clocks; this job has " +
-                                      std::to_string(clocks_.size()) + " workers");
-    }
-    stats_.version = sparse.version;
-    clocks_ = sparse.clocks;
+    const shard_state st = checkpoints_.restore(sparse_, dense_, options_.resume_clock, clocks_.size());
+    stats_.version = st.version;
+    clocks_ = st.clocks;
   }
 
   // --- workers' state ---------------------------------------------------------------------------
@@ -645,34 +626,16 @@ class server {
     send(to, encode_error(h, code, text));
   }
 
-  // Sends a reply on the tag of the request it answers (its id is in the reply's header).
-  void send(int to, message bytes) {
-    stats_.bytes_out += bytes.size();
-    const std::uint64_t id = dtrain::detail::wire::get<std::uint64_t>(bytes.data() + 8);
-    sends_.emplace_back(std::move(bytes));
-    auto& s = sends_.back();
-    s.handle.emplace(transport_.isend(to, reply_tag(options_.tag, id), signature{}, s.bytes.bytes()));
-  }
-
-  void reap_sends() {
-    while (!sends_.empty() && sends_.front().handle->test()) sends_.pop_front();
-  }
-
-  void flush_sends() noexcept {
-    const auto d = deadline::after(options_.timeout);
-    for (auto& s : sends_) {
-      std::error_code ec;
-      s.handle->wait(d, ec);  // a worker that left takes its replies with it
-    }
-    sends_.clear();
-  }
-
-  using outgoing = outgoing_message<send_handle>;
+  void send(int to, message bytes) { stats_.bytes_out += replies_.send(transport_, to, std::move(bytes)); }
+  void reap_sends() { replies_.reap(); }
+  void flush_sends() noexcept { replies_.flush(deadline::after(options_.timeout)); }
 
   Transport transport_;
   roles roles_;
   Consistency consistency_;
   ps_options options_;
+  shard_checkpoints checkpoints_;
+  reply_queue<Transport> replies_;
   table_type sparse_, dense_;
   std::vector<std::int64_t> clocks_;
   std::vector<bool> finished_, dead_, greeted_;
@@ -683,10 +646,8 @@ class server {
   std::map<std::uint32_t, std::vector<pending_push>> open_bundle_;  // soft sync: this clock's pushes
   std::list<deferred> deferred_;
   std::vector<std::vector<cached_keys>> key_cache_;  // per worker, per slot
-  std::deque<outgoing> sends_;
   std::string failure_;
   std::int64_t next_checkpoint_ = 0;
-  std::vector<std::int64_t> written_;  // clocks of the checkpoints on disk, oldest first
   server_stats stats_;
 };
 
