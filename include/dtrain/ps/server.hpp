@@ -43,6 +43,7 @@
 #include "dtrain/detail/log.hpp"
 #include "dtrain/detail/receive_ring.hpp"
 #include "dtrain/ps/checkpoint.hpp"
+#include "dtrain/ps/key_cache.hpp"
 #include "dtrain/ps/options.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/reply_queue.hpp"
@@ -96,7 +97,7 @@ class server {
         dead_(static_cast<std::size_t>(r.workers), false),
         greeted_(static_cast<std::size_t>(r.workers), false),
         last_seen_(static_cast<std::size_t>(r.workers), std::chrono::steady_clock::now()),
-        key_cache_(static_cast<std::size_t>(r.workers)) {
+        key_cache_(r.workers) {
     if (!roles_.is_server(transport_.rank())) {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(transport_.rank()) +
                                               ", which is a worker rank");
@@ -227,7 +228,7 @@ class server {
     const auto w = static_cast<std::size_t>(r.header.worker);
     check_hello(r);
     greeted_[w] = true;
-    key_cache_[w].clear();       // a restarted worker starts with an empty key cache
+    key_cache_.forget(static_cast<std::uint32_t>(w));  // a restarted worker starts with an empty cache
     reply.slowest = clocks_[w];  // a resumed server tells the worker where it left off
     send(from, encode_response<T>(reply, {}));
   }
@@ -282,50 +283,7 @@ class server {
     return consistency_.staleness_bound() != 0 && consistency_.pushes_to_apply(live_workers()) == 1;
   }
 
-  // A key list the worker asked this server to keep (key caching), and where its keys sit in
-  // the table it was used with.
-  struct cached_keys {
-    table_id which = table_id::sparse;
-    std::uint32_t length = 0;  // values per key the slots were resolved (and checked) for
-    std::vector<key_type> keys;
-    resolved_keys resolved;
-  };
-
-  // A request's keys: in the request, or in the key cache (with their slots in the table).
-  struct key_list {
-    std::span<const key_type> keys;
-    resolved_keys* resolved = nullptr;
-  };
-
-  // Keeps the request's keys when it asks to (`key_cache::store`), or finds the ones it names
-  // (`key_cache::use`). Push keys must be sorted and unique; a kept list is checked once, here.
-  key_list keys_of(const request_view<T>& r) {
-    const request_header& h = r.header;
-    const std::string who = std::string(h.what == op::pull ? "pull" : "push") + " from worker " + std::to_string(h.worker);
-    if (h.cache == key_cache::none) {
-      if (h.what != op::pull) check_sorted_unique(r.keys, who);
-      return {r.keys, nullptr};
-    }
-    auto& mine = key_cache_[h.worker];
-    if (mine.empty()) mine.resize(256);  // every slot a byte can name
-    cached_keys& c = mine[h.cache_slot];
-    if (h.cache == key_cache::store) {
-      c.keys.clear();  // a refused list leaves the slot empty, never holding an older list
-      check_sorted_unique(r.keys, who);
-      c.which = h.table;
-      c.keys = r.keys;
-      c.resolved.slots.clear();
-    } else if (c.keys.size() != h.keys || c.which != h.table || h.keys == 0) {
-      throw error(errc::protocol_error, who + " names key cache slot " + std::to_string(h.cache_slot) + " with " +
-                                            std::to_string(h.keys) + " keys, but the slot holds " +
-                                            std::to_string(c.keys.size()) + " keys of another table or request");
-    }
-    if (c.length != h.length) {  // resolved for another length: resolve again, checking each key's
-      c.length = h.length;
-      c.resolved.slots.clear();
-    }
-    return {c.keys, &c.resolved};
-  }
+  key_list keys_of(const request_view<T>& r) { return key_cache_.keys_of(r.header, r.keys); }
 
   // The keys as a list the server keeps (a deferred pull, a push waiting for its round).
   static std::vector<key_type> own(request_view<T>& r, const key_list& k) {
@@ -645,7 +603,7 @@ class server {
   std::size_t bundles_ = 0;
   std::map<std::uint32_t, std::vector<pending_push>> open_bundle_;  // soft sync: this clock's pushes
   std::list<deferred> deferred_;
-  std::vector<std::vector<cached_keys>> key_cache_;  // per worker, per slot
+  kept_key_lists key_cache_;
   std::string failure_;
   std::int64_t next_checkpoint_ = 0;
   server_stats stats_;

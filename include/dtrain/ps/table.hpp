@@ -21,6 +21,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/hash.hpp"
 #include "dtrain/detail/flat_map.hpp"
+#include "dtrain/ps/key_cache.hpp"
 #include "dtrain/ps/sharding.hpp"
 
 namespace dtrain::ps {
@@ -56,13 +57,6 @@ struct uniform_initializer {
 enum class apply_mode {
   update,  ///< pushed values are gradients; the updater steps the parameters
   sum,     ///< pushed values are added to the parameters (the optimizer runs on the workers)
-};
-
-/// Where the keys of a list sit in one table, for a list that comes again (key caching): the
-/// first operation given it fills it, later ones use it instead of looking the keys up. Valid
-/// for the table that filled it, for the same keys, for the table's life (keys are never moved).
-struct resolved_keys {
-  std::vector<std::uint32_t> slots;
 };
 
 /// One shard's keys, values and updater state. Not thread-safe: the server serialises access.

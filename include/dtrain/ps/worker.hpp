@@ -45,6 +45,7 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/ps/key_cache.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/options.hpp"
@@ -88,7 +89,8 @@ class worker {
         options_(o),
         dense_sharding_(r.servers),
         dense_layout_(o.dense_slice_bytes, sizeof(T)),
-        basis_(static_cast<std::size_t>(r.servers), 0) {
+        basis_(static_cast<std::size_t>(r.servers), 0),
+        key_cache_(r.servers, o.key_cache_lists) {
     if (roles_.is_server(transport_.rank())) {
       throw error(errc::invalid_argument, "ps::worker on rank " + std::to_string(transport_.rank()) + ", a server rank");
     }
@@ -97,7 +99,6 @@ class worker {
                                               " servers but the group has " + std::to_string(roles_.servers));
     }
     id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
-    key_cache_.resize(static_cast<std::size_t>(roles_.servers));
     request hello;
     for (int s = 0; s < roles_.servers; ++s) {
       hello.ids_.push_back(send(s, op::hello, table_id::sparse, config_, std::span<const T>{}, 0, nullptr));
@@ -406,7 +407,7 @@ class worker {
     request_header h{what, which, id, clock_, basis_[static_cast<std::size_t>(server)], keys.size(),
                      static_cast<std::uint32_t>(length), id_};
     if (carries_keys(what) && which == table_id::sparse && options_.key_cache_lists > 0 && keys.size() >= options_.key_cache_min_keys) {
-      const auto [slot, hit] = cache_slot(server, keys);
+      const auto [slot, hit] = key_cache_.slot_for(server, keys);
       h.cache = hit ? key_cache::use : key_cache::store;
       h.cache_slot = slot;
       if (hit) keys = {};  // the server has them
@@ -425,27 +426,6 @@ class worker {
     p.sent.emplace(transport_.isend(roles_.server_rank(server), options_.tag, signature{}, gather_list(request_parts)));
     stats_.bytes_out += header_bytes + keys.size_bytes() + values.size_bytes();
     return id;
-  }
-
-  // The key cache slot of `keys` for `server`, and whether the server already holds them there;
-  // if not, they take the least recently used slot.
-  std::pair<std::uint8_t, bool> cache_slot(int server, std::span<const key_type> keys) {
-    auto& lists = key_cache_[static_cast<std::size_t>(server)];
-    std::size_t slot = 0;
-    for (std::size_t i = 0; i < lists.size(); ++i) {
-      if (lists[i].keys.size() == keys.size() && std::equal(keys.begin(), keys.end(), lists[i].keys.begin())) {
-        lists[i].used = ++cache_tick_;
-        return {static_cast<std::uint8_t>(i), true};
-      }
-      if (lists[i].used < lists[slot].used) slot = i;
-    }
-    if (lists.size() < std::min<std::size_t>(options_.key_cache_lists, 256)) {
-      slot = lists.size();
-      lists.emplace_back();
-    }
-    lists[slot].keys.assign(keys.begin(), keys.end());
-    lists[slot].used = ++cache_tick_;
-    return {static_cast<std::uint8_t>(slot), false};
   }
 
   // Waits for the reply to `p` under `d` and reads it: a refusal becomes `p.failure`; a pull's
@@ -540,12 +520,7 @@ class worker {
   consistent_hash_sharding dense_sharding_;
   dense_layout dense_layout_;
   std::vector<std::uint64_t> basis_;  // per server: the version of the last pull
-  struct sent_keys {
-    std::vector<key_type> keys;
-    std::uint64_t used = 0;
-  };
-  std::vector<std::vector<sent_keys>> key_cache_;  // per server: the lists it holds, by slot
-  std::uint64_t cache_tick_ = 0;
+  sent_key_lists key_cache_;
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
   std::vector<std::int64_t> hello_clocks_;
