@@ -11,7 +11,10 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -95,6 +98,29 @@ int run_conformance(communicator<tcp_transport>& c) {
       }
     }
   }
+  // Barriers, each algorithm: no rank leaves before every rank has entered. CLOCK_MONOTONIC is
+  // one clock for every process of the machine, so entry and exit times compare across ranks.
+  for (algorithm a : {algorithm::dissemination, algorithm::binomial_tree}) {
+    c.algorithms() = selection_table{};
+    c.algorithms().force(coll_op::barrier, a);
+    for (int round = 0; round < 5; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds((c.rank() * 7 + round * 3) % 11));
+      std::array<std::int64_t, 2> mine{monotonic_us(), 0};
+      c.barrier();
+      mine[1] = monotonic_us();
+      std::vector<std::int64_t> all(2 * static_cast<std::size_t>(p));
+      c.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+      std::int64_t last_entry = 0;
+      for (int r = 0; r < p; ++r) last_entry = std::max(last_entry, all[2 * static_cast<std::size_t>(r)]);
+      if (mine[1] < last_entry) {
+        std::fprintf(stderr, "WRONG: barrier (%s) round %d: rank %d left %lld us before the last rank entered\n",
+                     std::string(algorithm_name(a)).c_str(), round, c.rank(), static_cast<long long>(last_entry - mine[1]));
+        ok = false;
+      }
+      ++cases;
+    }
+  }
+
   // Every rank's verdict counts: the group's count of ranks with a wrong result decides every
   // rank's exit status, so a launcher that reports any one rank reports them all.
   int wrong_ranks = ok ? 0 : 1;
