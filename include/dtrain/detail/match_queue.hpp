@@ -51,11 +51,15 @@ class match_queue {
   /// Removes a waiting message; @returns whether it was still waiting.
   bool withdraw_message(const Message& m) { return std::erase(messages_, m) > 0; }
 
-  /// Removes and returns, in order, the posted receives for which `pred` holds.
-  template <class Pred>
-  std::vector<Receive> take_receives_if(Pred pred) {
-    return take_all_if(receives_, pred);
+  /// Removes and returns, in order, the receives posted for a message from `peer` (not those for
+  /// any peer): what a peer that has left can no longer satisfy.
+  std::vector<Receive> take_receives_from(int peer) {
+    return take_all_if(receives_, [&](const Receive& r) { return Keys::of_receive(r).peer == peer; });
   }
+  /// Removes and returns every posted receive, in order.
+  std::vector<Receive> take_all_receives() { return take_all(receives_); }
+  /// Removes and returns every waiting message, in order.
+  std::vector<Message> take_all_messages() { return take_all(messages_); }
   /// Removes and returns, in order, the waiting messages for which `pred` holds.
   template <class Pred>
   std::vector<Message> take_messages_if(Pred pred) {
@@ -70,6 +74,12 @@ class match_queue {
     Handle h = std::move(*it);
     from.erase(it);
     return h;
+  }
+  template <class Handle>
+  static std::vector<Handle> take_all(std::deque<Handle>& from) {
+    std::vector<Handle> taken(std::make_move_iterator(from.begin()), std::make_move_iterator(from.end()));
+    from.clear();
+    return taken;
   }
   template <class Handle, class Pred>
   static std::vector<Handle> take_all_if(std::deque<Handle>& from, Pred pred) {

@@ -186,16 +186,13 @@ class fabric {
     for (std::size_t b = 0; b < boxes_.size(); ++b) {
       mailbox& box = *boxes_[b];
       std::lock_guard lock(box.m);
-      auto all = [](const operation_ptr&) { return true; };
       if (static_cast<int>(b) == self) {
         box.closed = true;
-        for (auto& s : box.queue.take_messages_if(all)) take(std::move(s));
-        for (auto& r : box.queue.take_receives_if(all)) take(std::move(r));
+        for (auto& s : box.queue.take_all_messages()) take(std::move(s));
+        for (auto& r : box.queue.take_all_receives()) take(std::move(r));
         continue;
       }
-      for (auto& r : box.queue.take_receives_if([&](const operation_ptr& w) { return w->env.peer == self; })) {
-        take(std::move(r));
-      }
+      for (auto& r : box.queue.take_receives_from(self)) take(std::move(r));
     }
     for (auto& op : failed) op->complete(make_error_code(errc::peer_lost));
   }

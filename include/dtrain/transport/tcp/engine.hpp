@@ -469,7 +469,6 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   std::vector<std::unique_ptr<connection>> conns_;  // by peer rank; null for self
   // Posted receives and unexpected messages (guarded by m_).
   match_queue<op_ptr, incoming_ptr, match_keys> queue_;
-  static constexpr auto every = [](const op_ptr&) { return true; };
   bool failed_ = false;
   std::atomic<bool> stopping_{false};
   std::string failure_;

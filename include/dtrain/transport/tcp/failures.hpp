@@ -53,9 +53,7 @@ class failures {
       c.open = false;
       c.lost = rank_text(c.peer) + " " + why;
       (void)code;
-      for (auto& r : self().queue_.take_receives_if([&](const op_ptr& w) { return w->env.peer == c.peer; })) {
-        orphans.push_back(std::move(r));
-      }
+      for (auto& r : self().queue_.take_receives_from(c.peer)) orphans.push_back(std::move(r));
       fail_queue(c);
       // Half-read messages from this peer will never complete.
       self().queue_.take_messages_if([&](const incoming_ptr& in) { return in->peer == c.peer && !in->complete; });
@@ -84,7 +82,7 @@ class failures {
       if (self().failed_ && !marked) return;
       self().failed_ = true;
       self().failure_ = why;
-      orphans = self().queue_.take_receives_if(self().every);
+      orphans = self().queue_.take_all_receives();
       for (auto& c : self().conns_) {
         if (c && c->open && c->peer != source && !c->departed) others.push_back(c.get());
       }
@@ -106,7 +104,7 @@ class failures {
     std::vector<op_ptr> orphans;
     {
       std::lock_guard lock(self().m_);
-      orphans = self().queue_.take_receives_if(self().every);
+      orphans = self().queue_.take_all_receives();
       for (auto& c : self().conns_) {
         if (!c) continue;
         for (auto& op : c->sendq) orphans.push_back(op);

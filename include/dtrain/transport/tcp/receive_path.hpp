@@ -316,7 +316,7 @@ class receive_path {
       c.departed = true;
       // Everything the peer sent came before its goodbye; receives still waiting on it never
       // will be satisfied.
-      orphans = self().queue_.take_receives_if([&](const op_ptr& r) { return r->env.peer == c.peer; });
+      orphans = self().queue_.take_receives_from(c.peer);
     }
     for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), self().departure_text(c));
     auto ack = std::make_shared<operation>();
