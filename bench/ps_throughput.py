@@ -51,7 +51,7 @@ def run_json(cmd, env=None):
         return json.load(open(f.name))
 
 
-def configurations(build, seconds):
+def configurations(build, seconds, with_zmq):
     """(key, label, command, unit, rows -> {size: value}) for every program in the table."""
     run = [os.path.join(build, "tools", "dtrain-run")]
     ps = os.path.join(build, "bench", "bench_ps")
@@ -79,7 +79,7 @@ def configurations(build, seconds):
          dense),
     ]
     zmq = os.path.join(build, "bench", "zmq_push_pull")
-    if os.access(zmq, os.X_OK):
+    if with_zmq:
         configs += [
             ("zmq_d1", "ZeroMQ (zmq_push_pull, server only answers), 1 in flight",
              [zmq, "--sizes", *sizes] + common, "GB/s", dense),
@@ -109,11 +109,14 @@ def main():
     ap.add_argument("--from-json", help="print the table of an earlier run's --json instead of measuring")
     args = ap.parse_args()
     source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    configs = configurations(args.build, args.seconds)
+    saved = json.load(open(args.from_json)) if args.from_json else None
+    # ZeroMQ is measured where its peer program was built; a saved run lists it if it had it.
+    with_zmq = "zmq_d1" in saved["samples"] if saved else os.access(
+        os.path.join(args.build, "bench", "zmq_push_pull"), os.X_OK)
+    configs = configurations(args.build, args.seconds, with_zmq)
     samples = {key: {} for key, *_ in configs}
     where, measured = machine(), commit(source)
-    if args.from_json:
-        saved = json.load(open(args.from_json))
+    if saved:
         where, measured, args.rounds = saved["machine"], saved["commit"], saved["rounds"]
         for key, cols in saved["samples"].items():
             samples[key] = {(int(c) if c.isdigit() else c): v for c, v in cols.items()}
