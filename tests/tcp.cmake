@@ -9,7 +9,7 @@ target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)
 # Multi-process tests pass or fail by exit status only: every rank exits non-zero on a wrong
 # result, and dtrain-run (tested by tools/dtrain_run.sh) and mpirun exit non-zero when any rank
 # does. No test here matches its output with PASS_REGULAR_EXPRESSION, which would make ctest
-# ignore the exit status (tests/check_gates.cmake keeps it so).
+# ignore the exit status (tests/gates/check_gates.cmake keeps it so).
 
 # dtrain-run's own contract: environment, prefixed output, a failed rank stops the rest and its
 # status is the launcher's.
