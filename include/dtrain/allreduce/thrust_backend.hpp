@@ -1,0 +1,100 @@
+#pragma once
+/// @file
+/// `allreduce::thrust_backend<Model>`: the memory policy of an allreduce trainer whose tensors
+/// live where Thrust's device system runs: GPU memory in a CUDA build, host memory under the
+/// CPP and OMP systems (the same code, tested without a GPU). host_backend.hpp lists what a
+/// backend answers; here each answer is ordered by streams and events:
+///  - the model enqueues its kernels on its stream and reports gradient i once the kernels that
+///    write it are enqueued; the backend records an event there;
+///  - the communication stream waits for a bucket's events before packing it, and the copies
+///    are synchronised before the collective (NCCL, or staging) starts on streams of its own;
+///  - the updater's per-element rule (`device_updater`) is enqueued on the model's stream, so
+///    the next forward pass is ordered after it.
+/// 16-bit compression does not exist here yet and is refused.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "dtrain/allreduce/bucket_plan.hpp"
+#include "dtrain/concepts/device_model.hpp"
+#include "dtrain/reduce/thrust.hpp"
+#include "dtrain/reduce/thrust_space.hpp"
+#include "dtrain/updater/device.hpp"
+
+namespace dtrain {
+
+/// A `device_tensor_model` (concepts/device_model.hpp) over this build's Thrust device memory:
+/// tensors are `thrust_buffer<value_type>` (a `device_span` in a CUDA build) and `stream()` is a
+/// `cudaStream_t` (on the CPU, a tag).
+template <class M>
+concept device_model = device_tensor_model<M, thrust_buffer, detail::thrust_space::stream_handle>;
+
+}  // namespace dtrain
+
+namespace dtrain::allreduce {
+
+namespace detail {
+namespace thrust_space = dtrain::detail::thrust_space;
+}  // namespace detail
+
+template <class Model>
+class thrust_backend {
+ public:
+  using value_type = typename Model::value_type;
+  using span = thrust_buffer<value_type>;
+  template <class Updater>
+  using updater_for = device_updater<Updater>;
+
+  static constexpr std::string_view trainer_name = "allreduce::device_trainer";
+  static constexpr bool compresses = false;
+  static constexpr std::string_view no_compression =
+      "16-bit compression is not implemented on the device; use compression::none (NCCL's bandwidth "
+      "makes it rarely worth it)";
+
+  void reserve(const bucket_plan& plan) {
+    scratch_ = detail::thrust_space::buffer<value_type>(plan.largest_bucket());
+    ready_events_.resize(plan.tensor_count());
+  }
+  span scratch(std::size_t n) noexcept { return scratch_.span().first(n); }
+
+  void settle(Model& model) { detail::thrust_space::synchronize(model.stream()); }
+  void gradient_final(Model& model, std::size_t tensor) { ready_events_[tensor].record(model.stream()); }
+  void await_gradients(const std::vector<std::size_t>& tensors) {
+    for (std::size_t t : tensors) ready_events_[t].make_wait(comm_stream_.get());
+  }
+  void copy(span to, span from) { detail::thrust_space::copy<value_type>(to, from, comm_stream_.get()); }
+  void fence() { detail::thrust_space::synchronize(comm_stream_.get()); }
+
+  /// Through device memory: the collective takes no other.
+  template <class Collective>
+  std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
+    const auto n = static_cast<std::size_t>(comm.size());
+    detail::thrust_space::buffer<std::int64_t> in(mine.size()), out(mine.size() * n);
+    detail::thrust_space::upload<std::int64_t>(in.span(), mine, comm_stream_.get());
+    comm.allgather(thrust_buffer<const std::int64_t>(in.span()), out.span());
+    std::vector<std::int64_t> all(mine.size() * n);
+    detail::thrust_space::download<std::int64_t>(all, out.span(), comm_stream_.get());
+    return all;
+  }
+
+  template <class Updater>
+  void prepare(device_updater<Updater>& updater, std::size_t elements, Model& model) {
+    updater.resize(elements, model.stream());
+  }
+
+  template <class Updater>
+  void update(device_updater<Updater>& updater, Model& model, std::size_t tensor, std::size_t offset) {
+    updater.step(model.parameters(tensor), thrust_buffer<const value_type>(model.gradients(tensor)), offset, {},
+                 model.stream());
+  }
+
+ private:
+  detail::thrust_space::owned_stream comm_stream_;
+  std::vector<detail::thrust_space::event> ready_events_;  // per tensor, recorded on the model's stream
+  detail::thrust_space::buffer<value_type> scratch_;
+};
+
+}  // namespace dtrain::allreduce

@@ -1,0 +1,115 @@
+#pragma once
+/// @file
+/// What every allreduce trainer is told and reports: `trainer_options`, `step_result`,
+/// `trainer_stats`, and the start-up check that every rank built the same plan with the same
+/// options.
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtrain/allreduce/bucket_plan.hpp"
+#include "dtrain/core/trace.hpp"
+
+namespace dtrain::allreduce {
+
+/// Whether buckets travel in the model's precision or in 16 bits.
+enum class compression { none, fp16, bf16 };
+
+/// How a trainer buckets, compresses and synchronises. Identical on every rank (checked).
+struct trainer_options {
+  /// Capacity of the first bucket (the last layers' gradients, ready first). DDP: 1 MiB.
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  /// Capacity of the other buckets. DDP: 25 MiB.
+  std::size_t bucket_bytes = std::size_t{25} << 20;
+  /// Gradient compression on the wire; parameters are never compressed.
+  compression compress = compression::none;
+  /// Local SGD period tau: 1 averages gradients every step; tau > 1 lets every rank step on its
+  /// own gradients and averages the parameters every tau steps.
+  std::size_t average_every = 1;
+  /// Post-local SGD: this many synchronous steps before local SGD starts.
+  std::size_t local_sgd_after = 0;
+  /// The learning rate for each step (e.g. an `lr_schedule`); empty leaves the updater's own.
+  std::function<double(std::size_t step)> learning_rate;
+  /// Launch buckets while the backward pass runs; off launches them after it (for comparison).
+  bool overlap = true;
+  /// The rank whose initial parameters every rank starts from.
+  int root = 0;
+  /// Where the timeline goes; null: `trace::recorder::global()` (enabled by DTRAIN_TRACE).
+  trace::recorder* tracer = nullptr;
+};
+
+/// What one `step` did.
+struct step_result {
+  double loss = 0;                 ///< this rank's mean loss on its batch
+  double learning_rate = 0;        ///< the rate the update used
+  bool averaged_parameters = false;  ///< local SGD averaged the parameters after this step
+};
+
+/// Where a trainer's time went, summed over its steps (seconds), for reports and benchmarks.
+struct trainer_stats {
+  std::size_t steps = 0;
+  double step_seconds = 0;     ///< whole steps
+  double compute_seconds = 0;  ///< the model's forward and backward passes
+  double wait_seconds = 0;     ///< waiting for communication after backward: the exposed part
+  double update_seconds = 0;   ///< the updater, and local SGD's parameter averaging
+  double comm_seconds = 0;     ///< time in collectives, overlapped or not
+  std::uint64_t bytes_reduced = 0;  ///< bytes handed to allreduce on this rank
+  /// Adds one step: forward and backward from t0, waiting from t1, the update from t2, done at t3.
+  void add_step(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1,
+                std::chrono::steady_clock::time_point t2, std::chrono::steady_clock::time_point t3) {
+    auto seconds = [](std::chrono::steady_clock::duration d) { return std::chrono::duration<double>(d).count(); };
+    ++steps;
+    step_seconds += seconds(t3 - t0);
+    compute_seconds += seconds(t1 - t0);
+    wait_seconds += seconds(t2 - t1);
+    update_seconds += seconds(t3 - t2);
+  }
+  /// The share of a step spent waiting for communication.
+  double communication_share() const noexcept { return step_seconds > 0 ? wait_seconds / step_seconds : 0; }
+};
+
+namespace detail {
+
+/// What ranks compare at start-up: the plan's digest, its size, and a digest of what changes
+/// the traffic: compression, local SGD, and which buckets are contiguous (those reduce in memory
+/// order, the others in plan order). Equal on every rank, or the job is misbuilt.
+using plan_digest = std::array<std::int64_t, 4>;
+
+inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& contiguous, const trainer_options& o) {
+  std::uint64_t contiguity = 0;
+  for (bool c : contiguous) contiguity = contiguity * 3 + (c ? 1 : 2);
+  const std::uint64_t options = (static_cast<std::uint64_t>(o.compress) ^ (contiguity << 2)) |
+                                (static_cast<std::uint64_t>(o.average_every) << 8) |
+                                (static_cast<std::uint64_t>(o.local_sgd_after) << 32);
+  return {static_cast<std::int64_t>(plan.fingerprint()), static_cast<std::int64_t>(plan.tensor_count()),
+          static_cast<std::int64_t>(plan.elements()), static_cast<std::int64_t>(options)};
+}
+
+/// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the
+/// message every rank raises, naming the first rank that differs from rank 0.
+inline std::string plan_disagreement(std::span<const std::int64_t> all, const std::string& who) {
+  auto describe = [](const std::int64_t* p) {
+    return std::to_string(p[1]) + " tensors, " + std::to_string(p[2]) + " elements, plan digest " +
+           std::to_string(static_cast<std::uint64_t>(p[0])) + ", options digest " + std::to_string(p[3]);
+  };
+  for (std::size_t r = 1; 4 * r < all.size(); ++r) {
+    const std::int64_t* theirs = all.data() + 4 * r;
+    if (std::equal(theirs, theirs + 4, all.data())) continue;
+    return who + ": ranks disagree on the model or trainer options: rank 0 has " + describe(all.data()) + "; rank " +
+           std::to_string(r) + " has " + describe(theirs) +
+           ". Every rank must build the same model and pass the same trainer_options";
+  }
+  return {};
+}
+
+
+}  // namespace detail
+
+}  // namespace dtrain::allreduce

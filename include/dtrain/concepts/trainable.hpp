@@ -1,0 +1,21 @@
+#pragma once
+/// @file
+/// The `trainable` concept: the parts an allreduce trainer is built from fit one another.
+
+#include <cstdint>
+
+#include "dtrain/concepts/collective.hpp"
+#include "dtrain/concepts/updater.hpp"
+
+namespace dtrain {
+
+/// `Collective`, `Updater` and `Model` make an allreduce trainer:
+///  1. `Collective` reduces and broadcasts the model's `value_type` (gradients, parameters),
+///  2. and gathers `std::int64_t` (every rank's plan digest, compared at start-up);
+///  3. `Updater` updates `value_type` parameters.
+/// Where the tensors live (host or device memory) is the trainer's backend's business.
+template <class Collective, class Updater, class Model>
+concept trainable = collective<Collective, typename Model::value_type> && collective<Collective, std::int64_t> &&
+                    updater<Updater, typename Model::value_type>;
+
+}  // namespace dtrain
