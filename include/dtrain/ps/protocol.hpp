@@ -50,6 +50,21 @@ enum class op : std::uint8_t {
   push_pull = 8,  ///< a push, then a pull of the same keys, in one request and one reply
 };
 
+/// The name of `o`, for messages.
+constexpr const char* op_name(op o) noexcept {
+  switch (o) {
+    case op::hello: return "hello";
+    case op::push: return "push";
+    case op::pull: return "pull";
+    case op::clock: return "clock";
+    case op::heartbeat: return "heartbeat";
+    case op::checkpoint: return "checkpoint";
+    case op::goodbye: return "goodbye";
+    case op::push_pull: return "push_pull";
+  }
+  return "request";
+}
+
 /// Whether requests of kind `o` carry keys (and may name a key cache slot).
 constexpr bool carries_keys(op o) noexcept { return o == op::push || o == op::pull || o == op::push_pull; }
 
@@ -191,6 +206,12 @@ struct request_view {
   request_header header;
   std::vector<std::uint64_t> keys;  ///< empty with `key_cache::use`: the server has them
   std::span<const std::byte> values;  ///< `sizeof(T)` bytes per value
+
+  /// The values, read in place. They are the representation of T values the transport copied
+  /// in; the header and keys keep them aligned (the buffer comes from operator new).
+  std::span<const T> typed_values() const noexcept {
+    return {reinterpret_cast<const T*>(values.data()), values.size() / sizeof(T)};
+  }
 };
 
 /// Checks and decodes a request. @throws dtrain::error `protocol_error` saying what is wrong

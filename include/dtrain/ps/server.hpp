@@ -22,9 +22,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <cstdio>
-#include <deque>
-#include <limits>
 #include <list>
 #include <map>
 #include <optional>
@@ -46,34 +43,15 @@
 #include "dtrain/ps/key_cache.hpp"
 #include "dtrain/ps/options.hpp"
 #include "dtrain/ps/protocol.hpp"
+#include "dtrain/ps/push_rounds.hpp"
 #include "dtrain/ps/reply_queue.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/shard_checkpoints.hpp"
+#include "dtrain/ps/stats.hpp"
 #include "dtrain/ps/table.hpp"
+#include "dtrain/ps/worker_clocks.hpp"
 
 namespace dtrain::ps {
-
-/// What a server has done, for logs and the observability of issue 6.
-struct server_stats {
-  std::uint64_t version = 0;        ///< updates applied
-  std::uint64_t pushes = 0, pulls = 0, clocks = 0;
-  std::uint64_t keys_pushed = 0, keys_pulled = 0;
-  std::uint64_t bytes_in = 0, bytes_out = 0;
-  std::size_t max_deferred = 0;     ///< the longest queue of pulls and clocks waiting for others
-  std::vector<std::uint64_t> staleness_histogram = std::vector<std::uint64_t>(33, 0);  ///< [32] counts >= 32
-  /// The same, per worker: `per_worker_staleness[w][s]`.
-  std::vector<std::vector<std::uint64_t>> per_worker_staleness;
-  std::size_t deferred_now = 0;     ///< pulls and clocks waiting at the moment of the snapshot
-  /// The histogram's mean.
-  double mean_staleness() const noexcept {
-    double n = 0, sum = 0;
-    for (std::size_t s = 0; s < staleness_histogram.size(); ++s) {
-      n += static_cast<double>(staleness_histogram[s]);
-      sum += static_cast<double>(s * staleness_histogram[s]);
-    }
-    return n > 0 ? sum / n : 0;
-  }
-};
 
 /// One parameter-server shard over `Transport`.
 template <transport Transport, consistency Consistency, std::floating_point T, updater<T> Updater,
@@ -92,11 +70,7 @@ class server {
         replies_(o.tag),
         sparse_(u, init, mode),
         dense_(u, init, mode),
-        clocks_(static_cast<std::size_t>(r.workers), 0),
-        finished_(static_cast<std::size_t>(r.workers), false),
-        dead_(static_cast<std::size_t>(r.workers), false),
-        greeted_(static_cast<std::size_t>(r.workers), false),
-        last_seen_(static_cast<std::size_t>(r.workers), std::chrono::steady_clock::now()),
+        workers_(r.workers),
         key_cache_(r.workers) {
     if (!roles_.is_server(transport_.rank())) {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(transport_.rank()) +
@@ -104,7 +78,8 @@ class server {
     }
     stats_.per_worker_staleness.assign(static_cast<std::size_t>(r.workers), std::vector<std::uint64_t>(33, 0));
     if (options_.resume) restore();
-    next_checkpoint_ = options_.checkpoint_every > 0 ? (slowest() / options_.checkpoint_every + 1) * options_.checkpoint_every : 0;
+    next_checkpoint_ =
+        options_.checkpoint_every > 0 ? (workers_.slowest() / options_.checkpoint_every + 1) * options_.checkpoint_every : 0;
   }
 
   /// Serves until every worker has said goodbye (or was dropped).
@@ -142,7 +117,7 @@ class server {
       }
       reap_sends();
       check_liveness(start);
-      if (done()) break;
+      if (workers_.live() == 0) break;
     }
     requests.cancel();
     flush_sends();
@@ -162,22 +137,11 @@ class server {
   using clock = std::chrono::steady_clock;
   using table_type = table<T, Updater, Initializer>;
 
-  struct pending_push {
-    std::uint32_t worker;
-    table_id which;
-    std::uint32_t length;
-    std::uint64_t basis;
-    std::vector<key_type> keys;
-    std::vector<T> values;
-  };
-
   struct deferred {
     int from;
     request_header header;
     std::vector<key_type> keys;
   };
-
-  static constexpr std::int64_t done_clock = std::numeric_limits<std::int64_t>::max();
 
   // --- requests ---------------------------------------------------------------------------------
 
@@ -191,15 +155,15 @@ class server {
       return;
     }
     const request_header& h = r.header;
-    response_header reply{h.what, 0, h.id, stats_.version, slowest(), 0, static_cast<std::uint32_t>(shard())};
+    response_header reply{h.what, 0, h.id, stats_.version, workers_.slowest(), 0, static_cast<std::uint32_t>(shard())};
     if (roles_.is_server(from) || static_cast<int>(h.worker) != roles_.worker_of(from)) {
       reply_error(from, reply, errc::protocol_error,
                   "rank " + std::to_string(from) + " sent a request as worker " + std::to_string(h.worker));
       return;
     }
     const auto w = static_cast<std::size_t>(h.worker);
-    last_seen_[w] = clock::now();
-    if (dead_[w]) {
+    workers_.heard_from(w);
+    if (workers_.dead(w)) {
       reply_error(from, reply, errc::broken, "worker " + std::to_string(w) + " was dropped as dead; restart it");
       return;
     }
@@ -227,9 +191,9 @@ class server {
   void on_hello(int from, const request_view<T>& r, response_header reply) {
     const auto w = static_cast<std::size_t>(r.header.worker);
     check_hello(r);
-    greeted_[w] = true;
+    workers_.greeted(w);
     key_cache_.forget(static_cast<std::uint32_t>(w));  // a restarted worker starts with an empty cache
-    reply.slowest = clocks_[w];  // a resumed server tells the worker where it left off
+    reply.slowest = workers_.clock_of(w);  // a resumed server tells the worker where it left off
     send(from, encode_response<T>(reply, {}));
   }
 
@@ -240,14 +204,9 @@ class server {
 
   // The worker finished a clock; its reply waits until the consistency model lets it advance.
   void on_clock(int from, const request_header& h) {
-    const auto w = static_cast<std::size_t>(h.worker);
-    if (h.clock != clocks_[w]) {
-      throw error(errc::protocol_error, "worker " + std::to_string(w) + " finished clock " + std::to_string(h.clock) +
-                                            " but the server expected " + std::to_string(clocks_[w]));
-    }
-    ++clocks_[w];
+    workers_.advance(h.worker, h.clock);
     ++stats_.clocks;
-    close_bundle(w);
+    rounds_.close_contribution(h.worker);
     defer_or_serve({from, h, {}});
     progress();
   }
@@ -259,8 +218,8 @@ class server {
   }
 
   void on_goodbye(int from, std::size_t w, const response_header& reply) {
-    close_bundle(w);
-    finished_[w] = true;
+    rounds_.close_contribution(static_cast<std::uint32_t>(w));
+    workers_.finished(w);
     send(from, encode_response<T>(reply, {}));
     progress();
   }
@@ -280,7 +239,7 @@ class server {
 
   // Under ASP and SSP a push is applied as it arrives; under BSP and soft sync it waits for others.
   bool applies_on_arrival() const noexcept {
-    return consistency_.staleness_bound() != 0 && consistency_.pushes_to_apply(live_workers()) == 1;
+    return consistency_.staleness_bound() != 0 && consistency_.pushes_to_apply(workers_.live()) == 1;
   }
 
   key_list keys_of(const request_view<T>& r) { return key_cache_.keys_of(r.header, r.keys); }
@@ -295,12 +254,6 @@ class server {
     if (h.length == 0 && !k.keys.empty()) throw error(errc::invalid_argument, "push with keys of length 0");
     ++stats_.pushes;
     stats_.keys_pushed += k.keys.size();
-  }
-
-  // The request's values, read in place. They are the representation of T values the transport
-  // copied in; the header and keys keep them aligned (the buffer comes from operator new).
-  static std::span<const T> values_of(const request_view<T>& r) noexcept {
-    return {reinterpret_cast<const T*>(r.values.data()), r.values.size() / sizeof(T)};
   }
 
   void on_pull(int from, request_view<T>& r) {
@@ -329,9 +282,9 @@ class server {
     const std::uint64_t s = staleness_of(h.basis);
     record_staleness(h.worker, s);
     const std::size_t n = k.keys.size() * h.length;
-    message m = response_with_room<T>({h.what, 0, h.id, stats_.version + 1, slowest(), 0, static_cast<std::uint32_t>(shard())}, n);
+    message m = response_with_room<T>({h.what, 0, h.id, stats_.version + 1, workers_.slowest(), 0, static_cast<std::uint32_t>(shard())}, n);
     if (!k.keys.empty()) {
-      table_of(h.table).push_pull(k.keys, values_of(r), std::span<T>(m.values<T>(), n), h.length, {s, 1.0}, k.resolved);
+      table_of(h.table).push_pull(k.keys, r.typed_values(), std::span<T>(m.values<T>(), n), h.length, {s, 1.0}, k.resolved);
     }
     ++stats_.version;
     ++stats_.pulls;
@@ -343,17 +296,17 @@ class server {
     const request_header& h = r.header;
     check_push(h, k);
     if (applies_on_arrival()) {  // straight from the request's bytes
-      apply_single(h.worker, h.table, k.keys, values_of(r), h.length, h.basis, k.resolved);
+      apply_single(h.worker, h.table, k.keys, r.typed_values(), h.length, h.basis, k.resolved);
       return;
     }
-    pending_push p{h.worker, h.table, h.length, h.basis, own(r, k), {}};
+    pending_push<T> p{h.worker, h.table, h.length, h.basis, own(r, k), {}};
     p.values.resize(r.values.size() / sizeof(T));
     if (!p.values.empty()) std::memcpy(p.values.data(), r.values.data(), r.values.size());
     if (consistency_.staleness_bound() == 0) {
-      by_clock_[h.clock].push_back(std::move(p));  // applied when every worker finished the clock
+      rounds_.hold_for_round(h.clock, std::move(p));  // applied when every worker finished the clock
       progress();
     } else {
-      open_bundle_[p.worker].push_back(std::move(p));  // joins the soft-sync group when its clock ends
+      rounds_.hold_for_contribution(std::move(p));  // joins the soft-sync group when its clock ends
     }
   }
 
@@ -377,18 +330,15 @@ class server {
     ++stats_.version;
   }
 
-  // Applies the group's pushes, in worker order (deterministic under BSP): each key's pushes are
-  // summed and divided by `bundles`, the number of (worker, clock) contributions in the group,
-  // so a worker whose clock spans several requests (slices, servers' shares) counts once.
-  void apply_group(std::vector<pending_push>& group, std::size_t bundles) {
+  // Applies a group of pushes as one update, the mean over its `contributions` (a worker's
+  // clock may span several requests, slices or servers' shares: it counts once).
+  void apply_group(std::vector<pending_push<T>>& group, std::size_t contributions) {
     if (group.empty()) return;
-    if (group.size() == 1 && bundles == 1) {
-      const pending_push& p = group.front();
+    if (group.size() == 1 && contributions == 1) {
+      const pending_push<T>& p = group.front();
       apply_single(p.worker, p.which, p.keys, p.values, p.length, p.basis);
-      group.clear();
       return;
     }
-    std::stable_sort(group.begin(), group.end(), [](const auto& a, const auto& b) { return a.worker < b.worker; });
     double staleness = 0;
     for (const auto& p : group) {
       const std::uint64_t s = staleness_of(p.basis);
@@ -397,57 +347,27 @@ class server {
     }
     const step_info info{static_cast<std::uint64_t>(staleness / static_cast<double>(group.size()) + 0.5), 1.0};
     // Gradients are averaged over the group; summation mode adds every push as it is.
-    const T scale = sparse_.mode() == apply_mode::sum ? T(1) : T(1) / static_cast<T>(bundles);
-    for (table_id which : {table_id::sparse, table_id::dense}) {
-      // Sum each key's pushes in worker order, then scale: the mean gradient of the group.
-      std::map<key_type, std::vector<T>> sums;
-      for (const auto& p : group) {
-        if (p.which != which) continue;
-        for (std::size_t i = 0; i < p.keys.size(); ++i) {
-          auto& acc = sums[p.keys[i]];
-          if (acc.empty()) acc.assign(p.length, T(0));
-          if (acc.size() != p.length) {
-            throw error(errc::invalid_argument, "key " + std::to_string(p.keys[i]) + " pushed with lengths " +
-                                                    std::to_string(acc.size()) + " and " + std::to_string(p.length));
-          }
-          for (std::size_t j = 0; j < p.length; ++j) acc[j] += p.values[i * p.length + j];
-        }
-      }
-      table_type& t = which == table_id::sparse ? sparse_ : dense_;
-      // Keys of one length go in one table push.
-      std::map<std::size_t, std::pair<std::vector<key_type>, std::vector<T>>> by_length;
-      for (auto& [key, acc] : sums) {
-        auto& [keys, values] = by_length[acc.size()];
-        keys.push_back(key);
-        for (T v : acc) values.push_back(v * scale);
-      }
-      for (auto& [length, kv] : by_length) t.push(kv.first, kv.second, length, info);
-    }
+    const T scale = sparse_.mode() == apply_mode::sum ? T(1) : T(1) / static_cast<T>(contributions);
+    for (const group_mean<T>& m : mean_of(group, scale)) table_of(m.which).push(m.keys, m.values, m.length, info);
     ++stats_.version;
-    group.clear();
   }
 
   // Applies complete barrier rounds, flushes a final partial group, and answers what can be.
   void progress() {
-    const std::int64_t s = slowest();
-    while (!by_clock_.empty() && by_clock_.begin()->first < s) {
-      auto& round = by_clock_.begin()->second;
-      std::vector<bool> seen(clocks_.size(), false);
-      std::size_t workers = 0;
-      for (const auto& p : round) workers += !seen[p.worker] ? (seen[p.worker] = true, 1) : 0;
-      apply_group(round, workers);
-      by_clock_.erase(by_clock_.begin());
-    }
+    const std::int64_t s = workers_.slowest();
+    auto apply = [this](std::vector<pending_push<T>>& group, std::size_t contributions) {
+      apply_group(group, contributions);
+    };
+    rounds_.complete_rounds(s, apply);
     // At a round boundary every shard holds exactly the rounds before `s`: a consistent cut.
-    if (consistency_.staleness_bound() == 0 && next_checkpoint_ > 0 && s != done_clock && s >= next_checkpoint_) {
+    if (consistency_.staleness_bound() == 0 && next_checkpoint_ > 0 && s != worker_clocks::done_clock &&
+        s >= next_checkpoint_) {
       save();
       next_checkpoint_ = (s / options_.checkpoint_every + 1) * options_.checkpoint_every;
     }
     // A soft-sync group waits for s contributions; with fewer workers left, apply what there is.
-    if (bundles_ > 0 && (live_workers() == 0 || static_cast<int>(bundles_) >= consistency_.pushes_to_apply(live_workers()))) {
-      apply_group(group_, bundles_);
-      bundles_ = 0;
-    }
+    const int live = workers_.live();
+    rounds_.complete_group(live == 0 ? 0 : static_cast<std::size_t>(std::max(consistency_.pushes_to_apply(live), 0)), apply);
     for (auto it = deferred_.begin(); it != deferred_.end();) {
       if (ready(*it)) {
         serve(*it);
@@ -458,18 +378,9 @@ class server {
     }
   }
 
-  // A worker's pushes of one clock join the soft-sync group as one contribution.
-  void close_bundle(std::size_t w) {
-    auto it = open_bundle_.find(static_cast<std::uint32_t>(w));
-    if (it == open_bundle_.end() || it->second.empty()) return;
-    for (auto& p : it->second) group_.push_back(std::move(p));
-    it->second.clear();
-    ++bundles_;
-  }
-
   bool ready(const deferred& d) const {
-    const std::int64_t s = slowest();
-    if (d.header.what == op::clock) return consistency_.may_advance(clocks_[d.header.worker], s);
+    const std::int64_t s = workers_.slowest();
+    if (d.header.what == op::clock) return consistency_.may_advance(workers_.clock_of(d.header.worker), s);
     return s >= consistency_.visible_clock(d.header.clock) + 1;  // a pull, or a push_pull's pull
   }
 
@@ -490,7 +401,7 @@ class server {
 
   // Answers a clock, or a pull (the pull of a push_pull too) with the values of `k`.
   void serve(int from, const request_header& h, const key_list& k) {
-    response_header reply{h.what, 0, h.id, stats_.version, slowest(), 0, static_cast<std::uint32_t>(shard())};
+    response_header reply{h.what, 0, h.id, stats_.version, workers_.slowest(), 0, static_cast<std::uint32_t>(shard())};
     if (h.what == op::clock) {
       send(from, encode_response<T>(reply, {}));
       return;
@@ -512,56 +423,31 @@ class server {
 
   void save() {
     const shard_state st{static_cast<std::uint32_t>(shard()), static_cast<std::uint32_t>(roles_.servers),
-                         stats_.version, clocks_};
-    checkpoints_.save(sparse_, dense_, st, std::min(slowest(), *std::max_element(clocks_.begin(), clocks_.end())));
+                         stats_.version, workers_.clocks()};
+    checkpoints_.save(sparse_, dense_, st, std::min(workers_.slowest(), workers_.fastest()));
   }
 
   void restore() {
-    const shard_state st = checkpoints_.restore(sparse_, dense_, options_.resume_clock, clocks_.size());
+    const shard_state st = checkpoints_.restore(sparse_, dense_, options_.resume_clock, workers_.workers());
     stats_.version = st.version;
-    clocks_ = st.clocks;
+    workers_.restore(st.clocks);
   }
 
-  // --- workers' state ---------------------------------------------------------------------------
+  // --- liveness ---------------------------------------------------------------------------------
 
-  int live_workers() const noexcept {
-    int n = 0;
-    for (std::size_t w = 0; w < finished_.size(); ++w) n += !finished_[w] && !dead_[w];
-    return n;
-  }
-
-  std::int64_t slowest() const noexcept {
-    std::int64_t s = done_clock;
-    for (std::size_t w = 0; w < clocks_.size(); ++w) {
-      if (!finished_[w] && !dead_[w]) s = std::min(s, clocks_[w]);
-    }
-    return s;
-  }
-
-  bool done() const noexcept { return live_workers() == 0; }
-
+  // A worker silent past its limit fails the server, or is dropped (policy `drop`).
   void check_liveness(clock::time_point start) {
-    const auto now = clock::now();
-    for (std::size_t w = 0; w < last_seen_.size(); ++w) {
-      if (finished_[w] || dead_[w]) continue;
-      const bool never = !greeted_[w];
-      const auto limit = never ? options_.timeout : options_.heartbeat_timeout;
-      const auto since = now - (never ? start : last_seen_[w]);
-      if (since <= limit) continue;
+    while (auto silent = workers_.overdue(start, options_.timeout, options_.heartbeat_timeout)) {
+      const std::size_t w = silent->worker;
+      const std::string me = "ps::server " + std::to_string(shard()) + ": ";
       const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(roles_.worker_rank(static_cast<int>(w))) + ")";
-      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(since).count();
-      if (never) {
-        fail(errc::timeout, "ps::server " + std::to_string(shard()) + ": " + who + " never said hello within " +
-                                std::to_string(ms) + " ms");
-      }
+      const std::string ms = std::to_string(silent->silent_for.count()) + " ms";
+      if (silent->never_greeted) fail(errc::timeout, me + who + " never said hello within " + ms);
       if (options_.on_dead_worker == dead_worker_policy::abort) {
-        fail(errc::peer_lost, "ps::server " + std::to_string(shard()) + ": " + who + " sent nothing for " +
-                                  std::to_string(ms) + " ms (heartbeat timeout); aborting");
+        fail(errc::peer_lost, me + who + " sent nothing for " + ms + " (heartbeat timeout); aborting");
       }
-      dead_[w] = true;
-      dtrain::detail::log(dtrain::detail::log_level::warn,
-                          "ps::server " + std::to_string(shard()) + ": dropping " + who + ", silent for " +
-                              std::to_string(ms) + " ms");
+      workers_.drop(w);
+      dtrain::detail::log(dtrain::detail::log_level::warn, me + "dropping " + who + ", silent for " + ms);
       progress();
     }
   }
@@ -595,13 +481,8 @@ class server {
   shard_checkpoints checkpoints_;
   reply_queue<Transport> replies_;
   table_type sparse_, dense_;
-  std::vector<std::int64_t> clocks_;
-  std::vector<bool> finished_, dead_, greeted_;
-  std::vector<clock::time_point> last_seen_;
-  std::map<std::int64_t, std::vector<pending_push>> by_clock_;
-  std::vector<pending_push> group_;  // soft sync: the contributions so far
-  std::size_t bundles_ = 0;
-  std::map<std::uint32_t, std::vector<pending_push>> open_bundle_;  // soft sync: this clock's pushes
+  worker_clocks workers_;
+  push_rounds<T> rounds_;
   std::list<deferred> deferred_;
   kept_key_lists key_cache_;
   std::string failure_;

@@ -23,20 +23,15 @@
 /// been waited for; after a failed request, `out` holds unspecified values.
 
 #include <array>
-#include <atomic>
 #include <bit>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -45,24 +40,15 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/ps/heartbeat.hpp"
 #include "dtrain/ps/key_cache.hpp"
 #include "dtrain/ps/protocol.hpp"
-#include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/options.hpp"
+#include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/sharding.hpp"
+#include "dtrain/ps/stats.hpp"
 
 namespace dtrain::ps {
-
-/// What a worker has sent and received, and how long it waited.
-struct worker_stats {
-  std::uint64_t pushes = 0, pulls = 0, clocks = 0;
-  std::uint64_t keys_pushed = 0, keys_pulled = 0;
-  std::uint64_t bytes_out = 0, bytes_in = 0;
-  double wait_seconds = 0;
-  /// Versions the server had applied beyond this worker's basis when its pushes arrived are
-  /// counted by the servers; here: how many server versions each pull advanced (a pull-side view).
-  std::vector<std::uint64_t> pull_advance_histogram = std::vector<std::uint64_t>(33, 0);
-};
 
 template <transport Transport, consistency Consistency, std::floating_point T = float,
           sharding Sharding = range_sharding>
@@ -124,7 +110,7 @@ class worker {
       }
     }
     clock_ = hello_clocks_.empty() ? 0 : hello_clocks_[0];
-    heartbeat_ = std::thread([this] { beat(); });
+    heartbeat_.emplace(transport_, roles_, options_, id_);
   }
 
   worker(const worker&) = delete;
@@ -136,7 +122,7 @@ class worker {
       if (!broken_) finish();
     } catch (...) {
     }
-    stop_heartbeat();
+    heartbeat_.reset();
   }
 
   /// Pushes `values` (keys.size() * length) for sorted, unique `keys` in the current clock.
@@ -233,7 +219,7 @@ class worker {
       r.ids_.push_back(send(s, op::goodbye, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
     }
     wait(r);
-    stop_heartbeat();
+    heartbeat_.reset();
   }
 
   /// Clocks this worker has finished (where a resumed job continues from, right after joining).
@@ -475,44 +461,6 @@ class worker {
     basis = std::max(basis, h.version);
   }
 
-  static const char* op_name(op o) noexcept {
-    switch (o) {
-      case op::hello: return "hello";
-      case op::push: return "push";
-      case op::pull: return "pull";
-      case op::clock: return "clock";
-      case op::heartbeat: return "heartbeat";
-      case op::checkpoint: return "checkpoint";
-      case op::goodbye: return "goodbye";
-      case op::push_pull: return "push_pull";
-    }
-    return "request";
-  }
-
-  void beat() {
-    std::deque<std::pair<message, send_handle>> sent;
-    std::unique_lock lock(beat_mutex_);
-    while (!beat_cv_.wait_for(lock, options_.heartbeat_interval, [&] { return stop_beat_; })) {
-      for (int s = 0; s < roles_.servers; ++s) {
-        request_header h{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
-        message bytes = encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{});
-        const auto span = bytes.bytes();
-        sent.emplace_back(std::move(bytes), transport_.isend(roles_.server_rank(s), options_.tag, signature{}, span));
-      }
-      while (!sent.empty() && sent.front().second.test()) sent.pop_front();
-    }
-    for (auto& [bytes, handle] : sent) handle.cancel();
-  }
-
-  void stop_heartbeat() noexcept {
-    {
-      std::lock_guard lock(beat_mutex_);
-      stop_beat_ = true;
-    }
-    beat_cv_.notify_all();
-    if (heartbeat_.joinable()) heartbeat_.join();
-  }
-
   Transport transport_;
   roles roles_;
   Sharding sharding_;
@@ -533,10 +481,7 @@ class worker {
   std::map<std::uint64_t, pending> pending_;  // declared after transport_: its receives go first
   worker_stats stats_;
   bool finished_ = false, broken_ = false;
-  std::mutex beat_mutex_;
-  std::condition_variable beat_cv_;
-  bool stop_beat_ = false;
-  std::thread heartbeat_;
+  std::optional<heartbeat<Transport, T>> heartbeat_;  // last: stopped first
 };
 
 }  // namespace dtrain::ps

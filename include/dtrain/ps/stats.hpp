@@ -1,0 +1,46 @@
+#pragma once
+/// @file
+/// What the parameter server's parts report, for logs, reports and benchmarks: `server_stats`
+/// (a shard's updates, requests, bytes, and the staleness of every update, overall and per
+/// worker) and `worker_stats` (a worker's requests, bytes and waiting).
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace dtrain::ps {
+
+/// What a server has done, for logs and the observability of issue 6.
+struct server_stats {
+  std::uint64_t version = 0;        ///< updates applied
+  std::uint64_t pushes = 0, pulls = 0, clocks = 0;
+  std::uint64_t keys_pushed = 0, keys_pulled = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;
+  std::size_t max_deferred = 0;     ///< the longest queue of pulls and clocks waiting for others
+  std::vector<std::uint64_t> staleness_histogram = std::vector<std::uint64_t>(33, 0);  ///< [32] counts >= 32
+  /// The same, per worker: `per_worker_staleness[w][s]`.
+  std::vector<std::vector<std::uint64_t>> per_worker_staleness;
+  std::size_t deferred_now = 0;     ///< pulls and clocks waiting at the moment of the snapshot
+  /// The histogram's mean.
+  double mean_staleness() const noexcept {
+    double n = 0, sum = 0;
+    for (std::size_t s = 0; s < staleness_histogram.size(); ++s) {
+      n += static_cast<double>(staleness_histogram[s]);
+      sum += static_cast<double>(s * staleness_histogram[s]);
+    }
+    return n > 0 ? sum / n : 0;
+  }
+};
+
+/// What a worker has sent and received, and how long it waited.
+struct worker_stats {
+  std::uint64_t pushes = 0, pulls = 0, clocks = 0;
+  std::uint64_t keys_pushed = 0, keys_pulled = 0;
+  std::uint64_t bytes_out = 0, bytes_in = 0;
+  double wait_seconds = 0;
+  /// Versions the server had applied beyond this worker's basis when its pushes arrived are
+  /// counted by the servers; here: how many server versions each pull advanced (a pull-side view).
+  std::vector<std::uint64_t> pull_advance_histogram = std::vector<std::uint64_t>(33, 0);
+};
+
+}  // namespace dtrain::ps

@@ -1,0 +1,106 @@
+#pragma once
+/// @file
+/// `ps::worker_clocks`: what a server knows of each of its workers: the clock it is at, whether
+/// it said hello, said goodbye or was dropped as dead, and when it was last heard from. The
+/// consistency rules read `slowest()` and `live()`; the liveness check asks `overdue`.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain::ps {
+
+class worker_clocks {
+ public:
+  using clock = std::chrono::steady_clock;
+  /// `slowest()` once no worker is live: later than every clock.
+  static constexpr std::int64_t done_clock = std::numeric_limits<std::int64_t>::max();
+
+  explicit worker_clocks(int workers)
+      : clocks_(static_cast<std::size_t>(workers), 0),
+        finished_(clocks_.size(), false),
+        dead_(clocks_.size(), false),
+        greeted_(clocks_.size(), false),
+        last_seen_(clocks_.size(), clock::now()) {}
+
+  std::size_t workers() const noexcept { return clocks_.size(); }
+  std::int64_t clock_of(std::size_t w) const noexcept { return clocks_[w]; }
+  const std::vector<std::int64_t>& clocks() const noexcept { return clocks_; }
+  bool dead(std::size_t w) const noexcept { return dead_[w]; }
+
+  /// Every clock, from a checkpoint.
+  void restore(std::vector<std::int64_t> clocks) { clocks_ = std::move(clocks); }
+
+  /// Worker `w` sent something now.
+  void heard_from(std::size_t w) { last_seen_[w] = clock::now(); }
+  void greeted(std::size_t w) { greeted_[w] = true; }
+  void finished(std::size_t w) { finished_[w] = true; }
+  void drop(std::size_t w) { dead_[w] = true; }
+
+  /// Worker `w` finished clock `c`, which must be the one it is at.
+  /// @throws dtrain::error `protocol_error` otherwise.
+  void advance(std::size_t w, std::int64_t c) {
+    if (c != clocks_[w]) {
+      throw error(errc::protocol_error, "worker " + std::to_string(w) + " finished clock " + std::to_string(c) +
+                                            " but the server expected " + std::to_string(clocks_[w]));
+    }
+    ++clocks_[w];
+  }
+
+  /// Workers neither finished nor dropped.
+  int live() const noexcept {
+    int n = 0;
+    for (std::size_t w = 0; w < clocks_.size(); ++w) n += is_live(w);
+    return n;
+  }
+
+  /// The clock of the slowest live worker; `done_clock` when none is live.
+  std::int64_t slowest() const noexcept {
+    std::int64_t s = done_clock;
+    for (std::size_t w = 0; w < clocks_.size(); ++w) {
+      if (is_live(w)) s = std::min(s, clocks_[w]);
+    }
+    return s;
+  }
+
+  /// The furthest clock any worker reached.
+  std::int64_t fastest() const noexcept { return clocks_.empty() ? 0 : *std::max_element(clocks_.begin(), clocks_.end()); }
+
+  /// A live worker silent for too long: one that never said hello within `hello_timeout` of
+  /// `start`, or, once greeted, sent nothing for `heartbeat_timeout`.
+  struct silence {
+    std::size_t worker;
+    bool never_greeted;
+    std::chrono::milliseconds silent_for;
+  };
+
+  /// The first live worker silent past its limit, if any.
+  std::optional<silence> overdue(clock::time_point start, std::chrono::milliseconds hello_timeout,
+                                 std::chrono::milliseconds heartbeat_timeout) const {
+    const auto now = clock::now();
+    for (std::size_t w = 0; w < clocks_.size(); ++w) {
+      if (!is_live(w)) continue;
+      const bool never = !greeted_[w];
+      const auto since = now - (never ? start : last_seen_[w]);
+      if (since <= (never ? hello_timeout : heartbeat_timeout)) continue;
+      return silence{w, never, std::chrono::duration_cast<std::chrono::milliseconds>(since)};
+    }
+    return std::nullopt;
+  }
+
+ private:
+  bool is_live(std::size_t w) const noexcept { return !finished_[w] && !dead_[w]; }
+
+  std::vector<std::int64_t> clocks_;
+  std::vector<bool> finished_, dead_, greeted_;
+  std::vector<clock::time_point> last_seen_;
+};
+
+}  // namespace dtrain::ps
