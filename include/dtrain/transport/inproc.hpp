@@ -30,6 +30,9 @@
 #include "dtrain/detail/match_queue.hpp"
 #include "dtrain/detail/message_parts.hpp"
 #include "dtrain/detail/request_error.hpp"
+#include "dtrain/transport/buffer_forms.hpp"
+#include "dtrain/transport/progress.hpp"
+#include "dtrain/transport/request.hpp"
 
 namespace dtrain {
 
@@ -49,18 +52,14 @@ struct operation {
   std::vector<std::byte>* grow = nullptr;  // receive: where a larger one goes
 
   phase state = phase::queued;  // guarded by the mailbox lock until done
-  std::mutex m;
-  std::condition_variable cv;
-  bool finished = false;  // guarded by m
-  std::error_code ec;     // guarded by m
+  completion_flag flag;
+  std::error_code ec;  // written before flag.set()
+  std::string detail;  // unused in-process: the error code says it all
 
+  // Called once, by whoever moved the operation to `done` under the mailbox lock.
   void complete(std::error_code code) {
-    {
-      std::lock_guard lock(m);
-      ec = code;
-      finished = true;
-    }
-    cv.notify_all();
+    ec = code;
+    flag.set();
   }
 };
 
@@ -170,9 +169,12 @@ class fabric {
         return;
       }
     }
-    std::unique_lock lock(op->m);
-    op->cv.wait(lock, [&] { return op->finished; });
+    while (!op->flag.block_until(deadline::after(std::chrono::seconds(1)))) {
+    }
   }
+
+  // Completion handles wait on the operation's flag: another rank's thread completes it.
+  bool wait(const operation_ptr& op, deadline d, std::chrono::microseconds spin) noexcept { return op->flag.wait(d, spin); }
 
   // Rank `self` leaves: everything that needed it fails with peer_lost.
   void leave(int self) noexcept {
@@ -205,71 +207,15 @@ class fabric {
 }  // namespace detail::inproc
 
 /// The completion handle of an in-process send or receive (a model of `completion`).
-class inproc_request {
- public:
-  inproc_request() = default;
-  inproc_request(std::shared_ptr<detail::inproc::fabric> f, detail::inproc::operation_ptr op)
-      : fabric_(std::move(f)), op_(std::move(op)) {}
-  inproc_request(inproc_request&& other) noexcept = default;
-  inproc_request& operator=(inproc_request&& other) noexcept {
-    if (this != &other) {
-      cancel();
-      fabric_ = std::move(other.fabric_);
-      op_ = std::move(other.op_);
-    }
-    return *this;
-  }
-  ~inproc_request() { cancel(); }
-
-  /// Waits until the operation completes or `d` passes. @returns true on success.
-  bool wait(deadline d, std::error_code& ec) noexcept {
-    if (!op_) {
-      ec.clear();
-      return true;
-    }
-    std::unique_lock lock(op_->m);
-    if (!op_->cv.wait_until(lock, d.time(), [&] { return op_->finished; })) {
-      ec = make_error_code(errc::timeout);
-      return false;
-    }
-    ec = op_->ec;
-    return !ec;
-  }
-
-  /// Throwing form of `wait`. @throws dtrain::error naming the operation, peer and tag.
-  void wait(deadline d) {
-    std::error_code ec;
-    if (!wait(d, ec)) throw error(ec, detail::request_error_text(op_->is_send, op_->env, ec));
-  }
-
-  /// @returns true once the operation has finished, successfully or not.
-  bool test() const noexcept {
-    if (!op_) return true;
-    std::lock_guard lock(op_->m);
-    return op_->finished;
-  }
-
-  /// Withdraws the operation if it has not matched; afterwards its buffer is not referenced.
-  void cancel() noexcept {
-    if (op_ && !test()) fabric_->cancel(op_);
-  }
-
-  /// The envelope of the operation (sender, tag, signature, size once a receive completed).
-  const envelope& info() const noexcept {
-    static const envelope empty{};
-    return op_ ? op_->env : empty;
-  }
-
- private:
-  std::shared_ptr<detail::inproc::fabric> fabric_;
-  detail::inproc::operation_ptr op_;
-};
+using inproc_request = transport_request<detail::inproc::fabric, detail::inproc::operation>;
 
 /// One rank's endpoint of an in-process group (a model of `transport`). Move-only: the endpoint
 /// is the rank's membership, and destroying it leaves the group, which fails every operation
 /// that still needs this rank with `errc::peer_lost`.
-class inproc_transport {
+class inproc_transport : public transport_buffer_forms<inproc_transport> {
  public:
+  using transport_buffer_forms::irecv;
+  using transport_buffer_forms::isend;
   using memory_space = host_memory;
   using request = inproc_request;
 
@@ -290,29 +236,11 @@ class inproc_transport {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return fabric_ ? fabric_->size() : 0; }
 
-  /// Starts sending `bytes` to `peer` on `tag`. @pre 0 <= peer < size().
-  request isend(int peer, std::uint64_t tag, const signature& sig,
-                std::span<const std::byte> bytes) {
-    const std::span<const std::byte> one[1] = {bytes};
-    return isend(peer, tag, sig, gather_list(one));
-  }
-
   /// Starts sending the bytes of `parts` as one message (copied straight into the receive).
   /// @pre 0 <= peer < size(), parts.size() <= max_message_parts
   request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
     DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
     return {fabric_, fabric_->send(rank_, peer, tag, sig, parts)};
-  }
-
-  /// Starts receiving from `peer` (or `any_peer`) on `tag` into `buffer`.
-  request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) {
-    const std::span<std::byte> one[1] = {buffer};
-    return irecv(peer, tag, scatter_list(one), nullptr);
-  }
-
-  /// Starts receiving from `peer` (or `any_peer`) on `tag`, resizing `buffer` to the message.
-  request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) {
-    return irecv(peer, tag, scatter_list{}, &buffer);
   }
 
   /// Starts receiving from `peer` (or `any_peer`) on `tag` into `parts`, or whole into

@@ -35,7 +35,9 @@
 #include "dtrain/rendezvous/file_store.hpp"
 #include "dtrain/rendezvous/store.hpp"
 #include "dtrain/rendezvous/tcp_store.hpp"
+#include "dtrain/transport/buffer_forms.hpp"
 #include "dtrain/transport/progress.hpp"
+#include "dtrain/transport/request.hpp"
 
 namespace dtrain {
 
@@ -90,78 +92,20 @@ struct tcp_options {
   }
 };
 
-/// The completion handle of a TCP send or receive (a model of `completion`).
+/// The completion handle of a TCP send or receive (a model of `completion`); `detail()` says
+/// what went wrong on the wire.
 template <class Progress>
-class basic_tcp_request {
- public:
-  basic_tcp_request() = default;
-  basic_tcp_request(std::shared_ptr<detail::tcp_engine::engine> e, detail::tcp_engine::op_ptr op)
-      : engine_(std::move(e)), op_(std::move(op)) {}
-  basic_tcp_request(basic_tcp_request&&) noexcept = default;
-  basic_tcp_request& operator=(basic_tcp_request&& other) noexcept {
-    if (this != &other) {
-      cancel();
-      engine_ = std::move(other.engine_);
-      op_ = std::move(other.op_);
-    }
-    return *this;
-  }
-  ~basic_tcp_request() { cancel(); }
-
-  /// Waits until the operation completes or `d` passes. @returns true on success.
-  bool wait(deadline d, std::error_code& ec) noexcept {
-    if (!op_) {
-      ec.clear();
-      return true;
-    }
-    if (!engine_->wait(op_, d, std::chrono::microseconds(Progress::spin_micros))) {
-      ec = make_error_code(errc::timeout);
-      return false;
-    }
-    ec = op_->ec;
-    return !ec;
-  }
-
-  /// Throwing form of `wait`. @throws dtrain::error naming the operation, the peer, the tag and
-  /// (after a failure) what went wrong on the wire.
-  void wait(deadline d) {
-    std::error_code ec;
-    if (!wait(d, ec)) throw error(ec, detail::request_error_text(op_->is_send, op_->env, ec, detail()));
-  }
-
-  /// @returns true once the operation has finished, successfully or not.
-  bool test() const noexcept { return !op_ || op_->flag.done(); }
-
-  /// Withdraws the operation if its bytes have not started moving; otherwise lets it finish
-  /// (bounded by the linger time, after which its connection is closed).
-  void cancel() noexcept {
-    if (op_ && !test()) engine_->cancel(op_);
-  }
-
-  /// The operation's envelope; for a receive, complete after a successful wait.
-  const envelope& info() const noexcept {
-    static const envelope empty{};
-    return op_ ? op_->env : empty;
-  }
-
-  /// Why the operation failed, in words (which peer was lost and how); empty on success.
-  const std::string& detail() const noexcept {
-    static const std::string none;
-    return op_ && op_->flag.done() ? op_->detail : none;
-  }
-
- private:
-  std::shared_ptr<detail::tcp_engine::engine> engine_;
-  detail::tcp_engine::op_ptr op_;
-};
+using basic_tcp_request = transport_request<detail::tcp_engine::engine, detail::tcp_engine::operation, Progress>;
 
 /// One rank's endpoint of a TCP group (a model of `transport`). Move-only; destroying it shuts
 /// down gracefully: queued sends are flushed and every peer confirms it has read them before the
 /// connections close, so a rank may exit right after its last collective.
 /// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
 template <class Progress = blocking>
-class basic_tcp_transport {
+class basic_tcp_transport : public transport_buffer_forms<basic_tcp_transport<Progress>> {
  public:
+  using transport_buffer_forms<basic_tcp_transport>::irecv;
+  using transport_buffer_forms<basic_tcp_transport>::isend;
   using memory_space = host_memory;
   using request = basic_tcp_request<Progress>;
 
@@ -259,28 +203,11 @@ class basic_tcp_transport {
   int rank() const noexcept { return engine_ ? engine_->rank() : 0; }
   int size() const noexcept { return engine_ ? engine_->size() : 0; }
 
-  /// Starts sending `bytes` to `peer` on `tag`. @pre 0 <= peer < size()
-  request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
-    const std::span<const std::byte> one[1] = {bytes};
-    return isend(peer, tag, sig, gather_list(one));
-  }
-
   /// Starts sending the bytes of `parts` as one message, written from where they are (one
   /// gathered `sendmsg`). @pre 0 <= peer < size(), parts.size() <= max_message_parts
   request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
     DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
     return {engine_, engine_->send(peer, tag, sig, parts)};
-  }
-
-  /// Starts receiving from `peer` (or `any_peer`) on `tag` into `buffer`.
-  request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) {
-    const std::span<std::byte> one[1] = {buffer};
-    return irecv(peer, tag, scatter_list(one), nullptr);
-  }
-
-  /// Starts receiving from `peer` (or `any_peer`) on `tag`, resizing `buffer` to the message.
-  request irecv(int peer, std::uint64_t tag, std::vector<std::byte>& buffer) {
-    return irecv(peer, tag, scatter_list{}, &buffer);
   }
 
   /// Starts receiving from `peer` (or `any_peer`) on `tag`, read straight into `parts`, or whole
