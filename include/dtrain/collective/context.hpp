@@ -40,8 +40,6 @@ inline std::vector<std::size_t> uniform_offsets(std::size_t block, int parts) {
 
 inline int mod(int a, int p) { return ((a % p) + p) % p; }
 
-inline std::string peer_name(int peer) { return "rank " + std::to_string(peer); }
-
 template <transport Transport>
 class call_context {
  public:
@@ -133,14 +131,23 @@ class call_context {
   }
 
   [[noreturn]] void fail(std::error_code ec, const std::string& what) const {
-    throw error(ec, "dtrain: rank " + std::to_string(rank_) + ": " + describe(sig_) + ": " + what);
+    throw error(ec, "dtrain: " + peer_name(rank_) + ": " + describe(sig_) + ": " + what);
   }
   [[noreturn]] void fail(errc e, const std::string& what) const { fail(make_error_code(e), what); }
 
  private:
+  // "rank 3", or on a process group "rank 1 of group 'dp' (world rank 3)".
+  std::string peer_name(int peer) const {
+    if constexpr (requires { t_.describe_rank(peer); }) {
+      return t_.describe_rank(peer);
+    } else {
+      return "rank " + std::to_string(peer);
+    }
+  }
+
   [[noreturn]] void mismatch(int peer, const signature& theirs) const {
     throw error(errc::collective_mismatch,
-                "dtrain: collective mismatch: rank " + std::to_string(rank_) + " is in " +
+                "dtrain: collective mismatch: " + peer_name(rank_) + " is in " +
                     describe(sig_) + " but " + peer_name(peer) + " sent a message of " +
                     describe(theirs) +
                     "; every rank must call the same collectives in the same order with the "
