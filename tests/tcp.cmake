@@ -23,6 +23,15 @@ foreach(n RANGE 2 6)
   set_tests_properties(tcp_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600)
 endforeach()
 
+# Process groups over real sockets: every collective and algorithm on the groups of three splits
+# and along both axes of a mesh, all at once; two groups of the same ranks on two threads.
+add_executable(tcp_groups_worker transport/tcp_groups_worker.cpp)
+target_link_libraries(tcp_groups_worker PRIVATE dtrain::asio dtrain_warnings)
+foreach(n 3 4 6)
+  add_test(NAME tcp_groups_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_groups_worker>)
+  set_tests_properties(tcp_groups_dtrain_run_${n} PROPERTIES TIMEOUT 600)
+endforeach()
+
 # The same under Open MPI's mpirun: rank and size from OMPI_COMM_WORLD_*, rank 0 serves the store.
 find_program(DTRAIN_MPIRUN mpirun)
 if(DTRAIN_MPIRUN)

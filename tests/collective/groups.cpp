@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -16,6 +17,7 @@
 
 #include "../catch.hpp"
 #include "conformance_case.hpp"
+#include "group_case.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
@@ -29,48 +31,7 @@ using group_comm = communicator<group>;
 
 namespace {
 
-std::atomic<long> cases_run{0};  // (rank, case) pairs, so a matrix that runs nothing fails
-
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-// Runs every collective with every algorithm that implements it on `g` (this rank's group; all
-// groups of the world do the same at once), for a few counts; @returns how many results were
-// wrong, with the first described in `first`.
-template <class T>
-int run_all_on(group& g, std::string& first) {
-  int wrong = 0;
-  const int p = g.size();
-  for (coll_op op : {coll_op::broadcast, coll_op::reduce, coll_op::allreduce, coll_op::reduce_scatter,
-                     coll_op::allgather, coll_op::gather, coll_op::scatter, coll_op::alltoall}) {
-    for (algorithm a : all_algorithms) {
-      if (!supports(op, a)) continue;
-      for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
-        const reduce_op rop = n == 7 ? reduce_op::max : reduce_op::sum;
-        const spec s{op, a, p, n, rop, is_rooted(op) ? p - 1 : 0, n == 1000 && op != coll_op::broadcast &&
-                                                                     op != coll_op::gather && op != coll_op::scatter};
-        const std::vector<T> expect = expected_results<T>(s);
-        communicator_options o;
-        o.algorithms.force(op, a);
-        o.timeout = 60s;
-        o.segment_bytes = 256;  // several segments at n = 1000
-        group_comm c(g, o);
-        ++cases_run;
-        run_rank<T>(s, g.rank(), c, expect, [&](int, std::span<const T> got, const std::function<T(std::size_t)>& want) {
-          for (std::size_t i = 0; i < got.size(); ++i) {
-            if (got[i] == want(i)) continue;
-            if (wrong++ == 0) first = describe_case(s, dtype_of_v<T>) + " on " + g.name() + ", element " + std::to_string(i);
-            return;
-          }
-        });
-      }
-    }
-  }
-  return wrong;
-}
-
-int run_all_types_on(group& g, std::string& first) {
-  return run_all_on<float>(g, first) + run_all_on<std::int32_t>(g, first) + run_all_on<bfloat16>(g, first);
-}
 
 }  // namespace
 
@@ -96,7 +57,7 @@ TEST_CASE("groups: every collective and algorithm on the groups of a split, worl
         std::optional<group> g = world.split(c.color(r), c.order(r));
         if (!g) return;
         std::string mine;
-        const int w = run_all_types_on(*g, mine);
+        const int w = run_all_types_on<group>(*g, mine);
         wrong += w;
         std::lock_guard lock(m);
         if (w > 0 && first.empty()) first = mine;
@@ -117,7 +78,7 @@ TEST_CASE("groups: every collective and algorithm along every axis of a 2 x 3 x 
     device_mesh<inproc_transport> mesh(group(std::move(t)), {{"dp", 2}, {"pp", 3}, {"tp", 2}});
     for (const char* axis : {"dp", "pp", "tp"}) {
       std::string mine;
-      const int w = run_all_types_on(mesh.group(axis), mine);
+      const int w = run_all_types_on<group>(mesh.group(axis), mine);
       wrong += w;
       std::lock_guard lock(m);
       if (w > 0 && first.empty()) first = mine;
@@ -151,11 +112,22 @@ TEST_CASE("groups: groups of the same ranks reduce at once on three threads of e
         wrong += static_cast<int>(std::count_if(v.begin(), v.end(), [&](std::int64_t x) { return x != want; }));
       }
     };
-    std::thread second([&] { reduce_many(row_again, 1000); });
-    std::thread third([&] { reduce_many(column, 100000); });
+    std::exception_ptr failed[2];  // the other threads' errors, rethrown after the joins
+    auto guarded = [&](group& g, int salt, std::exception_ptr& e) {
+      try {
+        reduce_many(g, salt);
+      } catch (...) {
+        e = std::current_exception();
+      }
+    };
+    std::thread second([&] { guarded(row_again, 1000, failed[0]); });
+    std::thread third([&] { guarded(column, 100000, failed[1]); });
     reduce_many(row, 7);
     second.join();
     third.join();
+    for (auto& e : failed) {
+      if (e) std::rethrow_exception(e);
+    }
   });
   CHECK(wrong.load() == 0);
 }

@@ -1,0 +1,100 @@
+// One rank of the multi-process process-group test, started by dtrain-run or mpirun: every
+// collective and algorithm on the groups of three splits and along every axis of a mesh, over
+// real sockets, all groups of the world at once, against the serial reference; then the ranks
+// of a row and the same ranks formed again reduce at once on two threads.
+//
+// Exit status: 0 every rank correct, 1 some rank saw a wrong result (every rank's verdict is
+// summed across the world, so every rank exits 1), 3 a dtrain::error (printed).
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../collective/group_case.hpp"
+#include "dtrain/transport/group.hpp"
+#include "dtrain/transport/mesh.hpp"
+#include "dtrain/transport/tcp.hpp"
+
+using namespace dtrain;
+using namespace dtrain::conformance;
+using group = process_group<tcp_transport>;
+
+namespace {
+
+int check_splits(group& world, std::string& first) {
+  const int r = world.rank();
+  int wrong = 0;
+  const std::pair<int, int> colorings[] = {{r % 2, 0}, {r / 3, -r}, {r % 3 == 1 ? no_group : 0, r % 2}};
+  for (auto [color, order] : colorings) {
+    std::optional<group> g = world.split(color, order);
+    if (g) wrong += run_all_types_on(*g, first);
+  }
+  return wrong;
+}
+
+// A 2 x (P/2) mesh when P is even (1 x P otherwise): the groups along both axes.
+int check_mesh(group& world, std::string& first) {
+  const int p = world.size();
+  const int rows = p % 2 == 0 ? 2 : 1;
+  device_mesh<tcp_transport> mesh(world, {{"dp", rows}, {"tp", p / rows}});
+  return run_all_types_on(mesh.group("dp"), first) + run_all_types_on(mesh.group("tp"), first);
+}
+
+// The same ranks as two groups, reducing at once on two threads: only the tag spaces keep their
+// messages apart over the shared connections.
+int check_concurrent(group& world) {
+  const int r = world.rank();
+  group row = *world.split(r / 2, r);
+  group row_again = *world.form(row.members(), "the row, again");
+  int wrong = 0, wrong_again = 0;
+  auto reduce_many = [&](group& g, std::int64_t salt, int& bad) {
+    communicator<group> c(g);
+    for (int i = 0; i < 100; ++i) {
+      std::vector<std::int64_t> v(1000 + i % 7, r * salt + i);
+      c.allreduce(std::span(v), reduce_op::sum);
+      std::int64_t want = 0;
+      for (int w : g.members().ranks()) want += w * salt + i;
+      for (std::int64_t x : v) bad += x != want;
+    }
+  };
+  std::exception_ptr failed;  // the other thread's error, rethrown here after the join
+  std::thread other([&] {
+    try {
+      reduce_many(row_again, 1000, wrong_again);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  reduce_many(row, 7, wrong);
+  other.join();
+  if (failed) std::rethrow_exception(failed);
+  return wrong + wrong_again;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    tcp_options o;
+    o.timeout = std::chrono::seconds(120);
+    group world(tcp_transport::from_environment(o));
+    std::string first;
+    cases_run = 0;
+    int wrong = check_splits(world, first) + check_mesh(world, first) + check_concurrent(world);
+    if (wrong > 0) std::fprintf(stderr, "WRONG: %d results, first: %s\n", wrong, first.c_str());
+    int wrong_ranks = wrong > 0 ? 1 : 0;
+    communicator<group>(world).allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);
+    std::printf("groups: rank %d ran %ld cases, %s; %s\n", world.rank(), cases_run.load(), wrong > 0 ? "WRONG" : "correct",
+                wrong_ranks == 0 ? "all ranks correct" : "WRONG RESULTS on some rank");
+    return wrong_ranks == 0 && cases_run.load() > 0 ? 0 : 1;
+  } catch (const dtrain::error& e) {
+    std::printf("caught dtrain::error [%s]: %s\n", e.code().message().c_str(), e.what());
+    return 3;
+  }
+}
