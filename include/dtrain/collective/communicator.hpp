@@ -27,6 +27,7 @@
 #include "dtrain/collective/bruck.hpp"
 #include "dtrain/collective/context.hpp"
 #include "dtrain/collective/dissemination.hpp"
+#include "dtrain/collective/double_tree.hpp"
 #include "dtrain/collective/halving_doubling.hpp"
 #include "dtrain/collective/linear.hpp"
 #include "dtrain/collective/pairwise.hpp"
@@ -148,7 +149,7 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
   // --- allreduce -------------------------------------------------------------------------------
 
   /// Every rank's `out` gets the reduction of every rank's `in`, bitwise identical on all ranks.
-  /// Algorithms: ring, halving_doubling, recursive_doubling, binomial_tree.
+  /// Algorithms: ring, halving_doubling, recursive_doubling, binomial_tree, double_binary_tree.
   template <element T>
   void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
     check(out.size() == in.size(), coll_op::allreduce, "in and out must have equal sizes");
@@ -162,6 +163,9 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
           break;
         case algorithm::recursive_doubling:
           detail::recursive_doubling_allreduce(ctx, out, op, reduce_, scratch);
+          break;
+        case algorithm::double_binary_tree:
+          detail::double_tree_allreduce(ctx, out, op, reduce_, scratch);
           break;
         case algorithm::binomial_tree:
           detail::tree_reduce(ctx, std::span<const T>(out), out, 0, op, reduce_, scratch,

@@ -27,7 +27,8 @@ constexpr bool supports(coll_op op, algorithm a) noexcept {
     case coll_op::reduce: return a == algorithm::binomial_tree || a == algorithm::ring;
     case coll_op::allreduce:
       return a == algorithm::ring || a == algorithm::halving_doubling ||
-             a == algorithm::recursive_doubling || a == algorithm::binomial_tree;
+             a == algorithm::recursive_doubling || a == algorithm::binomial_tree ||
+             a == algorithm::double_binary_tree;
     case coll_op::allgather: return a == algorithm::ring || a == algorithm::bruck;
     case coll_op::reduce_scatter: return a == algorithm::ring || a == algorithm::halving_doubling;
     case coll_op::gather:
@@ -43,7 +44,7 @@ constexpr bool supports(coll_op op, algorithm a) noexcept {
 inline constexpr algorithm all_algorithms[] = {
     algorithm::ring,          algorithm::halving_doubling, algorithm::recursive_doubling,
     algorithm::binomial_tree, algorithm::bruck,            algorithm::pairwise,
-    algorithm::linear,        algorithm::dissemination};
+    algorithm::linear,        algorithm::dissemination,    algorithm::double_binary_tree};
 
 /// Hockney's model extended with a reduction term: a message of m bytes costs alpha + m * beta,
 /// reducing m bytes costs m * gamma. The defaults fit the in-process transport on a small
@@ -92,6 +93,10 @@ struct cost_model {
             return 2 * lg2 * alpha + 2 * (C - 1) / C * n * beta + (C - 1) / C * n * gamma + fold;
           case algorithm::recursive_doubling:
             return lg2 * (alpha + n * beta + n * gamma) + fold;
+          case algorithm::double_binary_tree:
+            // Up and down two trees of depth lg, each carrying n/2 in segments: an inner rank
+            // sends its half up and to two children, reducing two children's halves.
+            return 2 * lg * alpha + 2 * segments(n / 2) * alpha + 2 * n * beta + n * gamma;
           default:  // binomial tree reduce + broadcast
             return 2 * lg * (segments(n) * alpha + n * beta) + lg * n * gamma;
         }

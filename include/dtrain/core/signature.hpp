@@ -50,6 +50,7 @@ enum class algorithm : std::uint8_t {
   pairwise,            ///< pairwise-exchange alltoall
   linear,              ///< the root talks to every rank directly
   dissemination,       ///< dissemination barrier
+  double_binary_tree,  ///< two binary trees, each reducing and broadcasting half (NCCL 2.4)
 };
 
 /// @returns the algorithm's name ("ring", "halving_doubling", ...).
@@ -64,6 +65,7 @@ constexpr std::string_view algorithm_name(algorithm a) noexcept {
     case algorithm::pairwise: return "pairwise";
     case algorithm::linear: return "linear";
     case algorithm::dissemination: return "dissemination";
+    case algorithm::double_binary_tree: return "double_binary_tree";
   }
   return "unknown";
 }
