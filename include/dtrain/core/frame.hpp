@@ -146,7 +146,7 @@ inline frame_decode_result decode_frame(std::span<const std::byte> bytes, std::u
   auto type = get<std::uint8_t>(p + 34);
   auto redop = get<std::uint8_t>(p + 35);
   if (op > static_cast<std::uint8_t>(coll_op::message) ||
-      algo > static_cast<std::uint8_t>(algorithm::dissemination) ||
+      algo > static_cast<std::uint8_t>(last_algorithm) ||
       type > static_cast<std::uint8_t>(dtype::bfloat16) ||
       redop > static_cast<std::uint8_t>(reduce_op::avg)) {
     return fail("signature holds out-of-range fields");

@@ -53,6 +53,10 @@ enum class algorithm : std::uint8_t {
   double_binary_tree,  ///< two binary trees, each reducing and broadcasting half (NCCL 2.4)
 };
 
+/// The highest `algorithm` value: frames carrying a larger one are malformed. New algorithms
+/// go last in the enum and move this mark.
+inline constexpr algorithm last_algorithm = algorithm::double_binary_tree;
+
 /// @returns the algorithm's name ("ring", "halving_doubling", ...).
 constexpr std::string_view algorithm_name(algorithm a) noexcept {
   switch (a) {
