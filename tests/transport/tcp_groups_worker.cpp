@@ -1,7 +1,8 @@
 // One rank of the multi-process process-group test, started by dtrain-run or mpirun: every
 // collective and algorithm on the groups of three splits and along every axis of a mesh, over
 // real sockets, all groups of the world at once, against the serial reference; then the ranks
-// of a row and the same ranks formed again reduce at once on two threads.
+// of a row and the same ranks formed again reduce at once on two threads; and the two-level
+// allreduce with the ranks placed two per emulated host.
 //
 // Exit status: 0 every rank correct, 1 some rank saw a wrong result (every rank's verdict is
 // summed across the world, so every rank exits 1), 3 a dtrain::error (printed).
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "../collective/group_case.hpp"
+#include "dtrain/collective/hierarchical.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/mesh.hpp"
 #include "dtrain/transport/tcp.hpp"
@@ -77,6 +79,29 @@ int check_concurrent(group& world) {
   return wrong + wrong_again;
 }
 
+// The two-level allreduce (forced on) with two ranks per emulated host, against the serial
+// reference: every op, three types, in place, sizes around the host's block boundary.
+int check_hierarchical(group& world) {
+  const int r = world.rank(), p = world.size();
+  hierarchical_communicator<tcp_transport> c(world, {}, "emulated-host-" + std::to_string(r / 2), hierarchy::always);
+  int wrong = 0;
+  auto one = [&]<class T>(std::size_t n, reduce_op rop) {
+    std::vector<T> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = make<T>(input_value(coll_op::allreduce, rop, r, i));
+    c.allreduce(std::span(v), rop);
+    for (std::size_t i = 0; i < n; ++i) wrong += !(v[i] == reference_reduce<T>(coll_op::allreduce, rop, p, i));
+    ++cases_run;
+  };
+  for (std::size_t n : {std::size_t{1}, std::size_t{1001}, std::size_t{1} << 18}) {
+    for (reduce_op rop : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}) {
+      one.operator()<float>(n, rop);
+      one.operator()<std::int64_t>(n, rop);
+      one.operator()<bfloat16>(n, rop);
+    }
+  }
+  return wrong;
+}
+
 }  // namespace
 
 int main() {
@@ -87,6 +112,10 @@ int main() {
     std::string first;
     cases_run = 0;
     int wrong = check_splits(world, first) + check_mesh(world, first) + check_concurrent(world);
+    if (const int h = check_hierarchical(world); h > 0) {
+      wrong += h;
+      if (first.empty()) first = "the hierarchical allreduce";
+    }
     if (wrong > 0) std::fprintf(stderr, "WRONG: %d results, first: %s\n", wrong, first.c_str());
     int wrong_ranks = wrong > 0 ? 1 : 0;
     communicator<group>(world).allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);

@@ -108,8 +108,8 @@ class process_group : public transport_buffer_forms<process_group<World>> {
       throw error(errc::invalid_argument, "process_group::split: color " + std::to_string(color) +
                                               " is negative (no_group, -1, leaves a rank out)");
     }
-    const std::uint64_t round = (*splits_)++;
-    const std::vector<std::int64_t> all = exchange({color, order}, split_tag + round, d);
+    const std::uint64_t round = (*rounds_)++;
+    const std::vector<std::int64_t> all = exchange({color, order}, setup_tag + round, d, "process_group::split");
     if (color == no_group) return std::nullopt;
     // Members of this color, by (order, rank here): MPI's order.
     std::vector<std::pair<std::int64_t, int>> mine;
@@ -142,9 +142,38 @@ class process_group : public transport_buffer_forms<process_group<World>> {
     return process_group(*this, std::string(label), list, mix(h));
   }
 
+  /// Every member's two values, in group order (2 per rank): a direct exchange, P - 1 messages
+  /// per rank, for set-up (split, host discovery), not for data. Collective over the group,
+  /// under the group's timeout; `what` names the caller in errors.
+  std::vector<std::int64_t> exchange_setup_values(std::array<std::int64_t, 2> mine, std::string_view what) {
+    return exchange(mine, setup_tag + (*rounds_)++, deadline::after(timeout_), what);
+  }
+
  private:
-  // Tags of split's exchange, in the group's own space: "split" and a round number.
-  static constexpr std::uint64_t split_tag = 0x73706c6974000000;
+  std::vector<std::int64_t> exchange(std::array<std::int64_t, 2> mine, std::uint64_t tag, deadline d,
+                                     std::string_view what) {
+    const auto n = static_cast<std::size_t>(size());
+    std::vector<std::int64_t> all(2 * n);
+    std::memcpy(&all[2 * static_cast<std::size_t>(rank_)], mine.data(), sizeof mine);
+    std::vector<request> receives, sends;
+    for (int r = 0; r < size(); ++r) {
+      if (r == rank_) continue;
+      receives.push_back(this->irecv(r, tag, std::as_writable_bytes(std::span(&all[2 * static_cast<std::size_t>(r)], 2))));
+    }
+    for (int r = 0; r < size(); ++r) {
+      if (r != rank_) sends.push_back(this->isend(r, tag, signature{}, std::as_bytes(std::span(mine))));
+    }
+    try {
+      for (auto& q : receives) q.wait(d);
+      for (auto& q : sends) q.wait(d);
+    } catch (const error& e) {
+      throw error(e.code(), std::string(what) + " on " + describe_rank(rank_) + ": " + e.what());
+    }
+    return all;
+  }
+
+  // Tags of set-up exchanges, in the group's own space: "setup" and a round number.
+  static constexpr std::uint64_t setup_tag = 0x7365747570000000;
 
   process_group(const process_group& parent, std::string label, rank_list list, std::uint64_t group_key)
       : world_(parent.world_), timeout_(parent.timeout_) {
@@ -161,32 +190,10 @@ class process_group : public transport_buffer_forms<process_group<World>> {
     return z ^ (z >> 31);
   }
 
-  // Every member's two values, in group order: a direct exchange (setup, not a hot path; the
-  // transport layer has no collectives to lean on).
-  std::vector<std::int64_t> exchange(std::array<std::int64_t, 2> mine, std::uint64_t tag, deadline d) {
-    const auto n = static_cast<std::size_t>(size());
-    std::vector<std::int64_t> all(2 * n);
-    std::memcpy(&all[2 * static_cast<std::size_t>(rank_)], mine.data(), sizeof mine);
-    std::vector<request> receives, sends;
-    for (int r = 0; r < size(); ++r) {
-      if (r == rank_) continue;
-      receives.push_back(this->irecv(r, tag, std::as_writable_bytes(std::span(&all[2 * static_cast<std::size_t>(r)], 2))));
-    }
-    for (int r = 0; r < size(); ++r) {
-      if (r != rank_) sends.push_back(this->isend(r, tag, signature{}, std::as_bytes(std::span(mine))));
-    }
-    try {
-      for (auto& q : receives) q.wait(d);
-      for (auto& q : sends) q.wait(d);
-    } catch (const error& e) {
-      throw error(e.code(), "process_group::split on " + describe_rank(rank_) + ": " + e.what());
-    }
-    return all;
-  }
-
   std::shared_ptr<World> world_;
   std::shared_ptr<const group_layout> layout_;
-  std::shared_ptr<std::atomic<std::uint64_t>> splits_ = std::make_shared<std::atomic<std::uint64_t>>(0);  // so far
+  // Set-up exchanges (splits among them) so far: they number the tags and split's keys.
+  std::shared_ptr<std::atomic<std::uint64_t>> rounds_ = std::make_shared<std::atomic<std::uint64_t>>(0);
   std::chrono::milliseconds timeout_;
   int rank_ = 0;
 };

@@ -1,0 +1,137 @@
+#pragma once
+/// @file
+/// `hierarchical_communicator<World>`: allreduce in two levels, for groups spread over hosts
+/// whose links between hosts are slower than those inside (Horovod's and NCCL's hierarchical
+/// allreduce):
+///  1. reduce-scatter inside each host: local rank l holds block l of the host's sum;
+///  2. allreduce of block l across hosts, among the ranks with local rank l;
+///  3. allgather inside each host.
+/// Only 2(H-1)/H of n/L bytes per rank cross between hosts (H hosts of L ranks), where a flat
+/// ring over all P = H·L ranks sends 2(P-1)/P of n across its slowest link. With hosts of unequal
+/// sizes the levels are reduce to each host's first rank, allreduce among those, broadcast.
+/// Every other collective runs flat on the whole group (`flat()`).
+///
+/// Whether the two levels beat the flat algorithm is the `two_level_costs` model's call per size,
+/// from per-link-class alpha and beta (intra-host, inter-host); `hierarchy::always` and `never`
+/// force it.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <utility>
+
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/concepts/element.hpp"
+#include "dtrain/concepts/reduction.hpp"
+#include "dtrain/core/reduce_op.hpp"
+#include "dtrain/transport/group.hpp"
+#include "dtrain/transport/hosts.hpp"
+
+namespace dtrain {
+
+/// When `hierarchical_communicator::allreduce` takes two levels.
+enum class hierarchy { automatic, always, never };
+
+/// Hockney's alpha-beta model with a pair of constants per link class. The defaults suit TCP
+/// between hosts and shared memory or loopback inside one; measure both for a real cluster.
+struct two_level_costs {
+  double alpha_local = 10e-6, beta_local = 1.0 / 4e9;   ///< seconds per message / per byte inside a host
+  double alpha_cross = 50e-6, beta_cross = 1.0 / 1.25e8;  ///< between hosts (1 Gbit/s)
+  double gamma = 1.0 / 4e9;                               ///< seconds per byte reduced
+
+  /// Flat ring over `hosts` x `local` ranks: every step waits for its slowest (cross-host) link.
+  double flat_ring(double bytes, int hosts, int local) const noexcept {
+    const double p = static_cast<double>(hosts) * local;
+    if (p <= 1) return 0;
+    const bool crosses = hosts > 1;
+    const double a = crosses ? alpha_cross : alpha_local, b = crosses ? beta_cross : beta_local;
+    return 2 * (p - 1) * (a + bytes / p * b) + (p - 1) / p * bytes * gamma;
+  }
+
+  /// Reduce-scatter and allgather rings inside a host, a ring allreduce of n/L across hosts.
+  double two_levels(double bytes, int hosts, int local) const noexcept {
+    const double h = hosts, l = local;
+    const double inside = l > 1 ? 2 * (l - 1) * (alpha_local + bytes / l * beta_local) + (l - 1) / l * bytes * gamma : 0;
+    const double across = h > 1 ? 2 * (h - 1) * (alpha_cross + bytes / l / h * beta_cross) + (h - 1) / h * bytes / l * gamma : 0;
+    return inside + across;
+  }
+};
+
+template <transport World, reduction Reduction = host_reduction>
+class hierarchical_communicator {
+ public:
+  using group = process_group<World>;
+  using flat_type = communicator<group, Reduction>;
+
+  /// Collective over `world`: learns which ranks share a host (`discover_hosts`; pass
+  /// `host_id` to place ranks on emulated hosts) and builds the three communicators.
+  explicit hierarchical_communicator(group world, communicator_options o = {}, std::string_view host_id = this_host_id(),
+                                     hierarchy when = hierarchy::automatic, two_level_costs costs = {})
+      : hosts_(discover_hosts(world, host_id)),
+        flat_(world, o),
+        local_(hosts_.local, o),
+        cross_(hosts_.cross, o),
+        when_(when),
+        costs_(costs) {}
+
+  int rank() const noexcept { return flat_.rank(); }
+  int size() const noexcept { return flat_.size(); }
+  const host_map<World>& hosts() const noexcept { return hosts_; }
+  /// The whole group, flat: every collective but the two-level allreduce.
+  flat_type& flat() noexcept { return flat_; }
+  two_level_costs& costs() noexcept { return costs_; }
+
+  /// Whether an allreduce of `bytes` takes two levels (the same answer on every rank).
+  bool two_levels(std::size_t bytes) const noexcept {
+    if (when_ != hierarchy::automatic) return when_ == hierarchy::always;
+    const int local = hosts_.uniform ? hosts_.local_size : 1;  // unequal hosts: leaders only
+    return hosts_.hosts > 1 && local > 1 &&
+           costs_.two_levels(static_cast<double>(bytes), hosts_.hosts, local) <
+               costs_.flat_ring(static_cast<double>(bytes), hosts_.hosts, local);
+  }
+
+  /// Every rank's `buf` gets the reduction of every rank's `buf`, identical on all ranks.
+  template <element T>
+  void allreduce(std::span<T> buf, reduce_op op) {
+    if (!two_levels(buf.size_bytes())) {
+      flat_.allreduce(buf, op);
+      return;
+    }
+    const reduce_op level_op = op == reduce_op::avg ? reduce_op::sum : op;  // divide once, at the end
+    if (hosts_.uniform) {
+      // Blocks of equal size for the reduce-scatter; the few elements past them go flat.
+      const auto l = static_cast<std::size_t>(hosts_.local_size);
+      const std::size_t blocked = buf.size() / l * l;
+      std::span<T> head = buf.first(blocked), tail = buf.subspan(blocked);
+      if (!head.empty()) {
+        local_.reduce_scatter(head, level_op);
+        std::span<T> mine = head.subspan(static_cast<std::size_t>(hosts_.local_rank) * (blocked / l), blocked / l);
+        cross_.allreduce(mine, level_op);
+        local_.allgather(head);
+      }
+      if (!tail.empty()) flat_.allreduce(tail, level_op);
+    } else {
+      local_.reduce(buf, level_op, 0);
+      if (hosts_.local_rank == 0) cross_.allreduce(buf, level_op);
+      local_.broadcast(buf, 0);
+    }
+    if (op == reduce_op::avg) reduce_.finish_average(buf, size());
+  }
+
+  /// Out of place.
+  template <element T>
+  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
+    std::copy(in.begin(), in.end(), out.begin());
+    allreduce(out, op);
+  }
+
+ private:
+  host_map<World> hosts_;
+  flat_type flat_, local_, cross_;
+  hierarchy when_;
+  two_level_costs costs_;
+  Reduction reduce_{};
+};
+
+}  // namespace dtrain

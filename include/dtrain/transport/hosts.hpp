@@ -1,0 +1,92 @@
+#pragma once
+/// @file
+/// Which ranks share a host. `discover_hosts(group)` exchanges every member's host identity
+/// once (at start-up) and gives each rank its local rank, local size, its host's group and the
+/// group of ranks with its local rank on the other hosts: the two levels of a hierarchical
+/// collective, and what a tensor-parallel group should stay inside.
+///
+/// A host's identity is `DTRAIN_HOST_ID` when set (a launcher's node name, or an emulated host:
+/// one network namespace of the emulated cluster), else the machine's host name.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dtrain/core/hash.hpp"
+#include "dtrain/transport/group.hpp"
+#include "dtrain/transport/rank_list.hpp"
+
+namespace dtrain {
+
+/// This process's host identity: `DTRAIN_HOST_ID`, else the host name.
+inline std::string this_host_id() {
+  if (const char* id = std::getenv("DTRAIN_HOST_ID"); id != nullptr && *id != '\0') return id;
+  std::array<char, 256> name{};
+  if (::gethostname(name.data(), name.size() - 1) != 0) return "unknown-host";
+  return name.data();
+}
+
+/// Where a group's ranks run. Hosts are numbered in the order of their lowest rank; ranks on one
+/// host are numbered (local ranks) in group order.
+template <transport World>
+struct host_map {
+  std::vector<int> host_of;    ///< per group rank: its host
+  std::vector<int> local_of;   ///< per group rank: its local rank
+  int hosts = 0;
+  int host = 0;                ///< this rank's host
+  int local_rank = 0;
+  int local_size = 0;
+  bool uniform = true;         ///< every host holds the same number of ranks
+  /// The ranks on this host, by local rank.
+  process_group<World> local;
+  /// The ranks with this local rank, one per host that has it, by host.
+  process_group<World> cross;
+};
+
+/// Collective over `group`: every member tells its host identity (hashed to 64 bits) and each
+/// learns the layout and forms its two groups (locally, by name: no further messages).
+/// @throws dtrain::error `timeout` naming a member that did not take part; the transport's errors.
+template <transport World>
+host_map<World> discover_hosts(process_group<World>& group, std::string_view host_id = this_host_id()) {
+  const auto id = static_cast<std::int64_t>(fnv1a().text(host_id).value());
+  const std::vector<std::int64_t> all = group.exchange_setup_values({id, 0}, "discover_hosts");
+  const int p = group.size();
+  std::vector<std::int64_t> seen;  // host ids, in order of their lowest rank
+  std::vector<int> host_of(static_cast<std::size_t>(p)), local_of(static_cast<std::size_t>(p));
+  std::vector<std::vector<int>> on_host;  // world ranks per host
+  for (int r = 0; r < p; ++r) {
+    const std::int64_t h = all[2 * static_cast<std::size_t>(r)];
+    auto it = std::find(seen.begin(), seen.end(), h);
+    const auto index = static_cast<std::size_t>(it - seen.begin());
+    if (it == seen.end()) {
+      seen.push_back(h);
+      on_host.emplace_back();
+    }
+    host_of[static_cast<std::size_t>(r)] = static_cast<int>(index);
+    local_of[static_cast<std::size_t>(r)] = static_cast<int>(on_host[index].size());
+    on_host[index].push_back(group.world_rank(r));
+  }
+  const auto me = static_cast<std::size_t>(group.rank());
+  const int host = host_of[me], local_rank = local_of[me];
+  std::vector<int> cross;
+  for (const auto& ranks : on_host) {
+    if (static_cast<std::size_t>(local_rank) < ranks.size()) cross.push_back(ranks[static_cast<std::size_t>(local_rank)]);
+  }
+  const std::string base = group.name() + "/hosts:";
+  auto local = group.form(rank_list(on_host[static_cast<std::size_t>(host)]), base + "host" + std::to_string(host));
+  auto across = group.form(rank_list(std::move(cross)), base + "local" + std::to_string(local_rank));
+  const bool uniform = std::all_of(on_host.begin(), on_host.end(),
+                                   [&](const auto& ranks) { return ranks.size() == on_host.front().size(); });
+  return host_map<World>{std::move(host_of), std::move(local_of), static_cast<int>(seen.size()), host, local_rank,
+                         local->size(), uniform, std::move(*local), std::move(*across)};
+}
+
+}  // namespace dtrain
