@@ -32,6 +32,18 @@ foreach(n 3 4 6)
   set_tests_properties(tcp_groups_dtrain_run_${n} PROPERTIES TIMEOUT 600)
 endforeach()
 
+# The same on an emulated cluster (bench/emulated_cluster.sh: a network namespace per host, links
+# shaped by tc), where the hosts are real: discover_hosts must find the launcher's placement.
+# Skipped (77) without root or namespaces.
+foreach(layout "2;2" "3;2")
+  list(GET layout 0 h)
+  list(GET layout 1 l)
+  add_test(NAME tcp_emulated_cluster_${h}x${l}
+           COMMAND ${PROJECT_SOURCE_DIR}/bench/emulated_cluster.sh --hosts ${h} --ranks-per-host ${l} --port 2960${h}
+                   -- $<TARGET_FILE:tcp_groups_worker>)
+  set_tests_properties(tcp_emulated_cluster_${h}x${l} PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+endforeach()
+
 # The same under Open MPI's mpirun: rank and size from OMPI_COMM_WORLD_*, rank 0 serves the store.
 find_program(DTRAIN_MPIRUN mpirun)
 if(DTRAIN_MPIRUN)

@@ -83,8 +83,18 @@ int check_concurrent(group& world) {
 // reference: every op, three types, in place, sizes around the host's block boundary.
 int check_hierarchical(group& world) {
   const int r = world.rank(), p = world.size();
-  hierarchical_communicator<tcp_transport> c(world, {}, "emulated-host-" + std::to_string(r / 2), hierarchy::always);
+  // Under bench/emulated_cluster.sh the hosts are real namespaces named in DTRAIN_HOST_ID, and the
+  // launcher's local rank must be the one discovered; elsewhere ranks pair up by rank.
+  const bool emulated = std::getenv("DTRAIN_HOST_ID") != nullptr;
+  const std::string host = emulated ? this_host_id() : "emulated-host-" + std::to_string(r / 2);
+  hierarchical_communicator<tcp_transport> c(world, {}, host, hierarchy::always);
   int wrong = 0;
+  if (const char* local = std::getenv("DTRAIN_LOCAL_RANK"); emulated && local != nullptr) {
+    if (c.hosts().local_rank != std::atoi(local)) {
+      std::fprintf(stderr, "WRONG: discovered local rank %d, the launcher says %s\n", c.hosts().local_rank, local);
+      ++wrong;
+    }
+  }
   auto one = [&]<class T>(std::size_t n, reduce_op rop) {
     std::vector<T> v(n);
     for (std::size_t i = 0; i < n; ++i) v[i] = make<T>(input_value(coll_op::allreduce, rop, r, i));

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# An emulated cluster on this one machine: each host is a network namespace, joined to the others
+# through a bridge by a veth pair whose egress both ways is shaped by tc (a token bucket at the
+# link's rate; with --delay, netem's rate and delay, where the kernel has netem), and each
+# host runs its ranks, which talk to each other inside it over the namespace's own loopback-fast
+# path. Starts one copy of a program per rank with dtrain's launcher environment (rank, world
+# size, master address and port, a fresh token) plus DTRAIN_HOST_ID (so discover_hosts sees the
+# emulated hosts) and DTRAIN_LOCAL_RANK / DTRAIN_LOCAL_WORLD_SIZE. Output is prefixed "[rank]".
+# Everything it creates is removed when it exits, also after a failure or Ctrl-C.
+#
+#   bench/emulated_cluster.sh [--hosts 2] [--ranks-per-host 2] [--rate 1gbit] [--delay 0.2ms] \
+#                             [--port 29600] -- program [args...]
+#
+# Exit status: the first failing rank's status (a rank that fails stops the others), 0 when all
+# succeed, 77 where namespaces, veth, bridges or (for --delay) netem are not available (needs
+# root, iproute2).
+set -u
+hosts=2 per_host=2 rate=1gbit delay=0 port=29600
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --hosts) hosts=$2; shift 2 ;;
+    --ranks-per-host) per_host=$2; shift 2 ;;
+    --rate) rate=$2; shift 2 ;;
+    --delay) delay=$2; shift 2 ;;
+    --port) port=$2; shift 2 ;;
+    --) shift; break ;;
+    *) echo "emulated_cluster: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[[ $# -ge 1 ]] || { echo "usage: $0 [options] -- program [args...]" >&2; exit 2; }
+if [[ $(id -u) -ne 0 ]] || ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
+  echo "skipped: an emulated cluster needs root, iproute2 and tc"; exit 77
+fi
+tag="dc$$"
+pids=()
+# Each rank runs in a process group of its own (setsid), so stopping a rank stops what it started.
+stop_ranks() {
+  for pid in "${pids[@]}"; do kill -TERM -- "-$pid" 2>/dev/null; done
+}
+cleanup() {
+  stop_ranks
+  sleep 0.2
+  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+  for ((h = 0; h < hosts; h++)); do
+    ip link del "${tag}v$h" 2>/dev/null  # takes its peer inside the namespace with it
+    ip netns del "${tag}h$h" 2>/dev/null
+  done
+  ip link del "${tag}br" 2>/dev/null
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+skip() { echo "skipped: $1"; exit 77; }
+# Bytes in 2 ms at a tc rate such as 100mbit, 1gbit or 10gbit (at least 64 KiB).
+tc_burst() {
+  local bits
+  case $1 in
+    *gbit) bits=$(( ${1%gbit} * 1000000000 )) ;;
+    *mbit) bits=$(( ${1%mbit} * 1000000 )) ;;
+    *) echo "emulated_cluster: give --rate in mbit or gbit, not $1" >&2; exit 2 ;;
+  esac
+  local bytes=$(( bits / 8 / 500 ))
+  echo $(( bytes > 65536 ? bytes : 65536 ))
+}
+ip netns add "${tag}h0" 2>/dev/null || skip "cannot create network namespaces here"
+probe=$(ip netns exec "${tag}h0" true 2>&1) || skip "'ip netns exec' does not work here: $probe"
+ip link add "${tag}br" type bridge 2>/dev/null && ip link set "${tag}br" up || skip "no bridge support"
+for ((h = 0; h < hosts; h++)); do
+  ns="${tag}h$h"
+  [[ $h -gt 0 ]] && ip netns add "$ns"
+  ip link add "${tag}v$h" type veth peer name "${tag}e$h" 2>/dev/null || skip "no veth support"
+  ip link set "${tag}v$h" master "${tag}br" up
+  ip link set "${tag}e$h" netns "$ns"
+  ip -n "$ns" link set lo up
+  ip -n "$ns" addr add "10.78.0.$((h + 1))/24" dev "${tag}e$h"
+  ip -n "$ns" link set "${tag}e$h" up
+  # The host's link: its egress into the bridge, and the bridge's egress towards it.
+  if [[ $delay != 0 ]]; then
+    tc -n "$ns" qdisc add dev "${tag}e$h" root netem rate "$rate" delay "$delay" limit 100000 2>/dev/null ||
+      skip "tc netem (for --delay $delay) is not available in this kernel"
+    tc qdisc add dev "${tag}v$h" root netem rate "$rate" delay "$delay" limit 100000
+  else
+    # A token bucket of 2 ms at the link's rate (at least 64 KiB): smooth, and no idle bursts.
+    burst=$(tc_burst "$rate")
+    tc -n "$ns" qdisc add dev "${tag}e$h" root tbf rate "$rate" burst "$burst" latency 50ms ||
+      skip "tc tbf is not available"
+    tc qdisc add dev "${tag}v$h" root tbf rate "$rate" burst "$burst" latency 50ms
+  fi
+done
+echo "# emulated cluster: $hosts hosts x $per_host ranks; each host's link $rate, delay $delay each way"
+token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
+world=$((hosts * per_host))
+for ((h = 0; h < hosts; h++)); do
+  for ((l = 0; l < per_host; l++)); do
+    r=$((h * per_host + l))
+    setsid ip netns exec "${tag}h$h" env DTRAIN_RANK=$r DTRAIN_WORLD_SIZE=$world DTRAIN_MASTER_ADDR=10.78.0.1 \
+      DTRAIN_MASTER_PORT=$port DTRAIN_TOKEN="$token" DTRAIN_HOST_ID="emulated-host-$h" DTRAIN_LOCAL_RANK=$l \
+      DTRAIN_LOCAL_WORLD_SIZE=$per_host "$@" > >(sed -u "s/^/[$r] /") 2>&1 &
+    pids+=($!)
+  done
+done
+# The first rank to fail decides the status and stops the rest.
+status=0
+running=("${pids[@]}")
+while [[ ${#running[@]} -gt 0 ]]; do
+  still=()
+  for pid in "${running[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then still+=("$pid"); continue; fi
+    wait "$pid"
+    rc=$?
+    if [[ $rc -ne 0 && $status -eq 0 ]]; then
+      status=$rc
+      echo "emulated_cluster: a rank exited with status $rc; stopping the others" >&2
+      stop_ranks
+    fi
+  done
+  running=("${still[@]+"${still[@]}"}")
+  [[ ${#running[@]} -gt 0 ]] && sleep 0.1
+done
+exit $status
