@@ -2,12 +2,16 @@
 //   size count type redop root | time algbw busbw #wrong
 // --transport inproc: ranks are threads of this process. --transport tcp: this process is one
 // rank, started by dtrain-run or mpirun (tcp_transport::from_environment); rank 0 prints.
+// --transport tcp-hosts: the same, on hosts (real, or bench/emulated_cluster.sh's): the flat
+// algorithms, then allreduce as "hierarchical" (two levels, forced) and "auto" (two levels or
+// the flat choice, as two_level_costs says), from one hierarchical_communicator.
 // Each point runs warm-up calls, then timed calls, and reports the slowest rank's mean time per
 // call. #wrong counts result elements that differ from the closed form.
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -16,6 +20,7 @@
 #include <fmt/core.h>
 
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/collective/hierarchical.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/transport/tcp.hpp"
 #include "report.hpp"
@@ -112,7 +117,7 @@ shape shape_of(coll_op op, std::size_t bytes, int p) {
 template <class Comm>
 double time_point(Comm& c, const options& o, coll_op op, algorithm algo, std::size_t bytes, long& wrong) {
   c.algorithms() = selection_table{};
-  c.algorithms().force(op, algo);
+  if (algo != algorithm::automatic) c.algorithms().force(op, algo);  // automatic: the cost model's pick
   const int r = c.rank();
   const shape sh = shape_of(op, bytes, c.size());
   std::vector<float> in(sh.elems), out(sh.elems);
@@ -177,8 +182,45 @@ bench::row measure_on(Comm& c, const options& o, coll_op op, algorithm algo, std
   return make_row(op, algo, c.size(), bytes, seconds[0], static_cast<long>(wrong[0]));
 }
 
+// bench's view of a hierarchical communicator: allreduce through it, the rest flat.
+template <class H>
+struct two_level_view {
+  H& h;
+  int rank() const noexcept { return h.rank(); }
+  int size() const noexcept { return h.size(); }
+  selection_table& algorithms() { return h.flat().algorithms(); }
+  template <class T>
+  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
+    h.template allreduce<T>(in, out, op);
+  }
+  template <class T>
+  void allreduce(std::span<T> buf, reduce_op op) { h.allreduce(buf, op); }
+  template <class T, class... A>
+  void reduce(A&&... a) { h.flat().template reduce<T>(std::forward<A>(a)...); }
+  template <class T, class... A>
+  void reduce_scatter(A&&... a) { h.flat().template reduce_scatter<T>(std::forward<A>(a)...); }
+  template <class T, class... A>
+  void allgather(A&&... a) { h.flat().template allgather<T>(std::forward<A>(a)...); }
+  template <class T, class... A>
+  void gather(A&&... a) { h.flat().template gather<T>(std::forward<A>(a)...); }
+  template <class T, class... A>
+  void scatter(A&&... a) { h.flat().template scatter<T>(std::forward<A>(a)...); }
+  template <class T, class... A>
+  void alltoall(A&&... a) { h.flat().template alltoall<T>(std::forward<A>(a)...); }
+  template <class T>
+  void broadcast(std::span<T> buf, int root) { h.flat().broadcast(buf, root); }
+  void barrier() { h.flat().barrier(); }
+};
+
+// A row measured some other way than by a flat algorithm: its name and how to measure a size.
+struct variant {
+  std::string name;
+  std::function<bench::row(std::size_t bytes)> measure;
+};
+
 template <class Measure>
-int run_all(const options& o, int ranks, bool printer, const std::string& what, Measure measure) {
+int run_all(const options& o, int ranks, bool printer, const std::string& what, Measure measure,
+            const std::vector<variant>& allreduce_variants = {}) {
   std::vector<bench::row> rows;
   auto print = [&](fmt::string_view format, const auto&... args) {
     if (printer) fmt::vprint(format, fmt::make_format_args(args...));
@@ -186,6 +228,12 @@ int run_all(const options& o, int ranks, bool printer, const std::string& what, 
   print("# dtrain bench_collectives: {} ranks, {}, out of place\n", ranks, what);
   print("# {:>14} {:>12} {:>14} {:>8} {:>5} | {:>11} {:>9} {:>9} {:>7}  {}\n", "size(B)", "count", "type",
         "redop", "root", "time(us)", "algbw", "busbw", "#wrong", "op/algorithm");
+  auto add = [&](bench::row r, coll_op op) {
+    print("  {:>14} {:>12} {:>14} {:>8} {:>5} | {:>11.1f} {:>9.3f} {:>9.3f} {:>7}  {}/{}\n", r.bytes, r.count, r.type,
+          r.redop, is_rooted(op) ? "0" : "-", r.seconds * 1e6, r.algbw, r.busbw, r.wrong, r.op, r.algo);
+    std::fflush(stdout);
+    rows.push_back(std::move(r));
+  };
   for (const auto& name : o.ops) {
     coll_op op = op_named(name);
     for (algorithm a : all_algorithms) {
@@ -194,11 +242,15 @@ int run_all(const options& o, int ranks, bool printer, const std::string& what, 
         continue;
       }
       for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<std::size_t>(o.step)) {
-        bench::row r = measure(op, a, bytes);
-        print("  {:>14} {:>12} {:>14} {:>8} {:>5} | {:>11.1f} {:>9.3f} {:>9.3f} {:>7}  {}/{}\n", r.bytes, r.count,
-              r.type, r.redop, is_rooted(op) ? "0" : "-", r.seconds * 1e6, r.algbw, r.busbw, r.wrong, r.op, r.algo);
-        std::fflush(stdout);
-        rows.push_back(r);
+        add(measure(op, a, bytes), op);
+      }
+    }
+    if (op != coll_op::allreduce) continue;
+    for (const variant& v : allreduce_variants) {
+      for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<std::size_t>(o.step)) {
+        bench::row r = v.measure(bytes);
+        r.algo = v.name;
+        add(std::move(r), op);
       }
     }
   }
@@ -219,6 +271,30 @@ int run_tcp(const options& o) {
                  [&](coll_op op, algorithm a, std::size_t bytes) { return measure_on(c, o, op, a, bytes); });
 }
 
+// On hosts: the flat algorithms on the hierarchical communicator's whole group, then the two
+// allreduce variants through it.
+int run_tcp_hosts(const options& o) {
+  communicator_options co;
+  co.segment_bytes = o.segment_bytes;
+  hierarchical_communicator<tcp_transport> h(process_group(tcp_transport::from_environment()), co);
+  two_level_view<hierarchical_communicator<tcp_transport>> view{h};
+  const auto& hosts = h.hosts();
+  const std::string what = "TCP transport on " + std::to_string(hosts.hosts) + " hosts of " +
+                           std::to_string(hosts.local_size) + " ranks (DTRAIN_HOST_ID or host name)";
+  auto through = [&](hierarchy when) {
+    return [&, when](std::size_t bytes) {
+      h.set_hierarchy(when);
+      bench::row r = measure_on(view, o, coll_op::allreduce, algorithm::automatic, bytes);
+      h.set_hierarchy(hierarchy::automatic);
+      return r;
+    };
+  };
+  const std::vector<variant> variants{{"hierarchical", through(hierarchy::always)}, {"auto", through(hierarchy::automatic)}};
+  return run_all(
+      o, h.size(), h.rank() == 0, what,
+      [&](coll_op op, algorithm a, std::size_t bytes) { return measure_on(h.flat(), o, op, a, bytes); }, variants);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -234,10 +310,11 @@ int main(int argc, char** argv) {
   app.add_option("--segment-bytes", o.segment_bytes, "pipeline segment size of the communicator");
   app.add_option("--algorithms", o.algorithms, "only these algorithms (default: every one)");
   app.add_option("--transport", o.transport, "inproc (threads) or tcp (one process per rank, under dtrain-run "
-                 "or mpirun)")->check(CLI::IsMember({"inproc", "tcp"}));
+                 "or mpirun; tcp-hosts: also the hierarchical allreduce)")->check(CLI::IsMember({"inproc", "tcp", "tcp-hosts"}));
   app.add_option("--progress", o.progress, "tcp waiting policy")->check(CLI::IsMember({"blocking", "spin"}));
   CLI11_PARSE(app, argc, argv);
 
+  if (o.transport == "tcp-hosts") return run_tcp_hosts(o);
   if (o.transport == "tcp") {
     return o.progress == "spin" ? run_tcp<basic_tcp_transport<spin_then_block<50>>>(o) : run_tcp<tcp_transport>(o);
   }

@@ -81,6 +81,8 @@ class hierarchical_communicator {
   /// The whole group, flat: every collective but the two-level allreduce.
   flat_type& flat() noexcept { return flat_; }
   two_level_costs& costs() noexcept { return costs_; }
+  /// Forces two levels or flat, or gives the choice back to the cost model (on every rank alike).
+  void set_hierarchy(hierarchy when) noexcept { when_ = when; }
 
   /// Whether an allreduce of `bytes` takes two levels (the same answer on every rank).
   bool two_levels(std::size_t bytes) const noexcept {
