@@ -1,7 +1,8 @@
 // Host discovery and the two-level allreduce, in process, with ranks placed on emulated hosts
 // by host id: local ranks and host groups against their closed form, and the hierarchical
-// allreduce (forced on, uniform and unequal hosts) bit for bit against the serial reference for
-// every type, op and count, in place and out of place, world sizes 1-9.
+// allreduce (forced on, uniform and unequal hosts, pipelined in many chunks or one) bit for bit
+// against the serial reference for every type, op and count, in place and out of place, world
+// sizes 1-9.
 
 #include <atomic>
 #include <cstdint>
@@ -80,6 +81,7 @@ TEST_CASE("hierarchical allreduce equals the serial reduction, uniform and unequ
         communicator_options o;
         o.segment_bytes = 512;
         hierarchical_communicator<inproc_transport> c(group(std::move(t)), o, host_of(r, per_host), hierarchy::always);
+        c.set_pipeline_bytes(p % 2 == 0 ? 1024 : std::size_t{4} << 20);  // many chunks in flight, or one
         for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100003}}) {
           for (reduce_op rop : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}) {
             const bool in_place = (n + static_cast<std::size_t>(rop)) % 2 == 0;

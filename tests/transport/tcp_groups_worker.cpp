@@ -88,6 +88,7 @@ int check_hierarchical(group& world) {
   const bool emulated = std::getenv("DTRAIN_HOST_ID") != nullptr;
   const std::string host = emulated ? this_host_id() : "emulated-host-" + std::to_string(r / 2);
   hierarchical_communicator<tcp_transport> c(world, {}, host, hierarchy::always);
+  c.set_pipeline_bytes(std::size_t{64} << 10);  // 1 MiB of floats goes through in 16 chunks
   int wrong = 0;
   if (const char* local = std::getenv("DTRAIN_LOCAL_RANK"); emulated && local != nullptr) {
     if (c.hosts().local_rank != std::atoi(local)) {

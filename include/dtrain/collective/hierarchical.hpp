@@ -6,6 +6,8 @@
 ///  1. reduce-scatter inside each host: local rank l holds block l of the host's sum;
 ///  2. allreduce of block l across hosts, among the ranks with local rank l;
 ///  3. allgather inside each host.
+/// The buffer goes through the levels in chunks, pipelined: the links inside a host reduce and
+/// gather the next and the previous chunk while the link between hosts carries this one.
 /// Only 2(H-1)/H of n/L bytes per rank cross between hosts (H hosts of L ranks), where a flat
 /// ring over all P = H·L ranks sends 2(P-1)/P of n across its slowest link. With hosts of unequal
 /// sizes the levels are reduce to each host's first rank, allreduce among those, broadcast.
@@ -17,7 +19,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
 #include <cstddef>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <span>
 #include <utility>
 
@@ -83,6 +89,9 @@ class hierarchical_communicator {
   two_level_costs& costs() noexcept { return costs_; }
   /// Forces two levels or flat, or gives the choice back to the cost model (on every rank alike).
   void set_hierarchy(hierarchy when) noexcept { when_ = when; }
+  /// The chunk of the two-level pipeline (4 MiB): smaller overlaps sooner, larger sends fewer
+  /// messages. The same on every rank.
+  void set_pipeline_bytes(std::size_t bytes) noexcept { pipeline_bytes_ = std::max<std::size_t>(bytes, 1); }
 
   /// Whether an allreduce of `bytes` takes two levels (the same answer on every rank).
   bool two_levels(std::size_t bytes) const noexcept {
@@ -105,14 +114,8 @@ class hierarchical_communicator {
       // Blocks of equal size for the reduce-scatter; the few elements past them go flat.
       const auto l = static_cast<std::size_t>(hosts_.local_size);
       const std::size_t blocked = buf.size() / l * l;
-      std::span<T> head = buf.first(blocked), tail = buf.subspan(blocked);
-      if (!head.empty()) {
-        local_.reduce_scatter(head, level_op);
-        std::span<T> mine = head.subspan(static_cast<std::size_t>(hosts_.local_rank) * (blocked / l), blocked / l);
-        cross_.allreduce(mine, level_op);
-        local_.allgather(head);
-      }
-      if (!tail.empty()) flat_.allreduce(tail, level_op);
+      if (blocked > 0) pipelined_levels(buf.first(blocked), level_op);
+      if (blocked < buf.size()) flat_.allreduce(buf.subspan(blocked), level_op);
     } else {
       local_.reduce(buf, level_op, 0);
       if (hosts_.local_rank == 0) cross_.allreduce(buf, level_op);
@@ -129,11 +132,85 @@ class hierarchical_communicator {
   }
 
  private:
+  // The three levels over chunks of `data` (each a multiple of the local size), pipelined: this
+  // thread reduce-scatters chunk c + 1 and allgathers chunk c - 1 inside the host while a helper
+  // thread reduces chunk c across hosts, so the fast links inside a host work while the slow one
+  // between hosts does. Every rank runs the same sequence on each communicator: RS(0), RS(1),
+  // AG(0), RS(2), AG(1), ... here, AR(0), AR(1), ... on the helper; AR(c) waits only for RS(c),
+  // and AG(c) for AR(c), so no rank waits on a call a peer has not reached.
+  template <element T>
+  void pipelined_levels(std::span<T> data, reduce_op op) {
+    const auto l = static_cast<std::size_t>(hosts_.local_size);
+    const std::size_t per_chunk = std::max(l, pipeline_bytes_ / sizeof(T) / l * l);
+    const std::size_t chunks = (data.size() + per_chunk - 1) / per_chunk;
+    auto chunk = [&](std::size_t c) { return data.subspan(c * per_chunk, std::min(per_chunk, data.size() - c * per_chunk)); };
+    auto mine = [&](std::span<T> ch) {
+      const std::size_t block = ch.size() / l;
+      return ch.subspan(static_cast<std::size_t>(hosts_.local_rank) * block, block);
+    };
+    if (chunks == 1) {
+      local_.reduce_scatter(data, op);
+      cross_.allreduce(mine(data), op);
+      local_.allgather(data);
+      return;
+    }
+    std::mutex m;
+    std::condition_variable cv;
+    std::size_t scattered = 0, reduced = 0;  // chunks through each level so far
+    bool failed = false;
+    std::exception_ptr helper_error;
+    auto wait_for = [&](const std::size_t& count, std::size_t c) {
+      std::unique_lock lock(m);
+      cv.wait(lock, [&] { return count > c || failed; });
+      return !failed;
+    };
+    auto advance = [&](std::size_t& count) {
+      std::lock_guard lock(m);
+      ++count;
+      cv.notify_all();
+    };
+    auto fail = [&] {
+      std::lock_guard lock(m);
+      failed = true;
+      cv.notify_all();
+    };
+    std::thread across([&] {
+      try {
+        for (std::size_t c = 0; c < chunks && wait_for(scattered, c); ++c) {
+          cross_.allreduce(mine(chunk(c)), op);
+          advance(reduced);
+        }
+      } catch (...) {
+        helper_error = std::current_exception();
+        fail();
+      }
+    });
+    try {
+      for (std::size_t c = 0; c <= chunks; ++c) {
+        if (c < chunks) {
+          local_.reduce_scatter(chunk(c), op);
+          advance(scattered);
+        }
+        if (c >= 1) {
+          if (!wait_for(reduced, c - 1)) break;
+          local_.allgather(chunk(c - 1));
+        }
+      }
+    } catch (...) {
+      fail();
+      across.join();
+      throw;
+    }
+    across.join();
+    if (helper_error) std::rethrow_exception(helper_error);
+  }
+
   host_map<World> hosts_;
   flat_type flat_, local_, cross_;
   hierarchy when_;
   two_level_costs costs_;
   Reduction reduce_{};
+  std::size_t pipeline_bytes_ = std::size_t{4} << 20;
 };
 
 }  // namespace dtrain
