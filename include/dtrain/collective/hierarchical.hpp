@@ -13,11 +13,15 @@
 /// sizes the levels are reduce to each host's first rank, allreduce among those, broadcast.
 /// Every other collective runs flat on the whole group (`flat()`).
 ///
-/// Whether the two levels beat the flat algorithm is the `two_level_costs` model's call per size,
-/// from per-link-class alpha and beta (intra-host, inter-host); `hierarchy::always` and `never`
-/// force it.
+/// Whether the two levels beat the flat algorithms is the cost models' call per size, from alpha
+/// and beta per link class (inside a host, between hosts), which `calibrate()` measures;
+/// `hierarchy::always` and `never` force it.
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <limits>
+#include <vector>
 #include <cmath>
 #include <condition_variable>
 #include <cstddef>
@@ -93,13 +97,52 @@ class hierarchical_communicator {
   /// messages. The same on every rank.
   void set_pipeline_bytes(std::size_t bytes) noexcept { pipeline_bytes_ = std::max<std::size_t>(bytes, 1); }
 
-  /// Whether an allreduce of `bytes` takes two levels (the same answer on every rank).
+  /// Whether an allreduce of `bytes` takes two levels (the same answer on every rank): when the
+  /// two-level estimate beats the flat communicator's best algorithm, estimated with the
+  /// cross-host constants (a flat step waits for its slowest link).
   bool two_levels(std::size_t bytes) const noexcept {
     if (when_ != hierarchy::automatic) return when_ == hierarchy::always;
-    const int local = hosts_.uniform ? hosts_.local_size : 1;  // unequal hosts: leaders only
-    return hosts_.hosts > 1 && local > 1 &&
-           costs_.two_levels(static_cast<double>(bytes), hosts_.hosts, local) <
-               costs_.flat_ring(static_cast<double>(bytes), hosts_.hosts, local);
+    if (!hosts_.uniform || hosts_.hosts < 2 || hosts_.local_size < 2) return false;
+    const auto n = static_cast<double>(bytes);
+    return costs_.two_levels(n, hosts_.hosts, hosts_.local_size) < flat_estimate(n);
+  }
+
+  /// The flat communicator's best allreduce estimate for `bytes`, in seconds.
+  double flat_estimate(double bytes) const noexcept {
+    const cost_model& m = flat_.options().algorithms.model();
+    double best = std::numeric_limits<double>::infinity();
+    for (algorithm a : all_algorithms) best = std::min(best, m.estimate(coll_op::allreduce, a, bytes, size()));
+    return best;
+  }
+
+  /// Measures alpha and beta inside a host and between hosts: `rounds` ping-pongs of 8 bytes
+  /// and of `large` bytes between rank 0 and another rank of its host, then between rank 0 and
+  /// the first rank of the second host. The constants (rank 0's, broadcast) go into `costs()`,
+  /// and the cross-host ones into the flat communicator's cost model, so both sides of the choice
+  /// are estimated from this network. Collective. @returns the constants
+  two_level_costs calibrate(std::size_t large = std::size_t{1} << 22, int rounds = 5) {
+    std::array<double, 4> c{costs_.alpha_local, costs_.beta_local, costs_.alpha_cross, costs_.beta_cross};
+    const int partner_inside = rank_at(0, 1), first_of_host1 = rank_at(1, 0);
+    auto measure = [&](int other, double& alpha, double& beta) {
+      if (other < 0) return;
+      const double small = one_way(other, 8, rounds), big = one_way(other, large, rounds);
+      if (flat_.rank() == 0) {
+        alpha = small;
+        beta = std::max(big - small, 0.0) / static_cast<double>(large);
+      }
+    };
+    measure(partner_inside, c[0], c[1]);
+    measure(first_of_host1, c[2], c[3]);
+    flat_.broadcast(std::span<double>(c), 0);
+    costs_.alpha_local = c[0];
+    costs_.beta_local = c[1];
+    costs_.alpha_cross = c[2];
+    costs_.beta_cross = c[3];
+    if (hosts_.hosts > 1) {
+      flat_.algorithms().model().alpha = c[2];
+      flat_.algorithms().model().beta = c[3];
+    }
+    return costs_;
   }
 
   /// Every rank's `buf` gets the reduction of every rank's `buf`, identical on all ranks.
@@ -204,6 +247,43 @@ class hierarchical_communicator {
     across.join();
     if (helper_error) std::rethrow_exception(helper_error);
   }
+
+  // The group rank of local rank `local` on host `host`, or -1 if there is none.
+  int rank_at(int host, int local) const noexcept {
+    for (std::size_t r = 0; r < hosts_.host_of.size(); ++r) {
+      if (hosts_.host_of[r] == host && hosts_.local_of[r] == local) return static_cast<int>(r);
+    }
+    return -1;
+  }
+
+  // Seconds for `bytes` to go one way between group rank 0 and `other`: the mean of `rounds`
+  // round trips (after one to warm up), halved. Only those two ranks take part; others return 0.
+  double one_way(int other, std::size_t bytes, int rounds) {
+    const int me = flat_.rank();
+    if (me != 0 && me != other) return 0;
+    const int peer = me == 0 ? other : 0;
+    std::vector<std::byte> buffer(bytes);
+    auto& t = flat_.transport();
+    const deadline d = deadline::after(flat_.options().timeout);
+    auto hop = [&](bool send) {
+      if (send) {
+        t.isend(peer, calibrate_tag, signature{}, std::span<const std::byte>(buffer)).wait(d);
+      } else {
+        t.irecv(peer, calibrate_tag, std::span<std::byte>(buffer)).wait(d);
+      }
+    };
+    auto round_trip = [&] {
+      hop(me == 0);
+      hop(me != 0);
+    };
+    round_trip();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) round_trip();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds / 2;
+  }
+
+  // The tag of calibrate's ping-pongs, beside the communicators' own: "calib".
+  static constexpr std::uint64_t calibrate_tag = 0x63616c6962000000;
 
   host_map<World> hosts_;
   flat_type flat_, local_, cross_;
