@@ -9,13 +9,21 @@
 # Everything it creates is removed when it exits, also after a failure or Ctrl-C.
 #
 #   bench/emulated_cluster.sh [--hosts 2] [--ranks-per-host 2] [--rate 1gbit] [--delay 0.2ms] \
-#                             [--port 29600] -- program [args...]
+#                             [--port 29600] [--mpirun] -- program [args...]
+#
+# --mpirun starts the program with Open MPI's mpirun instead, on the same namespaces (the peer in
+# the same run): a hostfile names the emulated hosts, mpirun's rsh agent enters a host's
+# namespace to start its daemon, the bridge gets an address (10.78.0.254) for mpirun itself, and
+# MPI's traffic is TCP on the emulated network (btl tcp,self, pml ob1), as dtrain's is. (Open MPI
+# 4.1's vader shared memory crashes between namespaces: mca_btl_vader_poll_handle_frag.) Idle
+# MPI ranks yield the CPU (mpi_yield_when_idle), as mpirun does when it sees a node oversubscribed:
+# the emulated hosts share this machine's cores.
 #
 # Exit status: the first failing rank's status (a rank that fails stops the others), 0 when all
 # succeed, 77 where namespaces, veth, bridges or (for --delay) netem are not available (needs
 # root, iproute2).
 set -u
-hosts=2 per_host=2 rate=1gbit delay=0 port=29600
+hosts=2 per_host=2 rate=1gbit delay=0 port=29600 mpirun=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --hosts) hosts=$2; shift 2 ;;
@@ -23,6 +31,7 @@ while [[ $# -gt 0 ]]; do
     --rate) rate=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
+    --mpirun) mpirun=1; shift ;;
     --) shift; break ;;
     *) echo "emulated_cluster: unknown option $1" >&2; exit 2 ;;
   esac
@@ -46,6 +55,7 @@ cleanup() {
     ip netns del "${tag}h$h" 2>/dev/null
   done
   ip link del "${tag}br" 2>/dev/null
+  [[ -n ${mpidir:-} ]] && rm -rf "$mpidir"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -87,8 +97,27 @@ for ((h = 0; h < hosts; h++)); do
   fi
 done
 echo "# emulated cluster: $hosts hosts x $per_host ranks; each host's link $rate, delay $delay each way"
-token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 world=$((hosts * per_host))
+if [[ $mpirun -eq 1 ]]; then
+  command -v mpirun >/dev/null || skip "no mpirun"
+  ip addr add 10.78.0.254/24 dev "${tag}br"
+  mpidir=$(mktemp -d)
+  for ((h = 0; h < hosts; h++)); do echo "emulated-host-$h slots=$per_host"; done > "$mpidir/hostfile"
+  # mpirun calls: agent <host> <daemon command line>; the daemon runs in that host's namespace.
+  cat > "$mpidir/agent" <<AGENT
+#!/bin/sh
+host=\$1; shift
+exec ip netns exec "${tag}h\${host#emulated-host-}" sh -c "\$*"
+AGENT
+  chmod +x "$mpidir/agent"
+  setsid mpirun --allow-run-as-root --hostfile "$mpidir/hostfile" -np "$world" --map-by slot \
+    --mca plm_rsh_agent "$mpidir/agent" --mca oob_tcp_if_include 10.78.0.0/24 \
+    --mca btl_tcp_if_include 10.78.0.0/24 --mca btl tcp,self --mca pml ob1 --mca mpi_yield_when_idle 1 "$@" &
+  pids+=($!)
+  wait "${pids[0]}"
+  exit $?
+fi
+token=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 for ((h = 0; h < hosts; h++)); do
   for ((l = 0; l < per_host; l++)); do
     r=$((h * per_host + l))
