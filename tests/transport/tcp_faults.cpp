@@ -121,6 +121,15 @@ TEST_CASE("faults: junk on every listening port is refused, the job goes on corr
   CHECK(has(g.ranks[0].output, "refused a connection from 127.0.0.1"));
 }
 
+TEST_CASE("faults: a message that arrived before its sender died is still delivered", "[tcp][faults]") {
+  // Nothing is lost: the group fails when rank 1 dies, but what rank 1 sent before is rank 0's.
+  auto g = run_group(2, "send-then-die", no_extra, nothing_during);
+  INFO(dump(g));
+  CHECK(g.ranks[1].status == 128 + SIGKILL);
+  CHECK(g.ranks[0].status == 0);
+  CHECK(has(g.ranks[0].output, "still arrived: 42"));
+}
+
 TEST_CASE("faults: mismatched collectives across processes name both sides", "[tcp][faults]") {
   auto g = run_group(2, "mismatch", no_extra, nothing_during);
   INFO(dump(g));

@@ -3,6 +3,8 @@
 //   tcp_worker conformance     every collective and algorithm against the serial reference
 //   tcp_worker allreduce-loop  allreduces of 1M floats for a few seconds, each result checked
 //   tcp_worker mismatch        rank 0 calls allreduce while the others call broadcast
+//   tcp_worker send-then-die   rank 1 sends rank 0 one message and SIGKILLs itself; rank 0,
+//                              once the group has failed, must still receive that message
 //
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k makes rank k SIGKILL itself in the middle
 // of the allreduce loop; DTRAIN_TEST_DELAY_MS=t delays every rank but 0 before it joins.
@@ -178,6 +180,26 @@ int mismatch(communicator<tcp_transport>& c) {
   return 2;
 }
 
+int send_then_die(communicator<tcp_transport>& c) {
+  auto& t = c.transport();
+  constexpr std::uint64_t tag = 7;
+  if (c.rank() == 1) {
+    const int value = 42;
+    t.isend(0, tag, signature{}, std::as_bytes(std::span(&value, 1))).wait(deadline::after(std::chrono::seconds(10)));
+    std::fflush(stdout);
+    ::raise(SIGKILL);
+  }
+  if (c.rank() != 0) return 0;
+  // Wait until the death has failed the group: a receive from rank 1 on another tag fails.
+  int ignored = 0;
+  std::error_code ec;
+  t.irecv(1, tag + 1, std::as_writable_bytes(std::span(&ignored, 1))).wait(deadline::after(std::chrono::seconds(10)), ec);
+  int got = 0;
+  t.irecv(1, tag, std::as_writable_bytes(std::span(&got, 1))).wait(deadline::after(std::chrono::seconds(10)));
+  std::printf("the group failed (%s); the message sent before it still arrived: %d\n", ec.message().c_str(), got);
+  return got == 42 && ec == errc::peer_lost ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -195,6 +217,7 @@ int main(int argc, char** argv) {
     if (mode == "conformance") return run_conformance(c);
     if (mode == "allreduce-loop") return allreduce_loop(c);
     if (mode == "mismatch") return mismatch(c);
+    if (mode == "send-then-die") return send_then_die(c);
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   } catch (const dtrain::error& e) {

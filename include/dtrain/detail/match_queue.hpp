@@ -38,6 +38,12 @@ class match_queue {
   Message take_message(match_key want) {
     return take_first(messages_, [&](const Message& m) { return takes(want, Keys::of_message(m)); });
   }
+  /// The first waiting message that a receive wanting `want` takes, left in place; empty if none.
+  Message find_message(match_key want) const {
+    auto it = std::find_if(messages_.begin(), messages_.end(),
+                           [&](const Message& m) { return takes(want, Keys::of_message(m)); });
+    return it == messages_.end() ? Message{} : *it;
+  }
   /// The first posted receive that takes a message that came with `got`, removed; empty if none.
   Receive take_receive(match_key got) {
     return take_first(receives_, [&](const Receive& r) { return takes(Keys::of_receive(r), got); });

@@ -180,7 +180,16 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     op->buffer = receive_parts(parts);
     op->grow = grow;
     std::unique_lock lock(m_);
+    // A message that arrived before the group failed is delivered all the same: it was sent
+    // before the failure, and it may say more than "peer lost" (a stray message of another
+    // collective is a mismatch). Only a receive with nothing to take fails.
     if (failed_) {
+      if (incoming_ptr in = queue_.find_message({peer, tag}); in && in->complete) {
+        queue_.withdraw_message(in);
+        lock.unlock();
+        deliver(*in, *op);
+        return op;
+      }
       lock.unlock();
       op->complete(make_error_code(errc::peer_lost), failure_);
       return op;
