@@ -245,40 +245,22 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
   /// Algorithms: binomial_tree, linear.
   template <element T>
   void gather(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root) {
-    check_root(root, coll_op::gather);
-    if (rank() == root) {
-      check(out.size() == in.size() * static_cast<std::size_t>(size()), coll_op::gather,
-            "the root's out must hold size() * in.size() elements");
-      check_no_overlap(in, out, coll_op::gather);
-    }
-    run<T>(coll_op::gather, reduce_op::sum, root, in.size(), in.size_bytes() * size(),
-           [&](auto& ctx, algorithm a) {
-             if (a == algorithm::linear) {
-               detail::linear_gather(ctx, in, out, root);
-             } else {
-               detail::binomial_gather(ctx, in, out, root);
-             }
-           });
+    check_rooted_blocks(coll_op::gather, root, in, out, out.size(), in.size(),
+                        "the root's out must hold size() * in.size() elements");
+    run<T>(coll_op::gather, reduce_op::sum, root, in.size(), in.size_bytes() * size(), [&](auto& ctx, algorithm a) {
+      a == algorithm::linear ? detail::linear_gather(ctx, in, out, root) : detail::binomial_gather(ctx, in, out, root);
+    });
   }
 
   /// Rank r's `out` gets block r of the root's `in` (size() blocks of `out.size()`).
   /// Algorithms: binomial_tree, linear.
   template <element T>
   void scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, int root) {
-    check_root(root, coll_op::scatter);
-    if (rank() == root) {
-      check(in.size() == out.size() * static_cast<std::size_t>(size()), coll_op::scatter,
-            "the root's in must hold size() * out.size() elements");
-      check_no_overlap(in, out, coll_op::scatter);
-    }
-    run<T>(coll_op::scatter, reduce_op::sum, root, out.size(), out.size_bytes() * size(),
-           [&](auto& ctx, algorithm a) {
-             if (a == algorithm::linear) {
-               detail::linear_scatter(ctx, in, out, root);
-             } else {
-               detail::binomial_scatter(ctx, in, out, root);
-             }
-           });
+    check_rooted_blocks(coll_op::scatter, root, in, out, in.size(), out.size(),
+                        "the root's in must hold size() * out.size() elements");
+    run<T>(coll_op::scatter, reduce_op::sum, root, out.size(), out.size_bytes() * size(), [&](auto& ctx, algorithm a) {
+      a == algorithm::linear ? detail::linear_scatter(ctx, in, out, root) : detail::binomial_scatter(ctx, in, out, root);
+    });
   }
 
   // --- alltoall --------------------------------------------------------------------------------
@@ -367,6 +349,16 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     }
   }
 
+  // Gather and scatter: a valid root, and at the root a buffer of size() blocks (`all`
+  // elements) of the other side's one block (`block`), not overlapping it.
+  template <element T>
+  void check_rooted_blocks(coll_op op, int root, std::span<const T> in, std::span<T> out, std::size_t all,
+                           std::size_t block, const char* what) const {
+    check_root(root, op);
+    if (rank() != root) return;
+    check(all == block * static_cast<std::size_t>(size()), op, what);
+    check_no_overlap(in, out, op);
+  }
   void check_root(int root, coll_op op) const {
     check(root >= 0 && root < size(), op, "root is not a rank of the group");
   }

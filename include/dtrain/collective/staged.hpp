@@ -94,9 +94,7 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
 
   template <element T>
   void broadcast(thrust_buffer<T> buf, int root) {
-    auto h = stage_out<T>(buf, 0);
-    host_.broadcast(h, root);
-    stage_in<T>(buf, h);
+    in_place_through_host<T>(buf, [&](std::span<T> h) { host_.broadcast(h, root); });
   }
   template <element T>
   void allgather(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out) {
@@ -104,9 +102,7 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
   }
   template <element T>
   void allgather(thrust_buffer<T> buf) {
-    auto h = stage_out<T>(buf, 0);
-    host_.allgather(h);
-    stage_in<T>(buf, h);
+    in_place_through_host<T>(buf, [&](std::span<T> h) { host_.allgather(h); });
   }
   template <element T>
   void gather(std::type_identity_t<thrust_buffer<const T>> in, thrust_buffer<T> out, int root) {
@@ -123,9 +119,7 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
   }
   template <element T>
   void alltoall(thrust_buffer<T> buf) {
-    auto h = stage_out<T>(buf, 0);
-    host_.alltoall(h);
-    stage_in<T>(buf, h);
+    in_place_through_host<T>(buf, [&](std::span<T> h) { host_.alltoall(h); });
   }
   void barrier() { host_.barrier(); }
 
@@ -202,6 +196,13 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
     std::span<T> h_out = host_block<T>(1, back ? out.size() : 0);
     op(std::span<const T>(h_in), h_out);
     if (back) stage_in<T>(out, h_out);
+  }
+  // Stages `buf` out, runs `op(host copy)` in place, and stages it back.
+  template <class T, class Op>
+  void in_place_through_host(thrust_buffer<T> buf, Op&& op) {
+    std::span<T> h = stage_out<T>(buf, 0);
+    op(h);
+    stage_in<T>(buf, h);
   }
   template <class T>
   void stage_in(thrust_buffer<T> dst, std::span<T> src) {

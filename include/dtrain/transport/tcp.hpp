@@ -190,12 +190,11 @@ class basic_tcp_transport : public transport_buffer_forms<basic_tcp_transport<Pr
   }
 
   basic_tcp_transport(basic_tcp_transport&&) noexcept = default;
+  /// This rank's old endpoint leaves its group, as its destructor would, once `other`'s is taken.
   basic_tcp_transport& operator=(basic_tcp_transport&& other) noexcept {
-    if (this != &other) {
-      leave();
-      engine_ = std::move(other.engine_);
-      keepalive_ = std::move(other.keepalive_);
-    }
+    const basic_tcp_transport old(std::move(*this));
+    engine_ = std::move(other.engine_);
+    keepalive_ = std::move(other.keepalive_);
     return *this;
   }
   ~basic_tcp_transport() { leave(); }
