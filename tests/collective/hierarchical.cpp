@@ -103,8 +103,11 @@ TEST_CASE("hierarchical allreduce equals the serial reduction, uniform and unequ
 TEST_CASE("hierarchical allreduce: the cost model takes two levels when hosts are many ranks over a slow link",
           "[collective][hosts]") {
   two_level_costs m;
-  // 2 hosts x 4 ranks over 1 Gbit/s: a flat ring sends 2*7/8 of n across hosts, two levels 2*1/2*1/4.
-  CHECK(m.two_levels(64e6, 2, 4) < m.flat_ring(64e6, 2, 4) / 3);
+  // 2 hosts x 4 ranks over 1 Gbit/s: a flat ring's steps each wait for a cross-host message of
+  // n/8 (14 of them: 1.75 n), two levels put 2 * 1/2 of n on each host's link (n), plus the steps
+  // inside the hosts: about 0.6.
+  CHECK(m.two_levels(64e6, 2, 4) < m.flat_ring(64e6, 2, 4) * 0.65);
+  CHECK(m.two_levels(64e6, 2, 4) > m.flat_ring(64e6, 2, 4) * 0.5);
   // One host: nothing crosses; two levels only add steps.
   CHECK(m.two_levels(64e6, 1, 4) >= m.flat_ring(64e6, 1, 4) * 0.99);
 }

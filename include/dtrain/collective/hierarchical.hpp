@@ -59,11 +59,13 @@ struct two_level_costs {
     return 2 * (p - 1) * (a + bytes / p * b) + (p - 1) / p * bytes * gamma;
   }
 
-  /// Reduce-scatter and allgather rings inside a host, a ring allreduce of n/L across hosts.
+  /// Reduce-scatter and allgather rings inside a host, a ring allreduce of n/L across hosts. The
+  /// L cross-host rings run at once and share each host's link: it carries L times one ring's
+  /// bytes, 2(H-1)/H of n in all.
   double two_levels(double bytes, int hosts, int local) const noexcept {
     const double h = hosts, l = local;
     const double inside = l > 1 ? 2 * (l - 1) * (alpha_local + bytes / l * beta_local) + (l - 1) / l * bytes * gamma : 0;
-    const double across = h > 1 ? 2 * (h - 1) * (alpha_cross + bytes / l / h * beta_cross) + (h - 1) / h * bytes / l * gamma : 0;
+    const double across = h > 1 ? 2 * (h - 1) * (alpha_cross + bytes / h * beta_cross) + (h - 1) / h * bytes / l * gamma : 0;
     return inside + across;
   }
 };
