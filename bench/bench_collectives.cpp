@@ -51,10 +51,34 @@ coll_op op_named(const std::string& s) {
   throw CLI::ValidationError("--ops", "unknown collective " + s);
 }
 
+// bench's view of a hierarchical communicator: allreduce through it; every other collective
+// runs on `flat_of(view)`, its whole group. Its own selection table takes time_point's resets,
+// so the communicator keeps its calibrated one.
+template <class H>
+struct two_level_view {
+  H& h;
+  selection_table ignored{};
+  int rank() const noexcept { return h.rank(); }
+  int size() const noexcept { return h.size(); }
+  selection_table& algorithms() { return ignored; }
+  template <class T>
+  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
+    h.template allreduce<T>(in, out, op);
+  }
+};
+
+// Where the collectives other than the timed allreduce run: the communicator itself, or a
+// hierarchical one's flat group.
+template <class Comm>
+Comm& flat_of(Comm& c) { return c; }
+template <class H>
+auto& flat_of(two_level_view<H>& v) { return v.h.flat(); }
+
 // One timed call of `op` with float32 sum; returns the number of wrong elements of its result.
 template <class Comm>
 long run_once(Comm& c, coll_op op, std::vector<float>& in,
               std::vector<float>& out, std::size_t count, bool check) {
+  auto& f = flat_of(c);
   const int p = c.size();
   const int r = c.rank();
   const auto P = static_cast<std::size_t>(p);
@@ -67,32 +91,32 @@ long run_once(Comm& c, coll_op op, std::vector<float>& in,
       if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != expect_sum(i);
       break;
     case coll_op::reduce:
-      c.template reduce<float>(std::span(in).first(count), std::span(out).first(count), reduce_op::sum, 0);
+      f.template reduce<float>(std::span(in).first(count), std::span(out).first(count), reduce_op::sum, 0);
       if (check && r == 0) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != expect_sum(i);
       break;
     case coll_op::reduce_scatter:
-      c.template reduce_scatter<float>(std::span(in).first(count * P), std::span(out).first(count), reduce_op::sum);
+      f.template reduce_scatter<float>(std::span(in).first(count * P), std::span(out).first(count), reduce_op::sum);
       if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != expect_sum(static_cast<std::size_t>(r) * count + i);
       break;
     case coll_op::allgather:
-      c.template allgather<float>(std::span(in).first(count), std::span(out).first(count * P));
+      f.template allgather<float>(std::span(in).first(count), std::span(out).first(count * P));
       if (check) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), i % count);
       break;
     case coll_op::broadcast:
       if (r == 0) std::copy_n(in.begin(), count, out.begin());
-      c.broadcast(std::span(out).first(count), 0);
+      f.broadcast(std::span(out).first(count), 0);
       if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != own(0, i);
       break;
     case coll_op::gather:
-      c.template gather<float>(std::span(in).first(count), std::span(out).first(r == 0 ? count * P : 0), 0);
+      f.template gather<float>(std::span(in).first(count), std::span(out).first(r == 0 ? count * P : 0), 0);
       if (check && r == 0) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), i % count);
       break;
     case coll_op::scatter:
-      c.template scatter<float>(std::span(in).first(r == 0 ? count * P : 0), std::span(out).first(count), 0);
+      f.template scatter<float>(std::span(in).first(r == 0 ? count * P : 0), std::span(out).first(count), 0);
       if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != own(0, static_cast<std::size_t>(r) * count + i);
       break;
     case coll_op::alltoall:
-      c.template alltoall<float>(std::span(in).first(count * P), std::span(out).first(count * P));
+      f.template alltoall<float>(std::span(in).first(count * P), std::span(out).first(count * P));
       if (check) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), static_cast<std::size_t>(r) * count + i % count);
       break;
     default: break;
@@ -129,9 +153,9 @@ double time_point(Comm& c, const options& o, coll_op op, algorithm algo, std::si
   run_once(c, op, in, out, sh.count, false);
   double one = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 2;
   std::vector<double> guess{std::clamp(o.seconds / std::max(one, 1e-7), 3.0, 10000.0)};
-  c.broadcast(std::span(guess), 0);
+  flat_of(c).broadcast(std::span(guess), 0);
   const int iters = static_cast<int>(guess[0]);
-  c.barrier();
+  flat_of(c).barrier();
   auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < iters; ++i) run_once(c, op, in, out, sh.count, false);
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters;
@@ -177,42 +201,10 @@ bench::row measure_on(Comm& c, const options& o, coll_op op, algorithm algo, std
   long w = 0;
   std::vector<double> seconds{time_point(c, o, op, algo, bytes, w)};
   std::vector<std::int64_t> wrong{w};
-  c.allreduce(std::span(seconds), reduce_op::max);
-  c.allreduce(std::span(wrong), reduce_op::sum);
+  flat_of(c).allreduce(std::span(seconds), reduce_op::max);
+  flat_of(c).allreduce(std::span(wrong), reduce_op::sum);
   return make_row(op, algo, c.size(), bytes, seconds[0], static_cast<long>(wrong[0]));
 }
-
-// bench's view of a hierarchical communicator: allreduce through it, the rest flat. Its own
-// selection table takes time_point's resets, so the communicator keeps its calibrated one.
-template <class H>
-struct two_level_view {
-  H& h;
-  selection_table ignored{};
-  int rank() const noexcept { return h.rank(); }
-  int size() const noexcept { return h.size(); }
-  selection_table& algorithms() { return ignored; }
-  template <class T>
-  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
-    h.template allreduce<T>(in, out, op);
-  }
-  template <class T>
-  void allreduce(std::span<T> buf, reduce_op op) { h.allreduce(buf, op); }
-  template <class T, class... A>
-  void reduce(A&&... a) { h.flat().template reduce<T>(std::forward<A>(a)...); }
-  template <class T, class... A>
-  void reduce_scatter(A&&... a) { h.flat().template reduce_scatter<T>(std::forward<A>(a)...); }
-  template <class T, class... A>
-  void allgather(A&&... a) { h.flat().template allgather<T>(std::forward<A>(a)...); }
-  template <class T, class... A>
-  void gather(A&&... a) { h.flat().template gather<T>(std::forward<A>(a)...); }
-  template <class T, class... A>
-  void scatter(A&&... a) { h.flat().template scatter<T>(std::forward<A>(a)...); }
-  template <class T, class... A>
-  void alltoall(A&&... a) { h.flat().template alltoall<T>(std::forward<A>(a)...); }
-  template <class T>
-  void broadcast(std::span<T> buf, int root) { h.flat().broadcast(buf, root); }
-  void barrier() { h.flat().barrier(); }
-};
 
 // A row measured some other way than by a flat algorithm: its name and how to measure a size.
 struct variant {

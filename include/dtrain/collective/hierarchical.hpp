@@ -20,16 +20,17 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
-#include <limits>
-#include <vector>
-#include <cmath>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
+#include <limits>
 #include <mutex>
-#include <thread>
 #include <span>
+#include <string_view>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/concepts/element.hpp"
