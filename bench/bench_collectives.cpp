@@ -4,7 +4,8 @@
 // rank, started by dtrain-run or mpirun (tcp_transport::from_environment); rank 0 prints.
 // --transport tcp-hosts: the same, on hosts (real, or bench/emulated_cluster.sh's): the flat
 // algorithms, then allreduce as "hierarchical" (two levels, forced) and "auto" (two levels or
-// the flat choice, as two_level_costs says), from one hierarchical_communicator.
+// the flat choice, as cluster_model says from the calibrated constants), from one
+// hierarchical_communicator.
 // Each point runs warm-up calls, then timed calls, and reports the slowest rank's mean time per
 // call. #wrong counts result elements that differ from the closed form.
 
@@ -281,8 +282,13 @@ int run_tcp_hosts(const options& o) {
   const std::string what = "TCP transport on " + std::to_string(hosts.hosts) + " hosts of " +
                            std::to_string(hosts.local_size) + " ranks (DTRAIN_HOST_ID or host name)";
   if (h.rank() == 0) {
-    fmt::print("# calibrated: inside a host alpha {:.1f} us, {:.2f} GB/s; between hosts alpha {:.1f} us, {:.3f} GB/s\n",
-               k.alpha_local * 1e6, 1e-9 / k.beta_local, k.alpha_cross * 1e6, 1e-9 / k.beta_cross);
+    fmt::print("# calibrated: inside a host alpha {:.1f} us, {:.2f} GB/s; between hosts alpha {:.1f} us, {:.3f} GB/s; "
+               "reduction {:.2f} GB/s\n",
+               k.alpha_local * 1e6, 1e-9 / k.beta_local, k.alpha_cross * 1e6, 1e-9 / k.beta_cross, 1e-9 / k.gamma);
+    // For bench/simulate_scale (and bench/validate_scale.py): the constants in its flags' units.
+    fmt::print("# simulate_scale: --alpha-local {:.3f} --gbps-local {:.4f} --alpha-cross {:.3f} --gbps-cross {:.4f} "
+               "--gbps-reduce {:.4f}\n",
+               k.alpha_local * 1e6, 1e-9 / k.beta_local, k.alpha_cross * 1e6, 1e-9 / k.beta_cross, 1e-9 / k.gamma);
   }
   auto through = [&](hierarchy when) {
     return [&, when](std::size_t bytes) {
@@ -290,9 +296,8 @@ int run_tcp_hosts(const options& o) {
       bench::row r = measure_on(view, o, coll_op::allreduce, algorithm::automatic, bytes);
       h.set_hierarchy(hierarchy::automatic);
       if (when == hierarchy::automatic) {  // say what the model chose
-        r.algo = h.two_levels(bytes) ? "auto:hierarchical"
-                                     : "auto:" + std::string(algorithm_name(
-                                                     h.flat().algorithms().choose(coll_op::allreduce, bytes, h.size())));
+        const auto plan = h.plan_for(bytes);
+        r.algo = "auto:" + std::string(plan.two_levels ? "hierarchical" : algorithm_name(plan.flat));
       }
       return r;
     };

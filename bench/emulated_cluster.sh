@@ -9,7 +9,12 @@
 # Everything it creates is removed when it exits, also after a failure or Ctrl-C.
 #
 #   bench/emulated_cluster.sh [--hosts 2] [--ranks-per-host 2] [--rate 1gbit] [--delay 0.2ms] \
-#                             [--port 29600] [--mpirun] -- program [args...]
+#                             [--burst BYTES] [--gso BYTES] [--port 29600] [--mpirun] -- program [args...]
+#
+# --burst sets the token bucket (default 2 ms at the rate, at least 64 KiB: smooth for large
+# transfers, but a message shorter than the bucket that follows an idle spell crosses at the
+# bridge's speed); --gso caps the segments the veths hand to tc, which a small bucket needs
+# (--burst 16384 --gso 8192 gives a strict link, as bench/validate_scale.py uses).
 #
 # --mpirun starts the program with Open MPI's mpirun instead, on the same namespaces (the peer in
 # the same run): a hostfile names the emulated hosts, mpirun's rsh agent enters a host's
@@ -23,13 +28,15 @@
 # succeed, 77 where namespaces, veth, bridges or (for --delay) netem are not available (needs
 # root, iproute2).
 set -u
-hosts=2 per_host=2 rate=1gbit delay=0 port=29600 mpirun=0
+hosts=2 per_host=2 rate=1gbit delay=0 port=29600 mpirun=0 burst= gso=
 while [[ $# -gt 0 ]]; do
   case $1 in
     --hosts) hosts=$2; shift 2 ;;
     --ranks-per-host) per_host=$2; shift 2 ;;
     --rate) rate=$2; shift 2 ;;
     --delay) delay=$2; shift 2 ;;
+    --burst) burst=$2; shift 2 ;;
+    --gso) gso=$2; shift 2 ;;
     --port) port=$2; shift 2 ;;
     --mpirun) mpirun=1; shift ;;
     --) shift; break ;;
@@ -79,6 +86,7 @@ for ((h = 0; h < hosts; h++)); do
   [[ $h -gt 0 ]] && ip netns add "$ns"
   ip link add "${tag}v$h" type veth peer name "${tag}e$h" 2>/dev/null || skip "no veth support"
   ip link set "${tag}v$h" master "${tag}br" up
+  [[ -n $gso ]] && ip link set "${tag}v$h" gso_max_size "$gso" && ip link set "${tag}e$h" gso_max_size "$gso"
   ip link set "${tag}e$h" netns "$ns"
   ip -n "$ns" link set lo up
   ip -n "$ns" addr add "10.78.0.$((h + 1))/24" dev "${tag}e$h"
@@ -90,7 +98,7 @@ for ((h = 0; h < hosts; h++)); do
     tc qdisc add dev "${tag}v$h" root netem rate "$rate" delay "$delay" limit 100000
   else
     # A token bucket of 2 ms at the link's rate (at least 64 KiB): smooth, and no idle bursts.
-    burst=$(tc_burst "$rate")
+    [[ -n $burst ]] || burst=$(tc_burst "$rate")
     tc -n "$ns" qdisc add dev "${tag}e$h" root tbf rate "$rate" burst "$burst" latency 50ms ||
       skip "tc tbf is not available"
     tc qdisc add dev "${tag}v$h" root tbf rate "$rate" burst "$burst" latency 50ms

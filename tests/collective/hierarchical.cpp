@@ -100,14 +100,46 @@ TEST_CASE("hierarchical allreduce equals the serial reduction, uniform and unequ
   CHECK(cases.load() > 1000);
 }
 
-TEST_CASE("hierarchical allreduce: the cost model takes two levels when hosts are many ranks over a slow link",
+TEST_CASE("hierarchical allreduce: the model's plan per size, the same on every rank, and exact on automatic",
           "[collective][hosts]") {
-  two_level_costs m;
-  // 2 hosts x 4 ranks over 1 Gbit/s: a flat ring's steps each wait for a cross-host message of
-  // n/8 (14 of them: 1.75 n), two levels put 2 * 1/2 of n on each host's link (n), plus the steps
-  // inside the hosts: about 0.6.
-  CHECK(m.two_levels(64e6, 2, 4) < m.flat_ring(64e6, 2, 4) * 0.65);
-  CHECK(m.two_levels(64e6, 2, 4) > m.flat_ring(64e6, 2, 4) * 0.5);
-  // One host: nothing crosses; two levels only add steps.
-  CHECK(m.two_levels(64e6, 1, 4) >= m.flat_ring(64e6, 1, 4) * 0.99);
+  // 2 hosts x 3 ranks with the default constants (1 Gbit/s between hosts): small messages go
+  // flat by the model's fastest algorithm, large ones in two levels; the result is exact either way.
+  const int p = 6, per_host = 3;
+  const cluster_model m(two_level_costs{}, {2, 3});
+  std::vector<std::string> plans(p);
+  std::atomic<int> wrong{0};
+  run_inproc(p, [&](int r, inproc_transport t) {
+    hierarchical_communicator<inproc_transport> c(group(std::move(t)), {}, host_of(r, per_host));
+    std::string seen;
+    for (std::size_t n : {std::size_t{2}, std::size_t{1000}, std::size_t{1} << 20}) {
+      const auto plan = c.plan_for(n * sizeof(float));
+      seen += plan.two_levels ? "two levels across by " + std::string(algorithm_name(plan.across)) + "; "
+                              : "flat " + std::string(algorithm_name(plan.flat)) + "; ";
+      wrong += check_allreduce<float>(c, p, n, reduce_op::sum, true);
+    }
+    plans[static_cast<std::size_t>(r)] = seen;
+  });
+  CHECK(wrong.load() == 0);
+  std::string want;
+  for (double bytes : {8.0, 4000.0, 4194304.0}) {
+    const algorithm best = m.best_flat(bytes);
+    want += m.two_levels(bytes) < m.flat(best, bytes)
+                ? "two levels across by " + std::string(algorithm_name(m.across_algorithm(bytes))) + "; "
+                : "flat " + std::string(algorithm_name(best)) + "; ";
+  }
+  for (const auto& seen : plans) CHECK(seen == want);
+  CHECK(m.two_levels(4 << 20) < m.flat(m.best_flat(4 << 20), 4 << 20));
+}
+
+TEST_CASE("hierarchical allreduce: a user's rule on the flat communicator comes before the model", "[collective][hosts]") {
+  std::vector<algorithm> flat(4);
+  run_inproc(4, [&](int r, inproc_transport t) {
+    communicator_options o;
+    o.algorithms.force(coll_op::allreduce, algorithm::binomial_tree);
+    hierarchical_communicator<inproc_transport> c(group(std::move(t)), o, host_of(r, 2));
+    const auto plan = c.plan_for(64 << 20);
+    CHECK_FALSE(plan.two_levels);
+    flat[static_cast<std::size_t>(r)] = plan.flat;
+  });
+  for (algorithm a : flat) CHECK(a == algorithm::automatic);  // the table (and its rule) decides
 }

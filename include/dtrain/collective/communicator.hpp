@@ -150,11 +150,17 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
 
   /// Every rank's `out` gets the reduction of every rank's `in`, bitwise identical on all ranks.
   /// Algorithms: ring, halving_doubling, recursive_doubling, binomial_tree, double_binary_tree.
+  /// `algo` picks one for this call (as Gloo's `AllreduceOptions::setAlgorithm`), the same on
+  /// every rank; `automatic` asks the selection table.
+  /// @throws dtrain::error (invalid_argument) if `algo` is not an allreduce algorithm
   template <element T>
-  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
+  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op,
+                 algorithm algo = algorithm::automatic) {
     check(out.size() == in.size(), coll_op::allreduce, "in and out must have equal sizes");
+    check(algo == algorithm::automatic || supports(coll_op::allreduce, algo), coll_op::allreduce,
+          "the algorithm asked for does not implement allreduce");
     check_no_overlap(in, out, coll_op::allreduce);
-    run<T>(coll_op::allreduce, op, 0, in.size(), in.size_bytes(), [&](auto& ctx, algorithm a) {
+    run<T>(coll_op::allreduce, op, 0, in.size(), in.size_bytes(), algo, [&](auto& ctx, algorithm a) {
       if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
       auto& scratch = scratch_for<T>();
       switch (a) {
@@ -178,8 +184,8 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
   }
   /// In place.
   template <element T>
-  void allreduce(std::span<T> buf, reduce_op op) {
-    allreduce<T>(std::span<const T>(buf), buf, op);
+  void allreduce(std::span<T> buf, reduce_op op, algorithm algo = algorithm::automatic) {
+    allreduce<T>(std::span<const T>(buf), buf, op, algo);
   }
 
   // --- reduce-scatter --------------------------------------------------------------------------
@@ -310,13 +316,19 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
 
   template <class T, class Body>
   void run(coll_op op, reduce_op redop, int root, std::size_t count, std::size_t bytes, Body&& body) {
+    run<T>(op, redop, root, count, bytes, algorithm::automatic, std::forward<Body>(body));
+  }
+  // With `pick` (not automatic): that algorithm, not the table's choice.
+  template <class T, class Body>
+  void run(coll_op op, reduce_op redop, int root, std::size_t count, std::size_t bytes, algorithm pick,
+           Body&& body) {
     if (broken()) {
       throw error(errc::broken, "dtrain: rank " + std::to_string(rank()) + ": " +
                                     std::string(coll_op_name(op)) +
                                     " on a communicator broken by an earlier error (" +
                                     broken_by_ + "); build a new communicator");
     }
-    const algorithm a = options_.algorithms.choose(op, bytes, size());
+    const algorithm a = pick != algorithm::automatic ? pick : options_.algorithms.choose(op, bytes, size());
     signature sig{op, a, dtype_of_v<T>, redop, root, count, seq_++};
     context ctx(transport_, options_.tag, sig, deadline::after(options_.timeout),
                 options_.timeout, options_.segment_bytes);

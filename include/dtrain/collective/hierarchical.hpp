@@ -13,9 +13,10 @@
 /// sizes the levels are reduce to each host's first rank, allreduce among those, broadcast.
 /// Every other collective runs flat on the whole group (`flat()`).
 ///
-/// Whether the two levels beat the flat algorithms is the cost models' call per size, from alpha
-/// and beta per link class (inside a host, between hosts), which `calibrate()` measures;
-/// `hierarchy::always` and `never` force it.
+/// Whether the two levels beat the flat algorithms, and which flat algorithm runs otherwise, is
+/// `cluster_model`'s call per size, from alpha and beta per link class (inside a host, between
+/// hosts), which `calibrate()` measures; `hierarchy::always` and `never` force it, and the flat
+/// communicator's own rules (`communicator_options::algorithms`) still come first.
 
 #include <algorithm>
 #include <array>
@@ -32,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/collective/cluster_model.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/concepts/element.hpp"
 #include "dtrain/concepts/reduction.hpp"
@@ -43,33 +45,6 @@ namespace dtrain {
 
 /// When `hierarchical_communicator::allreduce` takes two levels.
 enum class hierarchy { automatic, always, never };
-
-/// Hockney's alpha-beta model with a pair of constants per link class. The defaults suit TCP
-/// between hosts and shared memory or loopback inside one; measure both for a real cluster.
-struct two_level_costs {
-  double alpha_local = 10e-6, beta_local = 1.0 / 4e9;   ///< seconds per message / per byte inside a host
-  double alpha_cross = 50e-6, beta_cross = 1.0 / 1.25e8;  ///< between hosts (1 Gbit/s)
-  double gamma = 1.0 / 4e9;                               ///< seconds per byte reduced
-
-  /// Flat ring over `hosts` x `local` ranks: every step waits for its slowest (cross-host) link.
-  double flat_ring(double bytes, int hosts, int local) const noexcept {
-    const double p = static_cast<double>(hosts) * local;
-    if (p <= 1) return 0;
-    const bool crosses = hosts > 1;
-    const double a = crosses ? alpha_cross : alpha_local, b = crosses ? beta_cross : beta_local;
-    return 2 * (p - 1) * (a + bytes / p * b) + (p - 1) / p * bytes * gamma;
-  }
-
-  /// Reduce-scatter and allgather rings inside a host, a ring allreduce of n/L across hosts. The
-  /// L cross-host rings run at once and share each host's link: it carries L times one ring's
-  /// bytes, 2(H-1)/H of n in all.
-  double two_levels(double bytes, int hosts, int local) const noexcept {
-    const double h = hosts, l = local;
-    const double inside = l > 1 ? 2 * (l - 1) * (alpha_local + bytes / l * beta_local) + (l - 1) / l * bytes * gamma : 0;
-    const double across = h > 1 ? 2 * (h - 1) * (alpha_cross + bytes / h * beta_cross) + (h - 1) / h * bytes / l * gamma : 0;
-    return inside + across;
-  }
-};
 
 template <transport World, reduction Reduction = host_reduction>
 class hierarchical_communicator {
@@ -86,61 +61,89 @@ class hierarchical_communicator {
         local_(hosts_.local, o),
         cross_(hosts_.cross, o),
         when_(when),
-        costs_(costs) {}
+        costs_(costs) {
+    // The model times the levels inside a host as rings.
+    local_.algorithms().force(coll_op::reduce_scatter, algorithm::ring).force(coll_op::allgather, algorithm::ring);
+  }
 
   int rank() const noexcept { return flat_.rank(); }
   int size() const noexcept { return flat_.size(); }
   const host_map<World>& hosts() const noexcept { return hosts_; }
   /// The whole group, flat: every collective but the two-level allreduce.
   flat_type& flat() noexcept { return flat_; }
-  two_level_costs& costs() noexcept { return costs_; }
+  const two_level_costs& costs() const noexcept { return costs_; }
+  /// Sets the constants the choice is made from (the same on every rank).
+  void set_costs(const two_level_costs& c) {
+    costs_ = c;
+    plans_.clear();
+  }
   /// Forces two levels or flat, or gives the choice back to the cost model (on every rank alike).
-  void set_hierarchy(hierarchy when) noexcept { when_ = when; }
+  void set_hierarchy(hierarchy when) {
+    when_ = when;
+    plans_.clear();
+  }
   /// The chunk of the two-level pipeline (4 MiB): smaller overlaps sooner, larger sends fewer
   /// messages. The same on every rank.
-  void set_pipeline_bytes(std::size_t bytes) noexcept { pipeline_bytes_ = std::max<std::size_t>(bytes, 1); }
-
-  /// Whether an allreduce of `bytes` takes two levels (the same answer on every rank): when the
-  /// two-level estimate beats the flat communicator's best algorithm, estimated with the
-  /// cross-host constants (a flat step waits for its slowest link).
-  bool two_levels(std::size_t bytes) const noexcept {
-    if (when_ != hierarchy::automatic) return when_ == hierarchy::always;
-    if (!hosts_.uniform || hosts_.hosts < 2 || hosts_.local_size < 2) return false;
-    const auto n = static_cast<double>(bytes);
-    return costs_.two_levels(n, hosts_.hosts, hosts_.local_size) < flat_estimate(n);
+  void set_pipeline_bytes(std::size_t bytes) {
+    pipeline_bytes_ = std::max<std::size_t>(bytes, 1);
+    plans_.clear();
   }
 
-  /// The flat communicator's best allreduce estimate for `bytes`, in seconds.
-  double flat_estimate(double bytes) const noexcept {
-    const cost_model& m = flat_.options().algorithms.model();
-    double best = std::numeric_limits<double>::infinity();
-    for (algorithm a : all_algorithms) best = std::min(best, m.estimate(coll_op::allreduce, a, bytes, size()));
-    return best;
+  /// The model of this group's hosts with the current constants.
+  cluster_model model() const {
+    return cluster_model(costs_, {hosts_.hosts, hosts_.local_size}, static_cast<double>(flat_.options().segment_bytes),
+                         static_cast<double>(pipeline_bytes_));
   }
 
-  /// Measures alpha and beta inside a host and between hosts: `rounds` ping-pongs of 8 bytes
-  /// and of `large` bytes between rank 0 and another rank of its host, then between rank 0 and
-  /// the first rank of the second host. The constants (rank 0's, broadcast) go into `costs()`,
-  /// and the cross-host ones into the flat communicator's cost model, so both sides of the choice
-  /// are estimated from this network. Collective. @returns the constants
+  /// How an allreduce of some size runs: in two levels (and by which algorithm across hosts),
+  /// or flat by `flat` (`automatic`: the flat communicator's rules decide).
+  struct plan {
+    bool two_levels = false;
+    algorithm flat = algorithm::automatic;
+    algorithm across = algorithm::automatic;
+  };
+
+  /// The plan for an allreduce of `bytes`, the same on every rank (remembered per size).
+  plan plan_for(std::size_t bytes) {
+    for (const auto& [b, p] : plans_) {
+      if (b == bytes) return p;
+    }
+    if (plans_.size() >= 64) plans_.clear();
+    return plans_.emplace_back(bytes, choose(bytes)).second;
+  }
+
+  /// Measures the constants on this network. Collective.
+  ///  - alpha inside a host and between hosts: every rank ping-pongs 8 bytes with a partner at
+  ///    once (local ranks 2i and 2i+1; the same local rank on hosts 2i and 2i+1), as ranks do
+  ///    in a collective, so the time includes what sharing the cores costs;
+  ///  - beta: rank 0 alone ping-pongs `large` bytes with local rank 1 of its host, then with
+  ///    the first rank of host 1 (the model itself shares a host's link among its ranks; pairs
+  ///    measuring at once would not keep in step);
+  ///  - gamma: rank 0 reduces `large` bytes.
+  /// Rank 0's constants, broadcast, become `costs()`; the cross-host alpha and beta also go into
+  /// the flat communicator's cost model (for the collectives other than allreduce).
+  /// @returns the constants
   two_level_costs calibrate(std::size_t large = std::size_t{1} << 22, int rounds = 5) {
-    std::array<double, 4> c{costs_.alpha_local, costs_.beta_local, costs_.alpha_cross, costs_.beta_cross};
-    const int partner_inside = rank_at(0, 1), first_of_host1 = rank_at(1, 0);
-    auto measure = [&](int other, double& alpha, double& beta) {
-      if (other < 0) return;
-      const double small = one_way(other, 8, rounds), big = one_way(other, large, rounds);
-      if (flat_.rank() == 0) {
-        alpha = small;
-        beta = std::max(big - small, 0.0) / static_cast<double>(large);
+    std::array<double, 5> c{costs_.alpha_local, costs_.beta_local, costs_.alpha_cross, costs_.beta_cross, costs_.gamma};
+    const int me = flat_.rank(), host = hosts_.host, local = hosts_.local_rank;
+    const int inside = rank_at(host, local ^ 1), across = rank_at(host ^ 1, local);
+    auto latency = [&](int partner, bool first, double& into) {
+      if (partner >= 0) into = one_way(partner, first, 8, 20 * rounds);
+    };
+    auto bandwidth = [&](int partner, double alpha, double& into) {  // rank 0 and its partner only
+      if (me == 0 && partner >= 0) {
+        into = std::max(one_way(partner, true, large, rounds) - alpha, 0.0) / static_cast<double>(large);
+      } else if (partner == 0) {
+        one_way(0, false, large, rounds);
       }
     };
-    measure(partner_inside, c[0], c[1]);
-    measure(first_of_host1, c[2], c[3]);
-    flat_.broadcast(std::span<double>(c), 0);
-    costs_.alpha_local = c[0];
-    costs_.beta_local = c[1];
-    costs_.alpha_cross = c[2];
-    costs_.beta_cross = c[3];
+    latency(inside, local % 2 == 0, c[0]);
+    latency(across, host % 2 == 0, c[2]);
+    bandwidth(inside, c[0], c[1]);
+    bandwidth(across, c[2], c[3]);
+    if (me == 0) c[4] = reduce_seconds(large, rounds) / static_cast<double>(large);
+    flat_.broadcast(std::span<double>(c), 0);  // rank 0's
+    set_costs({c[0], c[1], c[2], c[3], c[4]});
     if (hosts_.hosts > 1) {
       flat_.algorithms().model().alpha = c[2];
       flat_.algorithms().model().beta = c[3];
@@ -151,8 +154,9 @@ class hierarchical_communicator {
   /// Every rank's `buf` gets the reduction of every rank's `buf`, identical on all ranks.
   template <element T>
   void allreduce(std::span<T> buf, reduce_op op) {
-    if (!two_levels(buf.size_bytes())) {
-      flat_.allreduce(buf, op);
+    const plan how = plan_for(buf.size_bytes());
+    if (!how.two_levels) {
+      flat_.allreduce(buf, op, how.flat);
       return;
     }
     const reduce_op level_op = op == reduce_op::avg ? reduce_op::sum : op;  // divide once, at the end
@@ -160,7 +164,7 @@ class hierarchical_communicator {
       // Blocks of equal size for the reduce-scatter; the few elements past them go flat.
       const auto l = static_cast<std::size_t>(hosts_.local_size);
       const std::size_t blocked = buf.size() / l * l;
-      if (blocked > 0) pipelined_levels(buf.first(blocked), level_op);
+      if (blocked > 0) pipelined_levels(buf.first(blocked), level_op, how.across);
       if (blocked < buf.size()) flat_.allreduce(buf.subspan(blocked), level_op);
     } else {
       local_.reduce(buf, level_op, 0);
@@ -185,7 +189,7 @@ class hierarchical_communicator {
   // AG(0), RS(2), AG(1), ... here, AR(0), AR(1), ... on the helper; AR(c) waits only for RS(c),
   // and AG(c) for AR(c), so no rank waits on a call a peer has not reached.
   template <element T>
-  void pipelined_levels(std::span<T> data, reduce_op op) {
+  void pipelined_levels(std::span<T> data, reduce_op op, algorithm across_hosts) {
     const auto l = static_cast<std::size_t>(hosts_.local_size);
     const std::size_t per_chunk = std::max(l, pipeline_bytes_ / sizeof(T) / l * l);
     const std::size_t chunks = (data.size() + per_chunk - 1) / per_chunk;
@@ -196,7 +200,7 @@ class hierarchical_communicator {
     };
     if (chunks == 1) {
       local_.reduce_scatter(data, op);
-      cross_.allreduce(mine(data), op);
+      cross_.allreduce(mine(data), op, across_hosts);
       local_.allgather(data);
       return;
     }
@@ -223,7 +227,7 @@ class hierarchical_communicator {
     std::thread across([&] {
       try {
         for (std::size_t c = 0; c < chunks && wait_for(scattered, c); ++c) {
-          cross_.allreduce(mine(chunk(c)), op);
+          cross_.allreduce(mine(chunk(c)), op, across_hosts);
           advance(reduced);
         }
       } catch (...) {
@@ -251,6 +255,32 @@ class hierarchical_communicator {
     if (helper_error) std::rethrow_exception(helper_error);
   }
 
+  plan choose(std::size_t bytes) const {
+    const auto n = static_cast<double>(bytes);
+    plan p;
+    if (when_ == hierarchy::always) p.two_levels = true;
+    if (when_ == hierarchy::never || !hosts_.uniform) return p;  // flat: the communicator's rules
+    for (const auto& rule : flat_.options().algorithms.rules()) {
+      if (rule.applies(coll_op::allreduce, bytes, size())) return p;  // a user's rule comes first
+    }
+    const cluster_model m = model();
+    p.flat = m.best_flat(n);
+    if (m.shape().hosts > 1 && m.shape().local > 1) {
+      p.across = m.across_algorithm(n);
+      if (when_ == hierarchy::automatic) p.two_levels = m.two_levels(n) < m.flat(p.flat, n);
+    }
+    return p;
+  }
+
+  // Seconds for this rank to reduce `bytes` of floats into others: the mean of `rounds`.
+  double reduce_seconds(std::size_t bytes, int rounds) const {
+    std::vector<float> into(bytes / sizeof(float), 1.0f), from(into.size(), 2.0f);
+    reduce_(std::span<float>(into), std::span<const float>(from), reduce_op::sum);  // warm
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) reduce_(std::span<float>(into), std::span<const float>(from), reduce_op::sum);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
+  }
+
   // The group rank of local rank `local` on host `host`, or -1 if there is none.
   int rank_at(int host, int local) const noexcept {
     for (std::size_t r = 0; r < hosts_.host_of.size(); ++r) {
@@ -259,12 +289,9 @@ class hierarchical_communicator {
     return -1;
   }
 
-  // Seconds for `bytes` to go one way between group rank 0 and `other`: the mean of `rounds`
-  // round trips (after one to warm up), halved. Only those two ranks take part; others return 0.
-  double one_way(int other, std::size_t bytes, int rounds) {
-    const int me = flat_.rank();
-    if (me != 0 && me != other) return 0;
-    const int peer = me == 0 ? other : 0;
+  // Seconds for `bytes` to go one way to `peer`: the mean of `rounds` round trips (after one to
+  // warm up), halved; `first` sends first.
+  double one_way(int peer, bool first, std::size_t bytes, int rounds) {
     std::vector<std::byte> buffer(bytes);
     auto& t = flat_.transport();
     const deadline d = deadline::after(flat_.options().timeout);
@@ -276,8 +303,8 @@ class hierarchical_communicator {
       }
     };
     auto round_trip = [&] {
-      hop(me == 0);
-      hop(me != 0);
+      hop(first);
+      hop(!first);
     };
     round_trip();
     const auto start = std::chrono::steady_clock::now();
@@ -294,6 +321,7 @@ class hierarchical_communicator {
   two_level_costs costs_;
   Reduction reduce_{};
   std::size_t pipeline_bytes_ = std::size_t{4} << 20;
+  std::vector<std::pair<std::size_t, plan>> plans_;  // by allreduce size
 };
 
 }  // namespace dtrain
