@@ -268,27 +268,30 @@ int run_tcp(const options& o) {
 
 // On hosts: the flat algorithms on the hierarchical communicator's whole group, then the two
 // allreduce variants through it.
+template <class Transport>
 int run_tcp_hosts(const options& o) {
   communicator_options co;
   co.segment_bytes = o.segment_bytes;
-  process_group world(tcp_transport::from_environment());
-  hierarchical_communicator<tcp_transport> h(world, co);
+  process_group world(Transport::from_environment());
+  hierarchical_communicator<Transport> h(world, co);
   const two_level_costs k = h.calibrate();
   communicator_options flat_options = co;
   flat_options.tag = co.tag + 1;  // the flat rows' own communicator, apart from h's
-  communicator<process_group<tcp_transport>> flat(world, flat_options);
-  two_level_view<hierarchical_communicator<tcp_transport>> view{h};
+  communicator<process_group<Transport>> flat(world, flat_options);
+  two_level_view<hierarchical_communicator<Transport>> view{h};
   const auto& hosts = h.hosts();
-  const std::string what = "TCP transport on " + std::to_string(hosts.hosts) + " hosts of " +
-                           std::to_string(hosts.local_size) + " ranks (DTRAIN_HOST_ID or host name)";
+  const std::string what = "TCP transport (" + o.progress + " progress) on " + std::to_string(hosts.hosts) +
+                           " hosts of " + std::to_string(hosts.local_size) + " ranks (DTRAIN_HOST_ID or host name)";
   if (h.rank() == 0) {
     fmt::print("# calibrated: inside a host alpha {:.1f} us, {:.2f} GB/s; between hosts alpha {:.1f} us, {:.3f} GB/s; "
-               "reduction {:.2f} GB/s\n",
-               k.alpha_local * 1e6, 1e-9 / k.beta_local, k.alpha_cross * 1e6, 1e-9 / k.beta_cross, 1e-9 / k.gamma);
+               "reduction {:.2f} GB/s; {:.1f} us per call\n",
+               k.alpha_local * 1e6, 1e-9 / k.beta_local, k.alpha_cross * 1e6, 1e-9 / k.beta_cross, 1e-9 / k.gamma,
+               k.call * 1e6);
     // For bench/simulate_scale (and bench/validate_scale.py): the constants in its flags' units.
     fmt::print("# simulate_scale: --alpha-local {:.3f} --gbps-local {:.4f} --alpha-cross {:.3f} --gbps-cross {:.4f} "
-               "--gbps-reduce {:.4f}\n",
-               k.alpha_local * 1e6, 1e-9 / k.beta_local, k.alpha_cross * 1e6, 1e-9 / k.beta_cross, 1e-9 / k.gamma);
+               "--gbps-reduce {:.4f} --call {:.3f}\n",
+               k.alpha_local * 1e6, 1e-9 / k.beta_local, k.alpha_cross * 1e6, 1e-9 / k.beta_cross, 1e-9 / k.gamma,
+               k.call * 1e6);
   }
   auto through = [&](hierarchy when) {
     return [&, when](std::size_t bytes) {
@@ -327,7 +330,10 @@ int main(int argc, char** argv) {
   app.add_option("--progress", o.progress, "tcp waiting policy")->check(CLI::IsMember({"blocking", "spin"}));
   CLI11_PARSE(app, argc, argv);
 
-  if (o.transport == "tcp-hosts") return run_tcp_hosts(o);
+  if (o.transport == "tcp-hosts") {
+    return o.progress == "spin" ? run_tcp_hosts<basic_tcp_transport<spin_then_block<50>>>(o)
+                                : run_tcp_hosts<tcp_transport>(o);
+  }
   if (o.transport == "tcp") {
     return o.progress == "spin" ? run_tcp<basic_tcp_transport<spin_then_block<50>>>(o) : run_tcp<tcp_transport>(o);
   }

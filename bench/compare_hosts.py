@@ -11,7 +11,10 @@ issue 18 ask for: hierarchical / best flat, whether auto was the fastest (within
 best / Open MPI. Needs root (network namespaces) and a build with the benchmarks.
 
   python3 bench/compare_hosts.py --build build [--hosts 2] [--ranks-per-host 2] [--rate 1gbit]
-                                 [--rounds 3] [--json out.json]
+                                 [--strict] [--rounds 3] [--json out.json]
+
+--strict shapes the links with a 16 KiB token bucket and 8 KiB segments (emulated_cluster.sh's
+--burst 16384 --gso 8192), so that no message crosses faster than the rate after an idle spell.
 """
 import argparse
 import json
@@ -27,8 +30,9 @@ SIZES = [4096 * 4 ** i for i in range(8)]  # 4 KiB .. 64 MiB
 
 
 def cluster(args, extra, program):
+    strict = ["--burst", "16384", "--gso", "8192"] if args.strict else []
     cmd = [os.path.join(HERE, "emulated_cluster.sh"), "--hosts", str(args.hosts), "--ranks-per-host",
-           str(args.ranks_per_host), "--rate", args.rate] + extra + ["--"] + program
+           str(args.ranks_per_host), "--rate", args.rate] + strict + extra + ["--"] + program
     out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
     if out.returncode == 77:
         sys.exit(f"skipped: {out.stdout.strip()}")
@@ -59,6 +63,7 @@ def main():
     ap.add_argument("--hosts", type=int, default=2)
     ap.add_argument("--ranks-per-host", type=int, default=2)
     ap.add_argument("--rate", default="1gbit")
+    ap.add_argument("--strict", action="store_true", help="a 16 KiB token bucket instead of 2 ms")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=0.3)
     ap.add_argument("--json", default="")
@@ -82,7 +87,8 @@ def main():
 
     med = {k: statistics.median(v) for k, v in busbw.items()}
     flat = sorted({name for (_, name) in med if name not in ("hierarchical", "auto", "openmpi")})
-    print(f"# emulated cluster: {args.hosts} hosts x {args.ranks_per_host} ranks, host links {args.rate}; "
+    print(f"# emulated cluster: {args.hosts} hosts x {args.ranks_per_host} ranks, host links {args.rate}"
+          f"{' (strict: 16 KiB bucket)' if args.strict else ''}; "
           f"median busbw (GB/s) of {args.rounds} alternating rounds")
     print(f"# {'size':>9} | {'best flat':>24} {'hierarchical':>12} {'auto (choice)':>28} {'Open MPI':>9} |"
           f" {'hier/flat':>9} {'auto best':>9} {'dtrain/MPI':>10}")

@@ -25,7 +25,7 @@ using namespace dtrain;
 namespace {
 
 struct options {
-  double alpha_local_us = 10, gbps_local = 4, alpha_cross_us = 50, gbps_cross = 0.125, gbps_reduce = 4;
+  double alpha_local_us = 10, gbps_local = 4, alpha_cross_us = 50, gbps_cross = 0.125, gbps_reduce = 4, call_us = 0;
   double segment_bytes = 1 << 20, pipeline_bytes = 4 << 20;
   std::vector<int> ranks{2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
   std::vector<int> per_host{1, 2, 4, 8};
@@ -39,7 +39,7 @@ struct options {
 
 two_level_costs costs_of(const options& o) {
   return {o.alpha_local_us * 1e-6, 1e-9 / o.gbps_local, o.alpha_cross_us * 1e-6, 1e-9 / o.gbps_cross,
-          1e-9 / o.gbps_reduce};
+          1e-9 / o.gbps_reduce, o.call_us * 1e-6};
 }
 
 struct prediction {
@@ -81,8 +81,8 @@ std::string json_of(const std::vector<prediction>& rows) {
 
 void print_constants(const options& o) {
   fmt::print("# cluster_model: inside a host alpha {} us, {} GB/s; between hosts alpha {} us, {} GB/s per host link; "
-             "reduction {} GB/s; segments {} B, hierarchical chunks {} B\n",
-             o.alpha_local_us, o.gbps_local, o.alpha_cross_us, o.gbps_cross, o.gbps_reduce, o.segment_bytes,
+             "reduction {} GB/s; {} us per call; segments {} B, hierarchical chunks {} B\n",
+             o.alpha_local_us, o.gbps_local, o.alpha_cross_us, o.gbps_cross, o.gbps_reduce, o.call_us, o.segment_bytes,
              o.pipeline_bytes);
 }
 
@@ -142,6 +142,7 @@ int main(int argc, char** argv) {
   app.add_option("--alpha-cross", o.alpha_cross_us, "microseconds per message between hosts");
   app.add_option("--gbps-cross", o.gbps_cross, "GB/s of a host's link to the others");
   app.add_option("--gbps-reduce", o.gbps_reduce, "GB/s of the reduction");
+  app.add_option("--call", o.call_us, "microseconds per collective call beyond its messages");
   app.add_option("--segment-bytes", o.segment_bytes, "pipeline segment of the flat algorithms");
   app.add_option("--pipeline-bytes", o.pipeline_bytes, "chunk of the hierarchical allreduce");
   app.add_option("--ranks", o.ranks, "world sizes P for the table")->delimiter(',');

@@ -56,6 +56,11 @@ TEST_CASE("cluster_model: pipelined trees pay a stage per segment and a hop per 
   const cluster_model m(costs, {2, 1});
   const double n = 4 * mb, hop = 100e-6 + mb * 1e-8;
   CHECK(near(m.flat(algorithm::binomial_tree, n), 4 * (hop + mb * 0.5e-9) + 4 * hop));
+  // Binomial over 2 hosts x 2, one segment: the longest path from the root, 0 -> 2 -> 3, crosses
+  // once and stays inside once, each way (reducing on the way up).
+  const cluster_model four(costs, {2, 2});
+  CHECK(near(four.flat(algorithm::binomial_tree, mb),
+             2 * (100e-6 + mb * 1e-8) + 2 * (10e-6 + mb * 1e-9) + 2 * mb * 0.5e-9));
   // Double tree on 2 ranks: each tree carries n/2 in 2 segments, up and down at once over the
   // one edge of each tree, so each rank sends 2 segments across per stage (2 alphas, 2 segments
   // on the link) and reduces 1 (its child in the tree where it is the root); the fill is one hop
@@ -75,6 +80,12 @@ TEST_CASE("cluster_model: the two-level pipeline and the choices it leads to", "
   const cluster_model across(shared, {2, 1});
   const double a = across.flat(m.across_algorithm(16 * mb), mb);
   CHECK(near(m.two_levels(16 * mb), scatter + a + gather + 3 * std::max(scatter + gather, a)));
+  // A call's fixed cost: once per flat allreduce, three times per chunk of the two levels.
+  two_level_costs with_calls = costs;
+  with_calls.call = 7e-6;
+  const cluster_model called(with_calls, {2, 4}, mb, 4 * mb);
+  CHECK(near(called.flat(algorithm::ring, 16 * mb), m.flat(algorithm::ring, 16 * mb) + 7e-6));
+  CHECK(near(called.two_levels(1 * mb), m.two_levels(1 * mb) + 3 * 7e-6));
   CHECK(std::isinf(cluster_model(costs, {1, 8}).two_levels(16 * mb)));
   CHECK(std::isinf(cluster_model(costs, {8, 1}).two_levels(16 * mb)));
   // Large: two levels beat every flat algorithm, and the flat ring beats halving-doubling,

@@ -1,3 +1,4 @@
+#include <chrono>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -103,4 +104,42 @@ TEST_CASE("selection: DTRAIN_ALGORITHMS overrides the code's choice", "[collecti
     CHECK(c.options().algorithms.choose(coll_op::allgather, 10, 2) == algorithm::bruck);
   });
   ::unsetenv("DTRAIN_ALGORITHMS");
+}
+
+TEST_CASE("selection: a call picks its allreduce algorithm, and ranks that pick differently are a mismatch naming both",
+          "[collective][selection]") {
+  // Every allreduce algorithm by name, on 5 ranks, against the closed form 1 + 2 + ... + 5.
+  std::vector<std::string> seen(5);
+  run_inproc(5, [&](int r, inproc_transport t) {
+    communicator<inproc_transport> c(std::move(t));
+    for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::recursive_doubling,
+                        algorithm::binomial_tree, algorithm::double_binary_tree}) {
+      std::vector<double> v(1001, r + 1.0);
+      c.allreduce(std::span(v), reduce_op::sum, a);
+      for (double x : v) REQUIRE(x == 15.0);
+    }
+    std::vector<float> v(4);
+    try {
+      c.allreduce(std::span(v), reduce_op::sum, algorithm::bruck);
+    } catch (const error& e) {
+      seen[static_cast<std::size_t>(r)] = e.what();
+      CHECK(e.code() == errc::invalid_argument);
+    }
+  });
+  for (const auto& s : seen) CHECK(s.find("does not implement allreduce") != std::string::npos);
+  std::vector<std::string> messages(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
+    communicator_options o;
+    o.timeout = std::chrono::seconds(20);
+    communicator<inproc_transport> c(std::move(t), o);
+    std::vector<float> v(100, 1.0f);
+    try {
+      c.allreduce(std::span(v), reduce_op::sum, r == 0 ? algorithm::ring : algorithm::recursive_doubling);
+    } catch (const error& e) {
+      messages[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  const bool named = messages[0].find("ring") != std::string::npos || messages[1].find("ring") != std::string::npos;
+  CHECK(named);
+  CHECK((messages[0] + messages[1]).find("recursive_doubling") != std::string::npos);
 }

@@ -12,7 +12,7 @@
 ///    long as its slowest link: a rank's messages inside its host cost alpha_local + m beta_local
 ///    each, one after the other, and the k messages that leave (or enter) a host in a step share
 ///    its link: k m beta_cross, plus alpha_cross for each message its busiest rank sends across;
-///  - reducing m bytes costs m gamma;
+///  - reducing m bytes costs m gamma, and every collective call a fixed `call` besides;
 ///  - a pipelined algorithm (the trees; the two-level allreduce's chunks) pays for its slowest
 ///    stage once per segment, plus one stage per level to fill the pipe.
 /// Where `cost_model` (selection.hpp) sees one uniform network, this one sees that halving-
@@ -38,6 +38,7 @@ struct two_level_costs {
   double alpha_local = 10e-6, beta_local = 1.0 / 4e9;     ///< seconds per message / per byte inside a host
   double alpha_cross = 50e-6, beta_cross = 1.0 / 1.25e8;  ///< between hosts (1 Gbit/s)
   double gamma = 1.0 / 4e9;                               ///< seconds per byte reduced
+  double call = 0;  ///< seconds per collective call beyond its messages (checks, deadline, wake-ups)
 };
 
 /// Hosts of `local` ranks each, `hosts` of them.
@@ -68,11 +69,11 @@ class cluster_model {
     const int p = shape_.size();
     if (p <= 1) return 0;
     switch (a) {
-      case algorithm::ring: return ring(bytes);
-      case algorithm::halving_doubling: return halving_doubling(bytes);
-      case algorithm::recursive_doubling: return recursive_doubling(bytes);
-      case algorithm::binomial_tree: return binomial(bytes);
-      case algorithm::double_binary_tree: return double_tree(bytes);
+      case algorithm::ring: return c_.call + ring(bytes);
+      case algorithm::halving_doubling: return c_.call + halving_doubling(bytes);
+      case algorithm::recursive_doubling: return c_.call + recursive_doubling(bytes);
+      case algorithm::binomial_tree: return c_.call + binomial(bytes);
+      case algorithm::double_binary_tree: return c_.call + double_tree(bytes);
       default: return std::numeric_limits<double>::infinity();
     }
   }
@@ -99,8 +100,8 @@ class cluster_model {
     const double chunks = std::max(1.0, std::ceil(bytes / pipeline_));
     const double m = bytes / chunks;
     const double inside_step = c_.alpha_local + m / l * c_.beta_local;
-    const double scatter = (l - 1) * inside_step + (l - 1.0) / l * m * c_.gamma;
-    const double gather = (l - 1) * inside_step;
+    const double scatter = c_.call + (l - 1) * inside_step + (l - 1.0) / l * m * c_.gamma;
+    const double gather = c_.call + (l - 1) * inside_step;
     const double across = across_hosts().flat(across_algorithm(bytes), m / l);
     return scatter + across + gather + (chunks - 1) * std::max(scatter + gather, across);
   }

@@ -113,13 +113,15 @@ class hierarchical_communicator {
   }
 
   /// Measures the constants on this network. Collective.
-  ///  - alpha inside a host and between hosts: every rank ping-pongs 8 bytes with a partner at
-  ///    once (local ranks 2i and 2i+1; the same local rank on hosts 2i and 2i+1), as ranks do
-  ///    in a collective, so the time includes what sharing the cores costs;
+  ///  - alpha inside a host and between hosts: every rank exchanges 8 bytes with a partner (both
+  ///    send, both receive) at once (local ranks 2i and 2i+1; the same local rank on hosts 2i and
+  ///    2i+1), a collective's step, so the time includes what sharing the cores costs;
   ///  - beta: rank 0 alone ping-pongs `large` bytes with local rank 1 of its host, then with
   ///    the first rank of host 1 (the model itself shares a host's link among its ranks; pairs
   ///    measuring at once would not keep in step);
-  ///  - gamma: rank 0 reduces `large` bytes.
+  ///  - gamma: rank 0 reduces `large` bytes;
+  ///  - a call's fixed cost: what a 4-byte recursive-doubling allreduce on the whole group takes
+  ///    beyond the model's estimate of its messages.
   /// Rank 0's constants, broadcast, become `costs()`; the cross-host alpha and beta also go into
   /// the flat communicator's cost model (for the collectives other than allreduce).
   /// @returns the constants
@@ -127,8 +129,8 @@ class hierarchical_communicator {
     std::array<double, 5> c{costs_.alpha_local, costs_.beta_local, costs_.alpha_cross, costs_.beta_cross, costs_.gamma};
     const int me = flat_.rank(), host = hosts_.host, local = hosts_.local_rank;
     const int inside = rank_at(host, local ^ 1), across = rank_at(host ^ 1, local);
-    auto latency = [&](int partner, bool first, double& into) {
-      if (partner >= 0) into = one_way(partner, first, 8, 20 * rounds);
+    auto latency = [&](int partner, double& into) {
+      if (partner >= 0) into = exchange(partner, 8, 20 * rounds);
     };
     auto bandwidth = [&](int partner, double alpha, double& into) {  // rank 0 and its partner only
       if (me == 0 && partner >= 0) {
@@ -137,13 +139,16 @@ class hierarchical_communicator {
         one_way(0, false, large, rounds);
       }
     };
-    latency(inside, local % 2 == 0, c[0]);
-    latency(across, host % 2 == 0, c[2]);
+    latency(inside, c[0]);
+    latency(across, c[2]);
     bandwidth(inside, c[0], c[1]);
     bandwidth(across, c[2], c[3]);
     if (me == 0) c[4] = reduce_seconds(large, rounds) / static_cast<double>(large);
     flat_.broadcast(std::span<double>(c), 0);  // rank 0's
-    set_costs({c[0], c[1], c[2], c[3], c[4]});
+    set_costs({c[0], c[1], c[2], c[3], c[4], 0});
+    std::array<double, 1> call{std::max(small_allreduce_seconds(20 * rounds) - model().flat(algorithm::recursive_doubling, 4), 0.0)};
+    flat_.broadcast(std::span<double>(call), 0);
+    set_costs({c[0], c[1], c[2], c[3], c[4], call[0]});
     if (hosts_.hosts > 1) {
       flat_.algorithms().model().alpha = c[2];
       flat_.algorithms().model().beta = c[3];
@@ -272,6 +277,15 @@ class hierarchical_communicator {
     return p;
   }
 
+  // Seconds per flat recursive-doubling allreduce of one float: the mean of `rounds`.
+  double small_allreduce_seconds(int rounds) {
+    std::array<float, 1> one{1.0f};
+    flat_.allreduce(std::span<float>(one), reduce_op::sum, algorithm::recursive_doubling);  // warm
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) flat_.allreduce(std::span<float>(one), reduce_op::sum, algorithm::recursive_doubling);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
+  }
+
   // Seconds for this rank to reduce `bytes` of floats into others: the mean of `rounds`.
   double reduce_seconds(std::size_t bytes, int rounds) const {
     std::vector<float> into(bytes / sizeof(float), 1.0f), from(into.size(), 2.0f);
@@ -310,6 +324,23 @@ class hierarchical_communicator {
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < rounds; ++i) round_trip();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds / 2;
+  }
+
+  // Seconds per exchange of `bytes` with `peer` (both send, both receive, as in a collective's
+  // step): the mean of `rounds` after one to warm up.
+  double exchange(int peer, std::size_t bytes, int rounds) {
+    std::vector<std::byte> out(bytes), in(bytes);
+    auto& t = flat_.transport();
+    const deadline d = deadline::after(flat_.options().timeout);
+    auto once = [&] {
+      auto r = t.irecv(peer, calibrate_tag, std::span<std::byte>(in));
+      t.isend(peer, calibrate_tag, signature{}, std::span<const std::byte>(out)).wait(d);
+      r.wait(d);
+    };
+    once();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) once();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
   }
 
   // The tag of calibrate's ping-pongs, beside the communicators' own: "calib".
