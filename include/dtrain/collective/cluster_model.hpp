@@ -14,7 +14,7 @@
 ///    its link: k m beta_cross, plus alpha_cross for each message its busiest rank sends across;
 ///  - reducing m bytes costs m gamma, and every collective call a fixed `call` besides;
 ///  - a pipelined algorithm (the trees; the two-level allreduce's chunks) pays for its slowest
-///    stage once per segment, plus one stage per level to fill the pipe.
+///    stage once per segment, plus the time the first segment takes to get through.
 /// Where `cost_model` (selection.hpp) sees one uniform network, this one sees that halving-
 /// doubling's first, largest exchanges all cross between hosts at once, and that a flat ring
 /// crosses each host's link once per step.
@@ -48,7 +48,7 @@ struct cluster_shape {
   int size() const noexcept { return hosts * local; }
 };
 
-/// The allreduce algorithms the model times: the flat ones and the two-level allreduce.
+/// The flat allreduce algorithms the model times (`cluster_model::two_levels` times the other).
 inline constexpr algorithm flat_allreduce_algorithms[] = {algorithm::ring, algorithm::halving_doubling,
                                                           algorithm::recursive_doubling, algorithm::binomial_tree,
                                                           algorithm::double_binary_tree};
@@ -66,16 +66,8 @@ class cluster_model {
 
   /// Seconds for a flat allreduce of `bytes` by `a` over all ranks; infinity if `a` is not one.
   double flat(algorithm a, double bytes) const {
-    const int p = shape_.size();
-    if (p <= 1) return 0;
-    switch (a) {
-      case algorithm::ring: return c_.call + ring(bytes);
-      case algorithm::halving_doubling: return c_.call + halving_doubling(bytes);
-      case algorithm::recursive_doubling: return c_.call + recursive_doubling(bytes);
-      case algorithm::binomial_tree: return c_.call + binomial(bytes);
-      case algorithm::double_binary_tree: return c_.call + double_tree(bytes);
-      default: return std::numeric_limits<double>::infinity();
-    }
+    if (shape_.size() <= 1) return 0;
+    return c_.call + messages(a, bytes);
   }
 
   /// The fastest flat algorithm for `bytes` (ties to the earlier in `flat_allreduce_algorithms`).
@@ -97,7 +89,7 @@ class cluster_model {
   double two_levels(double bytes) const {
     const int h = shape_.hosts, l = shape_.local;
     if (h < 2 || l < 2) return std::numeric_limits<double>::infinity();
-    const double chunks = std::max(1.0, std::ceil(bytes / pipeline_));
+    const double chunks = chunks_of(bytes);
     const double m = bytes / chunks;
     const double inside_step = c_.alpha_local + m / l * c_.beta_local;
     const double scatter = c_.call + (l - 1) * inside_step + (l - 1.0) / l * m * c_.gamma;
@@ -109,8 +101,7 @@ class cluster_model {
   /// What the level across hosts runs: the fastest algorithm over one rank per host whose link
   /// carries the L cross-host allreduces at once.
   algorithm across_algorithm(double bytes) const {
-    const double chunks = std::max(1.0, std::ceil(bytes / pipeline_));
-    return across_hosts().best_flat(bytes / chunks / shape_.local);
+    return across_hosts().best_flat(bytes / chunks_of(bytes) / shape_.local);
   }
 
  private:
@@ -124,6 +115,21 @@ class cluster_model {
     shared.beta_cross *= shape_.local;
     return cluster_model(shared, {shape_.hosts, 1}, segment_, pipeline_);
   }
+
+  // Seconds for the messages (and reductions) of a flat allreduce by `a`; infinity if `a` is not one.
+  double messages(algorithm a, double bytes) const {
+    switch (a) {
+      case algorithm::ring: return ring(bytes);
+      case algorithm::halving_doubling: return halving_doubling(bytes);
+      case algorithm::recursive_doubling: return recursive_doubling(bytes);
+      case algorithm::binomial_tree: return binomial(bytes);
+      case algorithm::double_binary_tree: return double_tree(bytes);
+      default: return std::numeric_limits<double>::infinity();
+    }
+  }
+
+  // The two-level allreduce's chunks of `bytes`.
+  double chunks_of(double bytes) const { return std::max(1.0, std::ceil(bytes / pipeline_)); }
 
   int host(int rank) const noexcept { return rank / shape_.local; }
   double segments(double bytes) const { return std::max(1.0, std::ceil(bytes / segment_)); }
@@ -162,7 +168,7 @@ class cluster_model {
   }
 
   // The fold's two steps (even ranks below 2q hand their vector to the odd neighbour and get
-  // the result back), then `core` steps; `mine(mask)` is the bytes exchanged at distance `mask`.
+  // the result back) around `core(f)`, the steps among the power-of-two core.
   template <class Steps>
   double with_fold(double n, Steps core) const {
     const detail::fold_shape f(shape_.size());

@@ -277,22 +277,27 @@ class hierarchical_communicator {
     return p;
   }
 
-  // Seconds per flat recursive-doubling allreduce of one float: the mean of `rounds`.
-  double small_allreduce_seconds(int rounds) {
-    std::array<float, 1> one{1.0f};
-    flat_.allreduce(std::span<float>(one), reduce_op::sum, algorithm::recursive_doubling);  // warm
+  // Seconds per call of `once`: the mean of `rounds` calls, after one to warm up.
+  template <class Once>
+  static double mean_seconds(int rounds, Once once) {
+    once();
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < rounds; ++i) flat_.allreduce(std::span<float>(one), reduce_op::sum, algorithm::recursive_doubling);
+    for (int i = 0; i < rounds; ++i) once();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
   }
 
-  // Seconds for this rank to reduce `bytes` of floats into others: the mean of `rounds`.
+  // Seconds per flat recursive-doubling allreduce of one float.
+  double small_allreduce_seconds(int rounds) {
+    std::array<float, 1> one{1.0f};
+    return mean_seconds(rounds, [&] {
+      flat_.allreduce(std::span<float>(one), reduce_op::sum, algorithm::recursive_doubling);
+    });
+  }
+
+  // Seconds for this rank to reduce `bytes` of floats into others.
   double reduce_seconds(std::size_t bytes, int rounds) const {
     std::vector<float> into(bytes / sizeof(float), 1.0f), from(into.size(), 2.0f);
-    reduce_(std::span<float>(into), std::span<const float>(from), reduce_op::sum);  // warm
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < rounds; ++i) reduce_(std::span<float>(into), std::span<const float>(from), reduce_op::sum);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
+    return mean_seconds(rounds, [&] { reduce_(std::span<float>(into), std::span<const float>(from), reduce_op::sum); });
   }
 
   // The group rank of local rank `local` on host `host`, or -1 if there is none.
@@ -303,8 +308,7 @@ class hierarchical_communicator {
     return -1;
   }
 
-  // Seconds for `bytes` to go one way to `peer`: the mean of `rounds` round trips (after one to
-  // warm up), halved; `first` sends first.
+  // Seconds for `bytes` to go one way to `peer`: half the mean round trip; `first` sends first.
   double one_way(int peer, bool first, std::size_t bytes, int rounds) {
     std::vector<std::byte> buffer(bytes);
     auto& t = flat_.transport();
@@ -316,31 +320,23 @@ class hierarchical_communicator {
         t.irecv(peer, calibrate_tag, std::span<std::byte>(buffer)).wait(d);
       }
     };
-    auto round_trip = [&] {
-      hop(first);
-      hop(!first);
-    };
-    round_trip();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < rounds; ++i) round_trip();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds / 2;
+    return mean_seconds(rounds, [&] {
+             hop(first);
+             hop(!first);
+           }) / 2;
   }
 
   // Seconds per exchange of `bytes` with `peer` (both send, both receive, as in a collective's
-  // step): the mean of `rounds` after one to warm up.
+  // step).
   double exchange(int peer, std::size_t bytes, int rounds) {
     std::vector<std::byte> out(bytes), in(bytes);
     auto& t = flat_.transport();
     const deadline d = deadline::after(flat_.options().timeout);
-    auto once = [&] {
+    return mean_seconds(rounds, [&] {
       auto r = t.irecv(peer, calibrate_tag, std::span<std::byte>(in));
       t.isend(peer, calibrate_tag, signature{}, std::span<const std::byte>(out)).wait(d);
       r.wait(d);
-    };
-    once();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < rounds; ++i) once();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / rounds;
+    });
   }
 
   // The tag of calibrate's ping-pongs, beside the communicators' own: "calib".
