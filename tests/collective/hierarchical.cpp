@@ -5,6 +5,7 @@
 // sizes 1-9.
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -142,4 +143,28 @@ TEST_CASE("hierarchical allreduce: a user's rule on the flat communicator comes 
     flat[static_cast<std::size_t>(r)] = plan.flat;
   });
   for (algorithm a : flat) CHECK(a == algorithm::automatic);  // the table (and its rule) decides
+}
+
+TEST_CASE("hierarchical allreduce: calibrate() measures positive constants and every rank gets rank 0's",
+          "[collective][hosts]") {
+  std::vector<two_level_costs> got(4);
+  run_inproc(4, [&](int r, inproc_transport t) {
+    hierarchical_communicator<inproc_transport> c(group(std::move(t)), {}, host_of(r, 2));
+    got[static_cast<std::size_t>(r)] = c.calibrate(std::size_t{1} << 16, 2);
+    CHECK(c.costs().alpha_cross == got[static_cast<std::size_t>(r)].alpha_cross);
+  });
+  for (const auto& k : got) {
+    CHECK(k.alpha_local > 0);
+    CHECK(k.alpha_cross > 0);
+    CHECK(k.gamma > 0);
+    CHECK(k.call >= 0);
+    CHECK(std::isfinite(k.beta_local + k.beta_cross));
+    // Rank 0's figures, broadcast: the same bits on every rank, so every rank plans alike.
+    CHECK(k.alpha_local == got[0].alpha_local);
+    CHECK(k.beta_local == got[0].beta_local);
+    CHECK(k.alpha_cross == got[0].alpha_cross);
+    CHECK(k.beta_cross == got[0].beta_cross);
+    CHECK(k.gamma == got[0].gamma);
+    CHECK(k.call == got[0].call);
+  }
 }
