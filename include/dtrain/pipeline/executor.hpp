@@ -1,0 +1,278 @@
+#pragma once
+/// @file
+/// `executor<Transport, Stage>`: runs one rank's action sequence of a pipeline schedule on its
+/// chunks (stages), whatever the schedule. Activations and their gradients move between
+/// neighbouring stages as tagged messages over any transport; each carries its micro-batch,
+/// stage, element type and count, checked on arrival, so a mismatched schedule or partition fails
+/// with both sides named instead of computing on the wrong data.
+///
+/// Receives are posted a few actions ahead and waited for at their action; sends start at their
+/// action and are waited for at the end of the step (their buffers live until then), so the
+/// executor blocks exactly where `pipeline/simulate.hpp` says a rank waits.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "dtrain/concepts/stage.hpp"
+#include "dtrain/concepts/transport.hpp"
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/element.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/signature.hpp"
+#include "dtrain/core/trace.hpp"
+#include "dtrain/pipeline/action.hpp"
+
+namespace dtrain::pipeline {
+
+/// How an executor runs a step.
+struct executor_options {
+  /// Deadline of each step, from its start: a receive not in by then raises `errc::timeout`
+  /// naming the stage and micro-batch it waited for.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  /// First transport tag of the pipeline's messages; it uses 2 * stages tags from here. Another
+  /// user of the same transport needs tags outside that range.
+  std::uint64_t tag = 0x70697065'00000000;  // "pipe"
+  /// GPipe's re-materialisation: drop what forward kept and run it again before backward.
+  bool rematerialise = false;
+  /// PipeDream's weight stashing: a micro-batch's backward runs on the weights its forward saw.
+  bool stash_weights = false;
+  /// Receives posted ahead of the action that waits for them.
+  int receive_lookahead = 2;
+};
+
+/// What one step did on this rank.
+struct step_report {
+  /// The sum of the last stage's micro-batch losses (0 on ranks without the last stage).
+  double loss_sum = 0;
+  /// Whether this rank holds the last stage, i.e. whether `loss_sum` means anything.
+  bool has_loss = false;
+  /// Seconds in forward and backward, and from the step's start to its end.
+  double compute_seconds = 0;
+  double wall_seconds = 0;
+  /// The most micro-batches forwarded and not yet backwarded at once, over all chunks.
+  int peak_live = 0;
+};
+
+/// Runs action sequences on `chunks` (this rank's stages, chunk c being stage c * p + rank) over
+/// `transport`, the pipeline group (rank r holds chunks of stages r, r + p, ...).
+template <transport Transport, stage Stage>
+class executor {
+ public:
+  using value_type = typename Stage::value_type;
+
+  /// @param transport the pipeline group; outlives the executor. @param chunks this rank's stages.
+  executor(Transport& transport, std::span<Stage> chunks, executor_options options = {})
+      : transport_(transport), chunks_(chunks), options_(options), buffers_(chunks.size()) {}
+
+  const executor_options& options() const noexcept { return options_; }
+
+  /// Runs `actions` (this rank's sequence for `shape`) as step `step`; calls `optimizer_step(mb)`
+  /// at each optimizer-step action. @throws dtrain::error on a timeout, a lost peer or a message
+  /// that does not match what the action expects; the step is then abandoned.
+  step_report run(const std::vector<action>& actions, const pipeline_shape& shape, std::uint64_t step,
+                  const std::function<void(int)>& optimizer_step) {
+    if (shape.ranks != transport_.size() || shape.chunks != static_cast<int>(chunks_.size())) {
+      throw error(errc::invalid_argument, "pipeline: the schedule is for " + std::to_string(shape.ranks) + " ranks x " +
+                                              std::to_string(shape.chunks) + " chunks, this rank has a group of " +
+                                              std::to_string(transport_.size()) + " and " +
+                                              std::to_string(chunks_.size()) + " chunks");
+    }
+    step_state state{actions, shape, step, deadline::after(options_.timeout)};
+    const auto start = clock::now();
+    for (auto& b : buffers_) b.resize(shape.micro_batches);
+    for (std::size_t i = 0; i < actions.size(); ++i) {
+      post_receives_until(state, i + static_cast<std::size_t>(std::max(options_.receive_lookahead, 1)));
+      run_one(state, i, optimizer_step);
+    }
+    for (auto& send : state.sends) send.wait(state.until);
+    state.report.wall_seconds = seconds_since(start);
+    state.report.has_loss = holds_last_stage(shape);
+    return state.report;
+  }
+
+ private:
+  using clock = std::chrono::steady_clock;
+  using request = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
+
+  // One micro-batch's four activation buffers on one chunk, kept across steps.
+  struct micro_batch_buffers {
+    std::vector<value_type> input, output, output_grad, input_grad, stashed;
+  };
+
+  struct step_state {
+    const std::vector<action>& actions;
+    pipeline_shape shape;
+    std::uint64_t step;
+    deadline until;
+    std::vector<request> sends{};
+    std::vector<std::pair<std::size_t, request>> receives{};  // (action index, request), in order
+    std::size_t posted_until = 0;                             // actions below this have their receive posted
+    int live = 0;
+    step_report report{};
+  };
+
+  static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
+  bool holds_last_stage(const pipeline_shape& s) const noexcept { return (s.stages() - 1) % s.ranks == transport_.rank(); }
+  int stage_of(const pipeline_shape& s, int chunk) const noexcept { return s.stage_of(transport_.rank(), chunk); }
+  static int rank_of(const pipeline_shape& s, int stage) noexcept { return stage % s.ranks; }
+
+  // Messages into stage s: activations on tag + 2s, gradients on tag + 2s + 1.
+  std::uint64_t tag_into(int stage, bool activation) const noexcept {
+    return options_.tag + 2 * static_cast<std::uint64_t>(stage) + (activation ? 0 : 1);
+  }
+
+  signature message_signature(int to_stage, int mb, std::size_t count) const noexcept {
+    signature sig;
+    sig.type = dtype_of<value_type>::value;
+    sig.root = to_stage;
+    sig.count = count;
+    sig.seq = static_cast<std::uint64_t>(mb);
+    return sig;
+  }
+
+  static std::string describe_message(bool activation, int to_stage, const signature& sig) {
+    return std::string(activation ? "activation" : "gradient") + " of micro-batch " + std::to_string(sig.seq) +
+           " into stage " + std::to_string(to_stage) + " (" + std::string(dtype_name(sig.type)) + ", " +
+           std::to_string(sig.count) + " elements)";
+  }
+
+  std::vector<value_type>& receive_buffer(const action& a) {
+    auto& b = buffers_[a.chunk][a.mb];
+    const Stage& s = chunks_[a.chunk];
+    auto& v = a.kind == action_kind::recv_activation ? b.input : b.output_grad;
+    v.resize(a.kind == action_kind::recv_activation ? s.input_size() : s.output_size());
+    return v;
+  }
+
+  void post_receives_until(step_state& st, std::size_t end) {
+    end = std::min(end, st.actions.size());
+    for (; st.posted_until < end; ++st.posted_until) {
+      const action& a = st.actions[st.posted_until];
+      if (a.kind != action_kind::recv_activation && a.kind != action_kind::recv_gradient) continue;
+      const bool activation = a.kind == action_kind::recv_activation;
+      const int s = stage_of(st.shape, a.chunk);
+      auto& v = receive_buffer(a);
+      st.receives.emplace_back(st.posted_until,
+                               transport_.irecv(rank_of(st.shape, activation ? s - 1 : s + 1), tag_into(s, activation),
+                                                std::as_writable_bytes(std::span(v))));
+    }
+  }
+
+  void receive(step_state& st, std::size_t index, const action& a) {
+    auto it = std::find_if(st.receives.begin(), st.receives.end(), [&](const auto& r) { return r.first == index; });
+    const bool activation = a.kind == action_kind::recv_activation;
+    const int s = stage_of(st.shape, a.chunk);
+    const signature want = message_signature(s, a.mb, receive_buffer(a).size());
+    const std::string from = "stage " + std::to_string(activation ? s - 1 : s + 1) + " (rank " +
+                             std::to_string(rank_of(st.shape, activation ? s - 1 : s + 1)) + ")";
+    std::error_code ec;
+    if (!it->second.wait(st.until, ec) && ec != errc::message_truncated) {
+      throw error(ec, "pipeline step " + std::to_string(st.step) + ": waiting for the " +
+                          describe_message(activation, s, want) + " from " + from);
+    }
+    const signature& got = it->second.info().sig;
+    if (ec || got != want) {
+      throw error(errc::collective_mismatch, "pipeline step " + std::to_string(st.step) + ": expected the " +
+                                                 describe_message(activation, s, want) + " from " + from +
+                                                 ", got a message with the " + describe_message(activation, static_cast<int>(got.root), got) +
+                                                 " (do both ranks run the same schedule and partition?)");
+    }
+    st.receives.erase(it);
+  }
+
+  void send(step_state& st, const action& a) {
+    const bool activation = a.kind == action_kind::send_activation;
+    const int to = stage_of(st.shape, a.chunk) + (activation ? 1 : -1);
+    auto& b = buffers_[a.chunk][a.mb];
+    const auto& v = activation ? b.output : b.input_grad;
+    st.sends.push_back(transport_.isend(rank_of(st.shape, to), tag_into(to, activation),
+                                        message_signature(to, a.mb, v.size()), std::as_bytes(std::span(v))));
+  }
+
+  void run_one(step_state& st, std::size_t index, const std::function<void(int)>& optimizer_step) {
+    const action& a = st.actions[index];
+    switch (a.kind) {
+      case action_kind::recv_activation:
+      case action_kind::recv_gradient: receive(st, index, a); return;
+      case action_kind::send_activation:
+      case action_kind::send_gradient: send(st, a); return;
+      case action_kind::forward: forward(st, a); return;
+      case action_kind::backward: backward(st, a); return;
+      case action_kind::optimizer_step: optimizer_step(a.mb); return;
+    }
+  }
+
+  micro_batch mb_of(const step_state& st, const action& a) const noexcept {
+    return micro_batch{st.step, a.mb, st.shape.micro_batches};
+  }
+
+  // Runs stage forward for `a`, writing its output into `out`; returns the stage's loss.
+  double run_forward(step_state& st, const action& a, std::vector<value_type>& out) {
+    Stage& s = chunks_[a.chunk];
+    auto& b = buffers_[a.chunk][a.mb];
+    if (stage_of(st.shape, a.chunk) == 0) b.input.clear();
+    out.resize(s.output_size());
+    return s.forward(mb_of(st, a), std::span<const value_type>(b.input), std::span(out));
+  }
+
+  void forward(step_state& st, const action& a) {
+    trace::scope span(trace::recorder::global().enabled() ? "F" + std::to_string(a.mb) : std::string(), "pipeline");
+    const auto start = clock::now();
+    auto& b = buffers_[a.chunk][a.mb];
+    if (options_.stash_weights) copy_parameters(chunks_[a.chunk], b.stashed);
+    const double loss = run_forward(st, a, b.output);
+    if (stage_of(st.shape, a.chunk) == st.shape.stages() - 1) st.report.loss_sum += loss;
+    if (options_.rematerialise) chunks_[a.chunk].discard(mb_of(st, a));
+    st.report.peak_live = std::max(st.report.peak_live, ++st.live);
+    st.report.compute_seconds += seconds_since(start);
+  }
+
+  void backward(step_state& st, const action& a) {
+    trace::scope span(trace::recorder::global().enabled() ? "B" + std::to_string(a.mb) : std::string(), "pipeline");
+    const auto start = clock::now();
+    Stage& s = chunks_[a.chunk];
+    auto& b = buffers_[a.chunk][a.mb];
+    if (options_.stash_weights) swap_parameters(s, b.stashed);  // the weights forward saw
+    if (options_.rematerialise) run_forward(st, a, scratch_);
+    const int stage = stage_of(st.shape, a.chunk);
+    if (stage == st.shape.stages() - 1) b.output_grad.clear();
+    b.input_grad.resize(stage == 0 ? 0 : s.input_size());
+    s.backward(mb_of(st, a), std::span<const value_type>(b.output_grad), std::span(b.input_grad));
+    if (options_.stash_weights) swap_parameters(s, b.stashed);  // back to the latest
+    --st.live;
+    st.report.compute_seconds += seconds_since(start);
+  }
+
+  static void copy_parameters(Stage& s, std::vector<value_type>& into) {
+    into.clear();
+    for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+      auto p = s.parameters(i);
+      into.insert(into.end(), p.begin(), p.end());
+    }
+  }
+
+  static void swap_parameters(Stage& s, std::vector<value_type>& with) {
+    auto at = with.begin();
+    for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+      auto p = s.parameters(i);
+      std::swap_ranges(p.begin(), p.end(), at);
+      at += static_cast<std::ptrdiff_t>(p.size());
+    }
+  }
+
+  Transport& transport_;
+  std::span<Stage> chunks_;
+  executor_options options_;
+  std::vector<std::vector<micro_batch_buffers>> buffers_;  // [chunk][micro-batch]
+  std::vector<value_type> scratch_;                         // a re-materialised forward's output
+};
+
+}  // namespace dtrain::pipeline

@@ -1,0 +1,129 @@
+#pragma once
+// Serial references for the pipeline trainers, written without any of the pipeline code: mini-batch
+// training with gradient accumulation over the same micro-batches, and PipeDream's
+// weight-stashing equations run one micro-batch at a time; plus the helpers a pipeline test rank
+// uses to build its chunks of the same network.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "dtrain/pipeline/partition.hpp"
+#include "mlp_stage.hpp"
+
+namespace dtrain::testing {
+
+/// The network every pipeline test trains: 8 layers, so up to 8 stages hold one each.
+inline std::vector<int> test_widths() { return {5, 8, 7, 6, 8, 5, 7, 6, 3}; }
+inline constexpr int test_batch = 3;
+
+/// All of a stage's parameters, flattened in tensor order.
+template <class Stage>
+std::vector<typename Stage::value_type> flat_parameters(Stage& s) {
+  std::vector<typename Stage::value_type> out;
+  for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+    auto p = s.parameters(i);
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+template <class Stage>
+void set_flat_parameters(Stage& s, const std::vector<typename Stage::value_type>& from) {
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+    for (auto& x : s.parameters(i)) x = from[at++];
+  }
+}
+
+/// Applies one update to every tensor of `s` from its gradients, then zeroes them.
+template <class Stage, class Updater>
+void update_and_zero(Stage& s, Updater& u, double scale) {
+  std::size_t offset = 0;
+  for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+    auto g = s.gradients(i);
+    for (auto& x : g) x *= static_cast<typename Stage::value_type>(scale);
+    u.step(s.parameters(i), std::span<const typename Stage::value_type>(g), offset, {});
+    offset += g.size();
+    std::fill(g.begin(), g.end(), typename Stage::value_type(0));
+  }
+}
+
+/// The whole network trained serially: `steps` steps of `micro_batches` micro-batches each,
+/// gradients accumulated in micro-batch order, scaled by 1 / micro_batches, one update a step.
+/// @returns the parameters of layers [bounds[s], bounds[s + 1]) for each stage s.
+template <class Updater>
+std::vector<std::vector<double>> serial_accumulation(const pipeline::partition& bounds, int micro_batches, int steps,
+                                                     Updater u) {
+  const auto widths = test_widths();
+  mlp_stage<double> whole(widths, 0, static_cast<int>(widths.size()) - 1, test_batch);
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < whole.tensor_count(); ++i) n += whole.parameters(i).size();
+  u.resize(n);
+  for (int step = 0; step < steps; ++step) {
+    for (int i = 0; i < micro_batches; ++i) {
+      const micro_batch mb{static_cast<std::uint64_t>(step), i, micro_batches};
+      whole.forward(mb, {}, {});
+      whole.backward(mb, {}, {});
+    }
+    update_and_zero(whole, u, 1.0 / micro_batches);
+  }
+  // Cut the whole network's parameters at the stage boundaries (two tensors per layer).
+  std::vector<std::vector<double>> per_stage;
+  for (std::size_t s = 0; s + 1 < bounds.size(); ++s) {
+    std::vector<double> p;
+    for (int t = 2 * bounds[s]; t < 2 * bounds[s + 1]; ++t) {
+      auto x = whole.parameters(static_cast<std::size_t>(t));
+      p.insert(p.end(), x.begin(), x.end());
+    }
+    per_stage.push_back(std::move(p));
+  }
+  return per_stage;
+}
+
+/// PipeDream's equations on p stages (one per rank), serially: within a step, micro-batch i runs
+/// forward and backward on stage s with the weights after max(0, i - (p - 1 - s)) of the step's
+/// updates of that stage, and each micro-batch's gradient is one update, applied in order.
+template <class Updater>
+std::vector<std::vector<double>> serial_pipedream(const pipeline::partition& bounds, int micro_batches, int steps,
+                                                  const Updater& prototype) {
+  const auto widths = test_widths();
+  const int p = static_cast<int>(bounds.size()) - 1;
+  std::vector<mlp_stage<double>> stages;
+  std::vector<Updater> updaters(static_cast<std::size_t>(p), prototype);
+  for (int s = 0; s < p; ++s) {
+    stages.emplace_back(widths, bounds[s], bounds[s + 1], test_batch);
+    updaters[s].resize(flat_parameters(stages[s]).size());
+  }
+  for (int step = 0; step < steps; ++step) {
+    std::vector<std::vector<std::vector<double>>> versions(static_cast<std::size_t>(p));  // [stage][update]
+    for (int s = 0; s < p; ++s) versions[s].push_back(flat_parameters(stages[s]));
+    for (int i = 0; i < micro_batches; ++i) {
+      const micro_batch mb{static_cast<std::uint64_t>(step), i, micro_batches};
+      for (int s = 0; s < p; ++s) set_flat_parameters(stages[s], versions[s][std::max(0, i - (p - 1 - s))]);
+      std::vector<std::vector<double>> acts(static_cast<std::size_t>(p + 1));
+      for (int s = 0; s < p; ++s) {
+        acts[s + 1].resize(stages[s].output_size());
+        stages[s].forward(mb, acts[s], acts[s + 1]);
+      }
+      std::vector<double> grad;
+      for (int s = p; s-- > 0;) {
+        std::vector<double> in_grad(stages[s].input_size());
+        stages[s].backward(mb, grad, in_grad);
+        grad = std::move(in_grad);
+      }
+      for (int s = 0; s < p; ++s) {
+        set_flat_parameters(stages[s], versions[s].back());
+        update_and_zero(stages[s], updaters[s], 1.0);
+        versions[s].push_back(flat_parameters(stages[s]));
+      }
+    }
+  }
+  std::vector<std::vector<double>> out;
+  for (auto& s : stages) out.push_back(flat_parameters(s));
+  return out;
+}
+
+}  // namespace dtrain::testing
