@@ -32,6 +32,15 @@ foreach(n 3 4 6)
   set_tests_properties(tcp_groups_dtrain_run_${n} PROPERTIES TIMEOUT 600)
 endforeach()
 
+# Pipeline schedules over real sockets against the serial reference: the world as one pipeline,
+# and (even worlds) two data-parallel replicas of a pipeline along a mesh axis.
+add_executable(tcp_pipeline_worker pipeline/tcp_pipeline_worker.cpp)
+target_link_libraries(tcp_pipeline_worker PRIVATE dtrain::asio dtrain_warnings)
+foreach(n 2 3 4)
+  add_test(NAME tcp_pipeline_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_pipeline_worker>)
+  set_tests_properties(tcp_pipeline_dtrain_run_${n} PROPERTIES TIMEOUT 600)
+endforeach()
+
 # The same on an emulated cluster (bench/emulated_cluster.sh: a network namespace per host, links
 # shaped by tc), where the hosts are real: discover_hosts must find the launcher's placement.
 # Skipped (77) without root or namespaces.

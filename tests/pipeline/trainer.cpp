@@ -11,7 +11,10 @@
 #include <vector>
 
 #include "../catch.hpp"
+#include "dtrain/collective/communicator.hpp"
 #include "dtrain/pipeline/partition.hpp"
+#include "dtrain/transport/group.hpp"
+#include "dtrain/transport/mesh.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/sgd.hpp"
@@ -146,4 +149,28 @@ TEST_CASE("pipeline: two ranks running different partitions fail naming the mess
     }
   }));
   CHECK(named.load() == 1);
+}
+
+TEST_CASE("pipeline: data-parallel replicas of a pipeline along a mesh equal serial training", "[pipeline]") {
+  using group = process_group<inproc_transport>;
+  for (int dp : {2, 3}) {
+    for (int pp = 1; pp <= 3; ++pp) {
+      for (int m : {1, 4}) {
+        std::atomic<int> wrong{0};
+        std::string first;
+        std::mutex mu;
+        run_inproc(dp * pp, [&](int, inproc_transport t) {
+          device_mesh<inproc_transport> mesh(group(std::move(t)), {{"dp", dp}, {"pp", pp}});
+          communicator<group> replicas(mesh.group("dp"));
+          const case_result r = testing::run_pipeline_case(mesh.group("pp"), pipeline::interleaved_one_f_one_b{2}, adam<double>(0.01), m, 3,
+                                                           std::move(replicas), mesh.coordinate("dp"));
+          wrong += r.wrong;
+          std::lock_guard lock(mu);
+          if (r.wrong > 0 && first.empty()) first = r.first;
+        });
+        INFO("dp " << dp << " pp " << pp << " m " << m << ": " << first);
+        CHECK(wrong.load() == 0);
+      }
+    }
+  }
 }

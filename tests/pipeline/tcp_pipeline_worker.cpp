@@ -1,0 +1,74 @@
+// One rank of the multi-process pipeline test, started by dtrain-run: every schedule over real
+// sockets, against the serial reference, with the whole world as one pipeline; then, on an
+// even world, 2 data-parallel replicas of a pipeline of P/2 stages (a device mesh), gradients
+// averaged over the replicas.
+//
+// Exit status: 0 every rank correct, 1 some rank saw a wrong parameter (every rank's verdict is
+// summed across the world, so every rank exits 1), 3 a dtrain::error (printed).
+
+#include <cstdio>
+#include <string>
+
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/transport/group.hpp"
+#include "dtrain/transport/mesh.hpp"
+#include "dtrain/transport/tcp.hpp"
+#include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/sgd.hpp"
+#include "pipeline_case.hpp"
+
+using namespace dtrain;
+using group = process_group<tcp_transport>;
+
+namespace {
+
+int cases = 0;
+
+int count(const testing::case_result& r, const char* what) {
+  ++cases;
+  if (r.wrong > 0) std::fprintf(stderr, "WRONG (%s): %d parameters, first %s\n", what, r.wrong, r.first.c_str());
+  return r.wrong;
+}
+
+int whole_world_pipelines(group& world) {
+  int wrong = 0;
+  for (int m : {1, 4, 7}) {
+    wrong += count(testing::run_pipeline_case(world, pipeline::gpipe{}, sgd<double>(0.1), m, 2), "gpipe");
+    wrong += count(testing::run_pipeline_case(world, pipeline::one_f_one_b{}, adam<double>(0.01), m, 2), "1f1b");
+    wrong += count(testing::run_pipeline_case(world, pipeline::interleaved_one_f_one_b{2}, sgd<double>(0.1), m, 2), "interleaved");
+    wrong += count(testing::run_pipeline_case(world, pipeline::pipedream{}, adam<double>(0.01), m, 2), "pipedream");
+  }
+  return wrong;
+}
+
+int replicated_pipelines(group& world) {
+  if (world.size() % 2 != 0) return 0;
+  device_mesh<tcp_transport> mesh(world, {{"dp", 2}, {"pp", world.size() / 2}});
+  int wrong = 0;
+  for (int m : {1, 3, 8}) {
+    communicator<group> replicas(mesh.group("dp"));
+    wrong += count(testing::run_pipeline_case(mesh.group("pp"), pipeline::one_f_one_b{}, adam<double>(0.01), m, 2,
+                                              std::move(replicas), mesh.coordinate("dp")),
+                   "2 replicas of 1f1b");
+  }
+  return wrong;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    tcp_options o;
+    o.timeout = std::chrono::seconds(120);
+    group world(tcp_transport::from_environment(o));
+    const int wrong = whole_world_pipelines(world) + replicated_pipelines(world);
+    int wrong_ranks = wrong > 0 ? 1 : 0;
+    communicator<group>(world).allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);
+    std::printf("pipeline: rank %d ran %d cases, %s; %s\n", world.rank(), cases, wrong > 0 ? "WRONG" : "correct",
+                wrong_ranks == 0 ? "all ranks correct" : "WRONG RESULTS on some rank");
+    return wrong_ranks == 0 && cases > 0 ? 0 : 1;
+  } catch (const dtrain::error& e) {
+    std::printf("caught dtrain::error [%s]: %s\n", e.code().message().c_str(), e.what());
+    return 3;
+  }
+}
