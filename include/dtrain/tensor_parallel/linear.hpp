@@ -1,0 +1,218 @@
+#pragma once
+/// @file
+/// Megatron's tensor-parallel linear layers over a tensor-parallel group (a mesh's "tp" axis):
+/// a layer's weight split across the group's ranks, so each holds and multiplies a slice.
+///
+/// - `column_parallel_linear`: W (out x in) split by rows, rank t holding output features
+///   [o_t, o_t+1): Y_t = X W_t^T + b_t from the whole input. Its input passes through Megatron's
+///   f: identity forward, allreduce of the input gradient backward (every slice contributes).
+/// - `row_parallel_linear`: W split by columns, rank t holding input features [i_t, i_t+1):
+///   Y = sum_t X_t W_t^T + b. Its partial products pass through g: allreduce forward, identity
+///   backward. The bias is whole on every rank and added after the sum.
+///
+/// A column-parallel layer, an element-wise activation and a row-parallel layer (a transformer's
+/// MLP block) need the column layer's output features and the row layer's input features split
+/// the same way, and then exactly one allreduce forward (g) and one backward (f), each of
+/// batch x features elements. Rows and columns are split as `slice_of` says: the same sizes on
+/// every rank where the count divides, the first ranks one more where it does not.
+///
+/// Matrices are row-major, one sample per row. Layers accumulate their parameter gradients (as
+/// stages do); the caller zeroes them.
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/reduce_op.hpp"
+
+namespace dtrain::tensor_parallel {
+
+/// The part [begin, begin + size) of `count` features that rank `rank` of `ranks` holds.
+struct slice {
+  std::size_t begin = 0;
+  std::size_t size = 0;
+};
+
+/// Splits `count` features over `ranks` ranks: ⌊count / ranks⌋ each, the first count mod ranks
+/// ranks one more.
+constexpr slice slice_of(std::size_t count, int rank, int ranks) noexcept {
+  const auto r = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(ranks);
+  const std::size_t base = count / n, extra = count % n;
+  return {r * base + (r < extra ? r : extra), base + (r < extra ? 1 : 0)};
+}
+
+/// Megatron's f: identity forward; backward, the sum of every rank's input gradient.
+template <class Collective, class T>
+void copy_to_tensor_parallel_backward(Collective& tp, std::span<T> input_grad) {
+  if (tp.size() > 1) tp.allreduce(input_grad, reduce_op::sum);
+}
+
+/// Megatron's g: forward, the sum of every rank's partial output; identity backward.
+template <class Collective, class T>
+void reduce_from_tensor_parallel_forward(Collective& tp, std::span<T> partial) {
+  if (tp.size() > 1) tp.allreduce(partial, reduce_op::sum);
+}
+
+namespace detail {
+
+// y (batch x out) += x (batch x in) W^T, W row-major out x in.
+template <class T>
+void multiply_transposed(std::span<const T> x, const std::vector<T>& w, std::size_t in, std::size_t out,
+                         std::span<T> y) {
+  const std::size_t batch = in == 0 ? 0 : x.size() / in;
+  for (std::size_t s = 0; s < batch; ++s) {
+    for (std::size_t o = 0; o < out; ++o) {
+      T z = y[s * out + o];
+      for (std::size_t i = 0; i < in; ++i) z += x[s * in + i] * w[o * in + i];
+      y[s * out + o] = z;
+    }
+  }
+}
+
+// gw (out x in) += dy^T x; dx (batch x in) = dy W.
+template <class T>
+void linear_backward(std::span<const T> x, std::span<const T> dy, const std::vector<T>& w, std::size_t in,
+                     std::size_t out, std::vector<T>& gw, std::span<T> dx) {
+  const std::size_t batch = out == 0 ? 0 : dy.size() / out;
+  for (T& v : dx) v = T(0);
+  for (std::size_t s = 0; s < batch; ++s) {
+    for (std::size_t o = 0; o < out; ++o) {
+      const T d = dy[s * out + o];
+      for (std::size_t i = 0; i < in; ++i) {
+        gw[o * in + i] += d * x[s * in + i];
+        if (!dx.empty()) dx[s * in + i] += d * w[o * in + i];
+      }
+    }
+  }
+}
+
+inline void check_size(std::size_t got, std::size_t want, const char* what) {
+  if (got != want) {
+    throw error(errc::invalid_argument, std::string("tensor_parallel: ") + what + " has " + std::to_string(got) +
+                                            " elements, the layer needs " + std::to_string(want));
+  }
+}
+
+}  // namespace detail
+
+/// Weights and biases of one slice of a linear layer, with their gradients.
+template <class T>
+struct linear_parameters {
+  std::vector<T> weight, bias, weight_grad, bias_grad;
+};
+
+/// A linear layer whose output features are split over `tp` (Megatron's ColumnParallelLinear).
+template <class T, class Collective>
+class column_parallel_linear {
+ public:
+  /// Rank tp.rank()'s slice of an `in` -> `out` layer. @param tp outlives the layer.
+  column_parallel_linear(Collective& tp, std::size_t in, std::size_t out)
+      : tp_(&tp), in_(in), out_(out), mine_(slice_of(out, tp.rank(), tp.size())) {
+    p_.weight.assign(mine_.size * in, T(0));
+    p_.bias.assign(mine_.size, T(0));
+    p_.weight_grad.assign(p_.weight.size(), T(0));
+    p_.bias_grad.assign(p_.bias.size(), T(0));
+  }
+
+  /// Copies this rank's rows out of the whole layer's `weight` (out x in) and `bias` (out).
+  void load(std::span<const T> weight, std::span<const T> bias) {
+    detail::check_size(weight.size(), out_ * in_, "the whole weight");
+    detail::check_size(bias.size(), out_, "the whole bias");
+    for (std::size_t o = 0; o < mine_.size; ++o) {
+      for (std::size_t i = 0; i < in_; ++i) p_.weight[o * in_ + i] = weight[(mine_.begin + o) * in_ + i];
+      p_.bias[o] = bias[mine_.begin + o];
+    }
+  }
+
+  /// y (batch x this rank's outputs) = x (batch x in, whole on every rank) W_t^T + b_t.
+  void forward(std::span<const T> x, std::span<T> y) const {
+    detail::check_size(y.size(), batch_of(x) * mine_.size, "the output");
+    for (std::size_t s = 0; s < batch_of(x); ++s) {
+      for (std::size_t o = 0; o < mine_.size; ++o) y[s * mine_.size + o] = p_.bias[o];
+    }
+    detail::multiply_transposed(x, p_.weight, in_, mine_.size, y);
+  }
+
+  /// Adds this slice's gradients; `dx` (batch x in, may be empty) gets the whole input gradient,
+  /// summed over the group (f's backward: one allreduce).
+  void backward(std::span<const T> x, std::span<const T> dy, std::span<T> dx) {
+    detail::check_size(dy.size(), batch_of(x) * mine_.size, "the output gradient");
+    for (std::size_t s = 0; s < batch_of(x); ++s) {
+      for (std::size_t o = 0; o < mine_.size; ++o) p_.bias_grad[o] += dy[s * mine_.size + o];
+    }
+    detail::linear_backward(x, dy, p_.weight, in_, mine_.size, p_.weight_grad, dx);
+    if (!dx.empty()) copy_to_tensor_parallel_backward(*tp_, dx);
+  }
+
+  /// This rank's output features of the whole layer's.
+  slice outputs() const noexcept { return mine_; }
+  linear_parameters<T>& parameters() noexcept { return p_; }
+
+ private:
+  std::size_t batch_of(std::span<const T> x) const noexcept { return in_ == 0 ? 0 : x.size() / in_; }
+
+  Collective* tp_;
+  std::size_t in_, out_;
+  slice mine_;
+  linear_parameters<T> p_;
+};
+
+/// A linear layer whose input features are split over `tp` (Megatron's RowParallelLinear).
+template <class T, class Collective>
+class row_parallel_linear {
+ public:
+  /// Rank tp.rank()'s slice of an `in` -> `out` layer. @param tp outlives the layer.
+  row_parallel_linear(Collective& tp, std::size_t in, std::size_t out)
+      : tp_(&tp), in_(in), out_(out), mine_(slice_of(in, tp.rank(), tp.size())) {
+    p_.weight.assign(out * mine_.size, T(0));
+    p_.bias.assign(out, T(0));
+    p_.weight_grad.assign(p_.weight.size(), T(0));
+    p_.bias_grad.assign(p_.bias.size(), T(0));
+  }
+
+  /// Copies this rank's columns out of the whole layer's `weight` (out x in), and the bias.
+  void load(std::span<const T> weight, std::span<const T> bias) {
+    detail::check_size(weight.size(), out_ * in_, "the whole weight");
+    detail::check_size(bias.size(), out_, "the whole bias");
+    for (std::size_t o = 0; o < out_; ++o) {
+      for (std::size_t i = 0; i < mine_.size; ++i) p_.weight[o * mine_.size + i] = weight[o * in_ + mine_.begin + i];
+      p_.bias[o] = bias[o];
+    }
+  }
+
+  /// y (batch x out, whole on every rank) = sum over ranks of x_t W_t^T, plus b (g: one allreduce).
+  void forward(std::span<const T> x, std::span<T> y) {
+    const std::size_t batch = mine_.size == 0 ? y.size() / (out_ == 0 ? 1 : out_) : x.size() / mine_.size;
+    detail::check_size(y.size(), batch * out_, "the output");
+    for (T& v : y) v = T(0);
+    detail::multiply_transposed(x, p_.weight, mine_.size, out_, y);
+    reduce_from_tensor_parallel_forward(*tp_, y);
+    for (std::size_t s = 0; s < batch; ++s) {
+      for (std::size_t o = 0; o < out_; ++o) y[s * out_ + o] += p_.bias[o];
+    }
+  }
+
+  /// Adds this slice's gradients (the bias's, whole, the same on every rank); `dx` gets the
+  /// gradient of this rank's input features (g's backward: no communication).
+  void backward(std::span<const T> x, std::span<const T> dy, std::span<T> dx) {
+    const std::size_t batch = out_ == 0 ? 0 : dy.size() / out_;
+    for (std::size_t s = 0; s < batch; ++s) {
+      for (std::size_t o = 0; o < out_; ++o) p_.bias_grad[o] += dy[s * out_ + o];
+    }
+    detail::linear_backward(x, dy, p_.weight, mine_.size, out_, p_.weight_grad, dx);
+  }
+
+  /// This rank's input features of the whole layer's.
+  slice inputs() const noexcept { return mine_; }
+  linear_parameters<T>& parameters() noexcept { return p_; }
+
+ private:
+  Collective* tp_;
+  std::size_t in_, out_;
+  slice mine_;
+  linear_parameters<T> p_;
+};
+
+}  // namespace dtrain::tensor_parallel
