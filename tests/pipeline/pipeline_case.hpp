@@ -27,7 +27,7 @@ struct case_result {
 /// then compares with the serial reference. Every rank of every replica runs this at once.
 template <class Schedule, class Updater, class Transport, class Replicas = pipeline::single_replica>
 case_result run_pipeline_case(Transport pipeline, const Schedule& schedule, const Updater& updater, int m, int steps,
-                              Replicas replicas = {}, int replica = 0) {
+                              Replicas replicas = {}, int replica = 0, bool overlap = true) {
   const int p = pipeline.size(), r = pipeline.rank(), v = schedule.chunks();
   const int dp = replicas.size();
   const auto widths = test_widths();
@@ -39,6 +39,8 @@ case_result run_pipeline_case(Transport pipeline, const Schedule& schedule, cons
   }
   pipeline::trainer_options o;
   o.micro_batches = m;
+  o.overlap_replicas = overlap;
+  o.bucket_bytes = 256;  // several buckets per chunk
   pipeline::trainer<Transport, Schedule, Updater, mlp_stage<double>, Replicas> t(
       std::move(pipeline), std::move(chunks), updater, schedule, o, std::move(replicas));
   case_result result;
@@ -46,7 +48,7 @@ case_result run_pipeline_case(Transport pipeline, const Schedule& schedule, cons
 
   // The serial run sees every replica's micro-batches in replica order: dp * m per step.
   const bool pipedream = std::is_same_v<Schedule, pipeline::pipedream>;
-  const auto want = pipedream ? serial_pipedream(bounds, m, steps, updater)
+  const auto want = pipedream ? serial_pipedream(bounds, m, steps, updater, dp)
                               : serial_accumulation(bounds, m * dp, steps, updater);
   for (int c = 0; c < v; ++c) {
     const int s = c * p + r;

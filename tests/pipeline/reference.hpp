@@ -85,44 +85,55 @@ std::vector<std::vector<double>> serial_accumulation(const pipeline::partition& 
 
 /// PipeDream's equations on p stages (one per rank), serially: within a step, micro-batch i runs
 /// forward and backward on stage s with the weights after max(0, i - (p - 1 - s)) of the step's
-/// updates of that stage, and each micro-batch's gradient is one update, applied in order.
+/// updates of that stage, and each micro-batch's gradient (averaged over `replicas` replicas,
+/// each with its own micro-batch i) is one update, applied in order.
 template <class Updater>
 std::vector<std::vector<double>> serial_pipedream(const pipeline::partition& bounds, int micro_batches, int steps,
-                                                  const Updater& prototype) {
+                                                  const Updater& prototype, int replicas = 1) {
   const auto widths = test_widths();
   const int p = static_cast<int>(bounds.size()) - 1;
-  std::vector<mlp_stage<double>> stages;
+  std::vector<std::vector<mlp_stage<double>>> stages(static_cast<std::size_t>(replicas));  // [replica][stage]
   std::vector<Updater> updaters(static_cast<std::size_t>(p), prototype);
-  for (int s = 0; s < p; ++s) {
-    stages.emplace_back(widths, bounds[s], bounds[s + 1], test_batch);
-    updaters[s].resize(flat_parameters(stages[s]).size());
+  for (int rr = 0; rr < replicas; ++rr) {
+    for (int s = 0; s < p; ++s) stages[rr].emplace_back(widths, bounds[s], bounds[s + 1], test_batch, rr, replicas);
   }
+  for (int s = 0; s < p; ++s) updaters[s].resize(flat_parameters(stages[0][s]).size());
   for (int step = 0; step < steps; ++step) {
     std::vector<std::vector<std::vector<double>>> versions(static_cast<std::size_t>(p));  // [stage][update]
-    for (int s = 0; s < p; ++s) versions[s].push_back(flat_parameters(stages[s]));
+    for (int s = 0; s < p; ++s) versions[s].push_back(flat_parameters(stages[0][s]));
     for (int i = 0; i < micro_batches; ++i) {
       const micro_batch mb{static_cast<std::uint64_t>(step), i, micro_batches};
-      for (int s = 0; s < p; ++s) set_flat_parameters(stages[s], versions[s][std::max(0, i - (p - 1 - s))]);
-      std::vector<std::vector<double>> acts(static_cast<std::size_t>(p + 1));
-      for (int s = 0; s < p; ++s) {
-        acts[s + 1].resize(stages[s].output_size());
-        stages[s].forward(mb, acts[s], acts[s + 1]);
+      for (auto& replica : stages) {
+        for (int s = 0; s < p; ++s) set_flat_parameters(replica[s], versions[s][std::max(0, i - (p - 1 - s))]);
+        std::vector<std::vector<double>> acts(static_cast<std::size_t>(p + 1));
+        for (int s = 0; s < p; ++s) {
+          acts[s + 1].resize(replica[s].output_size());
+          replica[s].forward(mb, acts[s], acts[s + 1]);
+        }
+        std::vector<double> grad;
+        for (int s = p; s-- > 0;) {
+          std::vector<double> in_grad(replica[s].input_size());
+          replica[s].backward(mb, grad, in_grad);
+          grad = std::move(in_grad);
+        }
       }
-      std::vector<double> grad;
-      for (int s = p; s-- > 0;) {
-        std::vector<double> in_grad(stages[s].input_size());
-        stages[s].backward(mb, grad, in_grad);
-        grad = std::move(in_grad);
-      }
       for (int s = 0; s < p; ++s) {
-        set_flat_parameters(stages[s], versions[s].back());
-        update_and_zero(stages[s], updaters[s], 1.0);
-        versions[s].push_back(flat_parameters(stages[s]));
+        for (std::size_t t = 0; t < stages[0][s].tensor_count(); ++t) {  // replica 0 holds the mean
+          auto g0 = stages[0][s].gradients(t);
+          for (int rr = 1; rr < replicas; ++rr) {
+            auto g = stages[rr][s].gradients(t);
+            for (std::size_t k = 0; k < g.size(); ++k) g0[k] += g[k], g[k] = 0;
+          }
+          for (auto& x : g0) x /= replicas;
+        }
+        set_flat_parameters(stages[0][s], versions[s].back());
+        update_and_zero(stages[0][s], updaters[s], 1.0);
+        versions[s].push_back(flat_parameters(stages[0][s]));
       }
     }
   }
   std::vector<std::vector<double>> out;
-  for (auto& s : stages) out.push_back(flat_parameters(s));
+  for (auto& s : stages[0]) out.push_back(flat_parameters(s));
   return out;
 }
 

@@ -151,7 +151,10 @@ TEST_CASE("pipeline: two ranks running different partitions fail naming the mess
   CHECK(named.load() == 1);
 }
 
-TEST_CASE("pipeline: data-parallel replicas of a pipeline along a mesh equal serial training", "[pipeline]") {
+namespace {
+
+template <class Schedule>
+void check_replicated(const Schedule& schedule, bool overlap) {
   using group = process_group<inproc_transport>;
   for (int dp : {2, 3}) {
     for (int pp = 1; pp <= 3; ++pp) {
@@ -162,15 +165,24 @@ TEST_CASE("pipeline: data-parallel replicas of a pipeline along a mesh equal ser
         run_inproc(dp * pp, [&](int, inproc_transport t) {
           device_mesh<inproc_transport> mesh(group(std::move(t)), {{"dp", dp}, {"pp", pp}});
           communicator<group> replicas(mesh.group("dp"));
-          const case_result r = testing::run_pipeline_case(mesh.group("pp"), pipeline::interleaved_one_f_one_b{2}, adam<double>(0.01), m, 3,
-                                                           std::move(replicas), mesh.coordinate("dp"));
+          const case_result r = testing::run_pipeline_case(mesh.group("pp"), schedule, adam<double>(0.01), m, 3,
+                                                           std::move(replicas), mesh.coordinate("dp"), overlap);
           wrong += r.wrong;
           std::lock_guard lock(mu);
           if (r.wrong > 0 && first.empty()) first = r.first;
         });
-        INFO("dp " << dp << " pp " << pp << " m " << m << ": " << first);
+        INFO(Schedule::name << (overlap ? " overlapped" : "") << " dp " << dp << " pp " << pp << " m " << m << ": " << first);
         CHECK(wrong.load() == 0);
       }
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: data-parallel replicas of a pipeline along a mesh equal serial training", "[pipeline]") {
+  check_replicated(pipeline::interleaved_one_f_one_b{2}, true);
+  check_replicated(pipeline::one_f_one_b{}, false);
+  check_replicated(pipeline::gpipe{}, true);
+  check_replicated(pipeline::pipedream{}, true);
 }

@@ -29,7 +29,6 @@
 #include <vector>
 
 #include "dtrain/allreduce/bucket_plan.hpp"
-#include "dtrain/allreduce/comm_thread.hpp"
 #include "dtrain/allreduce/trainer_options.hpp"
 #include "dtrain/concepts/collective.hpp"
 #include "dtrain/concepts/model.hpp"
@@ -37,6 +36,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
+#include "dtrain/detail/comm_thread.hpp"
 
 namespace dtrain::allreduce {
 
@@ -284,7 +284,7 @@ class basic_trainer {
   std::uint64_t bytes_reduced_ = 0;  // written by the communication thread; read after drain
   trainer_stats stats_;
   bool broken_ = false;
-  std::optional<detail::comm_thread> worker_;  // last: destroyed (joined) first
+  std::optional<dtrain::detail::comm_thread> worker_;  // last: destroyed (joined) first
 };
 
 }  // namespace dtrain::allreduce

@@ -61,6 +61,15 @@ struct step_report {
   int peak_live = 0;
 };
 
+/// What the executor calls back into its trainer during a step.
+struct step_hooks {
+  /// At each optimizer-step action, with its micro-batch.
+  std::function<void(int mb)> optimizer_step;
+  /// Right after a chunk's last backward before the next optimizer step: its gradients for
+  /// that update are final (the trainer starts averaging them over the replicas). May be empty.
+  std::function<void(int chunk)> gradients_final;
+};
+
 /// Runs action sequences on `chunks` (this rank's stages, chunk c being stage c * p + rank) over
 /// `transport`, the pipeline group (rank r holds chunks of stages r, r + p, ...).
 template <transport Transport, stage Stage>
@@ -74,11 +83,11 @@ class executor {
 
   const executor_options& options() const noexcept { return options_; }
 
-  /// Runs `actions` (this rank's sequence for `shape`) as step `step`; calls `optimizer_step(mb)`
-  /// at each optimizer-step action. @throws dtrain::error on a timeout, a lost peer or a message
-  /// that does not match what the action expects; the step is then abandoned.
+  /// Runs `actions` (this rank's sequence for `shape`) as step `step`, calling `hooks`.
+  /// @throws dtrain::error on a timeout, a lost peer or a message that does not match what the
+  /// action expects; the step is then abandoned.
   step_report run(const std::vector<action>& actions, const pipeline_shape& shape, std::uint64_t step,
-                  const std::function<void(int)>& optimizer_step) {
+                  const step_hooks& hooks) {
     if (shape.ranks != transport_.size() || shape.chunks != static_cast<int>(chunks_.size())) {
       throw error(errc::invalid_argument, "pipeline: the schedule is for " + std::to_string(shape.ranks) + " ranks x " +
                                               std::to_string(shape.chunks) + " chunks, this rank has a group of " +
@@ -88,9 +97,11 @@ class executor {
     step_state state{actions, shape, step, deadline::after(options_.timeout)};
     const auto start = clock::now();
     for (auto& b : buffers_) b.resize(shape.micro_batches);
+    const std::vector<bool> final_backward = final_backwards(actions);
     for (std::size_t i = 0; i < actions.size(); ++i) {
       post_receives_until(state, i + static_cast<std::size_t>(std::max(options_.receive_lookahead, 1)));
-      run_one(state, i, optimizer_step);
+      run_one(state, i, hooks);
+      if (final_backward[i] && hooks.gradients_final) hooks.gradients_final(actions[i].chunk);
     }
     for (auto& send : state.sends) send.wait(state.until);
     state.report.wall_seconds = seconds_since(start);
@@ -118,6 +129,20 @@ class executor {
     int live = 0;
     step_report report{};
   };
+
+  // Which backwards are their chunk's last before the next optimizer step.
+  std::vector<bool> final_backwards(const std::vector<action>& actions) const {
+    std::vector<bool> last(actions.size(), false);
+    std::vector<bool> seen(chunks_.size(), false);
+    for (std::size_t i = actions.size(); i-- > 0;) {
+      const action& a = actions[i];
+      if (a.kind == action_kind::optimizer_step) seen.assign(chunks_.size(), false);
+      if (a.kind != action_kind::backward || seen[static_cast<std::size_t>(a.chunk)]) continue;
+      seen[static_cast<std::size_t>(a.chunk)] = true;
+      last[i] = true;
+    }
+    return last;
+  }
 
   static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
   bool holds_last_stage(const pipeline_shape& s) const noexcept { return (s.stages() - 1) % s.ranks == transport_.rank(); }
@@ -197,7 +222,7 @@ class executor {
                                         message_signature(to, a.mb, v.size()), std::as_bytes(std::span(v))));
   }
 
-  void run_one(step_state& st, std::size_t index, const std::function<void(int)>& optimizer_step) {
+  void run_one(step_state& st, std::size_t index, const step_hooks& hooks) {
     const action& a = st.actions[index];
     switch (a.kind) {
       case action_kind::recv_activation:
@@ -206,7 +231,7 @@ class executor {
       case action_kind::send_gradient: send(st, a); return;
       case action_kind::forward: forward(st, a); return;
       case action_kind::backward: backward(st, a); return;
-      case action_kind::optimizer_step: optimizer_step(a.mb); return;
+      case action_kind::optimizer_step: hooks.optimizer_step(a.mb); return;
     }
   }
 

@@ -20,11 +20,13 @@
 /// the trainer scales them by 1/m, averages them over the replicas, and updates once.
 /// `pipedream` updates after every micro-batch instead, with weight stashing.
 
+#include <algorithm>
 #include <chrono>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -36,6 +38,8 @@
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/reduce_op.hpp"
+#include "dtrain/core/trace.hpp"
+#include "dtrain/detail/comm_thread.hpp"
 #include "dtrain/pipeline/executor.hpp"
 #include "dtrain/pipeline/schedule.hpp"
 
@@ -65,6 +69,12 @@ struct trainer_options {
   /// The learning rate for each step (or, under `pipedream`, each micro-batch update); empty
   /// leaves the updater's own.
   std::function<double(std::uint64_t update)> learning_rate;
+  /// Average a chunk's gradients over the replicas on a communication thread as soon as its last
+  /// backward of the step is done, while the pipeline drains (flushed schedules); off averages
+  /// everything at the optimizer step.
+  bool overlap_replicas = true;
+  /// The most bytes averaged in one allreduce (DDP's bucket: 25 MiB).
+  std::size_t bucket_bytes = std::size_t{25} << 20;
 };
 
 /// What one `step` did on this rank.
@@ -74,8 +84,8 @@ struct step_result {
   bool has_loss = false;
   /// The executor's account of the step: compute and wall seconds, peak live micro-batches.
   step_report report{};
-  /// Seconds spent averaging gradients over the replicas.
-  double replica_seconds = 0;
+  /// Seconds the compute thread waited for the replicas' average (all of it without overlap).
+  double replica_wait_seconds = 0;
 };
 
 /// Trains this rank's chunks of a pipeline-parallel model.
@@ -87,12 +97,11 @@ class trainer {
 
   /// @param pipeline the pipeline group: rank r runs stages r, r + p, ... (one per chunk).
   /// @param chunks this rank's stages, `schedule.chunks()` of them, chunk c being stage c p + r.
-  /// @param replicas the data-parallel group of this rank's pipeline position (held by reference:
-  ///   it outlives the trainer); `single_replica` for none.
+  /// @param replicas averages over the data-parallel group of this rank's pipeline position (a
+  ///   communicator over a mesh's "dp" axis); `single_replica` for none.
   /// @throws dtrain::error `invalid_argument` for the wrong number of chunks or micro-batches.
   trainer(Transport pipeline, std::vector<Stage> chunks, Updater updater, Schedule schedule = {},
           trainer_options options = {}, Replicas replicas = {})
-    requires(!std::is_reference_v<Replicas>)
       : pipeline_(std::move(pipeline)), chunks_(std::move(chunks)), updater_(std::move(updater)),
         schedule_(std::move(schedule)), options_(std::move(options)), replicas_(std::move(replicas)),
         executor_(pipeline_, std::span(chunks_), executor_options_for(options_, schedule_)) {
@@ -110,13 +119,20 @@ class trainer {
     zero_gradients();
     shape_ = pipeline_shape{pipeline_.size(), schedule_.chunks(), options_.micro_batches};
     actions_ = schedule_.actions(pipeline_.rank(), shape_);
+    if (overlapped()) comm_.emplace(trace::recorder::global());
   }
+
+  trainer(const trainer&) = delete;  // the executor refers to the pipeline group and the chunks
+  trainer& operator=(const trainer&) = delete;
 
   /// Runs one step: the schedule's actions on every micro-batch, then (flushed schedules) one
   /// update from the mean gradient, averaged over the replicas.
   step_result step() {
     step_result result;
-    result.report = executor_.run(actions_, shape_, step_, [&](int mb) { optimizer_step(mb, result); });
+    step_hooks hooks;
+    hooks.optimizer_step = [&](int) { optimizer_step(result); };
+    if (overlapped()) hooks.gradients_final = [&](int chunk) { comm_->post([this, chunk] { average_chunk(chunk); }); };
+    result.report = executor_.run(actions_, shape_, step_, hooks);
     result.has_loss = result.report.has_loss;
     result.loss = result.report.loss_sum / shape_.micro_batches;
     ++step_;
@@ -142,6 +158,9 @@ class trainer {
     return e;
   }
 
+  // Replicas averaged on the communication thread while the pipeline drains.
+  bool overlapped() const noexcept { return !per_micro_batch && options_.overlap_replicas && replicas_.size() > 1; }
+
   void zero_gradients() {
     for (Stage& s : chunks_) {
       for (std::size_t i = 0; i < s.tensor_count(); ++i) {
@@ -150,46 +169,51 @@ class trainer {
     }
   }
 
-  template <class F>
-  void for_each_tensor(F&& f) {
+  // A flushed schedule updates from the mean over its m micro-batches; PipeDream from each
+  // micro-batch's own gradient. Both average over the replicas first.
+  void optimizer_step(step_result& result) {
+    const auto start = std::chrono::steady_clock::now();
+    if (overlapped()) {
+      comm_->drain();
+    } else {
+      for (std::size_t c = 0; c < chunks_.size(); ++c) average_chunk(c);
+    }
+    result.replica_wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(updates_));
     std::size_t offset = 0;
     for (Stage& s : chunks_) {
       for (std::size_t i = 0; i < s.tensor_count(); ++i) {
-        f(s.parameters(i), s.gradients(i), offset);
+        updater_.step(s.parameters(i), std::span<const value_type>(s.gradients(i)), offset, step_info{});
         offset += s.parameters(i).size();
       }
     }
-  }
-
-  // A flushed schedule: the mean over m micro-batches, averaged over replicas, one update.
-  // PipeDream: each micro-batch's gradient is its own update (replicas average it too).
-  void optimizer_step(int, step_result& result) {
-    if (!per_micro_batch) {
-      const value_type scale = value_type(1) / static_cast<value_type>(shape_.micro_batches);
-      for_each_tensor([&](auto, std::span<value_type> g, std::size_t) {
-        for (value_type& x : g) x *= scale;
-      });
-    }
-    if (replicas_.size() > 1) average_over_replicas(result);
-    if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(updates_));
-    for_each_tensor([&](std::span<value_type> p, std::span<value_type> g, std::size_t offset) {
-      updater_.step(p, std::span<const value_type>(g), offset, step_info{});
-    });
     zero_gradients();
     ++updates_;
   }
 
-  void average_over_replicas(step_result& result) {
-    const auto start = std::chrono::steady_clock::now();
-    flat_.clear();
-    for_each_tensor([&](auto, std::span<value_type> g, std::size_t) { flat_.insert(flat_.end(), g.begin(), g.end()); });
-    replicas_.allreduce(std::span(flat_), reduce_op::avg);
-    auto at = flat_.begin();
-    for_each_tensor([&](auto, std::span<value_type> g, std::size_t) {
-      std::copy(at, at + static_cast<std::ptrdiff_t>(g.size()), g.begin());
-      at += static_cast<std::ptrdiff_t>(g.size());
-    });
-    result.replica_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Scales chunk c's gradients to the micro-batch mean and averages them over the replicas, in
+  // buckets of at most `bucket_bytes`, tensors in order (the same on every replica).
+  void average_chunk(std::size_t c) {
+    Stage& s = chunks_[c];
+    const value_type scale = per_micro_batch ? value_type(1) : value_type(1) / static_cast<value_type>(shape_.micro_batches);
+    const std::size_t capacity = std::max<std::size_t>(1, options_.bucket_bytes / sizeof(value_type));
+    std::vector<value_type>& bucket = buckets_[c];
+    std::size_t first = 0;  // the first tensor in the bucket
+    for (std::size_t i = 0; i <= s.tensor_count(); ++i) {
+      const bool full = i == s.tensor_count() || (!bucket.empty() && bucket.size() + s.gradients(i).size() > capacity);
+      if (full && !bucket.empty()) {
+        if (replicas_.size() > 1) replicas_.allreduce(std::span(bucket), reduce_op::avg);
+        auto at = bucket.begin();
+        for (; first < i; ++first) {
+          auto g = s.gradients(first);
+          std::copy(at, at + static_cast<std::ptrdiff_t>(g.size()), g.begin());
+          at += static_cast<std::ptrdiff_t>(g.size());
+        }
+        bucket.clear();
+      }
+      if (i == s.tensor_count()) break;
+      for (value_type g : s.gradients(i)) bucket.push_back(g * scale);
+    }
   }
 
   Transport pipeline_;
@@ -201,9 +225,10 @@ class trainer {
   executor<Transport, Stage> executor_;
   pipeline_shape shape_{};
   std::vector<action> actions_;
-  std::vector<value_type> flat_;
+  std::vector<std::vector<value_type>> buckets_ = std::vector<std::vector<value_type>>(chunks_.size());
   std::uint64_t step_ = 0;
   std::uint64_t updates_ = 0;
+  std::optional<dtrain::detail::comm_thread> comm_;  // last: joined first
 };
 
 }  // namespace dtrain::pipeline

@@ -1,8 +1,9 @@
 #pragma once
 /// @file
-/// `detail::comm_thread`: the thread an allreduce trainer hands its buckets to. It owns the
-/// collective while the compute thread runs the backward pass; jobs run in the order they were
-/// posted, so buckets go out in the same order on every rank.
+/// `detail::comm_thread`: the thread a trainer hands its gradient buckets to (the allreduce
+/// trainer's, the pipeline trainer's replicas). It owns the collective while the compute thread
+/// runs the backward pass; jobs run in the order they were posted, so buckets go out in the same
+/// order on every rank.
 
 #include <chrono>
 #include <condition_variable>
@@ -16,7 +17,7 @@
 
 #include "dtrain/core/trace.hpp"
 
-namespace dtrain::allreduce::detail {
+namespace dtrain::detail {
 
 /// Runs jobs, in the order they were queued, on one thread that owns the collective.
 class comm_thread {
@@ -98,4 +99,4 @@ class comm_thread {
   std::thread thread_;  // last: starts once everything above exists
 };
 
-}  // namespace dtrain::allreduce::detail
+}  // namespace dtrain::detail
