@@ -18,6 +18,17 @@
 
 namespace dtrain::testing {
 
+/// A micro-batch's inputs (salt 0.37) or targets (0.23), `batch` x `width`: a function of its
+/// global index only, which counts every replica's micro-batches of every step in order.
+template <class T>
+std::vector<T> synthetic_samples(const micro_batch& mb, int replica, int replicas, int batch, int width, double salt) {
+  const auto global = static_cast<double>((mb.step * static_cast<std::uint64_t>(replicas) + static_cast<std::uint64_t>(replica)) *
+                                              static_cast<std::uint64_t>(mb.count) + static_cast<std::uint64_t>(mb.index));
+  std::vector<T> x(static_cast<std::size_t>(batch) * static_cast<std::size_t>(width));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(std::sin(salt * (global * 31.0 + static_cast<double>(i)) + salt));
+  return x;
+}
+
 template <std::floating_point T>
 class mlp_stage {
  public:
@@ -83,13 +94,8 @@ class mlp_stage {
   int layers() const noexcept { return static_cast<int>(widths_.size()) - 1; }
   std::size_t width_at(int l) const noexcept { return static_cast<std::size_t>(batch_) * static_cast<std::size_t>(widths_[l]); }
 
-  // Inputs (salt 0.37) or targets (0.23) of a micro-batch: a function of its global index only.
   std::vector<T> samples(const micro_batch& mb, int width, double salt) const {
-    const auto global = static_cast<double>((mb.step * static_cast<std::uint64_t>(replicas_) + static_cast<std::uint64_t>(replica_)) *
-                                                static_cast<std::uint64_t>(mb.count) + static_cast<std::uint64_t>(mb.index));
-    std::vector<T> x(static_cast<std::size_t>(batch_) * static_cast<std::size_t>(width));
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(std::sin(salt * (global * 31.0 + static_cast<double>(i)) + salt));
-    return x;
+    return synthetic_samples<T>(mb, replica_, replicas_, batch_, width, salt);
   }
 
   const std::vector<T>& weight(int l) const { return params_[2 * static_cast<std::size_t>(l - first_)]; }

@@ -17,7 +17,9 @@
 /// every rank where the count divides, the first ranks one more where it does not.
 ///
 /// Matrices are row-major, one sample per row. Layers accumulate their parameter gradients (as
-/// stages do); the caller zeroes them.
+/// stages do); the caller zeroes them. The arithmetic is the `Kernels` policy's: `loop_kernels`
+/// (plain loops, the reference) by default, or a user's (a BLAS or Eigen product) with the same
+/// two static functions.
 
 #include <cstddef>
 #include <span>
@@ -55,11 +57,11 @@ void reduce_from_tensor_parallel_forward(Collective& tp, std::span<T> partial) {
   if (tp.size() > 1) tp.allreduce(partial, reduce_op::sum);
 }
 
-namespace detail {
-
-// y (batch x out) += x (batch x in) W^T, W row-major out x in.
-template <class T>
-void multiply_transposed(std::span<const T> x, const std::vector<T>& w, std::size_t in, std::size_t out,
+/// The products a tensor-parallel layer needs, as plain loops.
+struct loop_kernels {
+  /// y (batch x out) += x (batch x in) W^T, W row-major out x in.
+  template <class T>
+  static void multiply_transposed(std::span<const T> x, const std::vector<T>& w, std::size_t in, std::size_t out,
                          std::span<T> y) {
   const std::size_t batch = in == 0 ? 0 : x.size() / in;
   for (std::size_t s = 0; s < batch; ++s) {
@@ -71,9 +73,9 @@ void multiply_transposed(std::span<const T> x, const std::vector<T>& w, std::siz
   }
 }
 
-// gw (out x in) += dy^T x; dx (batch x in) = dy W.
-template <class T>
-void linear_backward(std::span<const T> x, std::span<const T> dy, const std::vector<T>& w, std::size_t in,
+  /// gw (out x in) += dy^T x; dx (batch x in) = dy W (dx may be empty: not wanted).
+  template <class T>
+  static void linear_backward(std::span<const T> x, std::span<const T> dy, const std::vector<T>& w, std::size_t in,
                      std::size_t out, std::vector<T>& gw, std::span<T> dx) {
   const std::size_t batch = out == 0 ? 0 : dy.size() / out;
   for (T& v : dx) v = T(0);
@@ -87,6 +89,10 @@ void linear_backward(std::span<const T> x, std::span<const T> dy, const std::vec
     }
   }
 }
+
+};
+
+namespace detail {
 
 inline void check_size(std::size_t got, std::size_t want, const char* what) {
   if (got != want) {
@@ -104,7 +110,7 @@ struct linear_parameters {
 };
 
 /// A linear layer whose output features are split over `tp` (Megatron's ColumnParallelLinear).
-template <class T, class Collective>
+template <class T, class Collective, class Kernels = loop_kernels>
 class column_parallel_linear {
  public:
   /// Rank tp.rank()'s slice of an `in` -> `out` layer. @param tp outlives the layer.
@@ -132,7 +138,7 @@ class column_parallel_linear {
     for (std::size_t s = 0; s < batch_of(x); ++s) {
       for (std::size_t o = 0; o < mine_.size; ++o) y[s * mine_.size + o] = p_.bias[o];
     }
-    detail::multiply_transposed(x, p_.weight, in_, mine_.size, y);
+    Kernels::multiply_transposed(x, p_.weight, in_, mine_.size, y);
   }
 
   /// Adds this slice's gradients; `dx` (batch x in, may be empty) gets the whole input gradient,
@@ -142,7 +148,7 @@ class column_parallel_linear {
     for (std::size_t s = 0; s < batch_of(x); ++s) {
       for (std::size_t o = 0; o < mine_.size; ++o) p_.bias_grad[o] += dy[s * mine_.size + o];
     }
-    detail::linear_backward(x, dy, p_.weight, in_, mine_.size, p_.weight_grad, dx);
+    Kernels::linear_backward(x, dy, p_.weight, in_, mine_.size, p_.weight_grad, dx);
     if (!dx.empty()) copy_to_tensor_parallel_backward(*tp_, dx);
   }
 
@@ -160,7 +166,7 @@ class column_parallel_linear {
 };
 
 /// A linear layer whose input features are split over `tp` (Megatron's RowParallelLinear).
-template <class T, class Collective>
+template <class T, class Collective, class Kernels = loop_kernels>
 class row_parallel_linear {
  public:
   /// Rank tp.rank()'s slice of an `in` -> `out` layer. @param tp outlives the layer.
@@ -187,7 +193,7 @@ class row_parallel_linear {
     const std::size_t batch = mine_.size == 0 ? y.size() / (out_ == 0 ? 1 : out_) : x.size() / mine_.size;
     detail::check_size(y.size(), batch * out_, "the output");
     for (T& v : y) v = T(0);
-    detail::multiply_transposed(x, p_.weight, mine_.size, out_, y);
+    Kernels::multiply_transposed(x, p_.weight, mine_.size, out_, y);
     reduce_from_tensor_parallel_forward(*tp_, y);
     for (std::size_t s = 0; s < batch; ++s) {
       for (std::size_t o = 0; o < out_; ++o) y[s * out_ + o] += p_.bias[o];
@@ -201,7 +207,7 @@ class row_parallel_linear {
     for (std::size_t s = 0; s < batch; ++s) {
       for (std::size_t o = 0; o < out_; ++o) p_.bias_grad[o] += dy[s * out_ + o];
     }
-    detail::linear_backward(x, dy, p_.weight, mine_.size, out_, p_.weight_grad, dx);
+    Kernels::linear_backward(x, dy, p_.weight, mine_.size, out_, p_.weight_grad, dx);
   }
 
   /// This rank's input features of the whole layer's.
