@@ -11,27 +11,23 @@
 /// Loading checks the checksum first, then that the checkpoint was written by the same kind of
 /// shard, and says what differs.
 
-#include <bit>
-#include <cerrno>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <fcntl.h>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unistd.h>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
 #include "dtrain/core/hash.hpp"
+#include "dtrain/detail/checkpoint_io.hpp"
 #include "dtrain/ps/table.hpp"
 
 namespace dtrain::ps {
@@ -47,117 +43,6 @@ namespace detail {
 
 inline constexpr char checkpoint_magic[8] = {'D', 'T', 'R', 'N', 'C', 'K', 'P', 'T'};
 inline constexpr std::uint32_t checkpoint_format = 1;
-
-class byte_writer {
- public:
-  template <std::integral U>
-  void put(U v) {
-    const std::size_t at = bytes.size();
-    bytes.resize(at + sizeof(U));
-    dtrain::detail::wire::put(bytes.data() + at, v);
-  }
-  template <std::floating_point F>
-  void put(F v) {
-    if constexpr (sizeof(F) == 4) put(std::bit_cast<std::uint32_t>(v));
-    else put(std::bit_cast<std::uint64_t>(v));
-  }
-  void put(std::string_view s) {
-    put(static_cast<std::uint32_t>(s.size()));
-    for (char c : s) bytes.push_back(static_cast<std::byte>(c));
-  }
-  std::vector<std::byte> bytes;
-};
-
-class byte_reader {
- public:
-  byte_reader(std::span<const std::byte> b, const std::string& path) : bytes_(b), path_(path) {}
-
-  template <std::integral U>
-  U get() {
-    need(sizeof(U));
-    const U v = dtrain::detail::wire::get<U>(bytes_.data() + at_);
-    at_ += sizeof(U);
-    return v;
-  }
-  template <std::floating_point F>
-  F get() {
-    if constexpr (sizeof(F) == 4) return std::bit_cast<F>(get<std::uint32_t>());
-    else return std::bit_cast<F>(get<std::uint64_t>());
-  }
-  std::string get_string() {
-    const auto n = get<std::uint32_t>();
-    need(n);
-    std::string s(reinterpret_cast<const char*>(bytes_.data() + at_), n);
-    at_ += n;
-    return s;
-  }
-  std::size_t remaining() const noexcept { return bytes_.size() - at_; }
-  void need(std::size_t n) const {
-    if (remaining() < n) throw error(errc::bad_data, "checkpoint " + path_ + " is truncated");
-  }
-
- private:
-  std::span<const std::byte> bytes_;
-  std::size_t at_ = 0;
-  std::string path_;
-};
-
-[[noreturn]] inline void io_failure(const std::string& what, const std::string& path) {
-  throw error(std::error_code(errno, std::generic_category()), "checkpoint: cannot " + what + " " + path);
-}
-
-/// Writes `bytes` to `path` atomically and durably.
-inline void write_atomically(const std::string& path, std::span<const std::byte> bytes) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) io_failure("create", tmp);
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int e = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      errno = e;
-      io_failure("write", tmp);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const int e = errno;
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    errno = e;
-    io_failure("fsync", tmp);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    errno = e;
-    io_failure("rename into place", path);
-  }
-  // The rename is durable once the directory is synced.
-  const auto slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
-inline std::vector<std::byte> read_file(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) io_failure("open", path);
-  std::vector<std::byte> out;
-  std::byte chunk[1 << 16];
-  for (std::size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) out.insert(out.end(), chunk, chunk + n);
-  const bool failed = std::ferror(f) != 0;
-  std::fclose(f);
-  if (failed) io_failure("read", path);
-  return out;
-}
 
 }  // namespace detail
 
@@ -203,8 +88,7 @@ inline std::optional<std::int64_t> latest_common_checkpoint(const std::string& p
 /// if the file cannot be written (the previous checkpoint, if any, is left in place).
 template <std::floating_point T, class Updater, class Initializer>
 void save_checkpoint(const std::string& path, table<T, Updater, Initializer>& t, const shard_state& state) {
-  detail::byte_writer w;
-  for (char c : detail::checkpoint_magic) w.bytes.push_back(static_cast<std::byte>(c));
+  dtrain::detail::byte_writer w = dtrain::detail::checkpoint_writer(detail::checkpoint_magic);
   w.put(detail::checkpoint_format);
   w.put(static_cast<std::uint32_t>(sizeof(T)));
   w.put(static_cast<std::uint32_t>(Updater::state_slots));
@@ -222,8 +106,7 @@ void save_checkpoint(const std::string& path, table<T, Updater, Initializer>& t,
     for (T v : values) w.put(v);
     for (T v : st) w.put(v);
   });
-  w.put(fnv1a().bytes(w.bytes).value());
-  detail::write_atomically(path, w.bytes);
+  dtrain::detail::write_checkpoint(path, w);
 }
 
 /// Restores a checkpoint into the empty table `t`; returns the shard's clocks and version.
@@ -235,16 +118,9 @@ template <std::floating_point T, class Updater, class Initializer>
 shard_state load_checkpoint(const std::string& path, table<T, Updater, Initializer>& t, std::uint32_t expected_shard,
                             std::uint32_t expected_shards) {
   if (t.size() != 0) throw error(errc::invalid_argument, "load_checkpoint: the table is not empty");
-  const auto bytes = detail::read_file(path);
+  const auto body = dtrain::detail::read_checkpoint(path, detail::checkpoint_magic, "checkpoint");
   auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
-  if (bytes.size() < 8 + 8 || std::memcmp(bytes.data(), detail::checkpoint_magic, 8) != 0) {
-    throw bad("is not a dtrain checkpoint");
-  }
-  const auto body = std::span(bytes).first(bytes.size() - 8);
-  if (fnv1a().bytes(body).value() != dtrain::detail::wire::get<std::uint64_t>(bytes.data() + body.size())) {
-    throw bad("is corrupt: its checksum does not match its contents");
-  }
-  detail::byte_reader r(body.subspan(8), path);
+  dtrain::detail::byte_reader r(body, path);
   if (const auto f = r.get<std::uint32_t>(); f != detail::checkpoint_format) {
     throw bad("has format " + std::to_string(f) + "; this build reads format " + std::to_string(detail::checkpoint_format));
   }
