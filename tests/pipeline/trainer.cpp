@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -185,4 +187,116 @@ TEST_CASE("pipeline: data-parallel replicas of a pipeline along a mesh equal ser
   check_replicated(pipeline::one_f_one_b{}, false);
   check_replicated(pipeline::gpipe{}, true);
   check_replicated(pipeline::pipedream{}, true);
+}
+
+namespace {
+
+using stage_t = testing::mlp_stage<double>;
+template <class Schedule>
+using trainer_t = pipeline::trainer<process_group<inproc_transport>, Schedule, adam<double>, stage_t>;
+
+// This rank's chunks of the test network cut into `stages` stages at `bounds`.
+std::vector<stage_t> chunks_for(int rank, int ranks, int v, const pipeline::partition& bounds) {
+  std::vector<stage_t> chunks;
+  for (int c = 0; c < v; ++c) chunks.emplace_back(testing::test_widths(), bounds[c * ranks + rank], bounds[c * ranks + rank + 1], testing::test_batch);
+  return chunks;
+}
+
+std::string checkpoint_path(const std::string& name, int rank) {
+  return (std::filesystem::temp_directory_path() / ("dtrain_pipeline_" + name + "." + std::to_string(rank) + ".ckpt")).string();
+}
+
+template <class Schedule>
+void check_resume(const Schedule& schedule) {
+  const int p = 2, v = schedule.chunks();
+  const auto bounds = pipeline::uniform_partition(testing::test_widths().size() - 1, p * v);
+  std::atomic<int> differ{0};
+  run_inproc(p, [&](int r, inproc_transport t) {
+    pipeline::trainer_options o;
+    o.micro_batches = 3;
+    process_group<inproc_transport> world(std::move(t));  // copies share the endpoint
+    std::vector<double> straight;
+    {
+      trainer_t<Schedule> a(world, chunks_for(r, p, v, bounds), adam<double>(0.01), schedule, o);
+      a.step();
+      a.step();
+      a.save(checkpoint_path(std::string(Schedule::name), r));
+      a.step();
+      a.step();
+      for (auto& c : a.chunks()) {
+        const auto f = testing::flat_parameters(c);
+        straight.insert(straight.end(), f.begin(), f.end());
+      }
+    }
+    trainer_t<Schedule> b(world, chunks_for(r, p, v, bounds), adam<double>(0.01), schedule, o);
+    b.load(checkpoint_path(std::string(Schedule::name), r));
+    CHECK(b.steps() == 2);
+    b.step();
+    b.step();
+    std::vector<double> resumed;
+    for (auto& c : b.chunks()) {
+      const auto f = testing::flat_parameters(c);
+      resumed.insert(resumed.end(), f.begin(), f.end());
+    }
+    differ += resumed != straight;
+  });
+  INFO(Schedule::name);
+  CHECK(differ.load() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: a job resumed from its checkpoint continues bit for bit", "[pipeline][checkpoint]") {
+  check_resume(pipeline::one_f_one_b{});
+  check_resume(pipeline::interleaved_one_f_one_b{2});
+  check_resume(pipeline::pipedream{});
+}
+
+TEST_CASE("pipeline: a checkpoint of another rank, partition, schedule or a corrupt one is refused, naming why", "[pipeline][checkpoint]") {
+  const auto bounds = pipeline::uniform_partition(testing::test_widths().size() - 1, 2);
+  run_inproc(1, [&](int, inproc_transport endpoint) {
+    process_group<inproc_transport> t(std::move(endpoint));
+    // A one-rank "pipeline" holding stage 0 of 2 is enough to write a file of rank 0.
+    pipeline::trainer_options o;
+    o.micro_batches = 2;
+    trainer_t<pipeline::one_f_one_b> a(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, o);
+    a.step();
+    const std::string path = checkpoint_path("refuse", 0);
+    a.save(path);
+    auto refused = [&](auto& trainer, const char* why) {
+      const auto before = testing::flat_parameters(trainer.chunks()[0]);
+      try {
+        trainer.load(path);
+        FAIL("loaded");
+      } catch (const dtrain::error& e) {
+        INFO(e.what());
+        CHECK(e.code() == errc::bad_data);
+        CHECK(std::string(e.what()).find(why) != std::string::npos);
+      }
+      CHECK(testing::flat_parameters(trainer.chunks()[0]) == before);  // nothing changed
+    };
+    trainer_t<pipeline::one_f_one_b> other_partition(t, {stage_t(testing::test_widths(), 0, 7, testing::test_batch)}, adam<double>(0.01), {}, o);
+    refused(other_partition, "a different partition of the model?");
+    trainer_t<pipeline::gpipe> other_schedule(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, o);
+    refused(other_schedule, "belongs to pipeline rank 0 of 1 (one_f_one_b");
+    pipeline::trainer<process_group<inproc_transport>, pipeline::one_f_one_b, sgd<double>, stage_t> other_updater(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, sgd<double>(0.1), {}, o);
+    refused(other_updater, "was written with updater adam");
+    pipeline::trainer_options more = o;
+    more.micro_batches = 4;
+    trainer_t<pipeline::one_f_one_b> other_m(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, more);
+    refused(other_m, "2 micro-batches a step");
+    // One flipped byte in the middle of the parameters.
+    {
+      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(200);
+      char c = 0;
+      f.read(&c, 1);
+      f.seekp(200);
+      c = static_cast<char>(c ^ 0x10);
+      f.write(&c, 1);
+    }
+    trainer_t<pipeline::one_f_one_b> same(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, o);
+    refused(same, "is corrupt");
+    std::filesystem::remove(path);
+  });
 }

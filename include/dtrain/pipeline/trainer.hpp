@@ -40,6 +40,7 @@
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
+#include "dtrain/pipeline/checkpoint.hpp"
 #include "dtrain/pipeline/executor.hpp"
 #include "dtrain/pipeline/schedule.hpp"
 
@@ -139,6 +140,23 @@ class trainer {
     return result;
   }
 
+  /// Writes this rank's chunks, updater state and position to `path`, atomically. Call between
+  /// steps; one replica's files make the job's checkpoint (every replica holds the same).
+  void save(const std::string& path) {
+    save_pipeline_checkpoint<value_type>(path, identity(), {step_, updates_}, parameter_spans(),
+                                         std::span<const value_type>(updater_.state()));
+  }
+
+  /// Restores what `save` wrote, so the next `step` continues where that job left off, bit for
+  /// bit. @throws dtrain::error `bad_data` naming the file and what does not match this rank
+  /// (partition, schedule, rank, updater, micro-batches) or that it is corrupt; nothing is
+  /// changed then.
+  void load(const std::string& path) {
+    const checkpoint_position at = load_pipeline_checkpoint<value_type>(path, identity(), parameter_spans(), updater_.state());
+    step_ = at.steps;
+    updates_ = at.updates;
+  }
+
   /// Steps run so far; updates applied so far (one per step, or one per micro-batch under pipedream).
   std::uint64_t steps() const noexcept { return step_; }
   std::uint64_t updates() const noexcept { return updates_; }
@@ -156,6 +174,26 @@ class trainer {
     if constexpr (std::is_same_v<Schedule, gpipe>) e.rematerialise = s.rematerialise;
     e.stash_weights = per_micro_batch;
     return e;
+  }
+
+  checkpoint_identity identity() {
+    checkpoint_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
+                           static_cast<std::uint32_t>(sizeof(value_type)), std::string(Schedule::name),
+                           static_cast<std::uint32_t>(shape_.ranks), static_cast<std::uint32_t>(shape_.chunks),
+                           static_cast<std::uint32_t>(shape_.micro_batches), static_cast<std::uint32_t>(pipeline_.rank()), {}, {}};
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      id.stages.push_back(shape_.stage_of(pipeline_.rank(), static_cast<int>(c)));
+      for (std::size_t i = 0; i < chunks_[c].tensor_count(); ++i) id.sizes.push_back(chunks_[c].parameters(i).size());
+    }
+    return id;
+  }
+
+  std::vector<std::span<value_type>> parameter_spans() {
+    std::vector<std::span<value_type>> spans;
+    for (Stage& s : chunks_) {
+      for (std::size_t i = 0; i < s.tensor_count(); ++i) spans.push_back(s.parameters(i));
+    }
+    return spans;
   }
 
   // Replicas averaged on the communication thread while the pipeline drains.
