@@ -54,9 +54,17 @@ struct step_report {
   double loss_sum = 0;
   /// Whether this rank holds the last stage, i.e. whether `loss_sum` means anything.
   bool has_loss = false;
-  /// Seconds in forward and backward, and from the step's start to its end.
+  /// Seconds in forward and backward, in the optimizer-step hook (averaging over replicas and
+  /// updating), and from the step's start to its end. The rest of the wall time is the bubble:
+  /// waiting for neighbours' messages and the executor's own work.
   double compute_seconds = 0;
+  double update_seconds = 0;
   double wall_seconds = 0;
+  /// The share of the step this rank sat idle in the pipeline: 1 - compute / (wall - update).
+  double bubble() const noexcept {
+    const double pipeline = wall_seconds - update_seconds;
+    return pipeline > 0 ? 1.0 - compute_seconds / pipeline : 0.0;
+  }
   /// The most micro-batches forwarded and not yet backwarded at once, over all chunks.
   int peak_live = 0;
 };
@@ -231,7 +239,12 @@ class executor {
       case action_kind::send_gradient: send(st, a); return;
       case action_kind::forward: forward(st, a); return;
       case action_kind::backward: backward(st, a); return;
-      case action_kind::optimizer_step: hooks.optimizer_step(a.mb); return;
+      case action_kind::optimizer_step: {
+        const auto start = clock::now();
+        hooks.optimizer_step(a.mb);
+        st.report.update_seconds += seconds_since(start);
+        return;
+      }
     }
   }
 

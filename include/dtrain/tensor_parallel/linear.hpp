@@ -57,39 +57,39 @@ void reduce_from_tensor_parallel_forward(Collective& tp, std::span<T> partial) {
   if (tp.size() > 1) tp.allreduce(partial, reduce_op::sum);
 }
 
-/// The products a tensor-parallel layer needs, as plain loops.
+/// The products a tensor-parallel layer needs, as plain loops. Weights come as spans so that a
+/// policy can map them (Eigen::Map, a BLAS call) without a copy.
 struct loop_kernels {
   /// y (batch x out) += x (batch x in) W^T, W row-major out x in.
   template <class T>
-  static void multiply_transposed(std::span<const T> x, const std::vector<T>& w, std::size_t in, std::size_t out,
-                         std::span<T> y) {
-  const std::size_t batch = in == 0 ? 0 : x.size() / in;
-  for (std::size_t s = 0; s < batch; ++s) {
-    for (std::size_t o = 0; o < out; ++o) {
-      T z = y[s * out + o];
-      for (std::size_t i = 0; i < in; ++i) z += x[s * in + i] * w[o * in + i];
-      y[s * out + o] = z;
-    }
-  }
-}
-
-  /// gw (out x in) += dy^T x; dx (batch x in) = dy W (dx may be empty: not wanted).
-  template <class T>
-  static void linear_backward(std::span<const T> x, std::span<const T> dy, const std::vector<T>& w, std::size_t in,
-                     std::size_t out, std::vector<T>& gw, std::span<T> dx) {
-  const std::size_t batch = out == 0 ? 0 : dy.size() / out;
-  for (T& v : dx) v = T(0);
-  for (std::size_t s = 0; s < batch; ++s) {
-    for (std::size_t o = 0; o < out; ++o) {
-      const T d = dy[s * out + o];
-      for (std::size_t i = 0; i < in; ++i) {
-        gw[o * in + i] += d * x[s * in + i];
-        if (!dx.empty()) dx[s * in + i] += d * w[o * in + i];
+  static void multiply_transposed(std::span<const T> x, std::span<const T> w, std::size_t in, std::size_t out,
+                                  std::span<T> y) {
+    const std::size_t batch = in == 0 ? 0 : x.size() / in;
+    for (std::size_t s = 0; s < batch; ++s) {
+      for (std::size_t o = 0; o < out; ++o) {
+        T z = y[s * out + o];
+        for (std::size_t i = 0; i < in; ++i) z += x[s * in + i] * w[o * in + i];
+        y[s * out + o] = z;
       }
     }
   }
-}
 
+  /// gw (out x in) += dy^T x; dx (batch x in) = dy W (dx may be empty: not wanted).
+  template <class T>
+  static void linear_backward(std::span<const T> x, std::span<const T> dy, std::span<const T> w, std::size_t in,
+                              std::size_t out, std::span<T> gw, std::span<T> dx) {
+    const std::size_t batch = out == 0 ? 0 : dy.size() / out;
+    for (T& v : dx) v = T(0);
+    for (std::size_t s = 0; s < batch; ++s) {
+      for (std::size_t o = 0; o < out; ++o) {
+        const T d = dy[s * out + o];
+        for (std::size_t i = 0; i < in; ++i) {
+          gw[o * in + i] += d * x[s * in + i];
+          if (!dx.empty()) dx[s * in + i] += d * w[o * in + i];
+        }
+      }
+    }
+  }
 };
 
 namespace detail {
@@ -138,7 +138,7 @@ class column_parallel_linear {
     for (std::size_t s = 0; s < batch_of(x); ++s) {
       for (std::size_t o = 0; o < mine_.size; ++o) y[s * mine_.size + o] = p_.bias[o];
     }
-    Kernels::multiply_transposed(x, p_.weight, in_, mine_.size, y);
+    Kernels::multiply_transposed(x, std::span<const T>(p_.weight), in_, mine_.size, y);
   }
 
   /// Adds this slice's gradients; `dx` (batch x in, may be empty) gets the whole input gradient,
@@ -148,7 +148,7 @@ class column_parallel_linear {
     for (std::size_t s = 0; s < batch_of(x); ++s) {
       for (std::size_t o = 0; o < mine_.size; ++o) p_.bias_grad[o] += dy[s * mine_.size + o];
     }
-    Kernels::linear_backward(x, dy, p_.weight, in_, mine_.size, p_.weight_grad, dx);
+    Kernels::linear_backward(x, dy, std::span<const T>(p_.weight), in_, mine_.size, std::span<T>(p_.weight_grad), dx);
     if (!dx.empty()) copy_to_tensor_parallel_backward(*tp_, dx);
   }
 
@@ -193,7 +193,7 @@ class row_parallel_linear {
     const std::size_t batch = mine_.size == 0 ? y.size() / (out_ == 0 ? 1 : out_) : x.size() / mine_.size;
     detail::check_size(y.size(), batch * out_, "the output");
     for (T& v : y) v = T(0);
-    Kernels::multiply_transposed(x, p_.weight, mine_.size, out_, y);
+    Kernels::multiply_transposed(x, std::span<const T>(p_.weight), mine_.size, out_, y);
     reduce_from_tensor_parallel_forward(*tp_, y);
     for (std::size_t s = 0; s < batch; ++s) {
       for (std::size_t o = 0; o < out_; ++o) y[s * out_ + o] += p_.bias[o];
@@ -207,7 +207,7 @@ class row_parallel_linear {
     for (std::size_t s = 0; s < batch; ++s) {
       for (std::size_t o = 0; o < out_; ++o) p_.bias_grad[o] += dy[s * out_ + o];
     }
-    Kernels::linear_backward(x, dy, p_.weight, mine_.size, out_, p_.weight_grad, dx);
+    Kernels::linear_backward(x, dy, std::span<const T>(p_.weight), mine_.size, out_, std::span<T>(p_.weight_grad), dx);
   }
 
   /// This rank's input features of the whole layer's.
