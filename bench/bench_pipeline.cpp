@@ -12,6 +12,7 @@
 // step time. Rounds alternate the schedules' order.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -43,21 +44,35 @@ void take(std::chrono::microseconds d) {
   }
 }
 
+// One forward or backward as it ran: stage, micro-batch, forward?, start and end (ms on the
+// machine's monotonic clock, the same for every process).
+using timed_run = std::array<double, 5>;
+
+double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
 // A stage with no parameters that takes a fixed time per micro-batch.
 struct sleeping_stage {
   using value_type = float;
   std::chrono::microseconds forward_time, backward_time;
   std::size_t in, out;
+  int stage = 0;
+  std::vector<timed_run>* log = nullptr;  // where each run is recorded, if anywhere
   std::size_t tensor_count() const noexcept { return 0; }
   std::span<float> parameters(std::size_t) { return {}; }
   std::span<float> gradients(std::size_t) { return {}; }
   std::size_t input_size() const noexcept { return in; }
   std::size_t output_size() const noexcept { return out; }
-  double forward(const dtrain::micro_batch&, std::span<const float>, std::span<float>) {
+  double forward(const dtrain::micro_batch& mb, std::span<const float>, std::span<float>) {
+    const double start = now_ms();
     take(forward_time);
+    if (log != nullptr) log->push_back({double(stage), double(mb.index), 1.0, start, now_ms()});
     return 0;
   }
-  void backward(const dtrain::micro_batch&, std::span<const float>, std::span<float>) { take(backward_time); }
+  void backward(const dtrain::micro_batch& mb, std::span<const float>, std::span<float>) {
+    const double start = now_ms();
+    take(backward_time);
+    if (log != nullptr) log->push_back({double(stage), double(mb.index), 0.0, start, now_ms()});
+  }
   void discard(const dtrain::micro_batch&) {}
 };
 
@@ -95,16 +110,51 @@ double median(std::vector<double> v) {
 }
 
 template <class Schedule>
-void measure(group& world, dtrain::communicator<group>& sums, const Schedule& schedule,
-             point& pt, int steps, double forward_us, std::size_t activation) {
+std::vector<sleeping_stage> stages_of(const group& world, const Schedule& schedule, double forward_us, std::size_t activation,
+                                      std::vector<timed_run>* log = nullptr) {
   const int p = world.size(), r = world.rank(), v = schedule.chunks();
-  const int stages = p * v;
   std::vector<sleeping_stage> chunks;
   for (int c = 0; c < v; ++c) {
     const int s = c * p + r;
     const auto f = std::chrono::microseconds(static_cast<long>(forward_us / v));
-    chunks.push_back({f, 2 * f, s == 0 ? 0 : activation, s == stages - 1 ? 0 : activation});
+    chunks.push_back({f, 2 * f, s == 0 ? 0 : activation, s == p * v - 1 ? 0 : activation, s, log});
   }
+  return chunks;
+}
+
+// One step of `schedule` with m micro-batches, every forward and backward timed; rank 0 appends
+// them to `json` as {"schedule", "p", "v", "m", "runs": [[rank, stage, mb, forward, start, end]]}.
+template <class Schedule>
+void record_timeline(group& world, dtrain::communicator<group>& sums, const Schedule& schedule, int m, double forward_us,
+                     std::size_t activation, std::string& json) {
+  std::vector<timed_run> log;
+  dtrain::pipeline::trainer_options o;
+  o.micro_batches = m;
+  dtrain::pipeline::trainer<group, Schedule, dtrain::sgd<float>, sleeping_stage> t(
+      world, stages_of(world, schedule, forward_us, activation, &log), dtrain::sgd<float>(), schedule, o);
+  t.step();  // warm-up
+  sums.barrier();
+  log.clear();
+  t.step();
+  std::vector<double> mine;
+  for (const timed_run& run : log) mine.insert(mine.end(), run.begin(), run.end());
+  std::vector<double> all(mine.size() * static_cast<std::size_t>(world.size()));  // every rank runs as many
+  sums.gather(std::span<const double>(mine), std::span(all), 0);
+  if (world.rank() != 0) return;
+  json += fmt::format("{}  {{\"schedule\": \"{}\", \"p\": {}, \"v\": {}, \"m\": {}, \"runs\": [", json.size() > 2 ? ",\n" : "",
+                      Schedule::name, world.size(), schedule.chunks(), m);
+  const std::size_t per_rank = mine.size() / 5;
+  for (std::size_t i = 0; i < all.size() / 5; ++i) {
+    const double* r = &all[i * 5];
+    json += fmt::format("{}[{}, {}, {}, {}, {:.3f}, {:.3f}]", i ? ", " : "", i / per_rank, r[0], r[1], r[2], r[3], r[4]);
+  }
+  json += "]}";
+}
+
+template <class Schedule>
+void measure(group& world, dtrain::communicator<group>& sums, const Schedule& schedule,
+             point& pt, int steps, double forward_us, std::size_t activation) {
+  std::vector<sleeping_stage> chunks = stages_of(world, schedule, forward_us, activation);
   dtrain::pipeline::trainer_options o;
   o.micro_batches = pt.m;
   dtrain::pipeline::trainer<group, Schedule, dtrain::sgd<float>, sleeping_stage> t(world, std::move(chunks), dtrain::sgd<float>(), schedule, o);
@@ -122,7 +172,7 @@ void measure(group& world, dtrain::communicator<group>& sums, const Schedule& sc
   std::vector<int> peaks{peak};
   sums.allreduce(std::span(peaks), dtrain::reduce_op::max);
   pt.bubbles.push_back(1.0 - totals[0] / totals[1]);
-  pt.step_seconds.push_back(totals[2] / p / steps);
+  pt.step_seconds.push_back(totals[2] / world.size() / steps);
   pt.peak_live = peaks[0];
 }
 
@@ -143,7 +193,7 @@ int main(int argc, char** argv) {
   double forward_us = 20000;
   std::size_t activation_kib = 16;
   std::vector<int> micro_batches{1, 2, 4, 8, 16, 32};
-  std::string json;
+  std::string json, timeline;
   CLI::App app{"Pipeline schedules' bubble and live activations on balanced sleeping stages (launch with dtrain-run -n p)"};
   app.add_option("--rounds", rounds, "rounds, alternating the schedules' order")->capture_default_str();
   app.add_option("--steps", steps, "steps per point and round")->capture_default_str();
@@ -151,6 +201,8 @@ int main(int argc, char** argv) {
   app.add_option("--activation-kib", activation_kib, "activation size between stages")->capture_default_str();
   app.add_option("--micro-batches", micro_batches, "m values")->delimiter(',')->capture_default_str();
   app.add_option("--json", json, "write the table as JSON (rank 0)");
+  app.add_option("--timeline", timeline, "instead: time every forward and backward of one step of each schedule at the "
+                                         "first --micro-batches value, as JSON (bench/plot_pipeline.py draws it)");
   CLI11_PARSE(app, argc, argv);
   try {
     group world(dtrain::tcp_transport::from_environment());
@@ -168,6 +220,17 @@ int main(int argc, char** argv) {
       }
     }
     const std::size_t activation = activation_kib * 1024 / sizeof(float);
+    if (!timeline.empty()) {
+      namespace pl = dtrain::pipeline;
+      std::string out = "[\n";
+      const int m = micro_batches.front();
+      record_timeline(world, sums, pl::gpipe{}, m, forward_us, activation, out);
+      record_timeline(world, sums, pl::one_f_one_b{}, m, forward_us, activation, out);
+      record_timeline(world, sums, pl::interleaved_one_f_one_b{2}, m, forward_us, activation, out);
+      record_timeline(world, sums, pl::pipedream{}, m, forward_us, activation, out);
+      if (world.rank() == 0) dtrain::bench::write_file(timeline, out + "\n]\n");
+      return 0;
+    }
     const double latency = one_way_seconds(world, activation);
     for (int round = 0; round < rounds; ++round) {
       std::vector<std::size_t> order(points.size());

@@ -13,6 +13,7 @@
 #include "dtrain/concepts/completion.hpp"
 #include "dtrain/concepts/consistency.hpp"
 #include "dtrain/concepts/model.hpp"
+#include "dtrain/concepts/stage.hpp"
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/memory_space.hpp"
@@ -114,6 +115,18 @@ struct model_archetype {
   std::span<float> parameters(std::size_t) { return {}; }
   std::span<float> gradients(std::size_t) { return {}; }
   double forward_backward(const batch_type&, gradient_ready) { return 0; }
+};
+
+struct stage_archetype {
+  using value_type = double;
+  std::size_t tensor_count() const noexcept { return 0; }
+  std::span<double> parameters(std::size_t) { return {}; }
+  std::span<double> gradients(std::size_t) { return {}; }
+  std::size_t input_size() const noexcept { return 0; }
+  std::size_t output_size() const noexcept { return 0; }
+  double forward(const micro_batch&, std::span<const double>, std::span<double>) { return 0; }
+  void backward(const micro_batch&, std::span<const double>, std::span<double>) {}
+  void discard(const micro_batch&) {}
 };
 
 }  // namespace dtrain::archetypes

@@ -126,6 +126,45 @@ struct consistency_without_name {
 };
 static_assert(!consistency<consistency_without_name>);
 
+// --- stage ---
+static_assert(stage<stage_archetype>);
+struct stage_with_int_values : stage_archetype {
+  using value_type = int;
+};
+static_assert(!stage<stage_with_int_values>, "activations and parameters are floating point");
+struct stage_without_sizes {
+  using value_type = double;
+  std::size_t tensor_count() const noexcept { return 0; }
+  std::span<double> parameters(std::size_t) { return {}; }
+  std::span<double> gradients(std::size_t) { return {}; }
+  double forward(const micro_batch&, std::span<const double>, std::span<double>) { return 0; }
+  void backward(const micro_batch&, std::span<const double>, std::span<double>) {}
+  void discard(const micro_batch&) {}
+};
+static_assert(!stage<stage_without_sizes>, "a stage says its activations' sizes");
+struct stage_without_discard {
+  using value_type = double;
+  std::size_t tensor_count() const noexcept { return 0; }
+  std::span<double> parameters(std::size_t) { return {}; }
+  std::span<double> gradients(std::size_t) { return {}; }
+  std::size_t input_size() const noexcept { return 0; }
+  std::size_t output_size() const noexcept { return 0; }
+  double forward(const micro_batch&, std::span<const double>, std::span<double>) { return 0; }
+  void backward(const micro_batch&, std::span<const double>, std::span<double>) {}
+};
+static_assert(!stage<stage_without_discard>, "re-materialisation needs discard");
+struct stage_with_whole_batch_backward {
+  using value_type = double;
+  std::size_t tensor_count() const noexcept { return 0; }
+  std::span<double> parameters(std::size_t) { return {}; }
+  std::span<double> gradients(std::size_t) { return {}; }
+  std::size_t input_size() const noexcept { return 0; }
+  std::size_t output_size() const noexcept { return 0; }
+  double forward(const micro_batch&, std::span<const double>, std::span<double>) { return 0; }
+  void backward(std::span<const double>, std::span<double>) {}
+  void discard(const micro_batch&) {}
+};
+static_assert(!stage<stage_with_whole_batch_backward>, "backward names its micro-batch");
 // --- model ---
 static_assert(model<model_archetype>);
 struct model_with_int_parameters : model_archetype {

@@ -76,7 +76,7 @@ struct counting_stage : testing::mlp_stage<double> {
 
 }  // namespace
 
-TEST_CASE("pipeline: GPipe keeps m micro-batches' activations, re-materialised one; 1F1B p - r", "[pipeline]") {
+TEST_CASE("pipeline: GPipe keeps m micro-batches' activations, re-materialised one, 1F1B p - r", "[pipeline]") {
   const int m = 6;
   for (int schedule = 0; schedule < 3; ++schedule) {
     std::vector<std::size_t> most(2);
