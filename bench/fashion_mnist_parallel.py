@@ -8,7 +8,13 @@ last round) against the one-process run's.
 
   /usr/bin/python3 bench/fashion_mnist_parallel.py --build build --epochs 3 --rounds 2 --json mp.json
 
-A layout is ranks:flags, e.g. "4:--pp 2" (2 stages x 2 replicas) or "2:--pp 2 --schedule gpipe".
+A layout is ranks:flags, e.g. "4:--pp 2" (2 stages x 2 replicas) or "2:--pp 2 --schedule gpipe",
+or torch:SCHEDULE (gpipe or 1f1b): PyTorch's torch.distributed.pipelining on the same model cut
+the same way (bench/peers/torch_pipeline_fashion_mnist.py), run by --torch-python (a virtual
+environment with torch >= 2.4):
+
+  /usr/bin/python3 bench/fashion_mnist_parallel.py --epochs 1 --rounds 3 --torch-python /tmp/torch-venv/bin/python \
+      --layouts "2:--pp 2 --schedule gpipe" torch:gpipe "2:--pp 2" torch:1f1b
 """
 import argparse
 import json
@@ -21,8 +27,17 @@ import tempfile
 LAYOUTS = ["1:", "2:--pp 2", "4:--pp 2", "4:--tp 2"]
 
 
-def run(build, layout, epochs, extra):
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(build, layout, epochs, extra, torch_python):
     ranks, flags = layout.split(":", 1)
+    if ranks == "torch":
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            cmd = [torch_python, os.path.join(HERE, "peers", "torch_pipeline_fashion_mnist.py"), "--schedule", flags,
+                   "--epochs", str(epochs), "--json", out.name] + extra.split()
+            subprocess.run(cmd, check=True, stdout=sys.stderr)
+            return json.load(open(out.name))
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [os.path.join(build, "tools", "dtrain-run"), "-n", ranks,
                os.path.join(build, "examples", "fashion_mnist_parallel"), "--epochs", str(epochs), "--log-every", "0",
@@ -38,13 +53,14 @@ def main():
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--extra", default="", help="flags for every run (e.g. --hidden 512,512,512)")
+    p.add_argument("--torch-python", default="", help="python with torch >= 2.4, for torch:SCHEDULE layouts")
     p.add_argument("--json", default="")
     args = p.parse_args()
     results = {layout: [] for layout in args.layouts}
     for r in range(args.rounds):
         order = args.layouts if r % 2 == 0 else list(reversed(args.layouts))
         for layout in order:
-            results[layout].append(run(args.build, layout, args.epochs, args.extra))
+            results[layout].append(run(args.build, layout, args.epochs, args.extra, args.torch_python))
     base = statistics.median(x["samples_per_second"] for x in results[args.layouts[0]])
     base_accuracy = results[args.layouts[0]][-1]["test_accuracy"]
     print(f"# fashion_mnist_parallel: {args.epochs} epochs, {args.rounds} rounds (alternating); "

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -129,28 +130,90 @@ TEST_CASE("pipeline: balanced partition is optimal against brute force", "[pipel
   CHECK_THROWS_AS(pipeline::uniform_partition(3, 4), dtrain::error);
 }
 
-TEST_CASE("pipeline: two ranks running different partitions fail naming the message", "[pipeline]") {
+namespace {
+
+// Runs `body(rank, transport)` on 2 in-process ranks, each expected to throw; @returns how many
+// ranks' errors contain `text`.
+template <class Body>
+int ranks_naming(const std::string& text, Body body) {
   std::atomic<int> named{0};
   CHECK_THROWS(run_inproc(2, [&](int r, inproc_transport t) {
-    const auto widths = testing::test_widths();
-    // Rank 0 thinks stage 0 ends after layer 4, rank 1 that stage 1 starts at layer 3: the
-    // activation's width differs (batch x 8 against batch x 6).
-    std::vector<testing::mlp_stage<double>> chunk;
-    chunk.emplace_back(widths, r == 0 ? 0 : 3, r == 0 ? 4 : 8, testing::test_batch);
-    pipeline::trainer_options o;
-    o.micro_batches = 2;
-    o.executor.timeout = std::chrono::seconds(10);
-    pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, testing::mlp_stage<double>> tr(
-        std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
     try {
-      tr.step();
+      body(r, std::move(t));
     } catch (const dtrain::error& e) {
-      const std::string what = e.what();
-      if (what.find("activation of micro-batch 0 into stage 1") != std::string::npos && what.find("24 elements") != std::string::npos) ++named;
+      if (std::string(e.what()).find(text) != std::string::npos) ++named;
       throw;
     }
   }));
-  CHECK(named.load() == 1);
+  return named.load();
+}
+
+// Rank 0 thinks stage 0 ends after layer 4, rank 1 that stage 1 starts at layer 3: the activation
+// between them is batch x 8 on one side and batch x 6 on the other.
+std::vector<testing::mlp_stage<double>> misfit_chunk(int r) {
+  std::vector<testing::mlp_stage<double>> chunk;
+  chunk.emplace_back(testing::test_widths(), r == 0 ? 0 : 3, r == 0 ? 4 : 8, testing::test_batch);
+  return chunk;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: neighbours built with different partitions or schedules fail at construction, naming both", "[pipeline]") {
+  pipeline::trainer_options o;
+  o.micro_batches = 2;
+  o.executor.timeout = std::chrono::seconds(10);
+  using stage_t = testing::mlp_stage<double>;
+  CHECK(ranks_naming("disagree on the activation between them: 18 elements expected here, 24 sent there", [&](int r, inproc_transport t) {
+          pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, stage_t> tr(std::move(t), misfit_chunk(r), sgd<double>(0.1), {}, o);
+          tr.step();
+        }) == 1);
+  const auto bounds = pipeline::uniform_partition(testing::test_widths().size() - 1, 2);
+  CHECK(ranks_naming("run different schedules: one_f_one_b on 2 ranks x 1 chunks, 2 micro-batches here, gpipe on 2 ranks", [&](int r, inproc_transport t) {
+          std::vector<stage_t> chunk;
+          chunk.emplace_back(testing::test_widths(), bounds[r], bounds[r + 1], testing::test_batch);
+          if (r == 0) {
+            pipeline::trainer<inproc_transport, pipeline::gpipe, sgd<double>, stage_t> tr(std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
+            tr.step();
+          } else {
+            pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, stage_t> tr(std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
+            tr.step();
+          }
+        }) == 1);
+}
+
+TEST_CASE("pipeline: an activation that does not match its action fails the step naming both messages", "[pipeline]") {
+  // The executors alone, without the trainer's handshake: the first activation's signature says
+  // what differs.
+  CHECK(ranks_naming("expected the activation of micro-batch 0 into stage 1 (float64, 18 elements) from stage 0 (rank 0), "
+                     "got a message with the activation of micro-batch 0 into stage 1 (float64, 24 elements)",
+                     [&](int r, inproc_transport t) {
+                       auto chunk = misfit_chunk(r);
+                       pipeline::executor<inproc_transport, testing::mlp_stage<double>> ex(t, std::span(chunk), {.timeout = std::chrono::seconds(10)});
+                       const pipeline::pipeline_shape shape{2, 1, 2};
+                       ex.run(pipeline::one_f_one_b{}.actions(r, shape), shape, 0, {.optimizer_step = [](int) {}, .gradients_final = {}});
+                     }) == 1);
+}
+
+TEST_CASE("pipeline: after a failed step the trainer refuses to go on", "[pipeline]") {
+  const auto bounds = pipeline::uniform_partition(testing::test_widths().size() - 1, 2);
+  std::atomic<int> refused{0};
+  CHECK_THROWS(run_inproc(2, [&](int r, inproc_transport t) {
+    std::vector<testing::mlp_stage<double>> chunk;
+    chunk.emplace_back(testing::test_widths(), bounds[r], bounds[r + 1], testing::test_batch);
+    pipeline::trainer_options o;
+    o.micro_batches = 2;
+    o.executor.timeout = std::chrono::seconds(10);
+    pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, testing::mlp_stage<double>> tr(std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
+    tr.step();
+    if (r == 1) throw std::runtime_error("rank 1 leaves");  // its endpoint goes: rank 0's next step loses its peer
+    CHECK_THROWS_AS(tr.step(), dtrain::error);
+    try {
+      tr.step();
+    } catch (const dtrain::error& e) {
+      refused += e.code() == errc::broken;
+    }
+  }));
+  CHECK(refused.load() == 1);
 }
 
 namespace {

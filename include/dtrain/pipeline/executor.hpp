@@ -17,6 +17,7 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <utility>
 #include <vector>
@@ -37,7 +38,7 @@ struct executor_options {
   /// Deadline of each step, from its start: a receive not in by then raises `errc::timeout`
   /// naming the stage and micro-batch it waited for.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  /// First transport tag of the pipeline's messages; it uses 2 * stages tags from here. Another
+  /// First transport tag of the pipeline's messages; it uses 3 * stages tags from here. Another
   /// user of the same transport needs tags outside that range.
   std::uint64_t tag = 0x70697065'00000000;  // "pipe"
   /// GPipe's re-materialisation: drop what forward kept and run it again before backward.
@@ -91,6 +92,51 @@ class executor {
 
   const executor_options& options() const noexcept { return options_; }
 
+  /// Checks, before the first step, that each neighbouring pair of stages agrees on the schedule
+  /// (its name, ranks, chunks, micro-batches) and on the size of the activation between them,
+  /// so that ranks built with different partitions or schedules fail at once, naming both.
+  /// Every rank of the pipeline group calls it. @throws dtrain::error `invalid_argument` on a
+  /// disagreement; `timeout` or `peer_lost` as receives do.
+  void handshake(const pipeline_shape& shape, std::string_view schedule) {
+    const auto until = deadline::after(options_.timeout);
+    std::vector<hello> incoming(chunks_.size()), outgoing(chunks_.size());
+    std::vector<request> receives, sends;
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const int s = stage_of(shape, static_cast<int>(c));
+      if (s > 0) {
+        receives.push_back(transport_.irecv(rank_of(shape, s - 1), hello_tag(shape, s),
+                                            std::as_writable_bytes(std::span(&incoming[c], 1))));
+      }
+    }
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const int s = stage_of(shape, static_cast<int>(c));
+      if (s + 1 >= shape.stages()) continue;
+      outgoing[c] = hello_of(shape, schedule, chunks_[c].output_size());
+      sends.push_back(transport_.isend(rank_of(shape, s + 1), hello_tag(shape, s + 1), signature{},
+                                       std::as_bytes(std::span(&outgoing[c], 1))));
+    }
+    for (auto& r : receives) r.wait(until);
+    for (auto& r : sends) r.wait(until);
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const int s = stage_of(shape, static_cast<int>(c));
+      if (s == 0) continue;
+      const hello mine = hello_of(shape, schedule, chunks_[c].input_size());
+      const hello& theirs = incoming[c];
+      const std::string who = "pipeline: stage " + std::to_string(s) + " (rank " + std::to_string(transport_.rank()) +
+                              ") and stage " + std::to_string(s - 1) + " (rank " + std::to_string(rank_of(shape, s - 1)) + ")";
+      if (theirs.ranks != mine.ranks || theirs.chunks != mine.chunks || theirs.micro_batches != mine.micro_batches ||
+          std::string_view(theirs.schedule) != std::string_view(mine.schedule)) {
+        throw error(errc::invalid_argument, who + " run different schedules: " + describe_hello(mine) + " here, " +
+                                                describe_hello(theirs) + " there");
+      }
+      if (theirs.elements != mine.elements) {
+        throw error(errc::invalid_argument, who + " disagree on the activation between them: " +
+                                                std::to_string(mine.elements) + " elements expected here, " +
+                                                std::to_string(theirs.elements) + " sent there (different partitions of the model?)");
+      }
+    }
+  }
+
   /// Runs `actions` (this rank's sequence for `shape`) as step `step`, calling `hooks`.
   /// @throws dtrain::error on a timeout, a lost peer or a message that does not match what the
   /// action expects; the step is then abandoned.
@@ -137,6 +183,29 @@ class executor {
     int live = 0;
     step_report report{};
   };
+
+  // What neighbouring stages tell each other in `handshake`.
+  struct hello {
+    std::uint64_t ranks = 0, chunks = 0, micro_batches = 0, elements = 0;
+    char schedule[32] = {};
+  };
+
+  static hello hello_of(const pipeline_shape& shape, std::string_view schedule, std::size_t elements) {
+    hello h{static_cast<std::uint64_t>(shape.ranks), static_cast<std::uint64_t>(shape.chunks),
+            static_cast<std::uint64_t>(shape.micro_batches), elements, {}};
+    schedule.copy(h.schedule, std::min(schedule.size(), sizeof h.schedule - 1));
+    return h;
+  }
+
+  static std::string describe_hello(const hello& h) {
+    return std::string(h.schedule) + " on " + std::to_string(h.ranks) + " ranks x " + std::to_string(h.chunks) +
+           " chunks, " + std::to_string(h.micro_batches) + " micro-batches";
+  }
+
+  // After the step's tags (2 per stage), one per stage for the handshake.
+  std::uint64_t hello_tag(const pipeline_shape& shape, int stage) const noexcept {
+    return options_.tag + 2 * static_cast<std::uint64_t>(shape.stages()) + static_cast<std::uint64_t>(stage);
+  }
 
   // Which backwards are their chunk's last before the next optimizer step.
   std::vector<bool> final_backwards(const std::vector<action>& actions) const {

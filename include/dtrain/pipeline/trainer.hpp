@@ -100,7 +100,10 @@ class trainer {
   /// @param chunks this rank's stages, `schedule.chunks()` of them, chunk c being stage c p + r.
   /// @param replicas averages over the data-parallel group of this rank's pipeline position (a
   ///   communicator over a mesh's "dp" axis); `single_replica` for none.
-  /// @throws dtrain::error `invalid_argument` for the wrong number of chunks or micro-batches.
+  /// Neighbouring stages then check that they agree on the schedule and on the activations
+  /// between them (every rank of the pipeline group constructs its trainer).
+  /// @throws dtrain::error `invalid_argument` for the wrong number of chunks or micro-batches, or
+  ///   a neighbour with another schedule or partition (both named).
   trainer(Transport pipeline, std::vector<Stage> chunks, Updater updater, Schedule schedule = {},
           trainer_options options = {}, Replicas replicas = {})
       : pipeline_(std::move(pipeline)), chunks_(std::move(chunks)), updater_(std::move(updater)),
@@ -120,6 +123,7 @@ class trainer {
     zero_gradients();
     shape_ = pipeline_shape{pipeline_.size(), schedule_.chunks(), options_.micro_batches};
     actions_ = schedule_.actions(pipeline_.rank(), shape_);
+    executor_.handshake(shape_, Schedule::name);
     if (overlapped()) comm_.emplace(trace::recorder::global());
   }
 
@@ -128,12 +132,28 @@ class trainer {
 
   /// Runs one step: the schedule's actions on every micro-batch, then (flushed schedules) one
   /// update from the mean gradient, averaged over the replicas.
+  /// @throws dtrain::error from the executor or the replicas' average (a timeout naming the peer,
+  ///   a lost peer, a mismatched message); the trainer is then broken: its gradients and
+  ///   parameters are part-way through a step, and every later `step` throws `errc::broken`.
+  ///   Restore from a checkpoint in a new trainer.
   step_result step() {
+    if (broken_) throw error(errc::broken, "pipeline::trainer: an earlier step failed; restore a checkpoint in a new trainer");
     step_result result;
     step_hooks hooks;
     hooks.optimizer_step = [&](int) { optimizer_step(result); };
     if (overlapped()) hooks.gradients_final = [&](int chunk) { comm_->post([this, chunk] { average_chunk(chunk); }); };
-    result.report = executor_.run(actions_, shape_, step_, hooks);
+    try {
+      result.report = executor_.run(actions_, shape_, step_, hooks);
+    } catch (...) {
+      broken_ = true;
+      if (comm_) {
+        try {
+          comm_->drain();  // the averages in flight finish (or fail) before the error leaves
+        } catch (...) {
+        }
+      }
+      throw;
+    }
     result.has_loss = result.report.has_loss;
     result.loss = result.report.loss_sum / shape_.micro_batches;
     ++step_;
@@ -266,6 +286,7 @@ class trainer {
   std::vector<std::vector<value_type>> buckets_ = std::vector<std::vector<value_type>>(chunks_.size());
   std::uint64_t step_ = 0;
   std::uint64_t updates_ = 0;
+  bool broken_ = false;
   std::optional<dtrain::detail::comm_thread> comm_;  // last: joined first
 };
 
