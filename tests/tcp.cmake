@@ -33,10 +33,11 @@ foreach(n 3 4 6)
 endforeach()
 
 # Pipeline schedules over real sockets against the serial reference: the world as one pipeline,
-# and (even worlds) two data-parallel replicas of a pipeline along a mesh axis.
+# (even worlds) two data-parallel replicas of a pipeline along a mesh axis, and (4 ranks) two
+# tensor-parallel stages.
 add_executable(tcp_pipeline_worker pipeline/tcp_pipeline_worker.cpp)
 target_link_libraries(tcp_pipeline_worker PRIVATE dtrain::asio dtrain_warnings)
-foreach(n 2 3 4)
+foreach(n 1 2 3 4)
   add_test(NAME tcp_pipeline_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_pipeline_worker>)
   set_tests_properties(tcp_pipeline_dtrain_run_${n} PROPERTIES TIMEOUT 600)
 endforeach()

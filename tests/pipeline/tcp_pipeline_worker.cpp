@@ -1,7 +1,8 @@
 // One rank of the multi-process pipeline test, started by dtrain-run: every schedule over real
-// sockets, against the serial reference, with the whole world as one pipeline; then, on an
-// even world, 2 data-parallel replicas of a pipeline of P/2 stages (a device mesh), gradients
-// averaged over the replicas.
+// sockets, against the serial reference, with the whole world as one pipeline (m = 1..16); then,
+// on an even world, 2 data-parallel replicas of a pipeline of P/2 stages (a device mesh),
+// gradients averaged over the replicas; and on 4 ranks, a pipeline of 2 tensor-parallel stages
+// (mesh {pp 2, tp 2}) against the unsplit network.
 //
 // Exit status: 0 every rank correct, 1 some rank saw a wrong parameter (every rank's verdict is
 // summed across the world, so every rank exits 1), 3 a dtrain::error (printed).
@@ -15,6 +16,7 @@
 #include "dtrain/transport/tcp.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/sgd.hpp"
+#include "hybrid_case.hpp"
 #include "pipeline_case.hpp"
 
 using namespace dtrain;
@@ -32,7 +34,7 @@ int count(const testing::case_result& r, const char* what) {
 
 int whole_world_pipelines(group& world) {
   int wrong = 0;
-  for (int m : {1, 4, 7}) {
+  for (int m : {1, 2, 5, 8, 16}) {
     wrong += count(testing::run_pipeline_case(world, pipeline::gpipe{}, sgd<double>(0.1), m, 2), "gpipe");
     wrong += count(testing::run_pipeline_case(world, pipeline::one_f_one_b{}, adam<double>(0.01), m, 2), "1f1b");
     wrong += count(testing::run_pipeline_case(world, pipeline::interleaved_one_f_one_b{2}, sgd<double>(0.1), m, 2), "interleaved");
@@ -54,6 +56,23 @@ int replicated_pipelines(group& world) {
   return wrong;
 }
 
+// The hybrid's tensor-parallel half over real sockets: 2 stages of MLP blocks, each split over 2
+// ranks, compared with the unsplit network trained serially (tests/pipeline/hybrid_case.hpp).
+int tensor_parallel_pipelines(group& world) {
+  if (world.size() != 4) return 0;
+  device_mesh<tcp_transport> mesh(world, {{"dp", 1}, {"pp", 2}, {"tp", 2}});
+  int wrong = 0;
+  for (int m : {1, 4}) {
+    ++cases;
+    const std::string first = testing::hybrid_case(mesh, pipeline::one_f_one_b{}, 1, 2, 2, m);
+    if (!first.empty()) {
+      std::fprintf(stderr, "WRONG (pp 2 x tp 2, m %d): %s\n", m, first.c_str());
+      ++wrong;
+    }
+  }
+  return wrong;
+}
+
 }  // namespace
 
 int main() {
@@ -61,7 +80,7 @@ int main() {
     tcp_options o;
     o.timeout = std::chrono::seconds(120);
     group world(tcp_transport::from_environment(o));
-    const int wrong = whole_world_pipelines(world) + replicated_pipelines(world);
+    const int wrong = whole_world_pipelines(world) + replicated_pipelines(world) + tensor_parallel_pipelines(world);
     int wrong_ranks = wrong > 0 ? 1 : 0;
     communicator<group>(world).allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);
     std::printf("pipeline: rank %d ran %d cases, %s; %s\n", world.rank(), cases, wrong > 0 ? "WRONG" : "correct",
