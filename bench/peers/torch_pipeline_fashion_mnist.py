@@ -16,31 +16,21 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import argparse
-import gzip
 import json
 import math
 import socket
+import sys
 import tempfile
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-
-def load(directory, prefix):
-    def read(stem, offset):
-        path = os.path.join(directory, stem)
-        opener = open if os.path.exists(path) else gzip.open
-        with opener(path if os.path.exists(path) else path + ".gz", "rb") as f:
-            return np.frombuffer(f.read(), dtype=np.uint8, offset=offset)
-
-    images = read(f"{prefix}-images-idx3-ubyte", 16).reshape(-1, 784).astype(np.float32) / 255.0
-    labels = read(f"{prefix}-labels-idx1-ubyte", 8).astype(np.int64)
-    return torch.from_numpy(images), torch.from_numpy(labels)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ddp_fashion_mnist import load  # noqa: E402  (the same reader of the IDX files)
 
 
 def model(hidden):

@@ -81,6 +81,12 @@ inline std::vector<compute> in_order(int m, bool forward) {
   return v;
 }
 
+/// 1F1B's order on one chunk: p - r - 1 warm-up forwards, then in turn, then the rest.
+inline std::vector<compute> one_f_one_b_order(int rank, const pipeline_shape& shape) {
+  return one_forward_one_backward(in_order(shape.micro_batches, true), in_order(shape.micro_batches, false),
+                                  shape.ranks - rank - 1);
+}
+
 }  // namespace detail
 
 /// GPipe: every forward, then every backward, then one optimizer step (a flush). With
@@ -105,10 +111,7 @@ struct one_f_one_b {
   static constexpr std::string_view name = "one_f_one_b";
   int chunks() const noexcept { return 1; }
   std::vector<action> actions(int rank, const pipeline_shape& shape) const {
-    const int m = shape.micro_batches;
-    auto order = detail::one_forward_one_backward(detail::in_order(m, true), detail::in_order(m, false),
-                                                  shape.ranks - rank - 1);
-    return detail::with_messages(order, rank, shape, false);
+    return detail::with_messages(detail::one_f_one_b_order(rank, shape), rank, shape, false);
   }
 };
 
@@ -176,10 +179,7 @@ struct pipedream {
   static constexpr std::string_view name = "pipedream";
   int chunks() const noexcept { return 1; }
   std::vector<action> actions(int rank, const pipeline_shape& shape) const {
-    const int m = shape.micro_batches;
-    auto order = detail::one_forward_one_backward(detail::in_order(m, true), detail::in_order(m, false),
-                                                  shape.ranks - rank - 1);
-    return detail::with_messages(order, rank, shape, true);
+    return detail::with_messages(detail::one_f_one_b_order(rank, shape), rank, shape, true);
   }
 };
 
