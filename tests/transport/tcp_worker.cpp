@@ -5,6 +5,8 @@
 //   tcp_worker mismatch        rank 0 calls allreduce while the others call broadcast
 //   tcp_worker send-then-die   rank 1 sends rank 0 one message and SIGKILLs itself; rank 0,
 //                              once the group has failed, must still receive that message
+//   tcp_worker large-allreduce an allreduce of 2 GiB + 68 bytes of floats with every allreduce
+//                              algorithm: messages past the 1 GiB frame cap go in parts
 //
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k makes rank k SIGKILL itself in the middle
 // of the allreduce loop; DTRAIN_TEST_DELAY_MS=t delays every rank but 0 before it joins.
@@ -200,6 +202,34 @@ int send_then_die(communicator<tcp_transport>& c) {
   return got == 42 && ec == errc::peer_lost ? 0 : 1;
 }
 
+// Every allreduce algorithm on a buffer past the TCP frame cap (2^29 + 17 floats: halving-doubling
+// sends halves of 1 GiB, recursive doubling the whole 2 GiB at once), each element checked.
+// Exit status 0 when every rank saw every element right (the verdicts are summed), 1 otherwise.
+int large_allreduce(communicator<tcp_transport>& c) {
+  const std::size_t n = (std::size_t{1} << 29) + 17;
+  const int p = c.size(), r = c.rank();
+  std::vector<float> v;
+  long wrong = 0;
+  for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::recursive_doubling,
+                      algorithm::binomial_tree, algorithm::double_binary_tree}) {
+    v.assign(n, 0.0f);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 7 + static_cast<std::size_t>(r));  // sums exact in float
+    const auto start = clock_type::now();
+    c.allreduce(std::span(v), reduce_op::sum, a);
+    long bad = 0;
+    for (std::size_t i = 0; i < n; ++i) bad += v[i] != static_cast<float>(p * static_cast<int>(i % 7) + p * (p - 1) / 2);
+    if (r == 0 || bad > 0) {
+      std::printf("large allreduce: rank %d, %s, %zu bytes, %.1f s, %ld wrong\n", r, std::string(algorithm_name(a)).c_str(),
+                  n * sizeof(float), std::chrono::duration<double>(clock_type::now() - start).count(), bad);
+    }
+    wrong += bad;
+  }
+  v = {};
+  std::vector<std::int64_t> verdict{wrong > 0 ? 1 : 0};
+  c.allreduce(std::span(verdict), reduce_op::sum);
+  return verdict[0] == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,6 +248,7 @@ int main(int argc, char** argv) {
     if (mode == "allreduce-loop") return allreduce_loop(c);
     if (mode == "mismatch") return mismatch(c);
     if (mode == "send-then-die") return send_then_die(c);
+    if (mode == "large-allreduce") return large_allreduce(c);
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   } catch (const dtrain::error& e) {

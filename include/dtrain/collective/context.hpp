@@ -5,6 +5,7 @@
 /// Algorithms are written against this; it turns transport failures into errors that name the
 /// operation, its sequence number and the peer.
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <span>
@@ -40,18 +41,27 @@ inline std::vector<std::size_t> uniform_offsets(std::size_t block, int parts) {
 
 inline int mod(int a, int p) { return ((a % p) + p) % p; }
 
+/// The most bytes one transport message of a collective carries. A longer buffer goes as several
+/// messages of at most this size, cut the same way on both sides (they know its length), so no
+/// frame reaches the TCP transport's cap (`tcp_options::max_frame_bytes`, 1 GiB) whatever the
+/// algorithm sends at once (halving-doubling's halves, recursive doubling's whole vector).
+inline constexpr std::size_t max_message_bytes = std::size_t{256} << 20;
+
 template <transport Transport>
 class call_context {
  public:
   using request = decltype(std::declval<Transport&>().isend(0, 0, signature{},
                                                              std::span<const std::byte>{}));
 
-  /// One posted send or receive and what it was posted for, so a failure can be described.
+  /// One posted send or receive and what it was posted for, so a failure can be described. A
+  /// buffer past `max_message_bytes` is several transport messages: the first in `req`, the
+  /// others in `more` (empty, and not allocated, for every message below the cap).
   struct pending {
     request req;
     int peer = 0;
-    std::size_t bytes = 0;  // expected size, for receives
+    std::size_t bytes = 0;  // the whole buffer's size
     bool is_send = false;
+    std::vector<request> more{};
   };
 
   call_context(Transport& t, std::uint64_t tag, const signature& sig, deadline dl,
@@ -73,7 +83,11 @@ class call_context {
   template <element T>
   pending send(int peer, std::span<const T> data) {
     auto bytes = std::as_bytes(data);
-    return {t_.isend(peer, tag_, sig_, bytes), peer, bytes.size(), true};
+    pending p{t_.isend(peer, tag_, sig_, bytes.first(part_size(bytes.size(), 0))), peer, bytes.size(), true};
+    for (std::size_t at = max_message_bytes; at < bytes.size(); at += max_message_bytes) {
+      p.more.push_back(t_.isend(peer, tag_, sig_, bytes.subspan(at, part_size(bytes.size(), at))));
+    }
+    return p;
   }
   template <element T>
   pending send(int peer, std::span<T> data) {
@@ -83,28 +97,44 @@ class call_context {
   template <element T>
   pending recv(int peer, std::span<T> data) {
     auto bytes = std::as_writable_bytes(data);
-    return {t_.irecv(peer, tag_, bytes), peer, bytes.size(), false};
+    pending p{t_.irecv(peer, tag_, bytes.first(part_size(bytes.size(), 0))), peer, bytes.size(), false};
+    for (std::size_t at = max_message_bytes; at < bytes.size(); at += max_message_bytes) {
+      p.more.push_back(t_.irecv(peer, tag_, bytes.subspan(at, part_size(bytes.size(), at))));
+    }
+    return p;
   }
 
-  /// Waits for one operation; checks a receive's signature and size. @throws dtrain::error
+  /// Waits for one operation (every message of it); checks a receive's signature and size.
+  /// @throws dtrain::error
   void wait(pending& p) {
+    wait_part(p, p.req, 0);
+    for (std::size_t i = 0; i < p.more.size(); ++i) wait_part(p, p.more[i], (i + 1) * max_message_bytes);
+  }
+
+ private:
+  static std::size_t part_size(std::size_t total, std::size_t at) noexcept {
+    return std::min(max_message_bytes, total - at);
+  }
+
+  // Waits for the message of `p` that starts at byte `at`.
+  void wait_part(pending& p, request& req, std::size_t at) {
     std::error_code ec;
-    bool ok = p.req.wait(deadline_, ec);
+    bool ok = req.wait(deadline_, ec);
     if (!p.is_send && (ok || ec == errc::message_truncated)) {
-      const envelope& e = p.req.info();
+      const envelope& e = req.info();
       if (!(e.sig == sig_)) mismatch(p.peer, e.sig);
-      if (ok && e.bytes != p.bytes) {
+      if (ok && e.bytes != part_size(p.bytes, at)) {
         fail(errc::protocol_error, "received " + std::to_string(e.bytes) + " bytes from " +
-                                       peer_name(p.peer) + " where " + std::to_string(p.bytes) +
-                                       " were expected");
+                                       peer_name(p.peer) + " where " + std::to_string(part_size(p.bytes, at)) +
+                                       " were expected" + (at > 0 ? " (part at byte " + std::to_string(at) + ")" : ""));
       }
     }
     if (ok) return;
     std::string what = p.is_send ? "send to " : "receive from ";
     what += peer_name(p.peer);
     // Transports that know more (which rank was lost, and how) say so.
-    if constexpr (requires { p.req.detail(); }) {
-      if (!p.req.detail().empty()) what += ": " + std::string(p.req.detail());
+    if constexpr (requires { req.detail(); }) {
+      if (!req.detail().empty()) what += ": " + std::string(req.detail());
     }
     if (ec == errc::timeout) {
       fail(errc::timeout, "timed out after " + std::to_string(timeout_.count()) +
@@ -116,6 +146,7 @@ class call_context {
     fail(ec, what + " failed: " + ec.message());
   }
 
+ public:
   void wait_all(std::vector<pending>& ps) {
     for (auto& p : ps) wait(p);
     ps.clear();
