@@ -51,6 +51,11 @@ TEST_CASE("selection: the model's estimates follow the alpha-beta formulas", "[c
   // Binomial broadcast: ceil(log2 p) full-size messages.
   CHECK(m.estimate(coll_op::broadcast, algorithm::binomial_tree, n, 5) == Approx(3 * (1e-5 + 1e-3)));
   CHECK(std::isinf(m.estimate(coll_op::allreduce, algorithm::bruck, n, 4)));
+  // Past 256 MiB a whole-vector send is several messages: recursive doubling of 1 GiB on 4 ranks
+  // sends 4 per step, halving-doubling 2 + 2 + 1 + 1 (halves of 512 MiB, quarters of 256 MiB).
+  const double gib = double(std::size_t{1} << 30);
+  CHECK(m.estimate(coll_op::allreduce, algorithm::recursive_doubling, gib, 4) == Approx(2 * (4e-5 + gib * 1e-9)));
+  CHECK(m.estimate(coll_op::allreduce, algorithm::halving_doubling, gib, 4) == Approx(2 * 3e-5 + 1.5 * gib * 1e-9));
 }
 
 TEST_CASE("selection: user rules override the model, first match wins", "[collective][selection]") {

@@ -70,7 +70,12 @@ struct cost_model {
     const double C = core;
     const bool folds = core != p;
     auto segments = [&](double m) { return std::max(1.0, std::ceil(m / segment_bytes)); };
-    const double fold = folds ? 2 * alpha + 2 * n * beta + n * gamma : 0.0;
+    // An unsegmented send of m bytes is one message per `detail::max_message_bytes` (256 MiB).
+    auto parts = [](double m) { return std::max(1.0, std::ceil(m / double(std::size_t{256} << 20))); };
+    // Halving-doubling's exchanges of n/2, n/4, ... n/C each way.
+    double halving_messages = 0;
+    for (double m = n / 2; m * C >= n - 0.5 && C > 1; m /= 2) halving_messages += parts(m);
+    const double fold = folds ? 2 * parts(n) * alpha + 2 * n * beta + n * gamma : 0.0;
     switch (op) {
       case coll_op::broadcast:
         if (a == algorithm::ring) {
@@ -90,9 +95,9 @@ struct cost_model {
             return 2 * (P - 1) * segments(n / P) * alpha + 2 * (P - 1) / P * n * beta +
                    (P - 1) / P * n * gamma;
           case algorithm::halving_doubling:
-            return 2 * lg2 * alpha + 2 * (C - 1) / C * n * beta + (C - 1) / C * n * gamma + fold;
+            return 2 * halving_messages * alpha + 2 * (C - 1) / C * n * beta + (C - 1) / C * n * gamma + fold;
           case algorithm::recursive_doubling:
-            return lg2 * (alpha + n * beta + n * gamma) + fold;
+            return lg2 * (parts(n) * alpha + n * beta + n * gamma) + fold;
           case algorithm::double_binary_tree:
             // Up and down two trees of depth lg, each carrying n/2 in segments: an inner rank
             // sends its half up and to two children, reducing two children's halves.
@@ -107,7 +112,7 @@ struct cost_model {
         if (a == algorithm::ring) {
           return (P - 1) * segments(n / P) * alpha + (P - 1) / P * n * (beta + gamma);
         }
-        return lg2 * alpha + (C - 1) / C * n * (beta + gamma) + fold;
+        return halving_messages * alpha + (C - 1) / C * n * (beta + gamma) + fold;
       case coll_op::gather:
       case coll_op::scatter:
         if (a == algorithm::linear) return (P - 1) * alpha + (P - 1) / P * n * beta;
