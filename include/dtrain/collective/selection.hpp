@@ -74,7 +74,7 @@ struct cost_model {
     auto parts = [](double m) { return std::max(1.0, std::ceil(m / double(std::size_t{256} << 20))); };
     // Halving-doubling's exchanges of n/2, n/4, ... n/C each way.
     double halving_messages = 0;
-    for (double m = n / 2; m * C >= n - 0.5 && C > 1; m /= 2) halving_messages += parts(m);
+    for (int step = 1; (1 << step) <= core; ++step) halving_messages += parts(n / double(1 << step));
     const double fold = folds ? 2 * parts(n) * alpha + 2 * n * beta + n * gamma : 0.0;
     switch (op) {
       case coll_op::broadcast:
