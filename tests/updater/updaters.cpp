@@ -72,6 +72,47 @@ TEST_CASE("momentum: heavy ball and Nesterov follow their recurrences", "[update
                 37, 25, 1e-12);
 }
 
+TEST_CASE("weight decay: SGD and momentum add wd * w to the gradient, AdamW decays apart", "[updater]") {
+  // SGD with no gradient shrinks w geometrically: w_k = (1 - lr wd)^k w_0.
+  sgd<double> plain(0.1, 0.5);
+  plain.resize(1);
+  std::vector<double> w{2.0}, zero{0.0};
+  for (int k = 0; k < 7; ++k) plain.step(std::span(w), std::span<const double>(zero), 0, {});
+  CHECK(w[0] == Approx(2.0 * std::pow(1 - 0.05, 7)));
+  check_against(sgd<double>(0.1, 0.01), [](double& x, double g, double*, int) { x -= 0.1 * (g + 0.01 * x); }, 19, 20, 1e-12);
+  check_against(momentum<double>(0.05, 0.9, false, 0.02),
+                [](double& x, double g, double* s, int) {
+                  g += 0.02 * x;  // PyTorch: d_p = d_p + wd * p before the momentum buffer
+                  s[0] = 0.9 * s[0] + g;
+                  x -= 0.05 * s[0];
+                },
+                23, 25, 1e-12);
+  check_against(momentum<double>(0.05, 0.8, true, 0.02),
+                [](double& x, double g, double* s, int) {
+                  g += 0.02 * x;
+                  s[0] = 0.8 * s[0] + g;
+                  x -= 0.05 * (g + 0.8 * s[0]);
+                },
+                23, 25, 1e-12);
+  // AdamW: PyTorch's order, decay first (p *= 1 - lr wd), then Adam on the undecayed gradient.
+  check_against(adamw<double>(0.01, 0.1, 0.9, 0.999, 1e-8),
+                [](double& x, double g, double* s, int k) {
+                  x *= 1 - 0.01 * 0.1;
+                  s[0] = 0.9 * s[0] + 0.1 * g;
+                  s[1] = 0.999 * s[1] + 0.001 * g * g;
+                  x -= 0.01 * (s[0] / (1 - std::pow(0.9, k))) / (std::sqrt(s[1] / (1 - std::pow(0.999, k))) + 1e-8);
+                },
+                33, 50, 1e-10);
+  // Decoupled, unlike L2: with a zero gradient AdamW still shrinks w by (1 - lr wd) a step while
+  // Adam with the same decay added to the gradient would move it by lr * sign(w) a step.
+  adamw<double> decoupled(0.01, 0.5, 0.9, 0.999, 1e-8);  // m = v = 0: the Adam step is 0 / eps = 0
+  decoupled.resize(1);
+  std::vector<double> x{3.0};
+  for (int k = 0; k < 5; ++k) decoupled.step(std::span(x), std::span<const double>(zero), 0, {});
+  CHECK(x[0] == Approx(3.0 * std::pow(1 - 0.005, 5)));
+  static_assert(updater<adamw<float>> && updater<adamw<double>, double>);
+}
+
 TEST_CASE("adagrad: lr * g / (sqrt(sum g^2) + eps)", "[updater]") {
   check_against(adagrad<double>(0.3, 1e-10),
                 [](double& w, double g, double* s, int) {
