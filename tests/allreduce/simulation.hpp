@@ -4,6 +4,7 @@
 // linear_model.hpp, each with its own data, weights and momentum.
 
 #include <cstddef>
+#include <functional>
 #include <vector>
 
 #include "linear_model.hpp"
@@ -20,7 +21,9 @@ inline regression_data data_of(int rank) { return regression_data(dim(), 400, 10
 // The serial simulation: P replicas, each with its own weights and velocity. Synchronous steps
 // average the P gradients; local steps use each replica's own, and every tau-th local step
 // averages the weights.
-inline std::vector<std::vector<double>> simulate(int p, int steps, std::size_t tau, std::size_t local_after) {
+// `rate(k)`, when given, is step k's learning rate instead of `lr`.
+inline std::vector<std::vector<double>> simulate(int p, int steps, std::size_t tau, std::size_t local_after,
+                                                 const std::function<double(std::size_t)>& rate = {}) {
   std::vector<regression_data> data;
   for (int r = 0; r < p; ++r) data.push_back(data_of(r));
   const auto P = static_cast<std::size_t>(p);
@@ -36,10 +39,11 @@ inline std::vector<std::vector<double>> simulate(int p, int steps, std::size_t t
         for (std::size_t j = 0; j < dim(); ++j) mean[j] += g[r][j] / static_cast<double>(p);
       for (auto& gr : g) gr = mean;
     }
+    const double step_lr = rate ? rate(static_cast<std::size_t>(k)) : lr;
     for (std::size_t r = 0; r < P; ++r) {
       for (std::size_t j = 0; j < dim(); ++j) {
         v[r][j] = mu * v[r][j] + g[r][j];
-        w[r][j] -= lr * v[r][j];
+        w[r][j] -= step_lr * v[r][j];
       }
     }
     if (local && (static_cast<std::size_t>(k) + 1 - local_after) % tau == 0) {

@@ -103,6 +103,30 @@ TEST_CASE("synchronous trainer equals the serial simulation, replicas bit-identi
   }
 }
 
+TEST_CASE("the learning-rate hook sets each step's rate, and the update uses it", "[allreduce]") {
+  // A rate that changes every step (decay with a bump at step 7): the reported rate and the
+  // weights must follow it step by step, as the serial simulation with the same rates does.
+  const auto rate = [](std::size_t step) { return 0.05 / (1.0 + 0.1 * static_cast<double>(step)) + (step == 7 ? 0.02 : 0.0); };
+  allreduce::trainer_options o = small_buckets();
+  o.learning_rate = rate;
+  std::vector<double> reported;
+  std::vector<std::vector<double>> got(3);
+  run_inproc(3, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    linear_model m(tensor_sizes, data, 0.25);
+    allreduce::trainer tr(comm_t(std::move(t)), momentum<double>(lr, mu), m, o);
+    for (int k = 0; k < 15; ++k) {
+      const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+      const auto result = tr.step({begin, begin + batch});
+      if (r == 0) reported.push_back(result.learning_rate);
+    }
+    got[static_cast<std::size_t>(r)] = m.weights();
+  });
+  REQUIRE(reported.size() == 15);
+  for (std::size_t k = 0; k < reported.size(); ++k) CHECK(reported[k] == rate(k));
+  require_close(got[1], simulate(3, 15, 1, 0, rate)[0], 1e-12);
+}
+
 TEST_CASE("one bucket and no overlap give the same result", "[allreduce]") {
   allreduce::trainer_options o;
   o.overlap = false;
