@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dtrain/collective/context.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
 
@@ -71,7 +72,7 @@ struct cost_model {
     const bool folds = core != p;
     auto segments = [&](double m) { return std::max(1.0, std::ceil(m / segment_bytes)); };
     // An unsegmented send of m bytes is one message per `detail::max_message_bytes` (256 MiB).
-    auto parts = [](double m) { return std::max(1.0, std::ceil(m / double(std::size_t{256} << 20))); };
+    auto parts = [](double m) { return std::max(1.0, std::ceil(m / double(detail::max_message_bytes))); };
     // Halving-doubling's exchanges of n/2, n/4, ... n/C each way.
     double halving_messages = 0;
     for (int step = 1; (1 << step) <= core; ++step) halving_messages += parts(n / double(1 << step));

@@ -167,7 +167,8 @@ class executor {
   using clock = std::chrono::steady_clock;
   using request = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
 
-  // One micro-batch's four activation buffers on one chunk, kept across steps.
+  // One micro-batch's activation buffers on one chunk (and, under weight stashing, the weights
+  // its forward saw), kept across steps.
   struct micro_batch_buffers {
     std::vector<value_type> input, output, output_grad, input_grad, stashed;
   };

@@ -250,17 +250,25 @@ class trainer {
   }
 
   // Scales chunk c's gradients to the micro-batch mean and averages them over the replicas, in
-  // buckets of at most `bucket_bytes`, tensors in order (the same on every replica).
+  // buckets of at most `bucket_bytes`, tensors in order (the same on every replica). With one
+  // replica the scaling is done in place: there is nothing to gather into a bucket.
   void average_chunk(std::size_t c) {
     Stage& s = chunks_[c];
     const value_type scale = per_micro_batch ? value_type(1) : value_type(1) / static_cast<value_type>(shape_.micro_batches);
+    if (replicas_.size() <= 1) {
+      if (scale == value_type(1)) return;
+      for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+        for (value_type& g : s.gradients(i)) g *= scale;
+      }
+      return;
+    }
     const std::size_t capacity = std::max<std::size_t>(1, options_.bucket_bytes / sizeof(value_type));
     std::vector<value_type>& bucket = buckets_[c];
     std::size_t first = 0;  // the first tensor in the bucket
     for (std::size_t i = 0; i <= s.tensor_count(); ++i) {
       const bool full = i == s.tensor_count() || (!bucket.empty() && bucket.size() + s.gradients(i).size() > capacity);
       if (full && !bucket.empty()) {
-        if (replicas_.size() > 1) replicas_.allreduce(std::span(bucket), reduce_op::avg);
+        replicas_.allreduce(std::span(bucket), reduce_op::avg);
         auto at = bucket.begin();
         for (; first < i; ++first) {
           auto g = s.gradients(first);
