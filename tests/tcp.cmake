@@ -23,6 +23,13 @@ foreach(n RANGE 2 6)
   set_tests_properties(tcp_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600)
 endforeach()
 
+# The API beyond even, blocking calls (v forms, small types, user's operators, nonblocking
+# calls in any wait order, two threads on one communicator) over real sockets.
+foreach(n 2 3 5)
+  add_test(NAME tcp_api_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> api)
+  set_tests_properties(tcp_api_dtrain_run_${n} PROPERTIES TIMEOUT 600)
+endforeach()
+
 # Allreduces past the 1 GiB frame cap (2 GiB + 68 bytes) with every algorithm, on 2 ranks: up to
 # 4 GiB per rank, so alone. (On 4 ranks a rank can hold 8 GiB: the TCP transport keeps a message
 # that arrives before its receive is posted, and recursive doubling's next partner sends early;

@@ -18,7 +18,8 @@ static_assert(element<float> && element<double> && element<std::int32_t> && elem
 static_assert(element<float16> && element<bfloat16>);
 static_assert(!element<char>, "no dtype tag");
 static_assert(!element<std::string>, "not trivially copyable and no tag");
-static_assert(!element<std::uint8_t>);
+static_assert(element<std::uint8_t> && element<std::int8_t> && element<bool> && element<std::byte>);
+static_assert(!element<std::uint16_t>, "no dtype tag");
 
 // --- completion ---
 static_assert(completion<completion_archetype>);

@@ -26,6 +26,7 @@ wide_t<T> reference_combine(reduce_op op, wide_t<T> a, wide_t<T> b) {
     case reduce_op::prod: return a * b;
     case reduce_op::min: return std::min(a, b);
     case reduce_op::max: return std::max(a, b);
+    case reduce_op::custom: break;  // not a built-in operator
   }
   return 0;
 }

@@ -7,6 +7,8 @@
 //                              once the group has failed, must still receive that message
 //   tcp_worker large-allreduce an allreduce of 2 GiB + 68 bytes of floats with every allreduce
 //                              algorithm: messages past the 1 GiB frame cap go in parts
+//   tcp_worker api             v collectives, 8-bit/bool/byte elements, a user's operator,
+//                              nonblocking calls in any wait order, two threads (api_case.hpp)
 //
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k makes rank k SIGKILL itself in the middle
 // of the allreduce loop; DTRAIN_TEST_DELAY_MS=t delays every rank but 0 before it joins.
@@ -24,6 +26,7 @@
 #include <string>
 #include <thread>
 
+#include "../collective/api_case.hpp"
 #include "../collective/conformance_case.hpp"
 #include "dtrain/transport/tcp.hpp"
 
@@ -230,6 +233,26 @@ int large_allreduce(communicator<tcp_transport>& c) {
   return verdict[0] == 0 ? 0 : 1;
 }
 
+// Every check of api_case.hpp; each rank's count of wrong results is summed, so every rank
+// exits 1 when any rank saw one.
+int api(communicator<tcp_transport>& c) {
+  int wrong = 0;
+  for (unsigned seed : {1u, 2u}) {
+    wrong += api_case::uneven<float>(c, seed, 3000);
+    wrong += api_case::uneven<std::byte>(c, seed, 70000);
+  }
+  for (std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{70001}}) wrong += api_case::small_types(c, n);
+  for (std::size_t n : {std::size_t{1}, std::size_t{5000}}) wrong += api_case::user_operator(c, n);
+  for (std::size_t n : {std::size_t{1}, std::size_t{777}, std::size_t{300000}}) {
+    wrong += api_case::nonblocking(c, n, static_cast<unsigned>(n));
+  }
+  wrong += api_case::two_threads(c, 4096, 100);
+  std::vector<std::int64_t> verdict{wrong};
+  c.allreduce(std::span(verdict), reduce_op::sum);
+  if (c.rank() == 0) std::printf("api: %lld wrong results over all ranks\n", static_cast<long long>(verdict[0]));
+  return verdict[0] == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,6 +272,7 @@ int main(int argc, char** argv) {
     if (mode == "mismatch") return mismatch(c);
     if (mode == "send-then-die") return send_then_die(c);
     if (mode == "large-allreduce") return large_allreduce(c);
+    if (mode == "api") return api(c);
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   } catch (const dtrain::error& e) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dtrain/collective/context.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 
 namespace dtrain::detail {
 
@@ -17,7 +18,7 @@ namespace dtrain::detail {
 /// `in` may alias block `rank` of `out`. `tmp` is working room, resized to p blocks.
 template <transport Transport, element T>
 void bruck_allgather(call_context<Transport>& ctx, std::span<const T> in, std::span<T> out,
-                     std::vector<T>& tmp) {
+                     scratch_buffer<T>& tmp) {
   const int p = ctx.size();
   const int r = ctx.rank();
   const std::size_t n = in.size();

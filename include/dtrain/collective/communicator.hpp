@@ -1,8 +1,9 @@
 #pragma once
 /// @file
 /// `communicator<Transport>`: every collective operation over any transport, with the algorithm
-/// chosen per call; and the one-line models `ring<T>`, `halving_doubling<T>`, `binomial_tree<T>`,
-/// `bruck<T>`, `tuned<T>` that prefer one family.
+/// chosen per call, in blocking, `std::error_code`, nonblocking (`i`) and uneven (`v`) forms;
+/// and the one-line models `ring<T>`, `halving_doubling<T>`, `binomial_tree<T>`, `bruck<T>`,
+/// `tuned<T>` that prefer one family.
 ///
 /// @code
 /// auto ranks = dtrain::make_inproc_group(4);           // one endpoint per thread
@@ -24,19 +25,25 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/collective/arguments.hpp"
 #include "dtrain/collective/bruck.hpp"
 #include "dtrain/collective/context.hpp"
 #include "dtrain/collective/dissemination.hpp"
 #include "dtrain/collective/double_tree.hpp"
 #include "dtrain/collective/halving_doubling.hpp"
 #include "dtrain/collective/linear.hpp"
+#include "dtrain/collective/nonblocking_forms.hpp"
 #include "dtrain/collective/pairwise.hpp"
+#include "dtrain/collective/request.hpp"
 #include "dtrain/collective/ring.hpp"
 #include "dtrain/collective/selection.hpp"
 #include "dtrain/collective/tree.hpp"
+#include "dtrain/collective/uneven_forms.hpp"
+#include "dtrain/collective/user_op.hpp"
 #include "dtrain/concepts/reduction.hpp"
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/detail/error_code_forms.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 #include "dtrain/reduce/host.hpp"
 
 namespace dtrain {
@@ -58,13 +65,21 @@ struct communicator_options {
 
 /// Runs the collective operations of one group over `Transport` (a model of `collective`).
 /// Algorithms are chosen per call by `options().algorithms`; reductions run through `Reduction`.
-/// Not thread-safe: one call at a time, in the same order on every rank.
+/// Several threads may call one communicator; calls run one at a time, and every rank must
+/// issue the same collectives in the same order (as NCCL and MPI require).
 template <transport Transport, reduction Reduction = host_reduction>
-class communicator : public detail::error_code_forms<communicator<Transport, Reduction>, detail::host_span> {
+class communicator : public detail::error_code_forms<communicator<Transport, Reduction>, detail::host_span>,
+                     public detail::argument_checks<communicator<Transport, Reduction>>,
+                     public detail::uneven_forms<communicator<Transport, Reduction>>,
+                     public detail::nonblocking_forms<communicator<Transport, Reduction>> {
   static_assert(std::is_same_v<typename Transport::memory_space, host_memory>,
                 "the generic algorithms read and write buffers on the host");
   using error_code_forms = detail::error_code_forms<communicator, detail::host_span>;
   friend error_code_forms;
+  friend detail::uneven_forms<communicator>;
+  friend detail::nonblocking_forms<communicator>;
+  using checks = detail::argument_checks<communicator>;
+  using checks::check, checks::check_root, checks::check_rooted_blocks, checks::check_no_overlap, checks::overlaps;
 
  public:
   using transport_type = Transport;
@@ -88,6 +103,10 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     }
     options_.algorithms.model().segment_bytes = static_cast<double>(options_.segment_bytes);
   }
+  communicator(communicator&&) = default;
+  communicator& operator=(communicator&&) = default;
+  /// Finishes the collectives still queued by `i` forms.
+  ~communicator() { calls_.stop(); }
 
   int rank() const noexcept { return transport_.rank(); }
   int size() const noexcept { return transport_.size(); }
@@ -124,25 +143,30 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
 
   /// `root`'s `out` gets the reduction of every rank's `in`; `out` is ignored on other ranks.
   /// Algorithms: binomial_tree, ring (pipelined chain).
-  template <element T>
-  void reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op, int root) {
+  /// `op` is a `reduce_op` or a `user_op<T>`, here and in allreduce and reduce_scatter.
+  template <element T, class Op>
+    requires reducible_v<T>  // raw bytes move but do not reduce
+  void reduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op, int root) {
     check_root(root, coll_op::reduce);
     if (rank() == root) {
       check(out.size() == in.size(), coll_op::reduce, "the root's out must have in.size() elements");
       check_no_overlap(in, out, coll_op::reduce);
     }
-    run<T>(coll_op::reduce, op, root, in.size(), in.size_bytes(), [&](auto& ctx, algorithm a) {
-      auto& scratch = scratch_for<T>();
-      if (a == algorithm::ring) {
-        detail::tree_reduce(ctx, in, out, root, op, reduce_, scratch, detail::chain);
-      } else {
-        detail::tree_reduce(ctx, in, out, root, op, reduce_, scratch, detail::binomial_tree);
-      }
+    with_reduction<T>(coll_op::reduce, op, [&](reduce_op rop, const auto& combine) {
+      run<T>(coll_op::reduce, rop, root, in.size(), in.size_bytes(), [&](auto& ctx, algorithm a) {
+        auto& scratch = scratch_for<T>();
+        if (a == algorithm::ring) {
+          detail::tree_reduce(ctx, in, out, root, rop, combine, scratch, detail::chain);
+        } else {
+          detail::tree_reduce(ctx, in, out, root, rop, combine, scratch, detail::binomial_tree);
+        }
+      });
     });
   }
   /// In place: the root's `buf` becomes the reduction; other ranks' `buf` is left unchanged.
-  template <element T>
-  void reduce(std::span<T> buf, reduce_op op, int root) {
+  template <element T, class Op>
+    requires reducible_v<T>  // raw bytes move but do not reduce
+  void reduce(std::span<T> buf, Op op, int root) {
     reduce<T>(std::span<const T>(buf), buf, op, root);
   }
 
@@ -153,38 +177,42 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
   /// `algo` picks one for this call (as Gloo's `AllreduceOptions::setAlgorithm`), the same on
   /// every rank; `automatic` asks the selection table.
   /// @throws dtrain::error (invalid_argument) if `algo` is not an allreduce algorithm
-  template <element T>
-  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op,
+  template <element T, class Op>
+    requires reducible_v<T>  // raw bytes move but do not reduce
+  void allreduce(std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op,
                  algorithm algo = algorithm::automatic) {
     check(out.size() == in.size(), coll_op::allreduce, "in and out must have equal sizes");
     check(algo == algorithm::automatic || supports(coll_op::allreduce, algo), coll_op::allreduce,
           "the algorithm asked for does not implement allreduce");
     check_no_overlap(in, out, coll_op::allreduce);
-    run<T>(coll_op::allreduce, op, 0, in.size(), in.size_bytes(), algo, [&](auto& ctx, algorithm a) {
-      if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
-      auto& scratch = scratch_for<T>();
-      switch (a) {
-        case algorithm::halving_doubling:
-          detail::halving_doubling_allreduce(ctx, out, op, reduce_, scratch);
-          break;
-        case algorithm::recursive_doubling:
-          detail::recursive_doubling_allreduce(ctx, out, op, reduce_, scratch);
-          break;
-        case algorithm::double_binary_tree:
-          detail::double_tree_allreduce(ctx, out, op, reduce_, scratch);
-          break;
-        case algorithm::binomial_tree:
-          detail::tree_reduce(ctx, std::span<const T>(out), out, 0, op, reduce_, scratch,
-                              detail::binomial_tree);
-          detail::tree_broadcast(ctx, out, 0, detail::binomial_tree);
-          break;
-        default: detail::ring_allreduce(ctx, out, op, reduce_, scratch); break;
-      }
+    with_reduction<T>(coll_op::allreduce, op, [&](reduce_op rop, const auto& combine) {
+      run<T>(coll_op::allreduce, rop, 0, in.size(), in.size_bytes(), algo, [&](auto& ctx, algorithm a) {
+        if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+        auto& scratch = scratch_for<T>();
+        switch (a) {
+          case algorithm::halving_doubling:
+            detail::halving_doubling_allreduce(ctx, out, rop, combine, scratch);
+            break;
+          case algorithm::recursive_doubling:
+            detail::recursive_doubling_allreduce(ctx, out, rop, combine, scratch);
+            break;
+          case algorithm::double_binary_tree:
+            detail::double_tree_allreduce(ctx, out, rop, combine, scratch);
+            break;
+          case algorithm::binomial_tree:
+            detail::tree_reduce(ctx, std::span<const T>(out), out, 0, rop, combine, scratch,
+                                detail::binomial_tree);
+            detail::tree_broadcast(ctx, out, 0, detail::binomial_tree);
+            break;
+          default: detail::ring_allreduce(ctx, out, rop, combine, scratch); break;
+        }
+      });
     });
   }
   /// In place.
-  template <element T>
-  void allreduce(std::span<T> buf, reduce_op op, algorithm algo = algorithm::automatic) {
+  template <element T, class Op>
+    requires reducible_v<T>  // raw bytes move but do not reduce
+  void allreduce(std::span<T> buf, Op op, algorithm algo = algorithm::automatic) {
     allreduce<T>(std::span<const T>(buf), buf, op, algo);
   }
 
@@ -192,28 +220,34 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
 
   /// `in` is size() blocks of `out.size()`; rank r's `out` gets the reduction of block r.
   /// Algorithms: ring, halving_doubling.
-  template <element T>
-  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, reduce_op op) {
+  template <element T, class Op>
+    requires reducible_v<T>  // raw bytes move but do not reduce
+  void reduce_scatter(std::type_identity_t<std::span<const T>> in, std::span<T> out, Op op) {
     check(in.size() == out.size() * static_cast<std::size_t>(size()), coll_op::reduce_scatter,
           "in must hold size() * out.size() elements");
     check_no_overlap(in, out, coll_op::reduce_scatter);
-    run<T>(coll_op::reduce_scatter, op, 0, out.size(), in.size_bytes(),
-           [&](auto& ctx, algorithm a) {
-             auto& staging = staging_for<T>();
-             staging.assign(in.begin(), in.end());  // reused across calls: no page faults
-             std::span<T> work(staging);
-             reduce_scatter_in_place(ctx, a, work, out.size(), op);
-             auto mine = work.subspan(static_cast<std::size_t>(rank()) * out.size(), out.size());
-             std::copy(mine.begin(), mine.end(), out.begin());
-           });
+    with_reduction<T>(coll_op::reduce_scatter, op, [&](reduce_op rop, const auto& combine) {
+      run<T>(coll_op::reduce_scatter, rop, 0, out.size(), in.size_bytes(), [&](auto& ctx, algorithm a) {
+        auto& staging = staging_for<T>();
+        staging.assign(in.begin(), in.end());  // reused across calls: no page faults
+        std::span<T> work(staging);
+        reduce_scatter_in_place(ctx, a, work, out.size(), rop, combine);
+        auto mine = work.subspan(static_cast<std::size_t>(rank()) * out.size(), out.size());
+        std::copy(mine.begin(), mine.end(), out.begin());
+      });
+    });
   }
   /// In place: the result lands in block `rank()` of `buf`; other blocks are left unspecified.
-  template <element T>
-  void reduce_scatter(std::span<T> buf, reduce_op op) {
+  template <element T, class Op>
+    requires reducible_v<T>  // raw bytes move but do not reduce
+  void reduce_scatter(std::span<T> buf, Op op) {
     const auto p = static_cast<std::size_t>(size());
     check(buf.size() % p == 0, coll_op::reduce_scatter, "buf must hold size() equal blocks");
-    run<T>(coll_op::reduce_scatter, op, 0, buf.size() / p, buf.size_bytes(),
-           [&](auto& ctx, algorithm a) { reduce_scatter_in_place(ctx, a, buf, buf.size() / p, op); });
+    with_reduction<T>(coll_op::reduce_scatter, op, [&](reduce_op rop, const auto& combine) {
+      run<T>(coll_op::reduce_scatter, rop, 0, buf.size() / p, buf.size_bytes(), [&](auto& ctx, algorithm a) {
+        reduce_scatter_in_place(ctx, a, buf, buf.size() / p, rop, combine);
+      });
+    });
   }
 
   // --- allgather -------------------------------------------------------------------------------
@@ -254,7 +288,8 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     check_rooted_blocks(coll_op::gather, root, in, out, out.size(), in.size(),
                         "the root's out must hold size() * in.size() elements");
     run<T>(coll_op::gather, reduce_op::sum, root, in.size(), in.size_bytes() * size(), [&](auto& ctx, algorithm a) {
-      a == algorithm::linear ? detail::linear_gather(ctx, in, out, root) : detail::binomial_gather(ctx, in, out, root);
+      a == algorithm::linear ? detail::linear_gather(ctx, in, out, root, detail::uniform_offsets(in.size(), size()))
+                             : detail::binomial_gather(ctx, in, out, root);
     });
   }
 
@@ -265,7 +300,8 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     check_rooted_blocks(coll_op::scatter, root, in, out, in.size(), out.size(),
                         "the root's in must hold size() * out.size() elements");
     run<T>(coll_op::scatter, reduce_op::sum, root, out.size(), out.size_bytes() * size(), [&](auto& ctx, algorithm a) {
-      a == algorithm::linear ? detail::linear_scatter(ctx, in, out, root) : detail::binomial_scatter(ctx, in, out, root);
+      a == algorithm::linear ? detail::linear_scatter(ctx, in, out, root, detail::uniform_offsets(out.size(), size()))
+                             : detail::binomial_scatter(ctx, in, out, root);
     });
   }
 
@@ -279,20 +315,18 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
           "in and out must be equal and hold size() equal blocks");
     check_no_overlap(in, out, coll_op::alltoall);
     run<T>(coll_op::alltoall, reduce_op::sum, 0, in.size() / p, in.size_bytes(),
-           [&](auto& ctx, algorithm a) {
-             if (a == algorithm::linear) {
-               detail::linear_alltoall(ctx, in, out);
-             } else {
-               detail::pairwise_alltoall(ctx, in, out);
-             }
-           });
+           [&](auto& ctx, algorithm a) { alltoall_blocks(ctx, a, in, out); });
   }
   /// In place (through one temporary copy of `buf`).
   template <element T>
   void alltoall(std::span<T> buf) {
-    auto& in = staging_for<T>();
-    in.assign(buf.begin(), buf.end());
-    alltoall<T>(std::span<const T>(in), buf);
+    const auto p = static_cast<std::size_t>(size());
+    check(buf.size() % p == 0, coll_op::alltoall, "buf must hold size() equal blocks");
+    run<T>(coll_op::alltoall, reduce_op::sum, 0, buf.size() / p, buf.size_bytes(), [&](auto& ctx, algorithm a) {
+      auto& in = staging_for<T>();
+      in.assign(buf.begin(), buf.end());
+      alltoall_blocks(ctx, a, std::span<const T>(in.data(), in.size()), buf);
+    });
   }
 
   // --- barrier ---------------------------------------------------------------------------------
@@ -318,10 +352,16 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
   void run(coll_op op, reduce_op redop, int root, std::size_t count, std::size_t bytes, Body&& body) {
     run<T>(op, redop, root, count, bytes, algorithm::automatic, std::forward<Body>(body));
   }
-  // With `pick` (not automatic): that algorithm, not the table's choice.
+  // With `pick` (not automatic): that algorithm, not the table's choice. Runs in the call's
+  // turn (`calls_`): behind queued `i` calls, never beside another thread's call.
   template <class T, class Body>
   void run(coll_op op, reduce_op redop, int root, std::size_t count, std::size_t bytes, algorithm pick,
            Body&& body) {
+    calls_.run([&] { run_now<T>(op, redop, root, count, bytes, pick, body); });
+  }
+  template <class T, class Body>
+  void run_now(coll_op op, reduce_op redop, int root, std::size_t count, std::size_t bytes, algorithm pick,
+               Body& body) {
     if (broken()) {
       throw error(errc::broken, "dtrain: rank " + std::to_string(rank()) + ": " +
                                     std::string(coll_op_name(op)) +
@@ -340,73 +380,64 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     }
   }
 
-  template <class T>
+  template <class T, class Combine>
   void reduce_scatter_in_place(context& ctx, algorithm a, std::span<T> buf, std::size_t block,
-                               reduce_op op) {
+                               reduce_op op, const Combine& combine) {
     auto& scratch = scratch_for<T>();
     if (a == algorithm::halving_doubling) {
-      detail::halving_doubling_reduce_scatter(ctx, buf, block, op, reduce_, scratch);
+      detail::halving_doubling_reduce_scatter(ctx, buf, block, op, combine, scratch);
       return;
     }
-    detail::ring_reduce_scatter(ctx, buf, detail::uniform_offsets(block, size()), op, reduce_, scratch);
+    detail::ring_reduce_scatter(ctx, buf, detail::uniform_offsets(block, size()), op, combine, scratch);
     if (op == reduce_op::avg) {
-      reduce_.finish_average(buf.subspan(static_cast<std::size_t>(rank()) * block, block), size());
+      combine.finish_average(buf.subspan(static_cast<std::size_t>(rank()) * block, block), size());
     }
   }
 
-  void check(bool ok, coll_op op, const char* what) const {
-    if (!ok) {
-      throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(rank()) + ": " +
-                                              std::string(coll_op_name(op)) + ": " + what);
+  template <class T>
+  void alltoall_blocks(context& ctx, algorithm a, std::span<const T> in, std::span<T> out) {
+    const auto offs = detail::uniform_offsets(in.size() / static_cast<std::size_t>(size()), size());
+    if (a == algorithm::linear) {
+      detail::linear_alltoall(ctx, in, out, offs, offs);
+    } else {
+      detail::pairwise_alltoall(ctx, in, out, offs, offs);
     }
   }
 
-  // Gather and scatter: a valid root, and at the root a buffer of size() blocks (`all`
-  // elements) of the other side's one block (`block`), not overlapping it.
-  template <element T>
-  void check_rooted_blocks(coll_op op, int root, std::span<const T> in, std::span<T> out, std::size_t all,
-                           std::size_t block, const char* what) const {
-    check_root(root, op);
-    if (rank() != root) return;
-    check(all == block * static_cast<std::size_t>(size()), op, what);
-    check_no_overlap(in, out, op);
+  // Calls `body(op, reduction)`: a built-in operator (checked for `T`) with `Reduction`, or a
+  // user's operator as `reduce_op::custom` with its own reduction.
+  template <class T, class Body>
+  void with_reduction(coll_op coll, reduce_op op, Body&& body) {
+    if (const char* why = refused_reduction<T>(op)) check(false, coll, why);
+    body(op, reduce_);
   }
-  void check_root(int root, coll_op op) const {
-    check(root >= 0 && root < size(), op, "root is not a rank of the group");
-  }
-
-  template <class T>
-  static bool overlaps(std::span<const T> a, std::span<T> b) noexcept {
-    if (a.empty() || b.empty()) return false;
-    auto lt = std::less<const T*>{};
-    return lt(a.data(), b.data() + b.size()) && lt(b.data(), a.data() + a.size());
-  }
-
-  // Out-of-place buffers must not overlap; the same buffer for both is the in-place form.
-  template <class T>
-  void check_no_overlap(std::span<const T> in, std::span<T> out, coll_op op) const {
-    check(in.data() == out.data() || !overlaps(in, out), op, "in and out overlap");
+  template <class T, class F, class Body>
+  void with_reduction(coll_op, const user_reduce_op<T, F>& op, Body&& body) {
+    body(reduce_op::custom, detail::user_reduction<T, F>{&op.combine});
   }
 
   // Receive room for the algorithms.
   template <class T>
-  std::vector<T>& scratch_for() {
-    return std::get<std::vector<T>>(scratch_);
+  detail::scratch_buffer<T>& scratch_for() {
+    return std::get<detail::scratch_buffer<T>>(scratch_);
   }
   // Working copies of whole inputs (reduce-scatter's, Bruck's rotation, in-place alltoall's).
   template <class T>
-  std::vector<T>& staging_for() {
-    return std::get<std::vector<T>>(staging_);
+  detail::scratch_buffer<T>& staging_for() {
+    return std::get<detail::scratch_buffer<T>>(staging_);
   }
 
+  detail::call_serializer calls_;  // first: a move finishes the source's queued calls first
   Transport transport_;
   communicator_options options_;
   Reduction reduce_;
   std::uint64_t seq_ = 0;
   std::string broken_by_;
   std::string last_error_;
-  using buffers = std::tuple<std::vector<float>, std::vector<double>, std::vector<std::int32_t>,
-                             std::vector<std::int64_t>, std::vector<float16>, std::vector<bfloat16>>;
+  template <class... T>
+  using buffers_of = std::tuple<detail::scratch_buffer<T>...>;
+  using buffers = buffers_of<float, double, std::int32_t, std::int64_t, float16, bfloat16, std::uint8_t,
+                             std::int8_t, bool, std::byte>;
   buffers scratch_;
   buffers staging_;
 };

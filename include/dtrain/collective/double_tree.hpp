@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dtrain/collective/context.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 #include "dtrain/collective/ring.hpp"
 #include "dtrain/collective/tree.hpp"
 #include "dtrain/concepts/reduction.hpp"
@@ -66,7 +67,7 @@ inline tree_shape second_btree(int r, int p) {
 /// `scratch` is resized to hold the children's segments in flight.
 template <transport Transport, element T, class Reduction>
 void double_tree_allreduce(call_context<Transport>& ctx, std::span<T> buf, reduce_op op, const Reduction& reduce,
-                           std::vector<T>& scratch) {
+                           scratch_buffer<T>& scratch) {
   const int p = ctx.size();
   if (p == 1) return;
   const int r = ctx.rank();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dtrain/collective/context.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 #include "dtrain/concepts/reduction.hpp"
 
 namespace dtrain::detail {
@@ -38,7 +39,7 @@ struct fold_shape {
 /// Step 1 of the fold: even ranks below 2q send `data` to r+1, which reduces it in.
 template <transport Transport, element T, class Reduction>
 void fold_in(call_context<Transport>& ctx, const fold_shape& f, std::span<T> data, reduce_op op,
-             const Reduction& reduce, std::vector<T>& scratch) {
+             const Reduction& reduce, scratch_buffer<T>& scratch) {
   const int r = ctx.rank();
   if (r >= 2 * f.folded) return;
   if (r % 2 == 0) {
@@ -58,7 +59,7 @@ void fold_in(call_context<Transport>& ctx, const fold_shape& f, std::span<T> dat
 template <transport Transport, element T, class Reduction>
 void halving_reduce_scatter(call_context<Transport>& ctx, const fold_shape& f, int me,
                             std::span<T> data, const std::vector<std::size_t>& core_offs,
-                            reduce_op op, const Reduction& reduce, std::vector<T>& scratch) {
+                            reduce_op op, const Reduction& reduce, scratch_buffer<T>& scratch) {
   int lo = 0;  // the core ranks whose elements this rank still holds: [lo, lo + 2 * mask)
   for (int mask = f.core / 2; mask > 0; mask /= 2) {
     const int partner = f.real_rank(me ^ mask);
@@ -116,7 +117,7 @@ void fold_out(call_context<Transport>& ctx, const fold_shape& f, std::span<T> pa
 /// runs on the core ranks with (shape, core rank), and the fold hands the result back out.
 template <transport Transport, element T, class Reduction, class CoreBody>
 void folded_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
-                      const Reduction& reduce, std::vector<T>& scratch, CoreBody core_body) {
+                      const Reduction& reduce, scratch_buffer<T>& scratch, CoreBody core_body) {
   if (ctx.size() == 1) return;
   fold_shape f(ctx.size());
   fold_in(ctx, f, data, op, reduce, scratch);
@@ -127,7 +128,7 @@ void folded_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op
 /// Rabenseifner allreduce in place.
 template <transport Transport, element T, class Reduction>
 void halving_doubling_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
-                                const Reduction& reduce, std::vector<T>& scratch) {
+                                const Reduction& reduce, scratch_buffer<T>& scratch) {
   folded_allreduce(ctx, data, op, reduce, scratch, [&](const fold_shape& f, int me) {
     auto core_offs = balanced_offsets(data.size(), f.core);
     halving_reduce_scatter(ctx, f, me, data, core_offs, op, reduce, scratch);
@@ -144,7 +145,7 @@ void halving_doubling_allreduce(call_context<Transport>& ctx, std::span<T> data,
 template <transport Transport, element T, class Reduction>
 void halving_doubling_reduce_scatter(call_context<Transport>& ctx, std::span<T> data,
                                      std::size_t block, reduce_op op, const Reduction& reduce,
-                                     std::vector<T>& scratch) {
+                                     scratch_buffer<T>& scratch) {
   const int p = ctx.size();
   const int r = ctx.rank();
   std::span<T> mine = data.subspan(static_cast<std::size_t>(r) * block, block);
@@ -172,7 +173,7 @@ void halving_doubling_reduce_scatter(call_context<Transport>& ctx, std::span<T> 
 /// messages, where latency dominates.
 template <transport Transport, element T, class Reduction>
 void recursive_doubling_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
-                                  const Reduction& reduce, std::vector<T>& scratch) {
+                                  const Reduction& reduce, scratch_buffer<T>& scratch) {
   folded_allreduce(ctx, data, op, reduce, scratch, [&](const fold_shape& f, int me) {
     scratch.resize(std::max(scratch.size(), data.size()));
     std::span<T> got(scratch.data(), data.size());

@@ -74,18 +74,32 @@ constexpr ncclDataType_t type_of() {
   else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
   else if constexpr (std::is_same_v<T, float16>) return ncclFloat16;
   else if constexpr (std::is_same_v<T, bfloat16>) return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return ncclInt8;
+  // bool and raw bytes travel as uint8; bool's reductions are mapped onto max and min (op_of).
+  else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, bool> || std::is_same_v<T, std::byte>) return ncclUint8;
   else static_assert(sizeof(T) == 0, "no NCCL type for this element");
 }
 
-inline ncclRedOp_t op_of(reduce_op op) {
+/// NCCL's operator for `op` on `T`. On bool, "or" is max and "and" is min (a byte of 2 is not a
+/// bool). @throws dtrain::error (invalid_argument) for `custom` (NCCL runs only its own
+/// operators) and for avg of bool.
+template <class T>
+ncclRedOp_t op_of(reduce_op op) {
+  static_assert(reducible_v<T>, "raw bytes move but do not reduce");
+  if (const char* why = refused_reduction<T>(op)) throw error(errc::invalid_argument, std::string("dtrain: ") + why);
+  if constexpr (std::is_same_v<T, bool>) {
+    if (op == reduce_op::sum) return ncclMax;
+    if (op == reduce_op::prod) return ncclMin;
+  }
   switch (op) {
     case reduce_op::sum: return ncclSum;
     case reduce_op::prod: return ncclProd;
     case reduce_op::min: return ncclMin;
     case reduce_op::max: return ncclMax;
     case reduce_op::avg: return ncclAvg;
+    case reduce_op::custom: break;
   }
-  return ncclSum;
+  return ncclSum;  // not reached: refused above
 }
 
 inline std::string text(ncclResult_t r) { return ncclGetErrorString(r); }
@@ -195,7 +209,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   request iallreduce(device_span<const T> in, device_span<T> out, reduce_op op) {
     same_size(in.size(), out.size(), "allreduce");
     return start("allreduce", [&] {
-      return ncclAllReduce(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), detail::nccl::op_of(op), comm_,
+      return ncclAllReduce(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), detail::nccl::op_of<T>(op), comm_,
                            stream());
     });
   }
@@ -223,7 +237,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
     if (rank_ == root) same_size(in.size(), out.size(), "reduce");
     start("reduce", [&] {
       return ncclReduce(in.data(), rank_ == root ? out.data() : nullptr, in.size(), detail::nccl::type_of<T>(),
-                        detail::nccl::op_of(op), root, comm_, stream());
+                        detail::nccl::op_of<T>(op), root, comm_, stream());
     }).wait();
   }
   template <element T>
@@ -242,7 +256,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   void reduce_scatter(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op) {
     same_size(in.size(), out.size() * static_cast<std::size_t>(size_), "reduce_scatter (input = size() blocks)");
     start("reduce_scatter", [&] {
-      return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl::type_of<T>(), detail::nccl::op_of(op),
+      return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl::type_of<T>(), detail::nccl::op_of<T>(op),
                                comm_, stream());
     }).wait();
   }

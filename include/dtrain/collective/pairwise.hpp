@@ -6,24 +6,26 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "dtrain/collective/context.hpp"
+#include "dtrain/collective/linear.hpp"
 
 namespace dtrain::detail {
 
-/// Pairwise alltoall: block j of `in` goes to rank j; block i of `out` comes from rank i.
+/// Pairwise alltoall: block j of `in` (under `send_offs`) goes to rank j; block i of `out`
+/// (under `recv_offs`) comes from rank i.
 template <transport Transport, element T>
-void pairwise_alltoall(call_context<Transport>& ctx, std::span<const T> in, std::span<T> out) {
+void pairwise_alltoall(call_context<Transport>& ctx, std::span<const T> in, std::span<T> out,
+                       const std::vector<std::size_t>& send_offs, const std::vector<std::size_t>& recv_offs) {
   const int p = ctx.size();
   const int r = ctx.rank();
-  const std::size_t n = in.size() / static_cast<std::size_t>(p);
-  auto block = [n](auto s, int i) { return s.subspan(static_cast<std::size_t>(i) * n, n); };
-  auto own = block(in, r);
-  std::copy(own.begin(), own.end(), block(out, r).begin());
+  auto own = block_of(in, send_offs, r);
+  std::copy(own.begin(), own.end(), block_of(out, recv_offs, r).begin());
   for (int s = 1; s < p; ++s) {
     const int to = mod(r + s, p);
     const int from = mod(r - s, p);
-    ctx.exchange(to, block(in, to), from, block(out, from));
+    ctx.exchange(to, block_of(in, send_offs, to), from, block_of(out, recv_offs, from));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dtrain/collective/context.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 #include "dtrain/concepts/reduction.hpp"
 
 namespace dtrain::detail {
@@ -48,7 +49,7 @@ struct segmentation {
 template <transport Transport, element T, class Reduction>
 void ring_reduce_scatter(call_context<Transport>& ctx, std::span<T> data,
                          const std::vector<std::size_t>& offs, reduce_op op,
-                         const Reduction& reduce, std::vector<T>& scratch) {
+                         const Reduction& reduce, scratch_buffer<T>& scratch) {
   const int p = ctx.size();
   const int r = ctx.rank();
   if (p == 1) return;
@@ -132,7 +133,7 @@ void ring_allgather(call_context<Transport>& ctx, std::span<T> data,
 /// Ring allreduce in place: reduce-scatter, average the owned block, allgather.
 template <transport Transport, element T, class Reduction>
 void ring_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
-                    const Reduction& reduce, std::vector<T>& scratch) {
+                    const Reduction& reduce, scratch_buffer<T>& scratch) {
   const int p = ctx.size();
   auto offs = balanced_offsets(data.size(), p);
   ring_reduce_scatter(ctx, data, offs, op, reduce, scratch);

@@ -37,6 +37,10 @@ constexpr bool supports(coll_op op, algorithm a) noexcept {
     case coll_op::alltoall: return a == algorithm::pairwise || a == algorithm::linear;
     case coll_op::barrier: return a == algorithm::dissemination || a == algorithm::binomial_tree;
     case coll_op::message: return false;
+    case coll_op::allgatherv: return a == algorithm::ring;
+    case coll_op::gatherv:
+    case coll_op::scatterv: return a == algorithm::linear;
+    case coll_op::alltoallv: return a == algorithm::pairwise || a == algorithm::linear;
   }
   return false;
 }
@@ -61,6 +65,7 @@ struct cost_model {
   /// Estimated seconds for `a` to run `op` over `bytes` on `p` ranks; infinity if unsupported.
   double estimate(coll_op op, algorithm a, double bytes, int p) const noexcept {
     if (!supports(op, a)) return std::numeric_limits<double>::infinity();
+    op = uniform_kin(op);  // uneven blocks are costed as even ones of the same total
     if (p <= 1) return 0.0;
     const double n = bytes;
     const double P = p;
@@ -122,7 +127,7 @@ struct cost_model {
         if (a == algorithm::pairwise) return (P - 1) * (alpha + n / P * beta);
         return alpha + (P - 1) / P * n * beta * (1 + (P - 2) / P);  // all at once, contended
       case coll_op::barrier: return a == algorithm::binomial_tree ? 2 * lg * alpha : lg * alpha;
-      case coll_op::message: break;
+      default: break;  // message; the v forms were mapped above
     }
     return std::numeric_limits<double>::infinity();
   }
@@ -162,7 +167,7 @@ class selection_table {
 
   /// Uses `a` for every operation it implements; the cost model picks the rest.
   selection_table& prefer(algorithm a) {
-    for (int op = 0; op <= static_cast<int>(coll_op::barrier); ++op) {
+    for (int op = 0; op <= static_cast<int>(last_coll_op); ++op) {
       if (supports(static_cast<coll_op>(op), a)) force(static_cast<coll_op>(op), a);
     }
     return *this;
@@ -233,8 +238,8 @@ class selection_table {
       }
     }
     bool op_found = false;
-    for (int op = 0; op <= static_cast<int>(coll_op::barrier); ++op) {
-      if (coll_op_name(static_cast<coll_op>(op)) == op_name) {
+    for (int op = 0; op <= static_cast<int>(last_coll_op); ++op) {
+      if (static_cast<coll_op>(op) != coll_op::message && coll_op_name(static_cast<coll_op>(op)) == op_name) {
         rule.op = static_cast<coll_op>(op);
         op_found = true;
       }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dtrain/collective/context.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 #include "dtrain/collective/ring.hpp"
 #include "dtrain/concepts/reduction.hpp"
 
@@ -74,18 +75,18 @@ void tree_broadcast(call_context<Transport>& ctx, std::span<T> buf, int root, Sh
 /// are deterministic.
 template <transport Transport, element T, class Reduction, class Shape>
 void tree_reduce(call_context<Transport>& ctx, std::span<const T> in, std::span<T> out, int root,
-                 reduce_op op, const Reduction& reduce, std::vector<T>& scratch, Shape shape_of) {
+                 reduce_op op, const Reduction& reduce, scratch_buffer<T>& scratch, Shape shape_of) {
   const int p = ctx.size();
   const int v = mod(ctx.rank() - root, p);
   tree_shape t = shape_of(v, p);
-  std::vector<T> own;
+  scratch_buffer<T> own;  // an inner rank's running sum (not std::vector: bool must not pack)
   std::span<T> acc;
   if (v == 0) {
     if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
     acc = out;
   } else if (!t.children.empty()) {
     own.assign(in.begin(), in.end());
-    acc = own;
+    acc = std::span<T>(own);
   }
   std::vector<std::size_t> offs{0, in.size()};
   segmentation segs(offs, ctx.template segment_elements<T>());
@@ -130,13 +131,13 @@ void binomial_gather(call_context<Transport>& ctx, std::span<const T> in, std::s
   const std::size_t n = in.size();
   tree_shape t = binomial_tree(v, p);
   // Subtree blocks in relative order; the root with root 0 can gather straight into `out`.
-  std::vector<T> tmp;
+  scratch_buffer<T> tmp;
   std::span<T> sub;
   if (v == 0 && root == 0) {
     sub = out;
   } else {
     tmp.resize(static_cast<std::size_t>(subtree_size(v, p)) * n);
-    sub = tmp;
+    sub = std::span<T>(tmp);
   }
   std::copy(in.begin(), in.end(), sub.begin());
   using pending = typename call_context<Transport>::pending;
@@ -166,7 +167,7 @@ void binomial_scatter(call_context<Transport>& ctx, std::span<const T> in, std::
   const int v = mod(ctx.rank() - root, p);
   const std::size_t n = out.size();
   tree_shape t = binomial_tree(v, p);
-  std::vector<T> tmp;
+  scratch_buffer<T> tmp;
   std::span<const T> sub;
   if (v == 0) {
     if (root == 0) {
@@ -177,7 +178,7 @@ void binomial_scatter(call_context<Transport>& ctx, std::span<const T> in, std::
         auto src = in.subspan(static_cast<std::size_t>(mod(i + root, p)) * n, n);
         std::copy(src.begin(), src.end(), tmp.begin() + static_cast<std::ptrdiff_t>(i * n));
       }
-      sub = tmp;
+      sub = std::span<T>(tmp);
     }
   } else if (t.children.empty()) {
     auto rq = ctx.recv(mod(t.parent + root, p), out);
@@ -187,7 +188,7 @@ void binomial_scatter(call_context<Transport>& ctx, std::span<const T> in, std::
     tmp.resize(static_cast<std::size_t>(subtree_size(v, p)) * n);
     auto rq = ctx.recv(mod(t.parent + root, p), std::span<T>(tmp));
     ctx.wait(rq);
-    sub = tmp;
+    sub = std::span<T>(tmp);
   }
   using pending = typename call_context<Transport>::pending;
   std::vector<pending> sends;

@@ -2,13 +2,17 @@
 /// @file
 /// The element types dtrain moves and reduces, and their run-time tags.
 ///
-/// float32, float64, int32 and int64 are the arithmetic types; `float16` and `bfloat16` are
-/// 16-bit storage types (for compressed buckets) that reduce by widening to float, combining and
-/// rounding back to nearest-even.
+/// float32, float64, int32, int64, uint8 and int8 are the arithmetic types; `float16` and
+/// `bfloat16` are 16-bit storage types (for compressed buckets) that reduce by widening to float,
+/// combining and rounding back to nearest-even. `bool` reduces as logic (sum and max are "or",
+/// prod and min are "and", as PyTorch's NCCL backend maps them); `std::byte` is raw bytes, which
+/// collectives move (broadcast, gather, allgather, ... serialised objects) but never reduce.
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "dtrain/core/config.hpp"
 
@@ -109,7 +113,10 @@ struct bfloat16 {
 };
 
 /// Run-time tag of an element type; travels in every message signature.
-enum class dtype : std::uint8_t { float32, float64, int32, int64, float16, bfloat16 };
+enum class dtype : std::uint8_t { float32, float64, int32, int64, float16, bfloat16, uint8, int8, boolean, byte };
+
+/// The highest `dtype` value: frames carrying a larger one are malformed.
+inline constexpr dtype last_dtype = dtype::byte;
 
 /// @returns the name used in errors and bench tables ("float32", "int64", ...).
 constexpr std::string_view dtype_name(dtype t) noexcept {
@@ -120,6 +127,10 @@ constexpr std::string_view dtype_name(dtype t) noexcept {
     case dtype::int64: return "int64";
     case dtype::float16: return "float16";
     case dtype::bfloat16: return "bfloat16";
+    case dtype::uint8: return "uint8";
+    case dtype::int8: return "int8";
+    case dtype::boolean: return "bool";
+    case dtype::byte: return "byte";
   }
   return "unknown";
 }
@@ -130,6 +141,7 @@ constexpr std::size_t dtype_size(dtype t) noexcept {
     case dtype::float32: case dtype::int32: return 4;
     case dtype::float64: case dtype::int64: return 8;
     case dtype::float16: case dtype::bfloat16: return 2;
+    case dtype::uint8: case dtype::int8: case dtype::boolean: case dtype::byte: return 1;
   }
   return 0;
 }
@@ -143,6 +155,10 @@ template <> struct dtype_of<std::int32_t> { static constexpr dtype value = dtype
 template <> struct dtype_of<std::int64_t> { static constexpr dtype value = dtype::int64; };
 template <> struct dtype_of<float16> { static constexpr dtype value = dtype::float16; };
 template <> struct dtype_of<bfloat16> { static constexpr dtype value = dtype::bfloat16; };
+template <> struct dtype_of<std::uint8_t> { static constexpr dtype value = dtype::uint8; };
+template <> struct dtype_of<std::int8_t> { static constexpr dtype value = dtype::int8; };
+template <> struct dtype_of<bool> { static constexpr dtype value = dtype::boolean; };
+template <> struct dtype_of<std::byte> { static constexpr dtype value = dtype::byte; };
 
 template <class T>
 inline constexpr dtype dtype_of_v = dtype_of<T>::value;
@@ -156,5 +172,9 @@ template <> struct compute_type<bfloat16> { using type = float; };
 
 template <class T>
 using compute_type_t = typename compute_type<T>::type;
+
+/// Whether collectives may reduce `T`: every element type except raw bytes.
+template <class T>
+inline constexpr bool reducible_v = !std::is_same_v<T, std::byte>;
 
 }  // namespace dtrain

@@ -145,10 +145,10 @@ inline frame_decode_result decode_frame(std::span<const std::byte> bytes, std::u
   auto algo = get<std::uint8_t>(p + 33);
   auto type = get<std::uint8_t>(p + 34);
   auto redop = get<std::uint8_t>(p + 35);
-  if (op > static_cast<std::uint8_t>(coll_op::message) ||
+  if (op > static_cast<std::uint8_t>(last_coll_op) ||
       algo > static_cast<std::uint8_t>(last_algorithm) ||
-      type > static_cast<std::uint8_t>(dtype::bfloat16) ||
-      redop > static_cast<std::uint8_t>(reduce_op::avg)) {
+      type > static_cast<std::uint8_t>(last_dtype) ||
+      redop > static_cast<std::uint8_t>(last_reduce_op)) {
     return fail("signature holds out-of-range fields");
   }
   if (get<std::uint64_t>(p + 56) != 0) return fail("reserved header bytes are not zero");

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/element.hpp"
@@ -16,9 +17,12 @@ namespace dtrain {
 /// compute type: float for float16/bfloat16, integer division (truncating toward zero) for int32
 /// and int64. All operators are commutative and associative on integers; on floating-point types
 /// results depend on the combining order, which each algorithm fixes (see docs/algorithms.md).
-enum class reduce_op : std::uint8_t { sum, prod, min, max, avg };
+enum class reduce_op : std::uint8_t { sum, prod, min, max, avg, custom };
 
-/// @returns "sum", "prod", "min", "max" or "avg".
+/// The highest `reduce_op` value: frames carrying a larger one are malformed.
+inline constexpr reduce_op last_reduce_op = reduce_op::custom;
+
+/// @returns "sum", "prod", "min", "max", "avg" or "custom".
 constexpr std::string_view reduce_op_name(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";
@@ -26,17 +30,23 @@ constexpr std::string_view reduce_op_name(reduce_op op) noexcept {
     case reduce_op::min: return "min";
     case reduce_op::max: return "max";
     case reduce_op::avg: return "avg";
+    case reduce_op::custom: return "custom";
   }
   return "unknown";
 }
 
-/// The pairwise combining step of `op` in compute type `C` (`avg` combines as `sum`).
+/// The pairwise combining step of `op` in compute type `C` (`avg` combines as `sum`). 8-bit
+/// integers wrap modulo 256 as in PyTorch; on `bool`, sum is "or" and prod is "and".
 template <reduce_op Op, class C>
 DTRAIN_HOST_DEVICE constexpr C combine(C a, C b) noexcept {
-  if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
-    return a + b;
+  if constexpr (std::is_same_v<C, bool> && (Op == reduce_op::sum || Op == reduce_op::avg)) {
+    return a || b;
+  } else if constexpr (std::is_same_v<C, bool> && Op == reduce_op::prod) {
+    return a && b;
+  } else if constexpr (Op == reduce_op::sum || Op == reduce_op::avg) {
+    return static_cast<C>(a + b);
   } else if constexpr (Op == reduce_op::prod) {
-    return a * b;
+    return static_cast<C>(a * b);
   } else if constexpr (Op == reduce_op::min) {
     return b < a ? b : a;
   } else {
@@ -49,6 +59,15 @@ template <reduce_op Op, class T>
 DTRAIN_HOST_DEVICE constexpr T combine_elements(T a, T b) noexcept {
   using C = compute_type_t<T>;
   return T(combine<Op>(C(a), C(b)));
+}
+
+/// Why the built-in operator `op` cannot reduce elements of type `T`, or nullptr when it can.
+/// `custom` is only ever set by a user's operator (`user_op`); avg of bools has no meaning.
+template <class T>
+constexpr const char* refused_reduction(reduce_op op) noexcept {
+  if (op == reduce_op::custom) return "reduce_op::custom is set by a user_op, not passed as an operator";
+  if (std::is_same_v<T, bool> && op == reduce_op::avg) return "avg of bool has no meaning (sum is or, prod is and)";
+  return nullptr;
 }
 
 /// Turns a sum over `n` contributions into their average, in `T`'s compute type.

@@ -16,11 +16,26 @@
 namespace dtrain {
 
 /// The operations a signature can describe. `message` is plain point-to-point traffic (the
-/// parameter server's requests and responses) that carries no collective semantics.
+/// parameter server's requests and responses) that carries no collective semantics. The `v`
+/// forms take a count per rank (uneven blocks).
 enum class coll_op : std::uint8_t {
   broadcast, reduce, allreduce, allgather, reduce_scatter, gather, scatter, alltoall, barrier,
-  message,
+  message, allgatherv, gatherv, scatterv, alltoallv,
 };
+
+/// The highest `coll_op` value: frames carrying a larger one are malformed.
+inline constexpr coll_op last_coll_op = coll_op::alltoallv;
+
+/// The uniform collective an uneven (`v`) one generalises; any other operation itself.
+constexpr coll_op uniform_kin(coll_op op) noexcept {
+  switch (op) {
+    case coll_op::allgatherv: return coll_op::allgather;
+    case coll_op::gatherv: return coll_op::gather;
+    case coll_op::scatterv: return coll_op::scatter;
+    case coll_op::alltoallv: return coll_op::alltoall;
+    default: return op;
+  }
+}
 
 /// @returns the operation's name as used in errors and bench tables.
 constexpr std::string_view coll_op_name(coll_op op) noexcept {
@@ -35,6 +50,10 @@ constexpr std::string_view coll_op_name(coll_op op) noexcept {
     case coll_op::alltoall: return "alltoall";
     case coll_op::barrier: return "barrier";
     case coll_op::message: return "message";
+    case coll_op::allgatherv: return "allgatherv";
+    case coll_op::gatherv: return "gatherv";
+    case coll_op::scatterv: return "scatterv";
+    case coll_op::alltoallv: return "alltoallv";
   }
   return "unknown";
 }
@@ -82,7 +101,8 @@ struct signature {
   dtype type = dtype::float32;
   reduce_op redop = reduce_op::sum;
   std::int32_t root = 0;    ///< root rank of rooted collectives; 0 otherwise
-  std::uint64_t count = 0;  ///< element count as the caller passed it (per rank where uniform)
+  std::uint64_t count = 0;  ///< element count as the caller passed it (per rank where uniform;
+                            ///< all ranks' total in the v forms; 0 in alltoallv)
   std::uint64_t seq = 0;    ///< the collective's sequence number on its communicator
 
   friend constexpr bool operator==(const signature&, const signature&) noexcept = default;
@@ -96,7 +116,7 @@ constexpr bool takes_reduce_op(coll_op op) noexcept {
 /// Whether the operation has a root rank.
 constexpr bool is_rooted(coll_op op) noexcept {
   return op == coll_op::broadcast || op == coll_op::reduce || op == coll_op::gather ||
-         op == coll_op::scatter;
+         op == coll_op::scatter || op == coll_op::gatherv || op == coll_op::scatterv;
 }
 
 /// Describes a signature for error messages, e.g.

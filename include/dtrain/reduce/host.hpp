@@ -106,6 +106,7 @@ struct host_reduction {
       case reduce_op::prod: detail::combine_loop<reduce_op::prod>(d, s, n); break;
       case reduce_op::min: detail::combine_loop<reduce_op::min>(d, s, n); break;
       case reduce_op::max: detail::combine_loop<reduce_op::max>(d, s, n); break;
+      case reduce_op::custom: DTRAIN_ASSERT(false, "a user's operator reduces through user_reduction"); break;
     }
   }
 

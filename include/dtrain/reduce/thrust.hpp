@@ -72,6 +72,7 @@ class thrust_reduction {
       case reduce_op::prod: run<reduce_op::prod>(dst, src); break;
       case reduce_op::min: run<reduce_op::min>(dst, src); break;
       case reduce_op::max: run<reduce_op::max>(dst, src); break;
+      case reduce_op::custom: DTRAIN_ASSERT(false, "a user's operator reduces through user_reduction"); break;
     }
   }
 
