@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <span>
@@ -85,6 +86,10 @@ class linear_model {
     }
     for (std::size_t k = 0; k < order_.size(); ++k) {
       if (k == order_.size() / 2 && midway) midway();
+      if (unused && unused(order_[k])) {  // a branch not taken: no gradient, and no report
+        std::fill(gradients(order_[k]).begin(), gradients(order_[k]).end(), std::numeric_limits<double>::quiet_NaN());
+        continue;
+      }
       ready(order_[k]);
     }
     return loss;
@@ -99,6 +104,7 @@ class linear_model {
     return dense;
   }
   std::function<void()> midway;  // run inside forward_backward, after half the reports
+  std::function<bool(std::size_t tensor)> unused;  // tensors this pass does not use
 
  private:
   std::vector<std::size_t> sizes_, offsets_, order_;

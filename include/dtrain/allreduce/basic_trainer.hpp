@@ -18,8 +18,13 @@
 ///  - Local SGD (`average_every = tau > 1`): each rank steps on its own gradients and the
 ///    parameters are averaged every tau steps; `local_sgd_after` runs synchronous steps first
 ///    (post-local SGD).
+///  - Gradient accumulation (DDP's `no_sync`): `accumulate(batch)` runs forward and backward
+///    with no communication and no update; the next `step` averages its gradient with the
+///    accumulated ones, so k - 1 `accumulate`s and a `step` equal one step on the k batches.
+///  - `find_unused_parameters` and `clip_grad_norm` as in PyTorch (trainer_options.hpp).
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -71,6 +76,9 @@ class basic_trainer {
     if (options_.compress != compression::none && !supports_compression()) {
       throw error(errc::unsupported, name() + ": " + std::string(Backend::no_compression));
     }
+    if (!Backend::accumulates && (options_.find_unused_parameters || options_.clip_grad_norm > 0)) {
+      throw error(errc::unsupported, name() + ": find_unused_parameters and clip_grad_norm are host-only so far");
+    }
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     contiguous_ = detail::contiguous_buckets(plan_, model_);
     backend_.reserve(plan_);
@@ -104,11 +112,18 @@ class basic_trainer {
     step_result result;
     if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(steps_));
     result.learning_rate = updater_.learning_rate();
+    result.batches = accumulated_ + 1;
     const bool sync = !local_sgd_now();
 
     readiness_->reset();
     auto on_ready = [&](std::size_t tensor) {
-      if (!readiness_->report(tensor) || !sync) return;
+      if (!readiness_->report(tensor)) return;
+      if constexpr (Backend::accumulates) {
+        if (accumulated_ > 0) {  // this batch's gradient joins the accumulated ones: their mean
+          backend_.fold_accumulated(model_.gradients(tensor), accumulation(tensor), 1.0 / static_cast<double>(accumulated_ + 1));
+        }
+      }
+      if (!sync) return;
       backend_.gradient_final(model_, tensor);
       if (options_.overlap) launch_ready_buckets();
     };
@@ -116,6 +131,7 @@ class basic_trainer {
       {
         trace::scope s("forward+backward", "compute", tracer_);
         result.loss = model_.forward_backward(batch, gradient_ready(on_ready));
+        report_unused(on_ready);
       }
       const auto t1 = clock::now();
       const std::string misuse = readiness_->finish();
@@ -133,7 +149,9 @@ class basic_trainer {
           inline_seconds_ += std::chrono::duration<double>(clock::now() - inline_start).count();
         }
       }
+      accumulated_ = 0;
       const auto t2 = clock::now();
+      if (options_.clip_grad_norm > 0) result.grad_norm = clip_gradients();
       {
         trace::scope s("update", "compute", tracer_);
         for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
@@ -158,6 +176,31 @@ class basic_trainer {
       throw;
     }
     return result;
+  }
+
+  /// Forward and backward on `batch` with no communication and no update (DDP's `no_sync`):
+  /// the gradients are added to a running sum that the next `step` averages with its own.
+  /// Local: ranks may accumulate different numbers of batches. @returns the batch's mean loss.
+  /// @throws dtrain::error `invalid_argument` as `step` does for a model's misreports, and
+  ///   `unsupported` on a backend without accumulation.
+  double accumulate(const batch_type& batch) {
+    if (broken_) throw error(errc::broken, name() + ": an earlier step failed; rebuild the trainer");
+    if constexpr (!Backend::accumulates) {
+      throw error(errc::unsupported, name() + ": gradient accumulation is not implemented on this backend");
+    } else {
+      trace::scope s("forward+backward (accumulate)", "compute", tracer_);
+      readiness_->reset();
+      auto on_ready = [&](std::size_t tensor) { readiness_->report(tensor); };
+      const double loss = model_.forward_backward(batch, gradient_ready(on_ready));
+      report_unused(on_ready);
+      if (const std::string& misuse = readiness_->finish(); !misuse.empty()) {
+        throw error(errc::invalid_argument, name() + ": " + misuse);
+      }
+      if (accumulation_.empty()) accumulation_.assign(plan_.elements(), value_type(0));
+      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) backend_.add_to(accumulation(i), model_.gradients(i));
+      ++accumulated_;
+      return loss;
+    }
   }
 
   /// Averages the parameters across ranks now (after the updates enqueued so far): the end of
@@ -196,6 +239,40 @@ class basic_trainer {
   }
 
   bool local_sgd_now() const noexcept { return options_.average_every > 1 && steps_ >= options_.local_sgd_after; }
+
+  // DDP's find_unused_parameters: what the model did not report gets a zero gradient, reported.
+  template <class OnReady>
+  void report_unused(OnReady& on_ready) {
+    if constexpr (Backend::accumulates) {
+      if (!options_.find_unused_parameters) return;
+      for (std::size_t t : readiness_->unreported()) {
+        backend_.zero(model_.gradients(t));
+        on_ready(t);
+      }
+    }
+  }
+
+  // Tensor i's share of the accumulated gradients.
+  span accumulation(std::size_t i) {
+    return span(accumulation_.data() + plan_.parameter_offset(i), model_.gradients(i).size());
+  }
+
+  // Scales the gradients to `clip_grad_norm` if their global L2 norm exceeds it; @returns the
+  // norm before clipping.
+  double clip_gradients() {
+    if constexpr (!Backend::accumulates) {
+      throw error(errc::unsupported, name() + ": gradient clipping is not implemented on this backend");
+    } else {
+      double squares = 0;
+      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) squares += backend_.squared_norm(model_.gradients(i));
+      const double norm = std::sqrt(squares);
+      const double factor = options_.clip_grad_norm / (norm + 1e-6);
+      if (factor < 1) {
+        for (std::size_t i = 0; i < plan_.tensor_count(); ++i) backend_.scale(model_.gradients(i), factor);
+      }
+      return norm;
+    }
+  }
 
   // Every rank gathers every rank's plan digest and option digest; all raise the same error.
   void check_plan_matches() {
@@ -280,6 +357,8 @@ class basic_trainer {
   std::vector<bool> contiguous_;  // per bucket
   std::optional<detail::step_readiness> readiness_;  // refers to plan_
   std::size_t steps_ = 0;
+  std::size_t accumulated_ = 0;             // batches `accumulate`d since the last step
+  std::vector<value_type> accumulation_;    // their gradients' sum, laid out as the updater's state
   double inline_seconds_ = 0;  // buckets reduced by `step` itself
   std::uint64_t bytes_reduced_ = 0;  // written by the communication thread; read after drain
   trainer_stats stats_;

@@ -129,6 +129,15 @@ class step_readiness {
   /// The next unlaunched bucket, whatever its state (after backward, all are complete).
   const bucket* take_next() { return next_ < pending_.size() ? &plan_->buckets()[next_++] : nullptr; }
 
+  /// The tensors not reported so far, in index order.
+  std::vector<std::size_t> unreported() const {
+    std::vector<std::size_t> out;
+    for (std::size_t i = 0; i < reported_.size(); ++i) {
+      if (!reported_[i]) out.push_back(i);
+    }
+    return out;
+  }
+
   /// After backward: notes the first tensor never reported. Returns what went wrong, or "".
   const std::string& finish() {
     for (std::size_t i = 0; i < reported_.size() && misuse_.empty(); ++i) {

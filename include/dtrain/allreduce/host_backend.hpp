@@ -52,6 +52,29 @@ class host_backend {
   void copy(span to, span from) noexcept { std::copy(from.begin(), from.end(), to.begin()); }
   void fence() noexcept {}
 
+  /// Gradient arithmetic for accumulation and clipping, on the compute thread.
+  static constexpr bool accumulates = true;
+  void zero(span g) noexcept { std::fill(g.begin(), g.end(), value_type(0)); }
+  void add_to(span sum, span g) noexcept {
+    for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+  }
+  /// g = (g + sum) * scale, and the sum starts again from zero.
+  void fold_accumulated(span g, span sum, double scale) noexcept {
+    const auto k = static_cast<value_type>(scale);
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      g[i] = (g[i] + sum[i]) * k;
+      sum[i] = value_type(0);
+    }
+  }
+  double squared_norm(span g) const noexcept {
+    double s = 0;
+    for (value_type x : g) s += static_cast<double>(x) * static_cast<double>(x);
+    return s;
+  }
+  void scale(span g, double factor) noexcept {
+    for (value_type& x : g) x = static_cast<value_type>(x * factor);
+  }
+
   template <class Collective>
   std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
     std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));

@@ -41,6 +41,15 @@ struct trainer_options {
   bool overlap = true;
   /// The rank whose initial parameters every rank starts from.
   int root = 0;
+  /// DDP's `find_unused_parameters`: a tensor the model does not report in a step (a branch it
+  /// did not take) gets a zero gradient from the trainer and is averaged with the other ranks'
+  /// (it is stepped, so momentum and Adam state move on; PyTorch skips tensors no rank used).
+  /// Off, an unreported tensor is an error.
+  bool find_unused_parameters = false;
+  /// Clips the averaged gradient to this global L2 norm before the update (PyTorch's
+  /// `clip_grad_norm_`: scale by max_norm / (norm + 1e-6) when that is below 1); 0 is off. The
+  /// replicas hold the same averaged gradient, so the norm needs no communication.
+  double clip_grad_norm = 0;
   /// Where the timeline goes; null: `trace::recorder::global()` (enabled by DTRAIN_TRACE).
   trace::recorder* tracer = nullptr;
 };
@@ -50,6 +59,8 @@ struct step_result {
   double loss = 0;                 ///< this rank's mean loss on its batch
   double learning_rate = 0;        ///< the rate the update used
   bool averaged_parameters = false;  ///< local SGD averaged the parameters after this step
+  double grad_norm = 0;              ///< the gradient's L2 norm before clipping (when clipping)
+  std::size_t batches = 1;           ///< batches the update averaged: 1 + those `accumulate`d
 };
 
 /// Where a trainer's time went, summed over its steps (seconds), for reports and benchmarks.
