@@ -62,10 +62,11 @@ void check_device_updater_matches_host(Updater host) {
   for (int step = 0; step < 5; ++step) {
     for (std::size_t i = 0; i < n; ++i) g[i] = 0.1 * static_cast<double>((i * 7 + static_cast<std::size_t>(step)) % 11) - 0.5;
     // two ranges with offsets, as a trainer steps tensor by tensor
-    host.step(std::span(w_host).first(300), std::span<const double>(g).first(300), 0, {});
-    host.step(std::span(w_host).subspan(300), std::span<const double>(g).subspan(300), 300, {});
-    dev.step(std::span(w_dev).first(300), std::span<const double>(g).first(300), 0, {});
-    dev.step(std::span(w_dev).subspan(300), std::span<const double>(g).subspan(300), 300, {});
+    const step_info info{0, 1.0, static_cast<std::uint64_t>(step + 1)};  // adam reads the count
+    host.step(std::span(w_host).first(300), std::span<const double>(g).first(300), 0, info);
+    host.step(std::span(w_host).subspan(300), std::span<const double>(g).subspan(300), 300, info);
+    dev.step(std::span(w_dev).first(300), std::span<const double>(g).first(300), 0, info);
+    dev.step(std::span(w_dev).subspan(300), std::span<const double>(g).subspan(300), 300, info);
   }
   CHECK(w_dev == w_host);
   CHECK(std::vector<double>(dev.state().begin(), dev.state().end()) ==

@@ -111,8 +111,9 @@ TEST_CASE("device updater on the GPU: momentum and Adam match the host updaters"
     std::vector<double> hw = w;
     dtrain::cuda::stream s;
     for (int k = 0; k < 4; ++k) {
-      host.step(std::span(hw), std::span<const double>(g), 0, {});
-      dev.step(dw.span(), device_span<const double>(dg.span()), 0, {}, s.get());
+      const dtrain::step_info info{0, 1.0, static_cast<std::uint64_t>(k + 1)};  // adam reads the count
+      host.step(std::span(hw), std::span<const double>(g), 0, info);
+      dev.step(dw.span(), device_span<const double>(dg.span()), 0, info, s.get());
     }
     s.synchronize();
     std::vector<double> back(n);

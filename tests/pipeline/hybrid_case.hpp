@@ -43,7 +43,7 @@ inline std::vector<std::vector<double>> serial_blocks(int micro_batches, int ste
         whole.forward(mb, {}, {});
         whole.backward(mb, {}, {});
       }
-      update_and_zero(whole, u, 1.0 / micro_batches);
+      update_and_zero(whole, u, 1.0 / micro_batches, static_cast<std::uint64_t>(s + 1));
     }
     for (std::size_t i = 0; i < whole.tensor_count(); ++i) {
       auto p = whole.parameters(i);

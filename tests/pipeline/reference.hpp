@@ -38,14 +38,17 @@ void set_flat_parameters(Stage& s, const std::vector<typename Stage::value_type>
   }
 }
 
-/// Applies one update to every tensor of `s` from its gradients, then zeroes them.
+/// Applies update number `step` (1-based) to every tensor of `s` from its gradients, then zeroes
+/// them.
 template <class Stage, class Updater>
-void update_and_zero(Stage& s, Updater& u, double scale) {
+void update_and_zero(Stage& s, Updater& u, double scale, std::uint64_t step) {
   std::size_t offset = 0;
   for (std::size_t i = 0; i < s.tensor_count(); ++i) {
     auto g = s.gradients(i);
     for (auto& x : g) x *= static_cast<typename Stage::value_type>(scale);
-    u.step(s.parameters(i), std::span<const typename Stage::value_type>(g), offset, {});
+    step_info info;
+    info.step = step;
+    u.step(s.parameters(i), std::span<const typename Stage::value_type>(g), offset, info);
     offset += g.size();
     std::fill(g.begin(), g.end(), typename Stage::value_type(0));
   }
@@ -68,7 +71,7 @@ std::vector<std::vector<double>> serial_accumulation(const pipeline::partition& 
       whole.forward(mb, {}, {});
       whole.backward(mb, {}, {});
     }
-    update_and_zero(whole, u, 1.0 / micro_batches);
+    update_and_zero(whole, u, 1.0 / micro_batches, static_cast<std::uint64_t>(step + 1));
   }
   // Cut the whole network's parameters at the stage boundaries (two tensors per layer).
   std::vector<std::vector<double>> per_stage;
@@ -127,7 +130,7 @@ std::vector<std::vector<double>> serial_pipedream(const pipeline::partition& bou
           for (auto& x : g0) x /= replicas;
         }
         set_flat_parameters(stages[0][s], versions[s].back());
-        update_and_zero(stages[0][s], updaters[s], 1.0);
+        update_and_zero(stages[0][s], updaters[s], 1.0, static_cast<std::uint64_t>(step * micro_batches + i + 1));
         versions[s].push_back(flat_parameters(stages[0][s]));
       }
     }

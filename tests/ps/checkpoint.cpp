@@ -19,7 +19,7 @@ using namespace dtrain::ps;
 
 namespace {
 
-using adam_table = table<float, adam<float>, uniform_initializer>;
+using adam_table = table<float, lazy_adam<float>, uniform_initializer>;
 
 std::string temp_path(const char* name) {
   return (std::filesystem::temp_directory_path() / (std::string("dtrain_ckpt_") + std::to_string(::getpid()) + "_" + name))
@@ -49,7 +49,7 @@ std::vector<float> pull_all(adam_table& t) {
 }
 
 std::string load_error(const std::string& path, std::uint32_t shard = 1) {
-  adam_table t(adam<float>(0.01), uniform_initializer{0.1, 3});
+  adam_table t(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
   try {
     load_checkpoint(path, t, shard, 4);
   } catch (const dtrain::error& e) {
@@ -62,14 +62,14 @@ std::string load_error(const std::string& path, std::uint32_t shard = 1) {
 
 TEST_CASE("a restored shard continues bit for bit like the original", "[ps][checkpoint]") {
   const std::string path = temp_path("roundtrip");
-  adam_table original(adam<float>(0.01), uniform_initializer{0.1, 3});
+  adam_table original(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
   train(original, 100, 1);
   shard_state st{1, 4, 100, {7, 9, 8}};
   save_checkpoint(path, original, st);
   save_checkpoint(path, original, st);  // replacing an existing checkpoint works too
   CHECK_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
 
-  adam_table restored(adam<float>(0.01), uniform_initializer{0.1, 3});
+  adam_table restored(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
   const auto got = load_checkpoint(path, restored, 1, 4);
   CHECK(got.version == 100);
   CHECK(got.clocks == std::vector<std::int64_t>{7, 9, 8});
@@ -82,7 +82,7 @@ TEST_CASE("a restored shard continues bit for bit like the original", "[ps][chec
 
 TEST_CASE("broken or mismatched checkpoints are refused, saying why", "[ps][checkpoint]") {
   const std::string path = temp_path("broken");
-  adam_table t(adam<float>(0.01), uniform_initializer{0.1, 3});
+  adam_table t(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
   train(t, 20, 1);
   save_checkpoint(path, t, shard_state{1, 4, 20, {20, 20}});
   std::ifstream in(path, std::ios::binary);
@@ -106,8 +106,8 @@ TEST_CASE("broken or mismatched checkpoints are refused, saying why", "[ps][chec
   train(t, 1, 5);
   save_checkpoint(path, other, shard_state{1, 4, 0, {}});
   CHECK_THAT(load_error(path), Catch::Contains("was written by updater momentum (1 state slots, 4-byte values); "
-                                               "this server runs adam (3 slots, 4-byte values)"));
-  table<float, adam<float>> zero_init(adam<float>(0.01));
+                                               "this server runs lazy_adam (3 slots, 4-byte values)"));
+  table<float, lazy_adam<float>> zero_init(lazy_adam<float>(0.01));
   save_checkpoint(path, zero_init, shard_state{1, 4, 0, {}});
   CHECK_THAT(load_error(path), Catch::Contains("written with the zero initializer; this server uses uniform"));
 

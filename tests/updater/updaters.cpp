@@ -2,6 +2,7 @@
 // closed forms where they exist.
 
 #include <cmath>
+#include <cstdint>
 #include <cstddef>
 #include <vector>
 
@@ -29,10 +30,13 @@ void check_against(U u, Ref reference, std::size_t n, int steps, double tol) {
   for (int k = 0; k < steps; ++k) {
     std::vector<double> g(n);
     for (std::size_t i = 0; i < n; ++i) g[i] = grad(i, k);
-    // Step in two slices, as a sharded server would: state follows the offset.
+    // Step in two slices, as a sharded server would: state follows the offset. The step count
+    // is the trainers' (per tensor), for the updaters that read it.
     std::size_t half = n / 2;
-    u.step(std::span(w).first(half), std::span<const double>(g).first(half), 0, step_info{});
-    u.step(std::span(w).subspan(half), std::span<const double>(g).subspan(half), half, step_info{});
+    step_info info;
+    info.step = static_cast<std::uint64_t>(k + 1);
+    u.step(std::span(w).first(half), std::span<const double>(g).first(half), 0, info);
+    u.step(std::span(w).subspan(half), std::span<const double>(g).subspan(half), half, info);
     for (std::size_t i = 0; i < n; ++i) reference(ref_w[i], g[i], &state[i * 3], k + 1);
   }
   for (std::size_t i = 0; i < n; ++i) REQUIRE(w[i] == Approx(ref_w[i]).epsilon(tol));
@@ -108,7 +112,7 @@ TEST_CASE("weight decay: SGD and momentum add wd * w to the gradient, AdamW deca
   adamw<double> decoupled(0.01, 0.5, 0.9, 0.999, 1e-8);  // m = v = 0: the Adam step is 0 / eps = 0
   decoupled.resize(1);
   std::vector<double> x{3.0};
-  for (int k = 0; k < 5; ++k) decoupled.step(std::span(x), std::span<const double>(zero), 0, {});
+  for (int k = 0; k < 5; ++k) decoupled.step(std::span(x), std::span<const double>(zero), 0, step_info{0, 1.0, static_cast<std::uint64_t>(k + 1)});
   CHECK(x[0] == Approx(3.0 * std::pow(1 - 0.005, 5)));
   static_assert(updater<adamw<float>> && updater<adamw<double>, double>);
 }
@@ -159,15 +163,29 @@ TEST_CASE("adam: bias-corrected moments", "[updater]") {
   std::vector<double> w{0.0, 0.0};
   for (int k = 0; k < 12; ++k) {
     std::vector<double> g{4.0, -0.25};
-    u.step(std::span(w), std::span<const double>(g), 0, {});
+    step_info info;
+    info.step = static_cast<std::uint64_t>(k + 1);
+    u.step(std::span(w), std::span<const double>(g), 0, info);
   }
   CHECK(w[0] == Approx(-0.05 * 12));
   CHECK(w[1] == Approx(0.05 * 12));
-  CHECK(u.state()[2] == 12.0);  // the per-parameter step count
+  STATIC_REQUIRE(adam<double>::state_slots == 2);  // m and v: the count is the tensor's, not kept per element
+  // Without the tensor's count, adam refuses rather than guess one.
+  REQUIRE_THROWS_WITH(u.step(std::span(w), std::span<const double>(w), 0, {}), Catch::Contains("lazy_adam"));
 }
 
-TEST_CASE("adam: a sparse key stepped less often keeps its own bias correction", "[updater]") {
-  adam<double> u(0.1, 0.9, 0.999, 0.0);
+TEST_CASE("lazy_adam: bias-corrected as adam for dense updates", "[updater]") {
+  check_against(lazy_adam<double>(0.01, 0.9, 0.999, 1e-8),
+                [](double& w, double g, double* s, int k) {
+                  s[0] = 0.9 * s[0] + 0.1 * g;
+                  s[1] = 0.999 * s[1] + 0.001 * g * g;
+                  w -= 0.01 * (s[0] / (1 - std::pow(0.9, k))) / (std::sqrt(s[1] / (1 - std::pow(0.999, k))) + 1e-8);
+                },
+                33, 50, 1e-10);
+}
+
+TEST_CASE("lazy_adam: a sparse key stepped less often keeps its own bias correction", "[updater]") {
+  lazy_adam<double> u(0.1, 0.9, 0.999, 0.0);
   u.resize(2);
   std::vector<double> w{0.0, 0.0};
   std::vector<double> g{1.0};

@@ -155,7 +155,7 @@ class basic_trainer {
       {
         trace::scope s("update", "compute", tracer_);
         for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
-          backend_.update(updater_, model_, i, plan_.parameter_offset(i));
+          backend_.update(updater_, model_, i, plan_.parameter_offset(i), steps_ + 1);  // every tensor, every step
         }
       }
       ++steps_;

@@ -12,7 +12,7 @@
 ///  - `await_gradients(tensors)`: the collective must not start before those gradients exist;
 ///  - `copy(to, from)` and `fence()`: pack and unpack buckets; `fence` waits for the copies;
 ///  - `allgather_digests(comm, mine)`: every rank's start-up digest, in host memory;
-///  - `prepare(updater, elements, model)` and `update(updater, model, i, offset)`;
+///  - `prepare(updater, elements, model)` and `update(updater, model, i, offset, step)`;
 ///  - `compresses` and, when it does, `allreduce_compressed<Half>(comm, flat)`.
 
 #include <algorithm>
@@ -25,6 +25,7 @@
 
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/core/element.hpp"
+#include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/reduce/host.hpp"
 
@@ -87,9 +88,12 @@ class host_backend {
     if (updater.parameters() < elements) updater.resize(elements);
   }
 
+  /// Tensor `tensor`'s `step`-th update (1-based), its updater state at `offset`.
   template <class Updater>
-  void update(Updater& updater, Model& model, std::size_t tensor, std::size_t offset) {
-    updater.step(model.parameters(tensor), std::span<const value_type>(model.gradients(tensor)), offset, {});
+  void update(Updater& updater, Model& model, std::size_t tensor, std::size_t offset, std::uint64_t step) {
+    step_info info;
+    info.step = step;
+    updater.step(model.parameters(tensor), std::span<const value_type>(model.gradients(tensor)), offset, info);
   }
 
   /// Averages `flat` across ranks in `Half` precision: divide first, so the 16-bit sum cannot

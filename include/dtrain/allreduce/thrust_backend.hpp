@@ -88,8 +88,11 @@ class thrust_backend {
   }
 
   template <class Updater>
-  void update(device_updater<Updater>& updater, Model& model, std::size_t tensor, std::size_t offset) {
-    updater.step(model.parameters(tensor), thrust_buffer<const value_type>(model.gradients(tensor)), offset, {},
+  void update(device_updater<Updater>& updater, Model& model, std::size_t tensor, std::size_t offset,
+              std::uint64_t step) {
+    step_info info;
+    info.step = step;
+    updater.step(model.parameters(tensor), thrust_buffer<const value_type>(model.gradients(tensor)), offset, info,
                  model.stream());
   }
 

@@ -17,6 +17,10 @@ struct step_info {
   std::uint64_t staleness = 0;
   /// A factor on the learning rate for this step (schedules, warm-up, staleness scaling).
   double lr_scale = 1.0;
+  /// How many updates the tensor being stepped has had, this one included (1, 2, ...), from
+  /// callers that count per tensor (the trainers); 0 where the caller does not count (the
+  /// parameter server's keys). Updaters whose rule depends on it (`adam`) refuse 0.
+  std::uint64_t step = 0;
 };
 
 /// An updater changes parameters from gradients and owns the per-parameter state it needs.

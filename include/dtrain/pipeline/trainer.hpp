@@ -241,7 +241,9 @@ class trainer {
     std::size_t offset = 0;
     for (Stage& s : chunks_) {
       for (std::size_t i = 0; i < s.tensor_count(); ++i) {
-        updater_.step(s.parameters(i), std::span<const value_type>(s.gradients(i)), offset, step_info{});
+        step_info info;
+        info.step = updates_ + 1;  // every tensor is updated at every update
+        updater_.step(s.parameters(i), std::span<const value_type>(s.gradients(i)), offset, info);
         offset += s.parameters(i).size();
       }
     }

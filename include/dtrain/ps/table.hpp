@@ -62,6 +62,10 @@ enum class apply_mode {
 /// One shard's keys, values and updater state. Not thread-safe: the server serialises access.
 template <std::floating_point T, updater<T> Updater, initializer<T> Initializer = zero_initializer>
 class table {
+  static_assert(!requires(const typename Updater::rule_type& r) { r.for_step(std::uint64_t{1}); },
+                "a parameter server's keys are updated at their own rates: use lazy_adam (a step count per "
+                "parameter) rather than adam or adamw (a step count per tensor)");
+
  public:
   using value_type = T;
 

@@ -8,6 +8,8 @@
 #include <concepts>
 #include <cstddef>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "dtrain/concepts/updater.hpp"
@@ -15,6 +17,28 @@
 #include "dtrain/core/error.hpp"
 
 namespace dtrain {
+
+namespace detail {
+
+/// `rule`, prepared for one `step` call: a rule with `for_step(t)` (Adam's bias corrections,
+/// computed once per tensor rather than per element) gets `info.step`.
+/// @throws dtrain::error (invalid_argument) when the rule needs the step count and has none.
+template <class Rule>
+Rule rule_for_step(const Rule& rule, const step_info& info, std::string_view updater) {
+  if constexpr (requires { rule.for_step(info.step); }) {
+    if (info.step == 0) {
+      throw error(errc::invalid_argument, "dtrain: " + std::string(updater) +
+                                              " needs the tensor's update count (step_info::step); the trainers "
+                                              "pass it. Keys updated at their own rates (a parameter server) "
+                                              "take lazy_adam, which counts per parameter");
+    }
+    return rule.for_step(info.step);
+  } else {
+    return rule;
+  }
+}
+
+}  // namespace detail
 
 /// Base of the updater models: `Rule{...}(w, g, state, lr)` updates one parameter `w` from
 /// gradient `g` with a pointer to its `Slots` state values and the effective rate.
@@ -35,7 +59,8 @@ class basic_updater {
     DTRAIN_ASSERT(offset + params.size() <= parameters_, "updater state too small; call resize");
     const T lr = static_cast<T>(lr_ * info.lr_scale);
     T* state = state_.data() + offset * Slots;
-    for (std::size_t i = 0; i < params.size(); ++i) rule_(params[i], grads[i], state + i * Slots, lr);
+    const Rule rule = detail::rule_for_step(rule_, info, "this updater");
+    for (std::size_t i = 0; i < params.size(); ++i) rule(params[i], grads[i], state + i * Slots, lr);
   }
 
   std::size_t parameters() const noexcept { return parameters_; }

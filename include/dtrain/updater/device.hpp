@@ -24,6 +24,7 @@
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/reduce/thrust_space.hpp"
+#include "dtrain/updater/basic_updater.hpp"
 
 namespace dtrain {
 
@@ -76,7 +77,8 @@ class device_updater {
     if (params.empty()) return;
     const auto lr = static_cast<value_type>(host_.learning_rate() * info.lr_scale);
     detail::apply_rule<typename Updater::rule_type, value_type, state_slots> f{
-        host_.rule(), params.data(), grads.data(), state_.data() + offset * state_slots, lr};
+        detail::rule_for_step(host_.rule(), info, name), params.data(), grads.data(),
+        state_.data() + offset * state_slots, lr};
     thrust::for_each(detail::thrust_space::on(s), thrust::counting_iterator<std::size_t>(0),
                      thrust::counting_iterator<std::size_t>(params.size()), f);
   }
