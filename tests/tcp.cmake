@@ -107,6 +107,9 @@ foreach(mode sync local-sgd)
     set_tests_properties(allreduce_trainer_tcp_${mode}_${n} PROPERTIES TIMEOUT 300)
   endforeach()
 endforeach()
+# A job resumed from a mid-epoch checkpoint ends bit-identical to the straight job (issue 16).
+add_test(NAME allreduce_trainer_tcp_resume_2 COMMAND $<TARGET_FILE:dtrain-run> -n 2 $<TARGET_FILE:trainer_worker> resume)
+set_tests_properties(allreduce_trainer_tcp_resume_2 PROPERTIES TIMEOUT 300)
 
 # The parameter server across real processes: 2 servers and 2 or 3 workers under dtrain-run.
 add_executable(ps_worker ps/ps_worker.cpp)

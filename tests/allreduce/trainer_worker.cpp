@@ -4,6 +4,10 @@
 //
 //   trainer_worker sync        gradients averaged every step, small buckets, per-rank ready order
 //   trainer_worker local-sgd   local SGD, tau = 4 after 3 synchronous steps
+//   trainer_worker resume      Adam, 30 steps straight; and 13 steps, a checkpoint per rank, a
+//                              fresh model and trainer that load it and finish: bit-identical
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,7 +18,9 @@
 
 #include "dtrain/allreduce/trainer.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/transport/group.hpp"
 #include "dtrain/transport/tcp.hpp"
+#include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "linear_model.hpp"
 #include "simulation.hpp"
@@ -22,9 +28,62 @@
 using namespace dtrain;
 using namespace dtrain::testing;
 
+namespace {
+
+// Steps [first, last) of the job; batches at (step * batch) % 400 of this rank's data.
+template <class Trainer>
+void run_steps(Trainer& tr, std::size_t first, std::size_t last) {
+  for (std::size_t k = first; k < last; ++k) {
+    const std::size_t begin = (k * batch) % 400;
+    tr.step({begin, begin + batch});
+  }
+}
+
+// The same job straight and resumed from a mid-epoch checkpoint, each on its own group of the
+// same processes: every rank's final weights must be equal bit for bit.
+int resume() {
+  using group = process_group<tcp_transport>;
+  group world(tcp_transport::from_environment());
+  const int rank = world.rank(), ranks = world.size();
+  auto all = [&](const char* label) { return *world.form(rank_list::range(0, ranks), label); };
+  auto data = data_of(rank);
+  allreduce::trainer_options o;
+  o.first_bucket_bytes = 8 * 10;
+  o.bucket_bytes = 8 * 64;
+  o.learning_rate = [](std::size_t step) { return 0.02 / (1.0 + 0.05 * static_cast<double>(step)); };
+  constexpr std::size_t steps = 30, save_at = 13;
+
+  linear_model straight_model(tensor_sizes, data, 0.25);
+  allreduce::trainer straight(tuned<group>(all("straight")), adam<double>(0.01), straight_model, o);
+  run_steps(straight, 0, steps);
+
+  const std::string path = "/tmp/dtrain-resume-" + std::to_string(::getppid()) + "-rank" + std::to_string(rank) + ".ckpt";
+  linear_model first_model(tensor_sizes, data, 0.25);
+  allreduce::trainer first(tuned<group>(all("first")), adam<double>(0.01), first_model, o);
+  run_steps(first, 0, save_at);
+  first.save(path, {0, save_at * batch % 400});
+
+  linear_model resumed_model(tensor_sizes, data, -3.0);
+  allreduce::trainer resumed(tuned<group>(all("resumed")), adam<double>(0.01), resumed_model, o);
+  const auto at = resumed.load(path);
+  std::remove(path.c_str());
+  run_steps(resumed, at.next / batch, steps);
+
+  std::vector<std::int64_t> wrong{resumed_model.weights() == straight_model.weights() && resumed.steps() == steps ? 0 : 1};
+  straight.with_collective([&](auto& c) { c.allreduce(std::span(wrong), reduce_op::sum); });
+  if (rank == 0) {
+    std::printf("trainer resume: %d ranks over TCP, checkpoint at step %zu of %zu: %lld ranks differ from the straight run\n",
+                ranks, save_at, steps, static_cast<long long>(wrong[0]));
+  }
+  return wrong[0] == 0 ? 0 : 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "sync";
   try {
+    if (mode == "resume") return resume();
     tuned<tcp_transport> comm(tcp_transport::from_environment());
     const int rank = comm.rank(), ranks = comm.size();
     auto data = data_of(rank);

@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <span>
 #include <string>
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "dtrain/allreduce/bucket_plan.hpp"
+#include "dtrain/allreduce/checkpoint.hpp"
 #include "dtrain/allreduce/trainer_options.hpp"
 #include "dtrain/concepts/collective.hpp"
 #include "dtrain/concepts/model.hpp"
@@ -76,7 +78,7 @@ class basic_trainer {
     if (options_.compress != compression::none && !supports_compression()) {
       throw error(errc::unsupported, name() + ": " + std::string(Backend::no_compression));
     }
-    if (!Backend::accumulates && (options_.find_unused_parameters || options_.clip_grad_norm > 0)) {
+    if (!Backend::host_tensors && (options_.find_unused_parameters || options_.clip_grad_norm > 0)) {
       throw error(errc::unsupported, name() + ": find_unused_parameters and clip_grad_norm are host-only so far");
     }
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
@@ -118,7 +120,7 @@ class basic_trainer {
     readiness_->reset();
     auto on_ready = [&](std::size_t tensor) {
       if (!readiness_->report(tensor)) return;
-      if constexpr (Backend::accumulates) {
+      if constexpr (Backend::host_tensors) {
         if (accumulated_ > 0) {  // this batch's gradient joins the accumulated ones: their mean
           backend_.fold_accumulated(model_.gradients(tensor), accumulation(tensor), 1.0 / static_cast<double>(accumulated_ + 1));
         }
@@ -185,7 +187,7 @@ class basic_trainer {
   ///   `unsupported` on a backend without accumulation.
   double accumulate(const batch_type& batch) {
     if (broken_) throw error(errc::broken, name() + ": an earlier step failed; rebuild the trainer");
-    if constexpr (!Backend::accumulates) {
+    if constexpr (!Backend::host_tensors) {
       throw error(errc::unsupported, name() + ": gradient accumulation is not implemented on this backend");
     } else {
       trace::scope s("forward+backward (accumulate)", "compute", tracer_);
@@ -209,6 +211,67 @@ class basic_trainer {
     backend_.settle(model_);
     for (const bucket& b : plan_.buckets()) post_bucket(b, role::average_parameters);
     worker_->drain();
+  }
+
+  /// Writes this rank's parameters, updater state, step count and learning rate, with `at`
+  /// (where this rank is in its data), to `path` atomically. Call between steps. During
+  /// synchronous training the replicas are identical and any rank's file restores every rank;
+  /// during local SGD each rank needs its own. Local: no communication.
+  /// @throws dtrain::error `invalid_argument` after an `accumulate` whose `step` has not run,
+  ///   `unsupported` on the device, and the system error when the file cannot be written.
+  void save(const std::string& path, data::sampler_position at = {}) {
+    if constexpr (!Backend::host_tensors) {
+      throw error(errc::unsupported, name() + ": checkpoints are host-only so far");
+    } else {
+      if (accumulated_ > 0) {
+        throw error(errc::invalid_argument, name() + ": save between steps, not between accumulate and step");
+      }
+      std::vector<span> params;
+      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) params.push_back(model_.parameters(i));
+      save_allreduce_checkpoint<value_type>(path, identity(), {steps_, updater_.learning_rate(), at}, params,
+                                            std::span<const value_type>(updater_.state()));
+    }
+  }
+
+  /// Restores what `save` wrote, so the next `step` continues that job bit for bit; returns the
+  /// data position saved with it. Collective: every rank loads (its own file, or under
+  /// synchronous training any rank's), and all check that all succeeded at the same step.
+  /// @throws dtrain::error `bad_data` naming the file and what does not match (model, world
+  ///   size, updater, options, rank) or that it is corrupt, on the rank that read it, and on
+  ///   every other rank an error naming that rank; nothing is changed on any rank then.
+  data::sampler_position load(const std::string& path) {
+    if constexpr (!Backend::host_tensors) {
+      throw error(errc::unsupported, name() + ": checkpoints are host-only so far");
+    } else {
+      std::vector<value_type> params(plan_.elements()), state(updater_.state().size());
+      checkpoint_state at;
+      std::exception_ptr failure;
+      try {
+        at = load_allreduce_checkpoint<value_type>(path, identity(), std::span(params), std::span(state));
+      } catch (const error&) {
+        failure = std::current_exception();
+      }
+      // Every rank learns whether every rank read a good file for the same step.
+      const std::vector<std::int64_t> mine{failure ? 0 : 1, static_cast<std::int64_t>(at.steps)};
+      std::vector<std::int64_t> all;
+      with_collective([&](Collective& c) { all = backend_.allgather_digests(c, std::span<const std::int64_t>(mine)); });
+      if (failure) std::rethrow_exception(failure);
+      for (std::size_t r = 0; r < all.size() / 2; ++r) {
+        if (all[2 * r] == 0) throw error(errc::bad_data, name() + ": rank " + std::to_string(r) + " could not load its checkpoint");
+        if (all[2 * r + 1] != all[1]) {
+          throw error(errc::bad_data, name() + ": rank " + std::to_string(r) + " loaded a checkpoint of step " +
+                                          std::to_string(all[2 * r + 1]) + ", rank 0 one of step " + std::to_string(all[1]));
+        }
+      }
+      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
+        auto from = std::span(params).subspan(plan_.parameter_offset(i), model_.parameters(i).size());
+        std::copy(from.begin(), from.end(), model_.parameters(i).begin());
+      }
+      std::copy(state.begin(), state.end(), updater_.state().begin());
+      updater_.set_learning_rate(at.learning_rate);
+      steps_ = at.steps;
+      return at.position;
+    }
   }
 
   /// Runs `f(collective)` on the communication thread, after every bucket queued before it, and
@@ -240,10 +303,22 @@ class basic_trainer {
 
   bool local_sgd_now() const noexcept { return options_.average_every > 1 && steps_ >= options_.local_sgd_after; }
 
+  // What this rank's checkpoint must match.
+  checkpoint_identity identity() const {
+    checkpoint_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
+                           static_cast<std::uint32_t>(sizeof(value_type)), static_cast<std::uint32_t>(comm_.size()),
+                           static_cast<std::uint32_t>(comm_.rank()), true,
+                           static_cast<std::uint64_t>(detail::digest_of(plan_, contiguous_, options_)[3]), {}};
+    // During local SGD the replicas differ, except right after an averaging.
+    id.replicas_identical = !local_sgd_now() || (steps_ - options_.local_sgd_after) % options_.average_every == 0;
+    for (std::size_t i = 0; i < plan_.tensor_count(); ++i) id.sizes.push_back(plan_.tensor_size(i));
+    return id;
+  }
+
   // DDP's find_unused_parameters: what the model did not report gets a zero gradient, reported.
   template <class OnReady>
   void report_unused(OnReady& on_ready) {
-    if constexpr (Backend::accumulates) {
+    if constexpr (Backend::host_tensors) {
       if (!options_.find_unused_parameters) return;
       for (std::size_t t : readiness_->unreported()) {
         backend_.zero(model_.gradients(t));
@@ -260,7 +335,7 @@ class basic_trainer {
   // Scales the gradients to `clip_grad_norm` if their global L2 norm exceeds it; @returns the
   // norm before clipping.
   double clip_gradients() {
-    if constexpr (!Backend::accumulates) {
+    if constexpr (!Backend::host_tensors) {
       throw error(errc::unsupported, name() + ": gradient clipping is not implemented on this backend");
     } else {
       double squares = 0;

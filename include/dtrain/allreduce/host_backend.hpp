@@ -53,8 +53,9 @@ class host_backend {
   void copy(span to, span from) noexcept { std::copy(from.begin(), from.end(), to.begin()); }
   void fence() noexcept {}
 
-  /// Gradient arithmetic for accumulation and clipping, on the compute thread.
-  static constexpr bool accumulates = true;
+  /// Tensors the compute thread can read and write: gradient accumulation, clipping and
+  /// checkpoints work on them directly.
+  static constexpr bool host_tensors = true;
   void zero(span g) noexcept { std::fill(g.begin(), g.end(), value_type(0)); }
   void add_to(span sum, span g) noexcept {
     for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];

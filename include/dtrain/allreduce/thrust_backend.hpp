@@ -50,8 +50,8 @@ class thrust_backend {
 
   static constexpr std::string_view trainer_name = "allreduce::device_trainer";
   static constexpr bool compresses = false;
-  /// Accumulation and clipping are host-only so far (refused with `unsupported`).
-  static constexpr bool accumulates = false;
+  /// Accumulation, clipping and checkpoints are host-only so far (refused with `unsupported`).
+  static constexpr bool host_tensors = false;
   static constexpr std::string_view no_compression =
       "16-bit compression is not implemented on the device; use compression::none (NCCL's bandwidth "
       "makes it rarely worth it)";

@@ -20,6 +20,13 @@
 
 namespace dtrain::data {
 
+/// Where a rank is in its data: the epoch, and the index into that epoch's `indices` of the
+/// next sample to train on. Checkpoints carry it so a resumed job continues mid-epoch.
+struct sampler_position {
+  std::uint64_t epoch = 0;
+  std::uint64_t next = 0;
+};
+
 /// Splits `samples` indices across `ranks` ranks, reshuffled every epoch, identically on all.
 class distributed_sampler {
  public:
