@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../catch.hpp"
+#include "dtrain/consistency/bounded_delay.hpp"
 #include "dtrain/consistency/policies.hpp"
 #include "dtrain/ps/server.hpp"
 #include "dtrain/ps/worker.hpp"
@@ -395,4 +396,31 @@ TEST_CASE("a request naming a key cache slot the server does not hold is refused
     exchange({op::goodbye, table_id::sparse, 3, 0, 0, 0, 0, 0}, {}, {});
   });
   CHECK_THAT(refusal, Catch::Contains("push from worker 0 names key cache slot 9 with 3 keys, but the slot holds 0 keys"));
+}
+
+TEST_CASE("bounded delay: a worker's push_pull tasks, tau + 1 in flight, see every task before t - tau", "[ps]") {
+  // Sum mode: each task adds 1 to the key and reads it back in the same pass. Task t starts once
+  // every task below t - tau finished, so it reads at least t - tau + 1 (those and its own) and
+  // at most t + 1 (every task started so far).
+  for (std::int64_t tau : {0, 1, 3}) {
+    INFO("tau " << tau);
+    constexpr std::int64_t tasks = 40;
+    std::vector<float> seen(tasks, -1.0f);
+    const std::vector<key_type> key{3};
+    run_job<bounded_delay<3>>(2, 1, [&](auto& w) {  // the servers act as under ASP whatever tau
+      const std::vector<float> one{1.0f};
+      auto finish = [&](typename std::remove_reference_t<decltype(w)>::request& r) { w.wait(r); };
+      task_window<typename std::remove_reference_t<decltype(w)>::request, decltype(finish)> window(tau, finish);
+      for (std::int64_t t = 0; t < tasks; ++t) {
+        window.admit(t);
+        window.started(t, w.push_pull(key, std::span<const float>(one), std::span(seen).subspan(static_cast<std::size_t>(t), 1), 1));
+      }
+      window.drain();
+    }, apply_mode::sum);
+    for (std::int64_t t = 0; t < tasks; ++t) {
+      CHECK(seen[static_cast<std::size_t>(t)] >= static_cast<float>(t - tau + 1));
+      CHECK(seen[static_cast<std::size_t>(t)] <= static_cast<float>(t + 1));
+      if (tau == 0) CHECK(seen[static_cast<std::size_t>(t)] == static_cast<float>(t + 1));  // sequential
+    }
+  }
 }
