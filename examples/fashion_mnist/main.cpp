@@ -45,6 +45,7 @@ struct settings {
   double warmup_epochs = 0;
   std::vector<int> hidden{256, 128};
   std::string compress = "none";
+  double density = 0.01;  // --compress topk: the share of each bucket a rank sends
   std::size_t local_sgd = 1, local_sgd_after = 0;
   double first_bucket_kib = 1024, bucket_mib = 25;
   bool no_overlap = false;
@@ -73,15 +74,15 @@ std::vector<int> layer_widths(const settings& s) {
 // The summary the bench and plot scripts read.
 void write_summary(const settings& s, const std::string& framework, int ranks, double samples_per_second,
                    const std::vector<double>& epoch_seconds, double comm_share, double accuracy,
-                   const std::vector<std::pair<double, double>>& curve, double final_loss) {
+                   const std::vector<std::pair<double, double>>& curve, double final_loss, double bytes_per_step = 0) {
   if (s.json.empty()) return;
   std::ofstream out(s.json);
   out << fmt::format(
       "{{\"framework\":\"{}\",\"ranks\":{},\"epochs\":{},\"global_batch\":{},\"samples_per_second\":{:.1f},"
       "\"epoch_seconds\":[{:.4f}],\"communication_share\":{:.4f},\"test_accuracy\":{:.4f},\"test_loss\":{:.5f},"
-      "\"curve\":[",
+      "\"compress\":\"{}\",\"density\":{},\"payload_bytes_per_step\":{:.0f},\"curve\":[",
       framework, ranks, epoch_seconds.size(), s.global_batch, samples_per_second, fmt::join(epoch_seconds, ","),
-      comm_share, accuracy, final_loss);
+      comm_share, accuracy, final_loss, s.compress, s.density, bytes_per_step);
   for (std::size_t i = 0; i < curve.size(); ++i) {
     out << fmt::format("{}[{:.4f},{:.4f}]", i ? "," : "", curve[i].first, curve[i].second);
   }
@@ -111,7 +112,9 @@ int run_allreduce(const settings& s) {
   options.bucket_bytes = static_cast<std::size_t>(s.bucket_mib * 1024 * 1024);
   options.compress = s.compress == "fp16"   ? dtrain::allreduce::compression::fp16
                      : s.compress == "bf16" ? dtrain::allreduce::compression::bf16
+                     : s.compress == "topk" ? dtrain::allreduce::compression::topk
                                             : dtrain::allreduce::compression::none;
+  options.topk_density = s.density;
   options.average_every = s.local_sgd;
   options.local_sgd_after = s.local_sgd_after;
   options.overlap = !s.no_overlap;
@@ -207,9 +210,11 @@ int run_allreduce(const settings& s) {
   const double samples_per_second =
       static_cast<double>(total_steps * s.global_batch) / train_seconds;
   if (rank == 0) {
-    fmt::print("final test accuracy {:.4f}; {:.0f} samples/s over {} epochs on {} rank(s)\n", accuracy,
-               samples_per_second, epoch_seconds.size(), ranks);
-    write_summary(s, "dtrain", ranks, samples_per_second, epoch_seconds, comm_share, accuracy, curve, test_loss);
+    const double bytes_per_step = static_cast<double>(trainer.stats().bytes_reduced) / static_cast<double>(std::max<std::size_t>(1, total_steps));
+    fmt::print("final test accuracy {:.4f}; {:.0f} samples/s over {} epochs on {} rank(s); {:.0f} bytes a step "
+               "handed to collectives per rank\n", accuracy, samples_per_second, epoch_seconds.size(), ranks, bytes_per_step);
+    write_summary(s, "dtrain", ranks, samples_per_second, epoch_seconds, comm_share, accuracy, curve, test_loss,
+                  bytes_per_step);
   }
   return accuracy >= s.min_accuracy ? 0 : 3;
 }
@@ -366,7 +371,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup-epochs", s.warmup_epochs, "linear warm-up from the base rate")->capture_default_str();
   app.add_option("--hidden", s.hidden, "hidden layer widths")->delimiter(',')->capture_default_str();
   app.add_option("--compress", s.compress, "gradient compression on the wire")
-      ->check(CLI::IsMember({"none", "fp16", "bf16"}))->capture_default_str();
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "topk"}))->capture_default_str();
+  app.add_option("--density", s.density, "top-k: share of each bucket's entries a rank sends (error feedback keeps the rest)")
+      ->check(CLI::Range(1e-6, 1.0))->capture_default_str();
   app.add_option("--local-sgd", s.local_sgd, "average parameters every TAU steps instead of gradients every step")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--local-sgd-after", s.local_sgd_after, "synchronous steps before local SGD starts")->capture_default_str();

@@ -9,6 +9,7 @@
 
 #include "../catch.hpp"
 #include "dtrain/allreduce/trainer.hpp"
+#include "dtrain/compress/topk.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/momentum.hpp"
@@ -131,4 +132,63 @@ TEST_CASE("clipping scales the averaged gradient to the serial global norm", "[a
   CHECK(std::count_if(norms.begin(), norms.end(), [&](double n) { return n < max_norm; }) > 0);
   // And clipping changed the result.
   REQUIRE(std::abs(got[0][0] - simulate(3, 25, sim_options{})[0][0]) > 1e-9);
+}
+
+TEST_CASE("top-k with error feedback equals the serial simulation, and density 1 the dense run", "[allreduce]") {
+  for (int p : {1, 2, 3}) {
+    for (double density : {0.02, 0.1, 0.3, 1.0}) {
+      INFO("ranks " << p << ", density " << density);
+      std::vector<std::vector<double>> got(static_cast<std::size_t>(p));
+      std::vector<std::uint64_t> bytes(static_cast<std::size_t>(p));
+      run_inproc(p, [&](int r, inproc_transport t) {
+        auto data = data_of(r);
+        linear_model m(tensor_sizes, data, 0.25);
+        allreduce::trainer_options o;  // one bucket: the selection runs over the whole gradient
+        o.compress = allreduce::compression::topk;
+        o.topk_density = density;
+        allreduce::trainer tr(comm_t(std::move(t)), momentum<double>(lr, mu), m, o);
+        for (int s = 0; s < 25; ++s) {
+          const std::size_t begin = (static_cast<std::size_t>(s) * batch) % 400;
+          tr.step({begin, begin + batch});
+        }
+        got[static_cast<std::size_t>(r)] = m.weights();
+        bytes[static_cast<std::size_t>(r)] = tr.stats().bytes_reduced;
+      });
+      sim_options o;
+      o.topk_density = p > 1 ? density : 0;  // one rank has nothing to send: no compression
+      require_close(got[0], simulate(p, 25, o)[0], 1e-11);
+      for (const auto& w : got) REQUIRE(w == got[0]);
+      if (density == 1.0) require_close(got[0], simulate(p, 25, sim_options{})[0], 1e-11);
+      const auto k = static_cast<std::uint64_t>(std::ceil(density * 130));
+      if (p > 1) CHECK(bytes[0] == 25 * k * (4 + 8));  // index and value per kept entry, per step
+    }
+  }
+  // With error feedback, 10% density ends where the dense run does (at a rate where the dense
+  // run converges: weights near 3.4 after 400 steps, the sparse ones within 0.01).
+  sim_options dense_run, sparse_run;
+  dense_run.rate = sparse_run.rate = [](std::size_t) { return 0.005; };
+  sparse_run.topk_density = 0.1;
+  const auto dense = simulate(2, 400, dense_run)[0], fed_back = simulate(2, 400, sparse_run)[0];
+  double gap = 0;
+  for (std::size_t j = 0; j < dense.size(); ++j) gap = std::max(gap, std::fabs(dense[j] - fed_back[j]));
+  CHECK(gap < 0.01);
+}
+
+TEST_CASE("top-k compressor: sent plus residual is the input, NaN is sent, bad indices refused", "[allreduce]") {
+  topk_compressor<float> c(6);
+  const std::vector<float> g{0.5f, -3.0f, 0.25f, 2.0f, -0.125f, 1.0f};
+  std::vector<std::int32_t> idx(2);
+  std::vector<float> val(2);
+  c.compress(g, idx, val);
+  CHECK(idx == std::vector<std::int32_t>{1, 3});  // sorted by index
+  CHECK(val == std::vector<float>{-3.0f, 2.0f});
+  CHECK(std::vector<float>(c.residual().begin(), c.residual().end()) == std::vector<float>{0.5f, 0, 0.25f, 0, -0.125f, 1.0f});
+  c.compress(std::vector<float>{0.75f, 0, 0, 0, 0, std::nanf("")}, idx, val);
+  CHECK(idx == std::vector<std::int32_t>{0, 5});  // 0.5 + 0.75 and the NaN
+  std::vector<float> out(6, 0.0f);
+  sparse_add<float>(out, std::vector<std::int32_t>{1, 3}, std::vector<float>{1, 2});
+  CHECK(out[3] == 2.0f);
+  REQUIRE_THROWS_AS(sparse_add<float>(out, std::vector<std::int32_t>{6}, std::vector<float>{1}), dtrain::error);
+  REQUIRE_THROWS_AS(topk_count(10, 0.0), dtrain::error);
+  CHECK(topk_count(130, 0.01) == 2);
 }

@@ -3,6 +3,7 @@
 // tests and the multi-process TCP worker: P replicas of the least-squares model of
 // linear_model.hpp, each with its own data, weights and momentum.
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <functional>
@@ -30,7 +31,29 @@ struct sim_options {
   double clip = 0;                           // global-norm clipping of the averaged gradient
   // Whether `tensor` gets no gradient on `rank` in step `step` (zero in the average).
   std::function<bool(int rank, int step, std::size_t tensor)> unused;
+  // Top-k with error feedback over the whole gradient (one bucket): each replica sends its
+  // ceil(density * dim) largest entries of gradient + residual; 0 is dense.
+  double topk_density = 0;
 };
+
+// Replica r's top-k contribution with error feedback: a = g + e, keep the k largest |a|,
+// e = the rest.
+inline std::vector<double> topk_with_feedback(std::vector<double>& residual, const std::vector<double>& g, double density) {
+  std::vector<double> a(g.size());
+  for (std::size_t j = 0; j < g.size(); ++j) a[j] = g[j] + residual[j];
+  std::vector<std::size_t> by_size(g.size());
+  for (std::size_t j = 0; j < g.size(); ++j) by_size[j] = j;
+  const auto k = static_cast<std::size_t>(std::ceil(density * static_cast<double>(g.size())));
+  std::partial_sort(by_size.begin(), by_size.begin() + static_cast<std::ptrdiff_t>(k), by_size.end(),
+                    [&](std::size_t x, std::size_t y) { return std::fabs(a[x]) > std::fabs(a[y]); });
+  std::vector<double> sent(g.size(), 0.0);
+  residual = a;
+  for (std::size_t j = 0; j < k; ++j) {
+    sent[by_size[j]] = a[by_size[j]];
+    residual[by_size[j]] = 0;
+  }
+  return sent;
+}
 
 inline std::size_t tensor_of(std::size_t feature) {
   std::size_t t = 0;
@@ -45,7 +68,7 @@ inline std::vector<std::vector<double>> simulate(int p, int steps, const sim_opt
   for (int r = 0; r < p; ++r) data.push_back(data_of(r));
   const auto P = static_cast<std::size_t>(p);
   std::vector<std::vector<double>> w(P, std::vector<double>(dim(), 0.25)), v(P, std::vector<double>(dim(), 0.0));
-  std::vector<std::vector<double>> g(P, std::vector<double>(dim()));
+  std::vector<std::vector<double>> g(P, std::vector<double>(dim())), residual(P, std::vector<double>(dim(), 0.0));
   for (int k = 0; k < steps; ++k) {
     const std::size_t begin = (static_cast<std::size_t>(k) * o.batch_size) % 400;
     for (std::size_t r = 0; r < P; ++r) {
@@ -55,6 +78,9 @@ inline std::vector<std::vector<double>> simulate(int p, int steps, const sim_opt
       }
     }
     const bool local = o.tau > 1 && static_cast<std::size_t>(k) >= o.local_after;
+    if (!local && o.topk_density > 0) {
+      for (std::size_t r = 0; r < P; ++r) g[r] = topk_with_feedback(residual[r], g[r], o.topk_density);
+    }
     if (!local) {
       std::vector<double> mean(dim(), 0.0);
       for (std::size_t r = 0; r < P; ++r)

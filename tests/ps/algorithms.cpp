@@ -77,8 +77,12 @@ outcome run(int workers, int steps, U u, Make make) {
     auto final_clock = w.clock();
     w.wait(final_clock);
     std::vector<float> center(dim);
-    auto pulled = w.pull_dense(0, std::span(center));
-    w.wait(pulled);
+    if constexpr (requires { algo.read_center(w, std::span(center)); }) {
+      algo.read_center(w, std::span(center));  // a model kept in the sparse table
+    } else {
+      auto pulled = w.pull_dense(0, std::span(center));
+      w.wait(pulled);
+    }
     out.replicas[static_cast<std::size_t>(w.id())] = x;
     if (w.id() == 0) out.center = center;
   });
@@ -117,6 +121,41 @@ TEST_CASE("synchronous SGD under BSP equals serial SGD on the mean gradient", "[
   CHECK(got.center == center);
   for (const auto& x : got.replicas) CHECK(x == center);
   CHECK(got.server.staleness_histogram[0] == static_cast<std::uint64_t>(W * steps));  // never stale
+}
+
+TEST_CASE("top-k SGD under BSP equals serial top-k with error feedback, and converges like dense", "[ps][algorithms]") {
+  constexpr int W = 3, steps = 60;
+  const float lr = 0.05f;
+  for (double density : {0.25, 0.5}) {
+    INFO("density " << density);
+    auto got = run<bsp>(W, steps, sgd<float>(lr), [=] { return topk_sgd<float>(density); });
+    // Serially: each worker sends its k largest of gradient + residual, keeps the rest; the
+    // server sums the round in worker order (unsent entries count as zero), scales by 1/W, steps.
+    auto ps_ = problems(W);
+    const std::size_t k = topk_count(dim, density);
+    std::vector<float> center(dim, 0.0f);
+    std::vector<std::vector<float>> g(W, std::vector<float>(dim)), residual(W, std::vector<float>(dim, 0.0f));
+    for (int t = 0; t < steps; ++t) {
+      std::vector<std::vector<float>> sent(W, std::vector<float>(dim, 0.0f));
+      for (std::size_t w = 0; w < W; ++w) {
+        ps_[w].grad(center, g[w], t);
+        for (std::size_t j = 0; j < dim; ++j) residual[w][j] += g[w][j];
+        std::vector<std::size_t> order(dim);
+        for (std::size_t j = 0; j < dim; ++j) order[j] = j;
+        std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                          [&](std::size_t a, std::size_t b) { return std::fabs(residual[w][a]) > std::fabs(residual[w][b]); });
+        for (std::size_t i = 0; i < k; ++i) sent[w][order[i]] = residual[w][order[i]], residual[w][order[i]] = 0.0f;
+      }
+      const auto mean = combine(sent, 1.0f / W);
+      for (std::size_t j = 0; j < dim; ++j) center[j] -= lr * mean[j];
+    }
+    CHECK(got.center == center);
+    for (const auto& x : got.replicas) CHECK(x == center);
+    // And it ends near where dense synchronous SGD does.
+    auto dense = run<bsp>(W, steps, sgd<float>(lr), [] { return sync_sgd<float>(); });
+    const problem p0(0);
+    CHECK(p0.loss(got.center) < 1.5f * p0.loss(dense.center) + 0.01f);
+  }
 }
 
 TEST_CASE("Downpour: accumulated gradients every n_push, fetches every n_fetch, Adagrad on the server",

@@ -14,7 +14,8 @@
 ///    (in plan order) is final, that bucket's allreduce is queued to the communication thread.
 ///    Buckets therefore go out in the same order on every rank, whatever the timing.
 ///  - fp16 / bf16 compression (host backend) divides by the world size, reduces in half
-///    precision and widens back, halving the bytes on the wire.
+///    precision and widens back, halving the bytes on the wire. Top-k (host backend) sends each
+///    bucket's largest entries after error feedback as allgathered (index, value) pairs.
 ///  - Local SGD (`average_every = tau > 1`): each rank steps on its own gradients and the
 ///    parameters are averaged every tau steps; `local_sgd_after` runs synchronous steps first
 ///    (post-local SGD).
@@ -37,6 +38,7 @@
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/allreduce/checkpoint.hpp"
 #include "dtrain/allreduce/trainer_options.hpp"
+#include "dtrain/compress/topk.hpp"
 #include "dtrain/concepts/collective.hpp"
 #include "dtrain/concepts/model.hpp"
 #include "dtrain/core/element.hpp"
@@ -78,6 +80,7 @@ class basic_trainer {
     if (options_.compress != compression::none && !supports_compression()) {
       throw error(errc::unsupported, name() + ": " + std::string(Backend::no_compression));
     }
+    if (options_.compress == compression::topk) (void)topk_count(1, options_.topk_density);  // refuses a bad density
     if (!Backend::host_tensors && (options_.find_unused_parameters || options_.clip_grad_norm > 0)) {
       throw error(errc::unsupported, name() + ": find_unused_parameters and clip_grad_norm are host-only so far");
     }
@@ -376,7 +379,7 @@ class basic_trainer {
   void run_bucket(const bucket& b, role r) {
     if (comm_.size() == 1) return;  // the average of one replica is itself
     const bool compress = compressing(r);
-    if (r != role::broadcast_parameters) bytes_reduced_ += b.elements * (compress ? 2 : sizeof(value_type));
+    if (r != role::broadcast_parameters) bytes_reduced_ += payload_bytes(b, compress);
     if (r == role::average_gradients) backend_.await_gradients(b.tensors);
     if (!compress && contiguous_[index_of(b)]) {  // the bucket's tensors sit side by side: in place
       backend_.fence();  // the collective may run on a stream of its own: its input must be final
@@ -393,8 +396,10 @@ class basic_trainer {
       if constexpr (supports_compression()) {
         if (options_.compress == compression::fp16) {
           backend_.template allreduce_compressed<float16>(comm_, flat);
-        } else {
+        } else if (options_.compress == compression::bf16) {
           backend_.template allreduce_compressed<bfloat16>(comm_, flat);
+        } else {
+          backend_.allreduce_topk(comm_, flat, index_of(b), topk_count(b.elements, options_.topk_density));
         }
       }
     } else {
@@ -409,6 +414,13 @@ class basic_trainer {
   }
 
   std::size_t index_of(const bucket& b) const noexcept { return static_cast<std::size_t>(&b - plan_.buckets().data()); }
+
+  // The bytes this rank hands the collective for bucket `b`'s gradients.
+  std::size_t payload_bytes(const bucket& b, bool compress) const {
+    if (!compress) return b.elements * sizeof(value_type);
+    if (options_.compress == compression::topk) return topk_count(b.elements, options_.topk_density) * (4 + sizeof(value_type));
+    return b.elements * 2;
+  }
 
   bool compressing(role r) const noexcept {
     return r == role::average_gradients && options_.compress != compression::none;

@@ -13,7 +13,8 @@
 ///  - `copy(to, from)` and `fence()`: pack and unpack buckets; `fence` waits for the copies;
 ///  - `allgather_digests(comm, mine)`: every rank's start-up digest, in host memory;
 ///  - `prepare(updater, elements, model)` and `update(updater, model, i, offset, step)`;
-///  - `compresses` and, when it does, `allreduce_compressed<Half>(comm, flat)`.
+///  - `compresses` and, when it does, `allreduce_compressed<Half>(comm, flat)` and
+///    `allreduce_topk(comm, flat, bucket, k)`.
 
 #include <algorithm>
 #include <cstddef>
@@ -25,6 +26,7 @@
 
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/core/element.hpp"
+#include "dtrain/compress/topk.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/reduce/host.hpp"
@@ -97,6 +99,30 @@ class host_backend {
     updater.step(model.parameters(tensor), std::span<const value_type>(model.gradients(tensor)), offset, info);
   }
 
+  /// Averages `flat` (bucket `bucket`'s gradients) across ranks from each rank's `k` largest
+  /// entries after error feedback: the pairs are allgathered, summed in rank order (the same
+  /// bits everywhere) and divided by the world size; what a rank did not send waits in its
+  /// residual for the next step.
+  template <class Collective>
+  void allreduce_topk(Collective& comm, span flat, std::size_t bucket, std::size_t k) {
+    if (topk_.size() <= bucket) topk_.resize(bucket + 1);
+    if (topk_[bucket].size() != flat.size()) topk_[bucket] = topk_compressor<value_type>(flat.size());
+    const auto p = static_cast<std::size_t>(comm.size());
+    topk_indices_.resize(k * (p + 1));
+    topk_values_.resize(k * (p + 1));
+    std::span<std::int32_t> mine_i(topk_indices_.data(), k), all_i(topk_indices_.data() + k, k * p);
+    std::span<value_type> mine_v(topk_values_.data(), k), all_v(topk_values_.data() + k, k * p);
+    topk_[bucket].compress(flat, mine_i, mine_v);
+    comm.allgather(std::span<const std::int32_t>(mine_i), all_i);
+    comm.allgather(std::span<const value_type>(mine_v), all_v);
+    std::fill(flat.begin(), flat.end(), value_type(0));
+    for (std::size_t r = 0; r < p; ++r) {
+      sparse_add<value_type>(flat, all_i.subspan(r * k, k), all_v.subspan(r * k, k));
+    }
+    const auto inverse = value_type(1) / static_cast<value_type>(p);
+    for (value_type& x : flat) x *= inverse;
+  }
+
   /// Averages `flat` across ranks in `Half` precision: divide first, so the 16-bit sum cannot
   /// overflow, reduce, and widen back (PyTorch's fp16_compress_hook).
   template <class Half, class Collective>
@@ -112,6 +138,9 @@ class host_backend {
  private:
   std::vector<value_type> scratch_;
   std::tuple<std::vector<float16>, std::vector<bfloat16>> scratch16_;
+  std::vector<topk_compressor<value_type>> topk_;  // per bucket: its residual
+  std::vector<std::int32_t> topk_indices_;          // this rank's k, then every rank's
+  std::vector<value_type> topk_values_;
 };
 
 }  // namespace dtrain::allreduce

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -19,8 +20,8 @@
 
 namespace dtrain::allreduce {
 
-/// Whether buckets travel in the model's precision or in 16 bits.
-enum class compression { none, fp16, bf16 };
+/// Whether buckets travel in the model's precision, in 16 bits, or as their top-k entries.
+enum class compression { none, fp16, bf16, topk };
 
 /// How a trainer buckets, compresses and synchronises. Identical on every rank (checked).
 struct trainer_options {
@@ -30,6 +31,9 @@ struct trainer_options {
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// Gradient compression on the wire; parameters are never compressed.
   compression compress = compression::none;
+  /// Under `compression::topk`: the share of each bucket's entries a rank sends (its largest
+  /// after error feedback, as index and value pairs, allgathered); the rest carries over.
+  double topk_density = 0.01;
   /// Local SGD period tau: 1 averages gradients every step; tau > 1 lets every rank step on its
   /// own gradients and averages the parameters every tau steps.
   std::size_t average_every = 1;
@@ -99,8 +103,9 @@ inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& c
   const std::uint64_t options = (static_cast<std::uint64_t>(o.compress) ^ (contiguity << 2)) |
                                 (static_cast<std::uint64_t>(o.average_every) << 8) |
                                 (static_cast<std::uint64_t>(o.local_sgd_after) << 32);
+  const std::uint64_t density = o.compress == compression::topk ? std::bit_cast<std::uint64_t>(o.topk_density) : 0;
   return {static_cast<std::int64_t>(plan.fingerprint()), static_cast<std::int64_t>(plan.tensor_count()),
-          static_cast<std::int64_t>(plan.elements()), static_cast<std::int64_t>(options)};
+          static_cast<std::int64_t>(plan.elements()), static_cast<std::int64_t>(options ^ (density * 0x9e3779b97f4a7c15ull))};
 }
 
 /// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the

@@ -24,6 +24,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dtrain/compress/topk.hpp"
 #include "dtrain/ps/table.hpp"
 
 namespace dtrain::ps {
@@ -123,6 +124,66 @@ class sync_sgd {
  private:
   std::size_t tensor_ = 0;
   std::vector<T> g_;
+};
+
+/// Synchronous SGD with top-k sparsified pushes and error feedback (compress/topk.hpp): each
+/// iteration pushes only the ceil(density * n) largest entries of gradient + residual, as sparse
+/// keys (coordinate j is key j of the sparse table), and keeps the rest for later iterations;
+/// the server averages a round's pushes (an entry a worker did not send counts as zero) and
+/// steps its updater. The model lives in the sparse table, pulled whole each iteration (the
+/// same key list every time: with `ps_options::cache_keys` it travels once).
+template <class T = float>
+class topk_sgd {
+ public:
+  static constexpr std::string_view name = "topk_sgd";
+  static constexpr apply_mode server_mode = apply_mode::update;
+  explicit topk_sgd(double density) : density_(density) { (void)topk_count(1, density); }
+
+  template <class Worker>
+  void begin(Worker& w, std::span<T> x) {
+    keys_.resize(x.size());
+    for (std::size_t j = 0; j < keys_.size(); ++j) keys_[j] = static_cast<key_type>(j);
+    compressor_ = topk_compressor<T>(x.size());
+    g_.resize(x.size());
+    const std::size_t k = topk_count(x.size(), density_);
+    indices_.resize(k);
+    sent_keys_.resize(k);
+    sent_.resize(k);
+    read_center(w, x);
+  }
+
+  template <class Worker, class Grad>
+  void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
+    grad(std::span<const T>(x), std::span<T>(g_), t);
+    compressor_.compress(g_, indices_, sent_);
+    std::transform(indices_.begin(), indices_.end(), sent_keys_.begin(), [](std::int32_t i) { return static_cast<key_type>(i); });
+    auto pushed = w.push(sent_keys_, std::span<const T>(sent_), 1);
+    auto clocked = w.clock();
+    auto pulled = w.pull(keys_, x, 1);
+    w.wait(pushed);
+    w.wait(clocked);
+    w.wait(pulled);
+  }
+
+  template <class Worker>
+  void end(Worker&, std::span<T>) {}
+
+  /// The server's copy of the model into `x`.
+  template <class Worker>
+  void read_center(Worker& w, std::span<T> x) {
+    auto r = w.pull(keys_, x, 1);
+    w.wait(r);
+  }
+
+  /// What has not been pushed yet.
+  std::span<const T> residual() const noexcept { return compressor_.residual(); }
+
+ private:
+  double density_;
+  std::vector<key_type> keys_, sent_keys_;
+  topk_compressor<T> compressor_;
+  std::vector<T> g_, sent_;
+  std::vector<std::int32_t> indices_;
 };
 
 /// Downpour SGD (Dean et al. 2012): gradients computed at the last fetched parameters are
