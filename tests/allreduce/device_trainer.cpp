@@ -2,6 +2,8 @@
 // memory: the code a CUDA build runs on the GPU, checked here against the same serial simulation
 // as the host trainer, and against the host updaters bit for bit. tests/gpu runs it on a GPU.
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -116,7 +118,7 @@ TEST_CASE("device_trainer: local SGD averages the parameters every tau steps", "
   }
 }
 
-TEST_CASE("device_trainer: refuses compression and mismatched models, naming the rank", "[device]") {
+TEST_CASE("device_trainer: refuses mismatched models, naming the rank", "[device]") {
   std::vector<std::string> errors(2);
   run_inproc(2, [&](int r, inproc_transport t) {
     auto data = data_of(r);
@@ -133,17 +135,27 @@ TEST_CASE("device_trainer: refuses compression and mismatched models, naming the
     CHECK(e.find("ranks disagree on the model") != std::string::npos);
     CHECK(e.find("rank 1 has") != std::string::npos);
   }
-  run_inproc(1, [&](int, inproc_transport t) {
-    auto data = data_of(0);
-    device_linear_model m(tensor_sizes, data, 0.25);
+}
+
+TEST_CASE("device_trainer: fp16 and bf16 compression stay within half precision, as on the host", "[device]") {
+  // One step from the common start: the update's error is the compression's (g/P rounded to 16
+  // bits, then each partial sum), the bound the host trainer's test uses.
+  const auto exact = simulate(4, 1, 1, 0)[0];
+  for (auto c : {allreduce::compression::fp16, allreduce::compression::bf16}) {
     allreduce::trainer_options o;
-    o.compress = allreduce::compression::fp16;
-    try {
-      allreduce::device_trainer tr(comm_t(std::move(t)), sgd<double>(0.1), m, o);
-      errors[0] = "no error";
-    } catch (const error& e) {
-      errors[0] = e.what();
+    o.first_bucket_bytes = 8 * 10;
+    o.bucket_bytes = 8 * 50;
+    o.compress = c;
+    const auto got = train(4, 1, o, true);
+    double worst = 0, largest = 0;
+    for (std::size_t j = 0; j < exact.size(); ++j) {
+      worst = std::max(worst, std::fabs(got[0][j] - exact[j]));
+      largest = std::max(largest, std::fabs(exact[j] - 0.25));
     }
-  });
-  CHECK(errors[0].find("compression is not implemented on the device") != std::string::npos);
+    const double unit = c == allreduce::compression::fp16 ? 0x1p-11 : 0x1p-8;
+    INFO("compression " << static_cast<int>(c) << " worst error " << worst << " of steps up to " << largest);
+    CHECK(worst <= 4 * unit * largest);
+    CHECK(worst > 0);  // it really went through 16 bits
+    for (const auto& w : got) CHECK(w == got[0]);
+  }
 }

@@ -14,30 +14,12 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "linear_model.hpp"
+#include "checks.hpp"
 #include "simulation.hpp"
 
 using namespace dtrain;
 using namespace dtrain::testing;
 using comm_t = ring<inproc_transport>;
-
-namespace {
-
-allreduce::trainer_options small_buckets() {
-  allreduce::trainer_options o;
-  o.first_bucket_bytes = 8 * 10;
-  o.bucket_bytes = 8 * 64;
-  return o;
-}
-
-void require_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t j = 0; j < got.size(); ++j) {
-    INFO("weight " << j);
-    REQUIRE(got[j] == Approx(want[j]).epsilon(rel).margin(rel));
-  }
-}
-
-}  // namespace
 
 TEST_CASE("k - 1 accumulates and a step equal one step on the k batches together", "[allreduce]") {
   for (int p : {1, 2, 3}) {

@@ -22,6 +22,7 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "linear_model.hpp"
+#include "checks.hpp"
 #include "simulation.hpp"
 
 using namespace dtrain;
@@ -53,21 +54,6 @@ std::vector<std::vector<double>> train(int p, int steps, allreduce::trainer_opti
     out[static_cast<std::size_t>(r)] = m.weights();
   });
   return out;
-}
-
-allreduce::trainer_options small_buckets() {
-  allreduce::trainer_options o;
-  o.first_bucket_bytes = 8 * 10;  // a few tensors per bucket: several buckets in flight
-  o.bucket_bytes = 8 * 64;
-  return o;
-}
-
-void require_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t j = 0; j < got.size(); ++j) {
-    INFO("weight " << j);
-    REQUIRE(got[j] == Approx(want[j]).epsilon(rel).margin(rel));
-  }
 }
 
 }  // namespace

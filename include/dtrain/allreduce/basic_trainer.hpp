@@ -81,8 +81,9 @@ class basic_trainer {
       throw error(errc::unsupported, name() + ": " + std::string(Backend::no_compression));
     }
     if (options_.compress == compression::topk) (void)topk_count(1, options_.topk_density);  // refuses a bad density
-    if (!Backend::host_tensors && (options_.find_unused_parameters || options_.clip_grad_norm > 0)) {
-      throw error(errc::unsupported, name() + ": find_unused_parameters and clip_grad_norm are host-only so far");
+    if (!Backend::host_tensors && (options_.find_unused_parameters || options_.clip_grad_norm > 0 ||
+                                   options_.compress == compression::topk)) {
+      throw error(errc::unsupported, name() + ": top-k, find_unused_parameters and clip_grad_norm are host-only so far");
     }
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     contiguous_ = detail::contiguous_buckets(plan_, model_);
@@ -398,7 +399,7 @@ class basic_trainer {
           backend_.template allreduce_compressed<float16>(comm_, flat);
         } else if (options_.compress == compression::bf16) {
           backend_.template allreduce_compressed<bfloat16>(comm_, flat);
-        } else {
+        } else if constexpr (Backend::host_tensors) {
           backend_.allreduce_topk(comm_, flat, index_of(b), topk_count(b.elements, options_.topk_density));
         }
       }

@@ -14,7 +14,8 @@
 /// @endcode
 ///
 /// What `trainer` offers (bucket plan, checks across ranks, local SGD, lr schedules, stats) works
-/// the same; 16-bit compression does not exist on the device yet and is refused.
+/// the same, 16-bit compression included; top-k, accumulation, unused parameters, clipping and
+/// checkpoints are host-only so far and refused with `unsupported`.
 
 #include <concepts>
 

@@ -36,6 +36,19 @@ using thrust_buffer = std::span<T>;
 
 namespace detail {
 
+/// Half(x * scale): packs a value for a 16-bit reduction (as `detail::pack_scaled` on the host).
+template <class Half, class T>
+struct pack_half {
+  float scale;
+  DTRAIN_HOST_DEVICE Half operator()(T x) const { return Half(static_cast<float>(x) * scale); }
+};
+
+/// T(h): widens a 16-bit value back (as `detail::unpack` on the host).
+template <class Half, class T>
+struct widen_half {
+  DTRAIN_HOST_DEVICE T operator()(Half h) const { return static_cast<T>(static_cast<float>(h)); }
+};
+
 template <reduce_op Op, class T>
 struct combine_fn {
   DTRAIN_HOST_DEVICE T operator()(T a, T b) const { return combine_elements<Op>(a, b); }

@@ -1,0 +1,28 @@
+#pragma once
+// What the in-process allreduce trainer tests share: several buckets in flight, and weights
+// compared with the serial simulation's.
+
+#include <cstddef>
+#include <vector>
+
+#include "../catch.hpp"
+#include "dtrain/allreduce/trainer_options.hpp"
+
+namespace dtrain::testing {
+
+inline allreduce::trainer_options small_buckets() {
+  allreduce::trainer_options o;
+  o.first_bucket_bytes = 8 * 10;  // a few tensors per bucket: several buckets in flight
+  o.bucket_bytes = 8 * 64;
+  return o;
+}
+
+inline void require_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t j = 0; j < got.size(); ++j) {
+    INFO("weight " << j);
+    REQUIRE(got[j] == Approx(want[j]).epsilon(rel).margin(rel));
+  }
+}
+
+}  // namespace dtrain::testing
