@@ -208,27 +208,58 @@ int send_then_die(communicator<tcp_transport>& c) {
 // Every allreduce algorithm on a buffer past the TCP frame cap (2^29 + 17 floats: halving-doubling
 // sends halves of 1 GiB, recursive doubling the whole 2 GiB at once), each element checked.
 // Exit status 0 when every rank saw every element right (the verdicts are summed), 1 otherwise.
+// VmHWM of /proc/self/status, in bytes.
+double peak_resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  double kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmHWM: %lf kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
+// Starts VmHWM again from the current resident size (Linux: "5" to clear_refs).
+void reset_peak_resident() {
+  if (std::FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+    std::fputs("5", f);
+    std::fclose(f);
+  }
+}
+
 int large_allreduce(communicator<tcp_transport>& c) {
-  const std::size_t n = (std::size_t{1} << 29) + 17;
+  // 2 GiB + 68 bytes, or DTRAIN_TEST_LARGE_FLOATS floats.
+  const std::size_t n = env_int("DTRAIN_TEST_LARGE_FLOATS", 0) > 0 ? static_cast<std::size_t>(env_int("DTRAIN_TEST_LARGE_FLOATS", 0))
+                                                                  : (std::size_t{1} << 29) + 17;
   const int p = c.size(), r = c.rank();
   std::vector<float> v;
   long wrong = 0;
+  double peak = 0;  // the largest of each algorithm's peak resident size
   for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::recursive_doubling,
                       algorithm::binomial_tree, algorithm::double_binary_tree}) {
     v.assign(n, 0.0f);
     for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 7 + static_cast<std::size_t>(r));  // sums exact in float
+    reset_peak_resident();
     const auto start = clock_type::now();
     c.allreduce(std::span(v), reduce_op::sum, a);
     long bad = 0;
     for (std::size_t i = 0; i < n; ++i) bad += v[i] != static_cast<float>(p * static_cast<int>(i % 7) + p * (p - 1) / 2);
-    if (r == 0 || bad > 0) {
-      std::printf("large allreduce: rank %d, %s, %zu bytes, %.1f s, %ld wrong\n", r, std::string(algorithm_name(a)).c_str(),
-                  n * sizeof(float), std::chrono::duration<double>(clock_type::now() - start).count(), bad);
-    }
+    peak = std::max(peak, peak_resident_bytes());
+    std::printf("large allreduce: rank %d, %s, %zu bytes, %.1f s, %ld wrong, peak resident %.2f GB\n", r,
+                std::string(algorithm_name(a)).c_str(), n * sizeof(float),
+                std::chrono::duration<double>(clock_type::now() - start).count(), bad, peak_resident_bytes() / 1e9);
+    std::fflush(stdout);
     wrong += bad;
   }
   v = {};
-  std::vector<std::int64_t> verdict{wrong > 0 ? 1 : 0};
+  // Peak memory: the buffer, the algorithm's scratch (recursive doubling's is a whole buffer) and
+  // what the transport holds. Parts past the cap wait for the receiver's clear-to-send, so no
+  // rank keeps a whole early message as well: at most 3.5 buffers a rank (8.3 GB on 4 ranks before).
+  const double limit = 3.5 * static_cast<double>(n * sizeof(float));
+  if (peak > limit) std::printf("large allreduce: rank %d peak resident %.2f GB over the limit %.2f GB\n", r, peak / 1e9, limit / 1e9);
+  std::vector<std::int64_t> verdict{wrong > 0 || peak > limit ? 1 : 0};
   c.allreduce(std::span(verdict), reduce_op::sum);
   return verdict[0] == 0 ? 0 : 1;
 }

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <deque>
 #include <cstddef>
 #include <span>
 #include <string>
@@ -45,6 +47,11 @@ inline int mod(int a, int p) { return ((a % p) + p) % p; }
 /// messages of at most this size, cut the same way on both sides (they know its length), so no
 /// frame reaches the TCP transport's cap (`tcp_options::max_frame_bytes`, 1 GiB) whatever the
 /// algorithm sends at once (halving-doubling's halves, recursive doubling's whole vector).
+///
+/// Such a buffer also waits for the receiver's clear-to-send, an empty message on the call's
+/// control tag sent once the receiver has posted every part: a transport keeps a message that
+/// arrives before its receive, and recursive doubling's next partner sends early, so without it
+/// a 2 GiB allreduce held up to 8 GiB a rank. While a send waits, every wait of the call polls.
 inline constexpr std::size_t max_message_bytes = std::size_t{256} << 20;
 
 template <transport Transport>
@@ -62,6 +69,8 @@ class call_context {
     std::size_t bytes = 0;  // the whole buffer's size
     bool is_send = false;
     std::vector<request> more{};
+    std::size_t held = no_hold;  // a send past the cap: its entry in `held_`
+    request clearance{};         // a receive past the cap: the clear-to-send it sent
   };
 
   call_context(Transport& t, std::uint64_t tag, const signature& sig, deadline dl,
@@ -83,10 +92,10 @@ class call_context {
   template <element T>
   pending send(int peer, std::span<const T> data) {
     auto bytes = std::as_bytes(data);
-    pending p{t_.isend(peer, tag_, sig_, bytes.first(part_size(bytes.size(), 0))), peer, bytes.size(), true};
-    for (std::size_t at = max_message_bytes; at < bytes.size(); at += max_message_bytes) {
-      p.more.push_back(t_.isend(peer, tag_, sig_, bytes.subspan(at, part_size(bytes.size(), at))));
-    }
+    if (bytes.size() <= max_message_bytes) return pending{t_.isend(peer, tag_, sig_, bytes), peer, bytes.size(), true};
+    held_.push_back({peer, bytes, t_.irecv(peer, control_tag(), std::span<std::byte>{}), {}, false});
+    pending p{request{}, peer, bytes.size(), true};
+    p.held = held_.size() - 1;
     return p;
   }
   template <element T>
@@ -101,26 +110,89 @@ class call_context {
     for (std::size_t at = max_message_bytes; at < bytes.size(); at += max_message_bytes) {
       p.more.push_back(t_.irecv(peer, tag_, bytes.subspan(at, part_size(bytes.size(), at))));
     }
+    if (!p.more.empty()) p.clearance = t_.isend(peer, control_tag(), sig_, std::span<const std::byte>{});
     return p;
   }
+
+  /// An empty message on the call's control tag: a credit or clear-to-send that algorithms use
+  /// to keep a fast sender from running ahead of the room its receiver has posted.
+  pending send_control(int peer) {
+    return pending{t_.isend(peer, control_tag(), sig_, std::span<const std::byte>{}), peer, 0, true};
+  }
+  pending recv_control(int peer) { return pending{t_.irecv(peer, control_tag(), std::span<std::byte>{}), peer, 0, false}; }
 
   /// Waits for one operation (every message of it); checks a receive's signature and size.
   /// @throws dtrain::error
   void wait(pending& p) {
+    if (p.held != no_hold) {
+      held_send& h = held_[p.held];
+      while (!h.cleared) {
+        await(h.clearance);
+        release_cleared();
+      }
+      for (std::size_t i = 0; i < h.parts.size(); ++i) wait_part(p, h.parts[i], i * max_message_bytes);
+      return;
+    }
     wait_part(p, p.req, 0);
     for (std::size_t i = 0; i < p.more.size(); ++i) wait_part(p, p.more[i], (i + 1) * max_message_bytes);
+    if (!p.more.empty()) wait_part(p, p.clearance, 0, true);
   }
 
  private:
+  static constexpr std::size_t no_hold = static_cast<std::size_t>(-1);
+
+  // A send past the cap, until its receiver clears it, then its parts.
+  struct held_send {
+    int peer;
+    std::span<const std::byte> bytes;
+    request clearance;
+    std::vector<request> parts;
+    bool cleared;
+  };
+
   static std::size_t part_size(std::size_t total, std::size_t at) noexcept {
     return std::min(max_message_bytes, total - at);
   }
 
-  // Waits for the message of `p` that starts at byte `at`.
-  void wait_part(pending& p, request& req, std::size_t at) {
+  // Clear-to-send messages travel apart from the data, which may flow both ways between two ranks.
+  std::uint64_t control_tag() const noexcept { return tag_ ^ (std::uint64_t{1} << 63); }
+
+  // Blocks until `req` is done; while a send of this call waits for its clearance, polls, so a
+  // clearance that arrives meanwhile releases that send (its receiver may be waiting for it).
+  void await(request& req) {
+    for (int spins = 0; !req.test() && !deadline_.expired();) {
+      if (!release_cleared()) {
+        std::error_code ignored;
+        if (req.wait(deadline::after(std::chrono::microseconds(spins++ < 100 ? 20 : 200)), ignored)) return;
+      }
+    }
+  }
+
+  // Posts the parts of every held send whose clearance has come. @returns whether any is still held.
+  bool release_cleared() {
+    bool waiting = false;
+    for (held_send& h : held_) {
+      if (h.cleared) continue;
+      if (!h.clearance.test()) {
+        waiting = true;
+        continue;
+      }
+      h.cleared = true;  // first: the wait below may poll the others, never this one again
+      pending control{std::move(h.clearance), h.peer, 0, false};
+      wait_part(control, control.req, 0);  // done already; raises its failure or mismatch, named
+      for (std::size_t at = 0; at < h.bytes.size(); at += max_message_bytes) {
+        h.parts.push_back(t_.isend(h.peer, tag_, sig_, h.bytes.subspan(at, part_size(h.bytes.size(), at))));
+      }
+    }
+    return waiting;
+  }
+
+  // Waits for the message of `p` that starts at byte `at` (`control`: a clear-to-send).
+  void wait_part(pending& p, request& req, std::size_t at, bool control = false) {
     std::error_code ec;
+    if (!held_.empty()) await(req);
     bool ok = req.wait(deadline_, ec);
-    if (!p.is_send && (ok || ec == errc::message_truncated)) {
+    if (!p.is_send && !control && (ok || ec == errc::message_truncated)) {
       const envelope& e = req.info();
       if (!(e.sig == sig_)) mismatch(p.peer, e.sig);
       if (ok && e.bytes != part_size(p.bytes, at)) {
@@ -193,6 +265,7 @@ class call_context {
   std::size_t segment_bytes_;
   int rank_;
   int size_;
+  std::deque<held_send> held_;  // a deque: `pending::held` indexes stay valid as it grows
 };
 
 }  // namespace dtrain::detail

@@ -91,7 +91,12 @@ void tree_reduce(call_context<Transport>& ctx, std::span<const T> in, std::span<
   std::vector<std::size_t> offs{0, in.size()};
   segmentation segs(offs, ctx.template segment_elements<T>());
   using pending = typename call_context<Transport>::pending;
-  const std::size_t window = 2;  // segments in flight per child
+  // Segments in flight per child. A child sends its first `window` at once; past them it waits
+  // for its parent's credits, one per `window / 2` segments the parent has reduced (and posted
+  // room for), so no rank holds a child's segments it has no receive for, however far the
+  // child could run ahead (a 2 GiB reduce on 4 ranks otherwise held 4 buffers at the root).
+  const std::size_t window = 8, credit_every = window / 2;
+  const std::size_t credits = segs.count > window ? (segs.count - window + credit_every - 1) / credit_every : 0;
   const std::size_t nchild = t.children.size();
   scratch.resize(nchild * window * segs.seg);
   auto slot = [&](std::size_t c, std::size_t k) {
@@ -106,18 +111,26 @@ void tree_reduce(call_context<Transport>& ctx, std::span<const T> in, std::span<
     }
   };
   for (std::size_t k = 0; k < window; ++k) post(k);
-  std::vector<pending> sends;
+  std::vector<pending> sends, granted;
   for (std::size_t k = 0; k < segs.count; ++k) {
     for (std::size_t c = 0; c < nchild; ++c) {
       ctx.wait(recvs[c][k]);
       reduce(segs.of(acc, 0, k), std::span<const T>(slot(c, k)), op);
     }
     post(k + window);
+    if ((k + 1) % credit_every == 0 && (k + 1) / credit_every <= credits) {
+      for (int child : t.children) granted.push_back(ctx.send_control(mod(child + root, p)));
+    }
     if (t.parent >= 0) {
+      if (k >= window && (k - window) % credit_every == 0) {  // room for the next window / 2 segments
+        auto credit = ctx.recv_control(mod(t.parent + root, p));
+        ctx.wait(credit);
+      }
       std::span<const T> part = nchild == 0 ? segs.of(in, 0, k) : std::span<const T>(segs.of(acc, 0, k));
       sends.push_back(ctx.send(mod(t.parent + root, p), part));
     }
   }
+  ctx.wait_all(granted);
   ctx.wait_all(sends);
   if (v == 0 && op == reduce_op::avg) reduce.finish_average(out, p);
 }
