@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <random>
 #include <cstddef>
 #include <vector>
 
@@ -172,5 +174,32 @@ TEST_CASE("top-k compressor: sent plus residual is the input, NaN is sent, bad i
   CHECK(out[3] == 2.0f);
   REQUIRE_THROWS_AS(sparse_add<float>(out, std::vector<std::int32_t>{6}, std::vector<float>{1}), dtrain::error);
   REQUIRE_THROWS_AS(topk_count(10, 0.0), dtrain::error);
+
+  // Against the definition, by sorting: the k largest magnitudes, ties to the lower index, on
+  // inputs that mislead a sample (a block of large values, many ties, all equal, a spike).
+  std::mt19937 gen(5);
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::size_t n = 1 + gen() % 50000, k = 1 + gen() % n;
+    std::vector<float> in(n);
+    const int shape = trial % 4;
+    for (std::size_t i = 0; i < n; ++i) {
+      in[i] = shape == 0 ? std::normal_distribution<float>()(gen)
+            : shape == 1 ? (i > n / 2 && i < n / 2 + n / 50 ? 100.0f + static_cast<float>(i % 3) : 0.01f)
+            : shape == 2 ? static_cast<float>(static_cast<int>(gen() % 5) - 2)
+                         : (i == n / 3 ? 7.0f : 1.0f);
+    }
+    std::vector<std::size_t> order(n);
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return std::fabs(in[a]) > std::fabs(in[b]); });
+    std::vector<std::int32_t> want(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+    std::sort(want.begin(), want.end());
+    topk_compressor<float> fresh(n);
+    std::vector<std::int32_t> got(k);
+    std::vector<float> got_values(k);
+    fresh.compress(in, got, got_values);
+    INFO("trial " << trial << " n " << n << " k " << k << " shape " << shape);
+    REQUIRE(got == want);
+    for (std::size_t j = 0; j < k; ++j) REQUIRE(got_values[j] == in[static_cast<std::size_t>(got[j])]);
+  }
   CHECK(topk_count(130, 0.01) == 2);
 }

@@ -64,26 +64,44 @@ class topk_compressor {
     DTRAIN_ASSERT(g.size() == residual_.size() && indices.size() == values.size() && indices.size() <= g.size(),
                   "top-k: sizes disagree");
     const std::size_t n = g.size(), k = indices.size();
-    if (k == 0) {
-      for (std::size_t i = 0; i < n; ++i) residual_[i] += g[i];
-      return;
+    for (std::size_t i = 0; i < n; ++i) residual_[i] += g[i];
+    if (k == 0) return;
+    // Candidates: the entries at least as large as a threshold taken from a strided sample, a
+    // little below the sample's share of k so that at least k pass (else every entry is one).
+    // The exact k-th largest is then selected among the candidates alone (Deep Gradient
+    // Compression's sampling, kept exact): every entry that large is a candidate.
+    const std::size_t stride = std::max<std::size_t>(1, n / 4096);
+    magnitudes_.clear();
+    for (std::size_t i = 0; i < n; i += stride) magnitudes_.push_back(magnitude(residual_[i]));
+    const double share = static_cast<double>(k) / static_cast<double>(n);
+    const auto rank = std::min(magnitudes_.size(), static_cast<std::size_t>(1.5 * share * static_cast<double>(magnitudes_.size())) + 8);
+    std::nth_element(magnitudes_.begin(), magnitudes_.begin() + static_cast<std::ptrdiff_t>(rank - 1), magnitudes_.end(), std::greater<T>());
+    T floor = magnitudes_[rank - 1];
+    candidates_.clear();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (magnitude(residual_[i]) >= floor) candidates_.push_back(static_cast<std::int32_t>(i));
     }
-    // The k-th largest magnitude, by selection over a contiguous copy (no index indirection).
-    magnitudes_.resize(n);
-    for (std::size_t i = 0; i < n; ++i) magnitudes_[i] = magnitude(residual_[i] += g[i]);
+    if (candidates_.size() < k) {  // the sample misled: every entry is a candidate
+      candidates_.resize(n);
+      std::iota(candidates_.begin(), candidates_.end(), std::int32_t{0});
+    }
+    magnitudes_.resize(candidates_.size());
+    for (std::size_t j = 0; j < candidates_.size(); ++j) magnitudes_[j] = magnitude(residual_[static_cast<std::size_t>(candidates_[j])]);
     std::nth_element(magnitudes_.begin(), magnitudes_.begin() + static_cast<std::ptrdiff_t>(k - 1), magnitudes_.end(),
                      std::greater<T>());
     const T threshold = magnitudes_[k - 1];
     // Everything above it, then entries equal to it (lowest indices first) up to k, in index
-    // order: one pass for the strictly larger ones counts how many ties may go.
+    // order; candidates are in index order already.
     std::size_t above = 0;
-    for (std::size_t i = 0; i < n; ++i) above += magnitude(residual_[i]) > threshold ? 1 : 0;
+    for (std::int32_t i : candidates_) above += magnitude(residual_[static_cast<std::size_t>(i)]) > threshold ? 1 : 0;
     std::size_t ties = k - above, j = 0;
-    for (std::size_t i = 0; i < n && j < k; ++i) {
+    for (std::int32_t c : candidates_) {
+      if (j == k) break;
+      const auto i = static_cast<std::size_t>(c);
       const T m = magnitude(residual_[i]);
       if (m > threshold || (m == threshold && ties > 0)) {
         if (!(m > threshold)) --ties;
-        indices[j] = static_cast<std::int32_t>(i);
+        indices[j] = c;
         values[j++] = residual_[i];
         residual_[i] = T(0);
       }
@@ -97,7 +115,8 @@ class topk_compressor {
   static T magnitude(T x) noexcept { return std::isnan(x) ? std::numeric_limits<T>::infinity() : std::fabs(x); }
 
   std::vector<T> residual_;
-  std::vector<T> magnitudes_;  // scratch for the selection
+  std::vector<T> magnitudes_;              // scratch for the selection
+  std::vector<std::int32_t> candidates_;  // entries at least the sample's threshold, in order
 };
 
 /// out[indices[j]] += values[j] for every j. @throws dtrain::error (bad_data) for an index out
