@@ -6,7 +6,6 @@
 #include <cstddef>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +18,7 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/momentum.hpp"
+#include "../support/files.hpp"
 #include "linear_model.hpp"
 #include "simulation.hpp"
 
@@ -156,15 +156,7 @@ TEST_CASE("a checkpoint of another world size, model, updater or options is refu
   }, "updater momentum on 8-byte values; this trainer runs adam");
 
   SECTION("a corrupt or truncated file on one rank fails every rank, and nothing changes") {
-    {  // flip one byte of rank 1's parameters
-      std::fstream f(file_of(dir.path, 1), std::ios::in | std::ios::out | std::ios::binary);
-      f.seekp(200);
-      char c = 0;
-      f.read(&c, 1);
-      f.seekp(200);
-      c = static_cast<char>(c ^ 0x10);
-      f.write(&c, 1);
-    }
+    flip_bit(file_of(dir.path, 1), 200);  // in rank 1's parameters
     refused_on_every_rank(2, with_momentum(tensor_sizes, options()), "rank 1 could not load its checkpoint");
     std::filesystem::resize_file(file_of(dir.path, 1), 100);
     refused_on_every_rank(2, with_momentum(tensor_sizes, options()), "rank 1 could not load");

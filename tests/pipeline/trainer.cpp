@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -21,6 +20,7 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/sgd.hpp"
+#include "../support/files.hpp"
 #include "pipeline_case.hpp"
 
 using namespace dtrain;
@@ -348,16 +348,7 @@ TEST_CASE("pipeline: a checkpoint of another rank, partition, schedule or a corr
     more.micro_batches = 4;
     trainer_t<pipeline::one_f_one_b> other_m(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, more);
     refused(other_m, "2 micro-batches a step");
-    // One flipped byte in the middle of the parameters.
-    {
-      std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-      f.seekg(200);
-      char c = 0;
-      f.read(&c, 1);
-      f.seekp(200);
-      c = static_cast<char>(c ^ 0x10);
-      f.write(&c, 1);
-    }
+    testing::flip_bit(path, 200);  // in the middle of the parameters
     trainer_t<pipeline::one_f_one_b> same(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, o);
     refused(same, "is corrupt");
     std::filesystem::remove(path);

@@ -59,10 +59,8 @@ inline std::string difference(const checkpoint_identity& file, const checkpoint_
            " (the data shards and the averaging would not carry over)";
   }
   if (file.sizes != me.sizes) {
-    std::string theirs, mine;
-    for (auto n : file.sizes) theirs.append(theirs.empty() ? "" : ",").append(std::to_string(n));
-    for (auto n : me.sizes) mine.append(mine.empty() ? "" : ",").append(std::to_string(n));
-    return "holds tensors of sizes [" + theirs + "]; this model's are [" + mine + "] (another model?)";
+    return "holds tensors of sizes " + dtrain::detail::list_text(file.sizes) + "; this model's are " +
+           dtrain::detail::list_text(me.sizes) + " (another model?)";
   }
   if (file.options != me.options) {
     return "was written with other compression or local SGD options; pass the same trainer_options";

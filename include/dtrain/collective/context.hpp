@@ -93,7 +93,7 @@ class call_context {
   pending send(int peer, std::span<const T> data) {
     auto bytes = std::as_bytes(data);
     if (bytes.size() <= max_message_bytes) return pending{t_.isend(peer, tag_, sig_, bytes), peer, bytes.size(), true};
-    held_.push_back({peer, bytes, t_.irecv(peer, control_tag(), std::span<std::byte>{}), {}, false});
+    held_.push_back({peer, bytes, std::move(recv_control(peer).req), {}, false});
     pending p{request{}, peer, bytes.size(), true};
     p.held = held_.size() - 1;
     return p;
@@ -110,7 +110,7 @@ class call_context {
     for (std::size_t at = max_message_bytes; at < bytes.size(); at += max_message_bytes) {
       p.more.push_back(t_.irecv(peer, tag_, bytes.subspan(at, part_size(bytes.size(), at))));
     }
-    if (!p.more.empty()) p.clearance = t_.isend(peer, control_tag(), sig_, std::span<const std::byte>{});
+    if (!p.more.empty()) p.clearance = std::move(send_control(peer).req);
     return p;
   }
 
@@ -157,14 +157,13 @@ class call_context {
   // Clear-to-send messages travel apart from the data, which may flow both ways between two ranks.
   std::uint64_t control_tag() const noexcept { return tag_ ^ (std::uint64_t{1} << 63); }
 
-  // Blocks until `req` is done; while a send of this call waits for its clearance, polls, so a
-  // clearance that arrives meanwhile releases that send (its receiver may be waiting for it).
+  // Returns once `req` is done or no send of this call waits for its clearance any more (the
+  // caller then blocks on `req` itself). Until then it waits on `req` in short slices, releasing
+  // each send whose clearance arrives meanwhile (its receiver may be waiting for it).
   void await(request& req) {
-    for (int spins = 0; !req.test() && !deadline_.expired();) {
-      if (!release_cleared()) {
-        std::error_code ignored;
-        if (req.wait(deadline::after(std::chrono::microseconds(spins++ < 100 ? 20 : 200)), ignored)) return;
-      }
+    for (int slices = 0; !req.test() && release_cleared() && !deadline_.expired(); ++slices) {
+      std::error_code ignored;
+      req.wait(deadline::after(std::chrono::microseconds(slices < 100 ? 20 : 200)), ignored);
     }
   }
 

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "dtrain/collective/context.hpp"
-#include "dtrain/detail/scratch_buffer.hpp"
 #include "dtrain/collective/ring.hpp"
 #include "dtrain/collective/tree.hpp"
 #include "dtrain/concepts/reduction.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 
 namespace dtrain::detail {
 

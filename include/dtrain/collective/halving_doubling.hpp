@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "dtrain/collective/context.hpp"
-#include "dtrain/detail/scratch_buffer.hpp"
 #include "dtrain/concepts/reduction.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 
 namespace dtrain::detail {
 

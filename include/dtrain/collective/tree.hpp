@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "dtrain/collective/context.hpp"
-#include "dtrain/detail/scratch_buffer.hpp"
 #include "dtrain/collective/ring.hpp"
 #include "dtrain/concepts/reduction.hpp"
+#include "dtrain/detail/scratch_buffer.hpp"
 
 namespace dtrain::detail {
 

@@ -46,14 +46,6 @@ namespace detail {
 inline constexpr char pipeline_checkpoint_magic[8] = {'D', 'T', 'R', 'N', 'P', 'I', 'P', 'E'};
 inline constexpr std::uint32_t pipeline_checkpoint_format = 1;
 
-// "[1,2,3]". Appends rather than operator+ chains: GCC 12 at -O3 warns falsely (-Wrestrict) on those.
-template <class T>
-std::string list(const std::vector<T>& v) {
-  std::string s("[");
-  for (std::size_t i = 0; i < v.size(); ++i) s.append(i == 0 ? "" : ",").append(std::to_string(v[i]));
-  return s.append("]");
-}
-
 // The first difference between what the file says and what this rank is, in words; empty if none.
 inline std::string difference(const checkpoint_identity& file, const checkpoint_identity& me) {
   if (file.updater != me.updater || file.state_slots != me.state_slots || file.value_bytes != me.value_bytes) {
@@ -70,8 +62,9 @@ inline std::string difference(const checkpoint_identity& file, const checkpoint_
            std::to_string(me.micro_batches) + " (the data position would not carry over)";
   }
   if (file.stages != me.stages || file.sizes != me.sizes) {
-    return "holds stages " + list(file.stages) + " with tensors of sizes " + list(file.sizes) + "; this rank's are " +
-           list(me.stages) + " with " + list(me.sizes) + " (a different partition of the model?)";
+    using dtrain::detail::list_text;
+    return "holds stages " + list_text(file.stages) + " with tensors of sizes " + list_text(file.sizes) + "; this rank's are " +
+           list_text(me.stages) + " with " + list_text(me.sizes) + " (a different partition of the model?)";
   }
   return {};
 }
