@@ -33,9 +33,9 @@ inline void tune_socket(tcp::socket& s, int buffer_bytes) {
 }
 
 /// Opens, binds and listens `a` on `address`:`port` (0 picks a free port). @returns the port.
-/// @throws dtrain::error saying `who` cannot listen there, and why.
+/// @throws dtrain::error saying `who` cannot listen there, why, and `remedy`.
 inline std::uint16_t listen_on(tcp::acceptor& a, const std::string& address, std::uint16_t port,
-                               const std::string& who) {
+                               const std::string& who, const std::string& remedy = "") {
   boost::system::error_code ec;
   auto addr = asio::ip::make_address(address, ec);
   std::string why = ec ? "'" + address + "' is not an IP address" : std::string();
@@ -46,7 +46,7 @@ inline std::uint16_t listen_on(tcp::acceptor& a, const std::string& address, std
   if (!ec) a.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
     throw error(errc::invalid_argument, "dtrain: " + who + " cannot listen on " + address + ":" +
-                                            std::to_string(port) + ": " + (why.empty() ? ec.message() : why));
+                                            std::to_string(port) + ": " + (why.empty() ? ec.message() : why) + remedy);
   }
   return a.local_endpoint().port();
 }

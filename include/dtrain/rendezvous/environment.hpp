@@ -70,11 +70,12 @@ inline std::string first_slurm_host(std::string_view list) {
   return out;
 }
 
-/// A port every rank derives alike from the job id, in [20000, 50000).
+/// A port every rank derives alike from the job id, in [20000, 32768): below Linux's ephemeral
+/// range (32768-60999 by default), so no outgoing connection on the host can be holding it.
 inline std::uint16_t port_for_job(std::string_view job) {
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (char c : job) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return static_cast<std::uint16_t>(20000 + h % 30000);
+  return static_cast<std::uint16_t>(20000 + h % 12768);
 }
 
 }  // namespace detail::env

@@ -86,7 +86,8 @@ class tcp_store_server {
   tcp_store_server(const std::string& bind_address, std::uint16_t port,
                    std::string token = detail::auth::load_token(std::nullopt))
       : token_(std::move(token)), acceptor_(io_) {
-    port_ = detail::listen_on(acceptor_, bind_address, port, "the store");
+    port_ = detail::listen_on(acceptor_, bind_address, port, "the store",
+                              port == 0 ? "" : " (DTRAIN_MASTER_PORT picks another port)");
     accept_next();
     thread_ = std::thread([this] { io_.run(); });
   }
