@@ -2,6 +2,7 @@
 //   size count type redop root | time algbw busbw #wrong
 // --transport inproc: ranks are threads of this process. --transport tcp: this process is one
 // rank, started by dtrain-run or mpirun (tcp_transport::from_environment); rank 0 prints.
+// --transport shm: the same over shared memory (every rank on this host).
 // --transport tcp-hosts: the same, on hosts (real, or bench/emulated_cluster.sh's): the flat
 // algorithms, then allreduce as "hierarchical" (two levels, forced) and "auto" (two levels or
 // the flat choice, as cluster_model says from the calibrated constants), from one
@@ -23,6 +24,7 @@
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/hierarchical.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "dtrain/transport/shm.hpp"
 #include "dtrain/transport/tcp.hpp"
 #include "report.hpp"
 
@@ -256,12 +258,14 @@ int run_all(const options& o, int ranks, bool printer, const std::string& what, 
   return wrong == 0 ? 0 : 1;
 }
 
+// One process per rank, over TCP or shared memory.
 template <class Transport>
-int run_tcp(const options& o) {
+int run_processes(const options& o) {
   communicator_options co;
   co.segment_bytes = o.segment_bytes;
   communicator<Transport> c(Transport::from_environment(), co);
-  std::string what = "TCP transport (" + o.progress + " progress), one process per rank";
+  const std::string what = std::string(o.transport == "shm" ? "shared-memory" : "TCP") + " transport (" + o.progress +
+                           " progress), one process per rank";
   return run_all(o, c.size(), c.rank() == 0, what,
                  [&](coll_op op, algorithm a, std::size_t bytes) { return measure_on(c, o, op, a, bytes); });
 }
@@ -326,8 +330,9 @@ int main(int argc, char** argv) {
   app.add_option("--segment-bytes", o.segment_bytes, "pipeline segment size of the communicator");
   app.add_option("--algorithms", o.algorithms, "only these algorithms (default: every one)");
   app.add_option("--transport", o.transport, "inproc (threads) or tcp (one process per rank, under dtrain-run "
-                 "or mpirun; tcp-hosts: also the hierarchical allreduce)")->check(CLI::IsMember({"inproc", "tcp", "tcp-hosts"}));
-  app.add_option("--progress", o.progress, "tcp waiting policy")->check(CLI::IsMember({"blocking", "spin"}));
+                 "or mpirun; tcp-hosts: also the hierarchical allreduce; shm: shared memory, one host)")
+      ->check(CLI::IsMember({"inproc", "tcp", "tcp-hosts", "shm"}));
+  app.add_option("--progress", o.progress, "waiting policy of the process transports")->check(CLI::IsMember({"blocking", "spin"}));
   CLI11_PARSE(app, argc, argv);
 
   if (o.transport == "tcp-hosts") {
@@ -335,7 +340,12 @@ int main(int argc, char** argv) {
                                 : run_tcp_hosts<tcp_transport>(o);
   }
   if (o.transport == "tcp") {
-    return o.progress == "spin" ? run_tcp<basic_tcp_transport<spin_then_block<50>>>(o) : run_tcp<tcp_transport>(o);
+    return o.progress == "spin" ? run_processes<basic_tcp_transport<spin_then_block<50>>>(o)
+                                : run_processes<tcp_transport>(o);
+  }
+  if (o.transport == "shm") {
+    return o.progress == "spin" ? run_processes<basic_shm_transport<spin_then_block<50>>>(o)
+                                : run_processes<shm_transport>(o);
   }
   return run_all(o, o.ranks, true, "in-process transport (threads)",
                  [&](coll_op op, algorithm a, std::size_t bytes) { return measure_inproc(o, op, a, bytes); });

@@ -2,6 +2,7 @@
 
 dtrain_add_test(test_rendezvous SOURCES rendezvous/stores.cpp rendezvous/environment.cpp LIBS dtrain::asio)
 dtrain_add_test(test_tcp SOURCES transport/tcp.cpp LIBS dtrain::asio)
+dtrain_add_test(test_shm SOURCES transport/shm.cpp LIBS dtrain::asio)
 
 add_executable(tcp_worker transport/tcp_worker.cpp)
 target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)
@@ -72,6 +73,18 @@ foreach(layout "2;2" "3;2")
   set_tests_properties(tcp_emulated_cluster_${h}x${l} PROPERTIES TIMEOUT 600 SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
 endforeach()
 
+# Every collective and algorithm, and the API beyond them, over shared memory across 1..9
+# processes started by dtrain-run.
+foreach(n RANGE 1 9)
+  add_test(NAME shm_conformance_dtrain_run_${n}
+           COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> conformance)
+  set_tests_properties(shm_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600 ENVIRONMENT DTRAIN_TEST_TRANSPORT=shm)
+endforeach()
+foreach(n 2 3 5)
+  add_test(NAME shm_api_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> api)
+  set_tests_properties(shm_api_dtrain_run_${n} PROPERTIES TIMEOUT 600 ENVIRONMENT DTRAIN_TEST_TRANSPORT=shm)
+endforeach()
+
 # The same under Open MPI's mpirun: rank and size from OMPI_COMM_WORLD_*, rank 0 serves the store.
 find_program(DTRAIN_MPIRUN mpirun)
 if(DTRAIN_MPIRUN)
@@ -90,6 +103,12 @@ target_compile_definitions(test_tcp_faults PRIVATE
                            DTRAIN_TCP_WORKER="$<TARGET_FILE:tcp_worker>"
                            DTRAIN_RUN="$<TARGET_FILE:dtrain-run>")
 add_dependencies(test_tcp_faults tcp_worker dtrain-run)
+
+# The same faults over shared memory: a SIGKILLed rank is named within 100 ms, nothing is left in
+# /dev/shm, another job's rank is refused.
+dtrain_add_test(test_shm_faults SOURCES transport/shm_faults.cpp LIBS dtrain::asio)
+target_compile_definitions(test_shm_faults PRIVATE DTRAIN_TCP_WORKER="$<TARGET_FILE:tcp_worker>")
+add_dependencies(test_shm_faults tcp_worker)
 
 # Ranks in separate network namespaces joined by veth pairs (root only; skips otherwise).
 add_test(NAME tcp_netns COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/transport/netns.sh $<TARGET_FILE:tcp_worker> 3)

@@ -1,4 +1,5 @@
-// One rank of a multi-process TCP test, started by dtrain-run, mpirun or the fault tests.
+// One rank of a multi-process test, started by dtrain-run, mpirun or the fault tests, over TCP or,
+// with DTRAIN_TEST_TRANSPORT=shm, over shared memory.
 //
 //   tcp_worker conformance     every collective and algorithm against the serial reference
 //   tcp_worker allreduce-loop  allreduces of 1M floats for a few seconds, each result checked
@@ -28,6 +29,7 @@
 
 #include "../collective/api_case.hpp"
 #include "../collective/conformance_case.hpp"
+#include "dtrain/transport/shm.hpp"
 #include "dtrain/transport/tcp.hpp"
 
 using namespace dtrain;
@@ -42,13 +44,18 @@ long long monotonic_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now().time_since_epoch()).count();
 }
 
+const char* transport_name() {
+  const char* t = std::getenv("DTRAIN_TEST_TRANSPORT");
+  return t != nullptr && std::string(t) == "shm" ? "shared memory" : "TCP";
+}
+
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::atoi(v) : fallback;
 }
 
-template <class T>
-bool run_one(communicator<tcp_transport>& c, const spec& s) {
+template <class T, class Comm>
+bool run_one(Comm& c, const spec& s) {
   const std::vector<T> expect = expected_results<T>(s);
   bool ok = true;
   auto check = [&](int r, std::span<const T> got, const std::function<T(std::size_t)>& want) {
@@ -65,7 +72,8 @@ bool run_one(communicator<tcp_transport>& c, const spec& s) {
   return ok;
 }
 
-int run_conformance(communicator<tcp_transport>& c) {
+template <class Comm>
+int run_conformance(Comm& c) {
   const int p = c.size();
   int cases = 0;
   bool ok = true;
@@ -132,12 +140,13 @@ int run_conformance(communicator<tcp_transport>& c) {
   // rank's exit status, so a launcher that reports any one rank reports them all.
   int wrong_ranks = ok ? 0 : 1;
   c.allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);
-  std::printf("conformance: %d cases on %d ranks: rank %d %s; %s\n", cases, p, c.rank(),
+  std::printf("conformance: %d cases on %d ranks over %s: rank %d %s; %s\n", cases, p, transport_name(), c.rank(),
               ok ? "correct" : "WRONG", wrong_ranks == 0 ? "all correct" : "WRONG RESULTS on some rank");
   return wrong_ranks == 0 ? 0 : 1;
 }
 
-int allreduce_loop(communicator<tcp_transport>& c) {
+template <class Comm>
+int allreduce_loop(Comm& c) {
   const int kill_rank = env_int("DTRAIN_TEST_KILL_RANK", -1);
   const auto duration = std::chrono::milliseconds(env_int("DTRAIN_TEST_LOOP_MS", 2000));
   const std::size_t n = 1 << 20;
@@ -174,7 +183,8 @@ int allreduce_loop(communicator<tcp_transport>& c) {
   return 0;
 }
 
-int mismatch(communicator<tcp_transport>& c) {
+template <class Comm>
+int mismatch(Comm& c) {
   std::vector<float> v(1000, 1.0f);
   if (c.rank() == 0) {
     c.allreduce(std::span(v), reduce_op::sum);
@@ -185,7 +195,8 @@ int mismatch(communicator<tcp_transport>& c) {
   return 2;
 }
 
-int send_then_die(communicator<tcp_transport>& c) {
+template <class Comm>
+int send_then_die(Comm& c) {
   auto& t = c.transport();
   constexpr std::uint64_t tag = 7;
   if (c.rank() == 1) {
@@ -229,10 +240,11 @@ void reset_peak_resident() {
   }
 }
 
-int large_allreduce(communicator<tcp_transport>& c) {
+template <class Comm>
+int large_allreduce(Comm& c) {
   // 2 GiB + 68 bytes, or DTRAIN_TEST_LARGE_FLOATS floats.
-  const std::size_t n = env_int("DTRAIN_TEST_LARGE_FLOATS", 0) > 0 ? static_cast<std::size_t>(env_int("DTRAIN_TEST_LARGE_FLOATS", 0))
-                                                                  : (std::size_t{1} << 29) + 17;
+  const int asked = env_int("DTRAIN_TEST_LARGE_FLOATS", 0);
+  const std::size_t n = asked > 0 ? static_cast<std::size_t>(asked) : (std::size_t{1} << 29) + 17;
   const int p = c.size(), r = c.rank();
   std::vector<float> v;
   long wrong = 0;
@@ -266,7 +278,8 @@ int large_allreduce(communicator<tcp_transport>& c) {
 
 // Every check of api_case.hpp; each rank's count of wrong results is summed, so every rank
 // exits 1 when any rank saw one.
-int api(communicator<tcp_transport>& c) {
+template <class Comm>
+int api(Comm& c) {
   int wrong = 0;
   for (unsigned seed : {1u, 2u}) {
     wrong += api_case::uneven<float>(c, seed, 3000);
@@ -284,6 +297,18 @@ int api(communicator<tcp_transport>& c) {
   return verdict[0] == 0 ? 0 : 1;
 }
 
+template <class Comm>
+int run_mode(const std::string& mode, Comm& c) {
+  if (mode == "conformance") return run_conformance(c);
+  if (mode == "allreduce-loop") return allreduce_loop(c);
+  if (mode == "mismatch") return mismatch(c);
+  if (mode == "send-then-die") return send_then_die(c);
+  if (mode == "large-allreduce") return large_allreduce(c);
+  if (mode == "api") return api(c);
+  std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+  return 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -297,15 +322,14 @@ int main(int argc, char** argv) {
     }
     communicator_options co;
     co.timeout = o.timeout;
+    if (transport_name() == std::string("shared memory")) {
+      shm_options so;
+      so.timeout = o.timeout;
+      communicator<shm_transport> c(shm_transport::from_environment(so), co);
+      return run_mode(mode, c);
+    }
     communicator<tcp_transport> c(tcp_transport::from_environment(o), co);
-    if (mode == "conformance") return run_conformance(c);
-    if (mode == "allreduce-loop") return allreduce_loop(c);
-    if (mode == "mismatch") return mismatch(c);
-    if (mode == "send-then-die") return send_then_die(c);
-    if (mode == "large-allreduce") return large_allreduce(c);
-    if (mode == "api") return api(c);
-    std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
-    return 2;
+    return run_mode(mode, c);
   } catch (const dtrain::error& e) {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count();
     std::printf("caught dtrain::error [%s] after %lld ms (at monotonic %lld us): %s\n", e.code().message().c_str(),

@@ -123,20 +123,24 @@ inline nonce random_nonce() {
   return n;
 }
 
+/// HMAC-SHA256(token, message).
+inline mac hmac(std::string_view token, std::string_view message) {
+  mac out{};
+  unsigned int len = 0;
+  static const unsigned char empty_key = 0;  // HMAC needs a valid pointer even for no key
+  const void* key = token.empty() ? static_cast<const void*>(&empty_key) : token.data();
+  HMAC(EVP_sha256(), key, static_cast<int>(token.size()), reinterpret_cast<const unsigned char*>(message.data()),
+       message.size(), reinterpret_cast<unsigned char*>(out.data()), &len);
+  return out;
+}
+
 /// HMAC-SHA256(token, label | hello | nonce).
 inline mac prove(std::string_view token, std::string_view label, const hello_bytes& h,
                  const nonce& n) {
   std::string msg(label);
   msg.append(reinterpret_cast<const char*>(h.data()), h.size());
   msg.append(reinterpret_cast<const char*>(n.data()), n.size());
-  mac out{};
-  unsigned int len = 0;
-  static const unsigned char empty_key = 0;  // HMAC needs a valid pointer even for no key
-  const void* key = token.empty() ? static_cast<const void*>(&empty_key) : token.data();
-  HMAC(EVP_sha256(), key, static_cast<int>(token.size()),
-       reinterpret_cast<const unsigned char*>(msg.data()), msg.size(),
-       reinterpret_cast<unsigned char*>(out.data()), &len);
-  return out;
+  return hmac(token, msg);
 }
 
 inline bool same(const mac& a, const mac& b) { return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0; }

@@ -32,9 +32,8 @@
 #include "dtrain/detail/request_error.hpp"
 #include "dtrain/transport/tcp/engine.hpp"
 #include "dtrain/rendezvous/environment.hpp"
-#include "dtrain/rendezvous/file_store.hpp"
+#include "dtrain/rendezvous/launch_store.hpp"
 #include "dtrain/rendezvous/store.hpp"
-#include "dtrain/rendezvous/tcp_store.hpp"
 #include "dtrain/transport/buffer_forms.hpp"
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/request.hpp"
@@ -167,26 +166,13 @@ class basic_tcp_transport : public transport_buffer_forms<basic_tcp_transport<Pr
   /// @throws dtrain::error when the environment is incomplete or the group cannot form
   static basic_tcp_transport from_environment(tcp_options options = {}) {
     options = options.with_environment();
-    launch_environment env = detect_launch();
-    const deadline d = deadline::after(options.timeout);
-    auto token = detail::auth::load_token(options.token);
-    options.token = token;
-    if (!env.store_dir.empty()) {
-      file_store store(env.store_dir);
-      return connect(store, env.rank, env.size, options);
-    }
-    std::shared_ptr<tcp_store_server> server;
-    if (!env.store_external && env.rank == 0) {
-      server = std::make_shared<tcp_store_server>(
-          options.bind_address.empty() ? resolve_ip(env.store_host) : options.bind_address, env.store_port, token);
-      detail::log(detail::log_level::info, "rank 0 serves the rendezvous store on " + env.store_host + ":" +
-                                               std::to_string(server->port()));
-      if (env.store_port == 0) env.store_port = server->port();
-    }
-    tcp_store store(env.store_host, env.store_port, d, token);
-    auto t = connect(store, env.rank, env.size, options, env.store_host);
-    t.keepalive_ = std::move(server);
-    return t;
+    options.token = detail::auth::load_token(options.token);
+    auto formed = with_launch_store(options.timeout, *options.token, options.bind_address, resolve_ip,
+                                    [&](auto& store, const launch_environment& env) {
+                                      return connect(store, env.rank, env.size, options, env.store_host);
+                                    });
+    formed.value.keepalive_ = std::move(formed.server);
+    return std::move(formed.value);
   }
 
   basic_tcp_transport(basic_tcp_transport&&) noexcept = default;

@@ -1,6 +1,6 @@
 #pragma once
-// What the TCP engine's parts share: its settings, one send or receive (`operation`), a message
-// that arrived before its receive (`incoming`), and a connection's reader and writer state.
+// What the TCP engine's parts share: its settings and a connection's reader and writer state
+// (operations and early messages are the byte transports' shared `detail::byte_operation`).
 
 #include <atomic>
 #include <chrono>
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "dtrain/concepts/completion.hpp"
+#include "dtrain/transport/byte_operation.hpp"
 #include "dtrain/core/frame.hpp"
 #include "dtrain/detail/match_queue.hpp"
 #include "dtrain/detail/message_parts.hpp"
@@ -33,49 +34,10 @@ struct settings {
   std::uint64_t epoch = 0;
 };
 
-// One send or receive.
-struct operation {
-  enum class phase { queued, active };  // active: its bytes are moving (or it was matched)
-
-  bool is_send = false;
-  frame_kind kind = frame_kind::data;
-  envelope env;                            // peer, tag, signature, size
-  send_parts data;                         // send payload, gathered
-  std::string owned;                       // payload of control frames
-  receive_parts buffer;                    // receive: where a message that fits goes
-  std::vector<std::byte>* grow = nullptr;  // receive: where a larger one goes
-
-  phase state = phase::queued;  // guarded by the engine lock
-  frame_bytes header{};         // encoded when its write starts (sends)
-  std::size_t written = 0;      // header + payload bytes written so far
-
-  completion_flag flag;
-  std::error_code ec;  // written before flag.set()
-  std::string detail;  // why it failed, for the error text
-  std::atomic<bool> completing{false};
-
-  // The first completion wins: a failure path and a finishing read may race to complete it.
-  void complete(std::error_code code, std::string why = {}) {
-    if (completing.exchange(true)) return;
-    ec = code;
-    detail = std::move(why);
-    flag.set();
-  }
-  std::size_t total() const noexcept { return frame_header::size + data.bytes(); }
-};
-using op_ptr = std::shared_ptr<operation>;
-
-// A message that arrived before its receive was posted.
-struct incoming {
-  int peer = 0;
-  std::uint64_t tag = 0;
-  signature sig{};
-  std::size_t length = 0;
-  std::unique_ptr<std::byte[]> data;
-  bool complete = false;  // payload fully read; guarded by the engine lock
-  op_ptr claimed;         // the receive that matched it before its payload arrived
-};
-using incoming_ptr = std::shared_ptr<incoming>;
+using operation = detail::byte_operation;
+using op_ptr = byte_op_ptr;
+using incoming = early_message;
+using incoming_ptr = early_message_ptr;
 
 enum class rx_state { header, payload, discard, closed };
 
@@ -123,11 +85,7 @@ struct connection {
   std::string lost;           // why the connection failed
 };
 
-// A receive wants (peer, tag); an unexpected message came from its peer on its tag.
-struct match_keys {
-  static match_key of_receive(const op_ptr& r) noexcept { return {r->env.peer, r->env.tag}; }
-  static match_key of_message(const incoming_ptr& in) noexcept { return {in->peer, in->tag}; }
-};
+using match_keys = byte_match_keys;
 
 inline std::string rank_text(int r) { return "rank " + std::to_string(r); }
 

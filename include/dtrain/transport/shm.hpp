@@ -1,0 +1,233 @@
+#pragma once
+/// @file
+/// `shm_transport`: the ranks of a group are processes of one host, joined by rings in shared
+/// memory. Link `dtrain::asio` (the rendezvous store and the token's HMAC).
+///
+/// ```cpp
+/// auto t = dtrain::shm_transport::from_environment();  // dtrain-run, mpirun, srun, torchrun
+/// dtrain::communicator<dtrain::shm_transport> comm(std::move(t));
+/// ```
+/// Each rank creates one inbox segment holding a ring per sender, publishes its name through the
+/// store, maps every peer's inbox, and unlinks its own once all ranks have mapped theirs: from
+/// then on no name is left in /dev/shm. See docs/transports.md for the layout and protocol.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_space.hpp"
+#include "dtrain/detail/auth.hpp"
+#include "dtrain/rendezvous/environment.hpp"
+#include "dtrain/rendezvous/launch_store.hpp"
+#include "dtrain/rendezvous/store.hpp"
+#include "dtrain/transport/buffer_forms.hpp"
+#include "dtrain/transport/progress.hpp"
+#include "dtrain/transport/request.hpp"
+#include "dtrain/transport/shm/engine.hpp"
+
+namespace dtrain {
+
+/// How a shared-memory group is formed and behaves.
+struct shm_options {
+  /// Deadline for forming the group (rendezvous, mapping every inbox).
+  std::chrono::milliseconds timeout{60000};
+  /// How long leaving waits for the rings to take what this rank still sends.
+  std::chrono::milliseconds linger{10000};
+  /// Bytes of each ring (one per ordered pair of ranks): a power of two, at least 4 KiB. Every
+  /// rank maps size x ring_bytes of its own and as much of each peer's. $DTRAIN_SHM_RING_BYTES.
+  std::size_t ring_bytes = std::size_t{1} << 20;
+  /// Largest message sent or accepted (as over TCP).
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
+  /// The job token; unset: $DTRAIN_TOKEN, else the file $DTRAIN_TOKEN_FILE.
+  std::optional<std::string> token;
+  /// A peer that dies fails the whole group (what collectives need); off for a parameter server.
+  bool abort_group_on_peer_loss = true;
+  /// Rendezvous epoch: a group rebuilt without restarting uses a new one.
+  std::uint64_t epoch = 0;
+};
+
+/// The completion handle of a shared-memory send or receive (a model of `completion`).
+template <class Progress>
+using basic_shm_request = transport_request<detail::shm::engine, detail::byte_operation, Progress>;
+
+/// One rank's endpoint of a shared-memory group (a model of `transport`). Move-only; destroying
+/// it leaves the group after everything it sent is in the peers' rings.
+/// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
+template <class Progress = blocking>
+class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Progress>> {
+ public:
+  using transport_buffer_forms<basic_shm_transport>::irecv;
+  using transport_buffer_forms<basic_shm_transport>::isend;
+  using memory_space = host_memory;
+  using request = basic_shm_request<Progress>;
+
+  /// Forms the group of `size` ranks of this host through `store`.
+  /// @throws dtrain::error naming the rank whose inbox cannot be mapped or whose token differs
+  template <class Store>
+  static basic_shm_transport connect(Store& store, int rank, int size, shm_options options = {}) {
+    using namespace detail::shm;
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(rank) + " of a group of " +
+                                              std::to_string(size));
+    }
+    const std::size_t ring = options.ring_bytes;
+    if (ring < 4096 || (ring & (ring - 1)) != 0) {
+      throw error(errc::invalid_argument, "dtrain: a shared-memory ring of " + std::to_string(ring) +
+                                              " bytes (a power of two of at least 4096 is needed)");
+    }
+    const deadline d = deadline::after(options.timeout);
+    const std::string token = detail::auth::load_token(options.token);
+    const int pid = static_cast<int>(::getpid());
+
+    segment own = segment::create(inbox_bytes(size, ring));
+    auto* h = new (own.data()) inbox_header;
+    h->size = static_cast<std::uint32_t>(size);
+    h->rank = rank;
+    h->pid = pid;
+    h->ring_bytes = ring;
+    h->epoch = options.epoch;
+    const auto proof = detail::auth::hmac(token, proof_text(own.name(), rank, pid, options.epoch));
+    std::memcpy(h->proof, proof.data(), proof.size());
+    for (int s = 0; s < size; ++s) new (ring_at(own.data(), s, ring)) ring_control;
+    std::atomic_thread_fence(std::memory_order_release);
+    h->magic = inbox_header::magic_value;
+
+    const auto key = [&](const std::string& k) { return epoch_key(options.epoch, "shm/" + k); };
+    store.set(key(std::to_string(rank)), as_value(own.name() + " " + std::to_string(pid) + " " + std::to_string(ring)), d);
+    std::vector<segment> inboxes(static_cast<std::size_t>(size));
+    std::vector<int> pids(static_cast<std::size_t>(size), 0);
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      std::istringstream where(value_text(store.get(key(std::to_string(p)), d)));
+      std::string name;
+      std::size_t their_ring = 0;
+      int their_pid = 0;
+      where >> name >> their_pid >> their_ring;
+      if (their_ring != ring) {
+        throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(p) + " uses shared-memory rings of " +
+                                                std::to_string(their_ring) + " bytes, rank " + std::to_string(rank) +
+                                                " of " + std::to_string(ring) + " (set DTRAIN_SHM_RING_BYTES alike)");
+      }
+      segment s = segment::open(name, inbox_bytes(size, ring), "rank " + std::to_string(p));
+      check_inbox(s, p, size, their_pid, options.epoch, token);
+      pids[static_cast<std::size_t>(p)] = their_pid;
+      inboxes[static_cast<std::size_t>(p)] = std::move(s);
+    }
+    // Once every rank has mapped every inbox, the names go: a job that dies later leaves nothing.
+    if (store.add(key("mapped"), 1, d) == size) store.set(key("mapped/all"), as_value("1"), d);
+    store.get(key("mapped/all"), d);
+    own.unlink();
+
+    settings s;
+    s.linger = options.linger;
+    s.max_message_bytes = options.max_message_bytes;
+    s.abort_group_on_peer_loss = options.abort_group_on_peer_loss;
+    s.ring_bytes = ring;
+    auto e = std::make_shared<engine>(rank, size, s, std::move(own), std::move(inboxes), pids);
+    e->start();
+    return basic_shm_transport(std::move(e));
+  }
+
+  /// Forms the group the launcher describes (see `with_launch_store`); every rank must be on
+  /// this host. DTRAIN_SHM_RING_BYTES and DTRAIN_TIMEOUT_MS override the options.
+  static basic_shm_transport from_environment(shm_options options = {}) {
+    if (const char* r = std::getenv("DTRAIN_SHM_RING_BYTES")) {
+      options.ring_bytes = static_cast<std::size_t>(detail::env::to_int("DTRAIN_SHM_RING_BYTES", r));
+    }
+    if (const char* t = std::getenv("DTRAIN_TIMEOUT_MS")) {
+      options.timeout = std::chrono::milliseconds(detail::env::to_int("DTRAIN_TIMEOUT_MS", t));
+    }
+    options.token = detail::auth::load_token(options.token);
+    auto formed = with_launch_store(options.timeout, *options.token, "", [](const std::string& host) { return host; },
+                                    [&](auto& store, const launch_environment& env) {
+                                      return connect(store, env.rank, env.size, options);
+                                    });
+    formed.value.keepalive_ = std::move(formed.server);
+    return std::move(formed.value);
+  }
+
+  basic_shm_transport(basic_shm_transport&&) noexcept = default;
+  basic_shm_transport& operator=(basic_shm_transport&& other) noexcept {
+    const basic_shm_transport old(std::move(*this));
+    engine_ = std::move(other.engine_);
+    keepalive_ = std::move(other.keepalive_);
+    return *this;
+  }
+  ~basic_shm_transport() { leave(); }
+
+  int rank() const noexcept { return engine_ ? engine_->rank() : 0; }
+  int size() const noexcept { return engine_ ? engine_->size() : 0; }
+
+  /// Starts sending the bytes of `parts` as one message, copied into the peer's ring as room
+  /// appears. @pre 0 <= peer < size(), parts.size() <= max_message_parts
+  request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
+    DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
+    return {engine_, engine_->send(peer, tag, sig, parts)};
+  }
+
+  /// Starts receiving from `peer` (or `any_peer`) on `tag` into `parts`, or whole into
+  /// `*overflow` if larger (see the `transport` concept).
+  request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) {
+    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
+    return {engine_, engine_->receive(peer, tag, parts, overflow)};
+  }
+
+  /// Why the group failed (which rank was lost, and how); empty while it is healthy.
+  std::string failure() const { return engine_ ? engine_->failure() : std::string(); }
+
+  /// Writes `bytes` unframed into the ring to `peer`, as a corrupt or hostile peer would: for the
+  /// fault tests only. @pre peer != rank(), bytes fit the ring's free room
+  void write_raw_for_testing(int peer, std::span<const std::byte> bytes) { engine_->write_raw_for_testing(peer, bytes); }
+
+  /// Leaves the group now (the destructor does this too).
+  void leave() noexcept {
+    if (engine_) engine_->stop();
+    engine_.reset();
+    keepalive_.reset();
+  }
+
+ private:
+  explicit basic_shm_transport(std::shared_ptr<detail::shm::engine> e) : engine_(std::move(e)) {}
+
+  static std::string proof_text(const std::string& name, int rank, int pid, std::uint64_t epoch) {
+    return "dtrain shm inbox " + name + " " + std::to_string(rank) + " " + std::to_string(pid) + " " +
+           std::to_string(epoch);
+  }
+
+  // A peer's inbox is trusted once it says who made it and proves the maker holds the token.
+  static void check_inbox(const detail::shm::segment& s, int peer, int size, int pid, std::uint64_t epoch,
+                          const std::string& token) {
+    const auto* h = reinterpret_cast<const detail::shm::inbox_header*>(s.data());
+    const std::string who = "rank " + std::to_string(peer) + "'s shared memory " + s.name();
+    if (h->magic != detail::shm::inbox_header::magic_value || h->size != static_cast<std::uint32_t>(size) ||
+        h->rank != peer || h->pid != pid || h->epoch != epoch) {
+      throw error(errc::protocol_error, "dtrain: " + who + " is not the inbox it was announced as");
+    }
+    detail::auth::mac proof{};
+    std::memcpy(proof.data(), h->proof, proof.size());
+    if (!detail::auth::same(proof, detail::auth::hmac(token, proof_text(s.name(), peer, pid, epoch)))) {
+      throw error(errc::auth_failed, "dtrain: " + who + " was not made with this job's token");
+    }
+  }
+
+  std::shared_ptr<detail::shm::engine> engine_;
+  std::shared_ptr<void> keepalive_;  // the store server rank 0 hosts for the group's lifetime
+};
+
+using shm_transport = basic_shm_transport<blocking>;
+using shm_request = basic_shm_request<blocking>;
+
+}  // namespace dtrain

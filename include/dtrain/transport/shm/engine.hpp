@@ -1,0 +1,478 @@
+#pragma once
+// The shared-memory engine: one rank's end of every ring, the matching of messages to receives,
+// and who moves the bytes.
+//
+// No thread is needed to move bytes: a caller that waits drives progress itself (writes what
+// its sends still hold into the peers' rings, reads what its own rings hold into the posted
+// receives), spinning first if its progress policy says so, then sleeping on its inbox's bell,
+// which a peer rings after writing data for it or freeing room in a ring it writes. A progress
+// thread does the same while no caller waits (a send's tail still moves while the sender
+// computes), and watches the peers' processes: one that exits without its goodbye frame fails
+// the group within a few milliseconds, naming it.
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <span>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "dtrain/concepts/transport.hpp"
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/frame.hpp"
+#include "dtrain/detail/match_queue.hpp"
+#include "dtrain/detail/message_parts.hpp"
+#include "dtrain/transport/byte_operation.hpp"
+#include "dtrain/transport/shm/link.hpp"
+#include "dtrain/transport/shm/ring.hpp"
+#include "dtrain/transport/shm/segment.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace dtrain::detail::shm {
+
+class engine {
+ public:
+  engine(int rank, int size, settings s, segment own, std::vector<segment> inboxes, const std::vector<int>& pids)
+      : rank_(rank), size_(size), settings_(s), own_(std::move(own)),
+        self_(reinterpret_cast<inbox_header*>(own_.data())), links_(static_cast<std::size_t>(size)) {
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      link& l = at(p);
+      l.inbox = std::move(inboxes[static_cast<std::size_t>(p)]);
+      l.peer = reinterpret_cast<inbox_header*>(l.inbox.data());
+      const std::string pair = std::to_string(rank) + " to " + std::to_string(p);
+      l.out = ring_writer(ring_at(l.inbox.data(), rank, s.ring_bytes), s.ring_bytes, "from rank " + pair);
+      l.in = ring_reader(ring_at(own_.data(), p, s.ring_bytes), s.ring_bytes,
+                         "from rank " + std::to_string(p) + " to " + std::to_string(rank));
+      l.watch = process_watch(pids[static_cast<std::size_t>(p)]);
+    }
+  }
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+  ~engine() { stop(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+  void start() {
+    thread_ = std::thread([this] { progress_thread(); });
+  }
+
+  byte_op_ptr send(int peer, std::uint64_t tag, const signature& sig, gather_list parts, frame_kind kind = frame_kind::data) {
+    auto op = std::make_shared<byte_operation>();
+    op->is_send = true;
+    op->kind = kind;
+    op->data = send_parts(parts);
+    op->env = envelope{peer, tag, sig, op->data.bytes()};
+    std::lock_guard lock(m_);
+    if (!failure_.empty()) {
+      op->complete(make_error_code(failure_code_), failure_);
+    } else if (peer == rank_) {
+      send_to_self(op);
+    } else if (at(peer).departed || at(peer).lost) {
+      op->complete(make_error_code(errc::peer_lost), rank_text(peer) + " has left the group");
+    } else if (op->data.bytes() > settings_.max_message_bytes) {
+      op->complete(make_error_code(errc::invalid_argument), "a message of " + std::to_string(op->data.bytes()) +
+                                                                " bytes exceeds the maximum of " +
+                                                                std::to_string(settings_.max_message_bytes));
+    } else {
+      at(peer).sendq.push_back(op);
+    }
+    progress_locked();
+    return op;
+  }
+
+  byte_op_ptr receive(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* grow) {
+    auto op = std::make_shared<byte_operation>();
+    op->env = envelope{peer, tag, signature{}, 0};
+    op->buffer = receive_parts(parts);
+    op->grow = grow;
+    std::lock_guard lock(m_);
+    progress_locked();
+    if (early_message_ptr m = queue_.take_message({peer, tag})) {
+      deliver(*m, *op);
+    } else if (!failure_.empty()) {
+      op->complete(make_error_code(failure_code_), failure_);
+    } else if (peer != any_peer && peer != rank_ && (at(peer).departed || at(peer).lost)) {
+      op->complete(make_error_code(errc::peer_lost), rank_text(peer) + " has left the group");
+    } else {
+      queue_.post(op);
+    }
+    wake_local_waiters();
+    return op;
+  }
+
+  /// Drives progress until `op` completes or `d` passes. @returns whether it completed.
+  bool wait(const byte_op_ptr& op, deadline d, std::chrono::microseconds spin) noexcept {
+    if (op->flag.done()) return true;
+    drivers_.fetch_add(1);
+    const auto spin_until = deadline::clock::now() + spin;
+    bool done = false;
+    for (;;) {
+      try_progress();
+      if ((done = op->flag.done())) break;
+      const auto now = deadline::clock::now();
+      if (now >= d.time()) break;
+      if (now < spin_until) {
+        pause();
+        continue;
+      }
+      const std::uint32_t seen = self_->bell.load(std::memory_order_acquire);
+      try_progress();  // after reading the bell: anything newer changes it, and the sleep returns
+      if ((done = op->flag.done())) break;
+      sleep_on_bell(seen, std::min(std::chrono::duration_cast<std::chrono::microseconds>(d.time() - now),
+                                   std::chrono::microseconds(watch_period)));
+    }
+    drivers_.fetch_sub(1);
+    return done;
+  }
+
+  /// Withdraws a receive not yet matched or a send not yet started; lets any other finish.
+  void cancel(const byte_op_ptr& op) noexcept {
+    {
+      std::lock_guard lock(m_);
+      if (op->state == byte_operation::phase::queued) {
+        const bool removed = op->is_send ? std::erase(at(op->env.peer).sendq, op) > 0 : queue_.withdraw_receive(op);
+        if (removed) {
+          op->complete(make_error_code(errc::cancelled));
+          return;
+        }
+      }
+    }
+    while (!wait(op, deadline::after(settings_.linger), std::chrono::microseconds(0))) {
+      std::lock_guard lock(m_);
+      fail_group(errc::cancelled, "an operation could not be withdrawn within the linger time");
+    }
+  }
+
+  /// Writes `bytes` into the ring to `peer` as they are, unframed: for the fault tests.
+  void write_raw_for_testing(int peer, std::span<const std::byte> bytes) {
+    std::lock_guard lock(m_);
+    link& l = at(peer);
+    while (!bytes.empty()) {
+      const std::size_t n = std::min(bytes.size(), l.out.room());
+      l.out.put(bytes.data(), n);
+      l.out.publish();
+      ring(l.peer);
+      bytes = bytes.subspan(n);
+    }
+  }
+
+  /// Why the group failed; empty while it is healthy.
+  std::string failure() const {
+    std::lock_guard lock(m_);
+    return failure_;
+  }
+
+  /// Leaves the group: says goodbye after everything sent (waiting up to the linger time for
+  /// the rings to take it), closes the inbox to writers and stops the progress thread.
+  void stop() noexcept {
+    if (stopped_.exchange(true)) return;
+    std::vector<byte_op_ptr> goodbyes;
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_) goodbyes.push_back(send(p, 0, signature{}, gather_list{}, frame_kind::goodbye));
+    }
+    const deadline d = deadline::after(settings_.linger);
+    for (auto& g : goodbyes) wait(g, d, std::chrono::microseconds(0));
+    self_->closed.store(1, std::memory_order_release);
+    {
+      std::lock_guard lock(m_);
+      if (failure_.empty()) fail_group(errc::peer_lost, rank_text(rank_) + " (this rank) has left the group");
+    }
+    quit_.store(true);
+    ring(self_);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  static std::string rank_text(int r) { return "rank " + std::to_string(r); }
+  static void pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+  }
+  link& at(int p) noexcept { return links_[static_cast<std::size_t>(p)]; }
+
+  // Tells a rank's threads something changed for it; a system call only when one sleeps.
+  static void ring(inbox_header* h) noexcept {
+    h->bell.fetch_add(1, std::memory_order_seq_cst);
+    if (h->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake(&h->bell);
+  }
+  void sleep_on_bell(std::uint32_t seen, std::chrono::microseconds timeout) noexcept {
+    self_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    futex_wait(&self_->bell, seen, timeout);
+    self_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+
+  void try_progress() noexcept {
+    if (!m_.try_lock()) return;
+    progress_locked();
+    m_.unlock();
+  }
+
+  void progress_thread() noexcept {
+    while (!quit_.load()) {
+      const std::uint32_t seen = self_->bell.load(std::memory_order_acquire);
+      if (drivers_.load() == 0) {
+        try_progress();
+        sleep_on_bell(seen, watch_period);
+      } else {
+        std::this_thread::sleep_for(watch_period);  // the waiters move the bytes; watch the peers
+        try_progress();
+      }
+    }
+  }
+
+  // One pass over every ring; a corrupt ring fails the group. Runs under m_.
+  void progress_locked() noexcept {
+    try {
+      for (int p = 0; p < size_; ++p) {
+        if (p == rank_) continue;
+        pump_out(p);
+        pump_in(p);
+      }
+    } catch (const error& e) {
+      fail_group(static_cast<errc>(e.code().value()), e.what());
+    } catch (const std::bad_alloc&) {
+      fail_group(errc::invalid_argument, "dtrain: out of memory holding a message that came before its receive");
+    }
+    if (const auto now = deadline::clock::now(); now >= next_watch_) {
+      next_watch_ = now + watch_period;
+      watch_peers();
+    }
+    wake_local_waiters();
+  }
+
+  // Another thread of this rank may be asleep waiting for what this one completed.
+  void wake_local_waiters() noexcept {
+    if (completed_ && self_->sleepers.load() != 0) ring(self_);
+    completed_ = false;
+  }
+
+  void complete(byte_operation& op, std::error_code ec = {}, std::string why = {}) {
+    op.complete(ec, std::move(why));
+    completed_ = true;
+  }
+
+  // Writes the queued sends to `p` into its ring while there is room.
+  void pump_out(int p) {
+    link& l = at(p);
+    if (l.sendq.empty()) return;
+    if (l.peer->closed.load(std::memory_order_acquire) != 0) {
+      for (auto& s : l.sendq) complete(*s, make_error_code(errc::peer_lost), rank_text(p) + " has left the group");
+      l.sendq.clear();
+      return;
+    }
+    while (!l.sendq.empty()) {
+      byte_operation& op = *l.sendq.front();
+      if (op.state == byte_operation::phase::queued) {
+        if (l.out.room() < frame_header::size) break;  // a header goes in whole
+        op.state = byte_operation::phase::active;
+        frame_header h;
+        h.kind = op.kind;
+        h.tag = op.env.tag;
+        h.seq = l.tx_seq++;
+        h.length = op.data.bytes();
+        h.sig = op.env.sig;
+        op.header = encode_frame(h);
+      }
+      for (std::size_t room; op.written < op.total() && (room = l.out.room()) > 0;) {
+        write_out(l.out, op, std::min({room, op.total() - op.written, chunk_bytes}));
+        l.out.publish();
+        ring(l.peer);
+      }
+      if (op.written < op.total()) break;
+      byte_op_ptr done = std::move(l.sendq.front());
+      l.sendq.pop_front();
+      complete(*done);
+    }
+  }
+
+  // Reads what `p`'s ring holds: frame headers, then payloads into their receives.
+  void pump_in(int p) {
+    link& l = at(p);
+    for (;;) {
+      const std::size_t ready = l.in.ready();
+      if (!l.rx_active) {
+        if (ready < frame_header::size) return;
+        frame_bytes bytes;
+        l.in.take(bytes.data(), bytes.size());
+        l.in.publish();
+        begin_frame(p, bytes);
+        continue;
+      }
+      const std::size_t n = std::min({ready, l.rx_frame.length - l.rx_got, chunk_bytes});
+      if (n > 0) {
+        if (l.rx_truncated) {
+          l.in.skip(n);
+        } else {
+          read_in(l, n);
+        }
+        l.rx_got += n;
+        l.in.publish();
+        ring(l.peer);  // room for its next bytes
+      }
+      if (l.rx_got == l.rx_frame.length) {
+        end_frame(p);
+      } else if (n == 0) {
+        return;
+      }
+    }
+  }
+
+  void begin_frame(int p, const frame_bytes& bytes) {
+    link& l = at(p);
+    frame_decode_result d = decode_frame(bytes, l.rx_seq, settings_.max_message_bytes);
+    if (!d.ok) throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds a bad frame: " + d.error);
+    ++l.rx_seq;
+    if (d.header.kind == frame_kind::goodbye) {
+      l.departed = true;
+      for (auto& r : queue_.take_receives_from(p)) {
+        complete(*r, make_error_code(errc::peer_lost), rank_text(p) + " has left the group");
+      }
+      return;
+    }
+    if (d.header.kind != frame_kind::data) {
+      throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds a control frame it never carries");
+    }
+    l.rx_active = true;
+    l.rx_frame = d.header;
+    l.rx_got = 0;
+    if (byte_op_ptr r = queue_.take_receive({p, d.header.tag})) {
+      r->state = byte_operation::phase::active;
+      r->env = envelope{p, d.header.tag, d.header.sig, d.header.length};
+      landing into = land(r->buffer, r->grow, d.header.length);
+      l.rx_parts = into.parts;
+      l.rx_truncated = into.truncated;
+      l.rx_recv = std::move(r);
+      return;
+    }
+    auto m = std::make_shared<early_message>();
+    m->peer = p;
+    m->tag = d.header.tag;
+    m->sig = d.header.sig;
+    m->length = d.header.length;
+    m->data = std::make_unique_for_overwrite<std::byte[]>(m->length);
+    l.rx_parts = receive_parts(std::span<std::byte>(m->data.get(), m->length));
+    l.rx_truncated = false;
+    l.rx_early = std::move(m);
+  }
+
+  void end_frame(int p) {
+    link& l = at(p);
+    l.rx_active = false;
+    if (byte_op_ptr r = std::move(l.rx_recv)) {
+      complete(*r, l.rx_truncated ? make_error_code(errc::message_truncated) : std::error_code{});
+      return;
+    }
+    early_message_ptr m = std::move(l.rx_early);
+    m->complete = true;
+    if (byte_op_ptr r = queue_.take_receive({p, m->tag})) {
+      deliver(*m, *r);
+    } else {
+      queue_.hold(std::move(m));
+    }
+  }
+
+  // Completes a receive from a message that arrived before it.
+  void deliver(const early_message& m, byte_operation& r) {
+    r.state = byte_operation::phase::active;
+    r.env = envelope{m.peer, m.tag, m.sig, m.length};
+    const std::span<const std::byte> whole(m.data.get(), m.length);
+    const bool fits = copy_message(send_parts(whole), r.buffer, r.grow);
+    complete(r, fits ? std::error_code{} : make_error_code(errc::message_truncated));
+  }
+
+  void send_to_self(const byte_op_ptr& op) {
+    auto m = std::make_shared<early_message>();
+    m->peer = rank_;
+    m->tag = op->env.tag;
+    m->sig = op->env.sig;
+    m->length = op->data.bytes();
+    m->data = std::make_unique_for_overwrite<std::byte[]>(m->length);
+    m->complete = true;
+    scatter_copy(op->data, receive_parts(std::span<std::byte>(m->data.get(), m->length)));
+    if (byte_op_ptr r = queue_.take_receive({rank_, m->tag})) {
+      deliver(*m, *r);
+    } else {
+      queue_.hold(std::move(m));
+    }
+    complete(*op);
+  }
+
+  // A peer whose process is gone without a goodbye (its last frames read first) is lost.
+  void watch_peers() {
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || at(p).departed || at(p).lost || !at(p).watch.exited()) continue;
+      try {
+        pump_in(p);
+      } catch (const error&) {
+      }
+      if (!at(p).departed) {
+        lose(p, rank_text(p) + " (pid " + std::to_string(at(p).watch.pid()) +
+                    ") exited without leaving the group");
+      }
+    }
+  }
+
+  // Fails what needs `p`, or the whole group where the group cannot go on without it.
+  void lose(int p, const std::string& why) {
+    if (settings_.abort_group_on_peer_loss) {
+      fail_group(errc::peer_lost, why);
+      return;
+    }
+    link& l = at(p);
+    l.lost = true;
+    for (auto& s : l.sendq) complete(*s, make_error_code(errc::peer_lost), why);
+    l.sendq.clear();
+    if (l.rx_recv) complete(*l.rx_recv, make_error_code(errc::peer_lost), why);
+    for (auto& r : queue_.take_receives_from(p)) complete(*r, make_error_code(errc::peer_lost), why);
+  }
+
+  void fail_group(errc code, const std::string& why) {
+    if (!failure_.empty()) return;
+    failure_ = why;
+    failure_code_ = code;
+    const auto ec = make_error_code(code);
+    for (auto& l : links_) {
+      for (auto& s : l.sendq) complete(*s, ec, why);
+      l.sendq.clear();
+      if (l.rx_recv) complete(*l.rx_recv, ec, why);
+    }
+    for (auto& r : queue_.take_all_receives()) complete(*r, ec, why);
+    ring(self_);
+  }
+
+  const int rank_, size_;
+  const settings settings_;
+  segment own_;
+  inbox_header* self_;
+  std::vector<link> links_;  // by rank; this rank's own entry is unused
+
+  mutable std::mutex m_;  // guards everything below and the links' state
+  match_queue<byte_op_ptr, early_message_ptr, byte_match_keys> queue_;
+  std::string failure_;
+  errc failure_code_ = errc::peer_lost;
+  bool completed_ = false;  // the current pass completed an operation
+  deadline::clock::time_point next_watch_{};
+
+  std::atomic<int> drivers_{0};  // callers in wait(), moving bytes themselves
+  std::atomic<bool> quit_{false};
+  std::atomic<bool> stopped_{false};
+  std::thread thread_;
+};
+
+}  // namespace dtrain::detail::shm

@@ -1,0 +1,95 @@
+#pragma once
+// One rank's state for one peer of the shared-memory engine, both directions, and the copies
+// between a ring and an operation's gathered or scattered bytes.
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+
+#include "dtrain/core/frame.hpp"
+#include "dtrain/detail/message_parts.hpp"
+#include "dtrain/transport/byte_operation.hpp"
+#include "dtrain/transport/shm/ring.hpp"
+#include "dtrain/transport/shm/segment.hpp"
+
+namespace dtrain::detail::shm {
+
+struct settings {
+  std::chrono::milliseconds linger{10000};
+  std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
+  bool abort_group_on_peer_loss = true;
+  std::size_t ring_bytes = std::size_t{1} << 20;
+};
+
+// Bytes copied between publishing a ring's counter: the other side starts on them meanwhile.
+inline constexpr std::size_t chunk_bytes = std::size_t{64} << 10;
+// How often the peers' processes are checked.
+inline constexpr std::chrono::milliseconds watch_period{2};
+
+// One peer, both directions.
+struct link {
+  segment inbox;                  // the peer's inbox (mapped; its owner unlinked the name)
+  inbox_header* peer = nullptr;   // its header: bell, sleepers, closed
+  ring_writer out;                // this rank's ring in it
+  std::deque<byte_op_ptr> sendq;  // sends to the peer, in order; the front one may be half written
+  std::uint64_t tx_seq = 0;
+
+  ring_reader in;  // the peer's ring in this rank's inbox
+  std::uint64_t rx_seq = 0;
+  bool rx_active = false;  // a frame's header is read, its payload is not done
+  frame_header rx_frame{};
+  std::size_t rx_got = 0;
+  receive_parts rx_parts;  // where the payload goes (a posted receive's parts or an early message)
+  bool rx_truncated = false;
+  byte_op_ptr rx_recv;
+  early_message_ptr rx_early;
+
+  process_watch watch;
+  bool departed = false;  // its goodbye was read
+  bool lost = false;      // it died without one
+};
+
+// Copies the next `n` bytes of `op` (header, then its gathered parts) into the ring.
+inline void write_out(ring_writer& out, byte_operation& op, std::size_t n) {
+  std::size_t at = op.written;
+  op.written += n;
+  if (at < frame_header::size) {
+    const std::size_t h = std::min(n, frame_header::size - at);
+    out.put(op.header.data() + at, h);
+    at += h;
+    n -= h;
+  }
+  std::size_t skip = at - frame_header::size;
+  for (auto part : op.data.view()) {
+    if (n == 0) break;
+    if (skip >= part.size()) {
+      skip -= part.size();
+      continue;
+    }
+    const std::size_t m = std::min(n, part.size() - skip);
+    out.put(part.data() + skip, m);
+    n -= m;
+    skip = 0;
+  }
+}
+
+// Copies the next `n` payload bytes out of the ring into the frame's parts.
+inline void read_in(link& l, std::size_t n) {
+  std::size_t skip = l.rx_got;
+  for (std::size_t i = 0; i < l.rx_parts.count() && n > 0; ++i) {
+    const auto part = l.rx_parts[i];
+    if (skip >= part.size()) {
+      skip -= part.size();
+      continue;
+    }
+    const std::size_t m = std::min(n, part.size() - skip);
+    l.in.take(part.data() + skip, m);
+    n -= m;
+    skip = 0;
+  }
+}
+
+}  // namespace dtrain::detail::shm

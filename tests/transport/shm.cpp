@@ -1,0 +1,282 @@
+// shm_transport with real shared-memory segments, ranks as threads of this process (the
+// multi-process tests run tcp_worker with DTRAIN_TEST_TRANSPORT=shm): matching and ordering,
+// messages many times a ring's size either way round, truncation, self-sends, graceful leave,
+// names gone from /dev/shm once formed, a foreign token refused, a corrupt ring refused, and
+// collectives of every size 1..9 against the serial reference.
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "../catch.hpp"
+#include "../collective/conformance_case.hpp"
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/transport/shm.hpp"
+#include "parts_case.hpp"
+
+using namespace dtrain;
+using namespace std::chrono_literals;
+
+static_assert(transport<shm_transport>);
+
+namespace {
+
+std::mutex check_mutex;
+#define TCHECK(...)                          \
+  do {                                       \
+    std::lock_guard check_lock(check_mutex); \
+    CHECK(__VA_ARGS__);                      \
+  } while (0)
+
+const std::string token = "test-token";
+
+shm_options small_rings() {
+  shm_options o;
+  o.token = token;
+  o.timeout = 20s;
+  o.linger = 5s;
+  o.ring_bytes = 64 << 10;  // messages of a few MiB cross it many times
+  return o;
+}
+
+// Runs body(rank, transport) on `n` threads, each a rank with its own segments; rethrows the first failure.
+template <class Transport = shm_transport, class Body>
+void run_shm(int n, Body body, shm_options o = small_rings()) {
+  tcp_store_server server("127.0.0.1", 0, token);
+  std::exception_ptr first;
+  std::mutex m;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+        auto t = Transport::connect(store, r, n, o);
+        body(r, t);
+      } catch (...) {
+        std::lock_guard lock(m);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+std::span<std::byte> bytes_of(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
+
+signature sig_for(std::uint64_t count) {
+  signature s;
+  s.count = count;
+  return s;
+}
+
+std::set<std::string> dtrain_segments() {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strncmp(e->d_name, "dtrain-", 7) == 0) names.insert(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("shm: messages of 1 B to 4 MiB arrive in order and intact whichever side comes first", "[shm]") {
+  run_shm(2, [](int r, shm_transport& t) {
+    const std::size_t sizes[] = {1, 100, 16381, 65536, 65537, 1 << 20, (4 << 20) + 3};
+    if (r == 0) {
+      std::vector<std::vector<int>> out;
+      std::vector<shm_request> sends;
+      for (std::size_t i = 0; i < std::size(sizes); ++i) {
+        out.emplace_back(sizes[i] / sizeof(int) + 1);
+        std::iota(out.back().begin(), out.back().end(), static_cast<int>(i * 1000));
+      }
+      for (std::size_t i = 0; i < out.size(); ++i) sends.push_back(t.isend(1, 7, sig_for(i), bytes_of(out[i])));
+      for (auto& s : sends) s.wait(deadline::after(10s));
+    } else {
+      for (std::size_t i = 0; i < std::size(sizes); ++i) {
+        if (i == 3) std::this_thread::sleep_for(50ms);  // the later ones arrive before their receives
+        std::vector<int> in(sizes[i] / sizeof(int) + 1, -1);
+        auto req = t.irecv(0, 7, bytes_of(in));
+        req.wait(deadline::after(10s));
+        TCHECK(req.info().peer == 0);
+        TCHECK(req.info().sig.count == i);
+        TCHECK(req.info().bytes == in.size() * sizeof(int));
+        std::vector<int> want(in.size());
+        std::iota(want.begin(), want.end(), static_cast<int>(i * 1000));
+        TCHECK(in == want);
+      }
+    }
+  });
+}
+
+TEST_CASE("shm: gathered sends and scattered receives of every fit whichever side comes first", "[shm]") {
+  parts_case::tally tally;
+  run_shm(2, [&](int r, shm_transport& t) { parts_case::run(r, t, tally.checker()); });
+  for (const auto& what : tally.failed) FAIL_CHECK(what);
+  CHECK(tally.checks == parts_case::expected_checks);
+}
+
+TEST_CASE("shm: any_peer and tags and self-sends and resizing receives and truncation", "[shm]") {
+  run_shm(3, [](int r, shm_transport& t) {
+    std::vector<int> mine(100, r), back(100, -1);
+    auto self = t.isend(r, 99, sig_for(1), bytes_of(mine));
+    t.irecv(r, 99, bytes_of(back)).wait(deadline::after(5s));
+    self.wait(deadline::after(5s));
+    TCHECK(back == mine);
+    if (r == 0) {
+      std::set<int> from;
+      for (int i = 0; i < 2; ++i) {
+        std::vector<std::byte> v;
+        auto req = t.irecv(any_peer, 5, v);
+        req.wait(deadline::after(5s));
+        from.insert(req.info().peer);
+        TCHECK(v.size() == static_cast<std::size_t>(req.info().peer) * 400000);
+      }
+      TCHECK(from == std::set<int>{1, 2});
+      std::vector<int> small(10, -1);
+      std::error_code ec;
+      TCHECK(!t.irecv(1, 6, bytes_of(small)).wait(deadline::after(5s), ec));
+      TCHECK(ec == errc::message_truncated);
+      t.irecv(1, 6, bytes_of(small)).wait(deadline::after(5s));  // the ring kept its place
+      TCHECK(std::all_of(small.begin(), small.end(), [](int x) { return x == 2; }));
+    } else {
+      std::vector<int> payload(static_cast<std::size_t>(r) * 100000, r);
+      t.isend(0, 5, sig_for(0), bytes_of(payload)).wait(deadline::after(5s));
+      if (r == 1) {
+        std::vector<int> big(300000, 1), next(10, 2);
+        t.isend(0, 6, sig_for(0), bytes_of(big)).wait(deadline::after(5s));
+        t.isend(0, 6, sig_for(0), bytes_of(next)).wait(deadline::after(5s));
+      }
+    }
+  });
+}
+
+TEST_CASE("shm: a rank that leaves right after sending loses nothing and is then named as gone", "[shm]") {
+  constexpr std::size_t n = 16 << 20;
+  run_shm(2, [](int r, shm_transport& t) {
+    if (r == 1) {
+      std::vector<int> out(n / sizeof(int));
+      std::iota(out.begin(), out.end(), 0);
+      auto s = t.isend(0, 3, sig_for(0), bytes_of(out));
+      t.leave();  // the send is not waited for: leaving drives it into the ring
+    } else {
+      std::this_thread::sleep_for(300ms);
+      std::vector<int> in(n / sizeof(int), -1);
+      t.irecv(1, 3, bytes_of(in)).wait(deadline::after(10s));
+      std::vector<int> want(in.size());
+      std::iota(want.begin(), want.end(), 0);
+      TCHECK(in == want);
+      std::vector<int> more(1);
+      auto req = t.irecv(1, 3, bytes_of(more));
+      std::error_code ec;
+      TCHECK(!req.wait(deadline::after(5s), ec));
+      TCHECK(ec == errc::peer_lost);
+      TCHECK(req.detail().find("rank 1") != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("shm: no segment name is left in /dev/shm once the group has formed", "[shm]") {
+  const auto before = dtrain_segments();
+  std::atomic<int> formed{0};
+  std::set<std::string> during;
+  run_shm(3, [&](int r, shm_transport& t) {
+    communicator<shm_transport> c(std::move(t));
+    c.barrier();
+    if (r == 0) during = dtrain_segments();
+    c.barrier();
+    ++formed;
+  });
+  CHECK(formed == 3);
+  CHECK(during == before);
+  CHECK(dtrain_segments() == before);
+}
+
+TEST_CASE("shm: a rank with another token is refused and named", "[shm]") {
+  tcp_store_server server("127.0.0.1", 0, token);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r) {
+    ts.emplace_back([&, r] {
+      shm_options o = small_rings();
+      o.timeout = 5s;
+      if (r == 1) o.token = "another-job";
+      try {
+        tcp_store store("127.0.0.1", server.port(), deadline::after(5s), token);  // the store lets both in
+        auto t = shm_transport::connect(store, r, 2, o);
+      } catch (const error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  INFO(errors[0] << " | " << errors[1]);
+  // Whichever side checks first refuses the other's inbox for its token and leaves; the other
+  // then refuses too, or finds the inbox gone. Each names the other rank.
+  CHECK(errors[0].find("rank 1's shared memory") != std::string::npos);
+  CHECK(errors[1].find("rank 0's shared memory") != std::string::npos);
+  CHECK((errors[0] + errors[1]).find("was not made with this job's token") != std::string::npos);
+}
+
+TEST_CASE("shm: garbage in a ring fails the group with a protocol error naming the ring", "[shm]") {
+  std::string detail;
+  std::error_code code;
+  run_shm(2, [&](int r, shm_transport& t) {
+    if (r == 1) {
+      std::vector<std::byte> junk(200, std::byte{0x5a});
+      t.write_raw_for_testing(0, junk);
+      std::this_thread::sleep_for(200ms);
+      return;
+    }
+    std::vector<int> in(10);
+    auto req = t.irecv(1, 1, bytes_of(in));
+    req.wait(deadline::after(5s), code);
+    detail = req.detail();
+  });
+  INFO(detail);
+  CHECK(code == errc::protocol_error);
+  CHECK(detail.find("from rank 1 to 0") != std::string::npos);
+  CHECK(detail.find("bad magic") != std::string::npos);
+}
+
+TEST_CASE("shm: collectives of every kind on 1 to 9 ranks match the serial reference", "[shm]") {
+  using namespace dtrain::conformance;
+  for (int p = 1; p <= 9; ++p) {
+    std::atomic<int> wrong{0};
+    run_shm<basic_shm_transport<spin_then_block<20>>>(p, [&](int r, auto& t) {
+      using T = std::remove_reference_t<decltype(t)>;
+      communicator<T> c(std::move(t));
+      for (coll_op op : {coll_op::broadcast, coll_op::reduce, coll_op::allreduce, coll_op::reduce_scatter,
+                         coll_op::allgather, coll_op::gather, coll_op::scatter, coll_op::alltoall}) {
+        for (algorithm a : all_algorithms) {
+          if (!supports(op, a)) continue;
+          for (std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{1000}, std::size_t{70001}}) {
+            spec s{op, a, p, n, reduce_op::sum, is_rooted(op) ? p - 1 : 0, false};
+            const auto expect = expected_results<float>(s);
+            c.algorithms() = selection_table{};
+            c.algorithms().force(op, a);
+            run_rank<float>(s, r, c, expect, [&](int, std::span<const float> got, const std::function<float(std::size_t)>& want) {
+              for (std::size_t i = 0; i < got.size(); ++i) {
+                if (!(got[i] == want(i))) {
+                  ++wrong;
+                  return;
+                }
+              }
+            });
+          }
+        }
+      }
+    });
+    INFO(p << " ranks");
+    CHECK(wrong == 0);
+  }
+}

@@ -1,0 +1,115 @@
+// Faults across real processes over shared memory: each test starts tcp_worker processes with
+// DTRAIN_TEST_TRANSPORT=shm (a store served here, as dtrain-run does), injects the fault, and
+// checks every survivor's exit status and words, how long it took, and that /dev/shm holds no
+// segment of the job, neither while it runs (nobody else can open one) nor after it died.
+
+#include <dirent.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "../catch.hpp"
+#include "../support/process_group.hpp"
+
+using namespace dtrain;
+using namespace dtrain::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::set<std::string> dtrain_segments() {
+  std::set<std::string> names;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strncmp(e->d_name, "dtrain-", 7) == 0) names.insert(e->d_name);
+    }
+    ::closedir(d);
+  }
+  return names;
+}
+
+std::optional<long long> number_after(const std::string& text, const std::string& marker) {
+  const auto at = text.find(marker);
+  if (at == std::string::npos) return std::nullopt;
+  return std::atoll(text.c_str() + at + marker.size());
+}
+
+template <class Extra, class During>
+group_run run_shm_group(int n, const std::string& mode, Extra extra, During during) {
+  return run_program_group(DTRAIN_TCP_WORKER, n, mode, [&](int r) {
+    auto env = extra(r);
+    env.push_back("DTRAIN_TEST_TRANSPORT=shm");
+    return env;
+  }, during, 60s);
+}
+
+}  // namespace
+
+TEST_CASE("shm faults: a rank SIGKILLed mid-allreduce fails every survivor within 100 ms naming it and leaves nothing in /dev/shm",
+          "[shm][faults]") {
+  const auto before = dtrain_segments();
+  std::set<std::string> during;
+  auto g = run_shm_group(4, "allreduce-loop", [](int) {
+    return std::vector<std::string>{"DTRAIN_TEST_KILL_RANK=2", "DTRAIN_TEST_LOOP_MS=20000"};
+  }, [&](tcp_store_server&) {
+    std::this_thread::sleep_for(300ms);  // formed by now: the segments are mapped, their names gone
+    during = dtrain_segments();
+  });
+  INFO(dump(g));
+  CHECK(g.ranks[2].status == 128 + SIGKILL);
+  const auto died = number_after(g.ranks[2].output, "dying at monotonic ");
+  REQUIRE(died);
+  long long slowest_us = 0;
+  for (int r : {0, 1, 3}) {
+    const auto& o = g.ranks[static_cast<std::size_t>(r)];
+    CHECK(o.status == 3);
+    CHECK(has(o.output, "[peer lost]"));
+    CHECK(has(o.output, "rank 2 (pid"));
+    CHECK(has(o.output, "exited without leaving the group"));
+    const auto caught = number_after(o.output, "(at monotonic ");
+    REQUIRE(caught);
+    slowest_us = std::max(slowest_us, *caught - *died);
+  }
+  INFO("the slowest survivor reported the death after " << slowest_us / 1000 << " ms");
+  CHECK(slowest_us < 100'000);
+  CHECK(during == before);  // a second job finds no name to open
+  CHECK(dtrain_segments() == before);
+}
+
+TEST_CASE("shm faults: a message sent before its sender died is still delivered", "[shm][faults]") {
+  auto g = run_shm_group(2, "send-then-die", no_extra, nothing_during);
+  INFO(dump(g));
+  CHECK(g.ranks[1].status == 128 + SIGKILL);
+  CHECK(g.ranks[0].status == 0);
+  CHECK(has(g.ranks[0].output, "still arrived: 42"));
+}
+
+TEST_CASE("shm faults: mismatched collectives across processes name both sides", "[shm][faults]") {
+  auto g = run_shm_group(2, "mismatch", no_extra, nothing_during);
+  INFO(dump(g));
+  bool named = false;
+  for (const auto& o : g.ranks) {
+    CHECK(o.status == 3);
+    named = named || (has(o.output, "collective mismatch") && has(o.output, "allreduce #0") && has(o.output, "broadcast #0"));
+  }
+  CHECK(named);
+  CHECK(g.elapsed < 20s);
+}
+
+TEST_CASE("shm faults: a rank of another job (another token) cannot join and says why", "[shm][faults]") {
+  auto g = run_shm_group(2, "allreduce-loop", [](int r) {
+    return r == 1 ? std::vector<std::string>{"DTRAIN_TOKEN=another-job", "DTRAIN_TIMEOUT_MS=3000"}
+                  : std::vector<std::string>{"DTRAIN_TIMEOUT_MS=3000"};
+  }, nothing_during);
+  INFO(dump(g));
+  CHECK(g.ranks[1].status == 3);
+  CHECK(has(g.ranks[1].output, "token"));
+  CHECK(g.ranks[0].status == 3);
+  CHECK(g.elapsed < 15s);
+}
