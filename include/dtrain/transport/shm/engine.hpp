@@ -199,7 +199,13 @@ class engine {
 
  private:
   static std::string rank_text(int r) { return "rank " + std::to_string(r); }
-  static void pause() noexcept {
+  // While spinning: a pause, or, with more ranks on the host than cores, the core itself, so
+  // the peer this rank waits for can run (Open MPI's yield-when-idle on oversubscription).
+  void pause() const noexcept {
+    if (oversubscribed_) {
+      std::this_thread::yield();
+      return;
+    }
 #if defined(__x86_64__) || defined(__i386__)
     _mm_pause();
 #endif
@@ -469,6 +475,7 @@ class engine {
   bool completed_ = false;  // the current pass completed an operation
   deadline::clock::time_point next_watch_{};
 
+  const bool oversubscribed_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency());
   std::atomic<int> drivers_{0};  // callers in wait(), moving bytes themselves
   std::atomic<bool> quit_{false};
   std::atomic<bool> stopped_{false};
