@@ -23,6 +23,7 @@
 #include <dtrain/allreduce/trainer.hpp>
 #include <dtrain/collective/communicator.hpp>
 #include <dtrain/data/sampler.hpp>
+#include <dtrain/transport/shm.hpp>
 #include <dtrain/transport/tcp.hpp>
 #include <dtrain/consistency/policies.hpp>
 #include <dtrain/ps/trainer.hpp>
@@ -55,6 +56,7 @@ struct settings {
   double min_accuracy = 0;
   // The parameter-server trainer (--trainer ps): servers are the first DTRAIN_PS_SERVERS ranks.
   std::string trainer = "allreduce", consistency = "bsp", algorithm = "sync";
+  std::string transport = "tcp";
   int tau = 8;               // the period of ADAG, EASGD, model averaging; DynSGD's window
   double rho = 0.5;          // EASGD's elasticity (alpha = lr * rho)
   double time_budget = 0;    // > 0: stop training after this many seconds (equal-time comparisons)
@@ -90,8 +92,9 @@ void write_summary(const settings& s, const std::string& framework, int ranks, d
   if (!out) throw dtrain::error(dtrain::errc::bad_data, "cannot write " + s.json);
 }
 
+template <class Transport>
 int run_allreduce(const settings& s) {
-  auto transport = dtrain::tcp_transport::from_environment();
+  auto transport = Transport::from_environment();
   const int rank = transport.rank(), ranks = transport.size();
   const auto P = static_cast<std::size_t>(ranks);
   if (s.global_batch % P != 0) {
@@ -122,7 +125,7 @@ int run_allreduce(const settings& s) {
                                           s.schedule == "cosine" ? steps_per_epoch * s.epochs : 0, 0.0};
   options.learning_rate = schedule;
 
-  using collective = dtrain::tuned<dtrain::tcp_transport>;
+  using collective = dtrain::tuned<Transport>;
   dtrain::allreduce::trainer trainer(collective(std::move(transport)), dtrain::momentum<float>(s.lr, s.momentum),
                                      model, options);
   if (rank == 0) {
@@ -385,6 +388,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", s.seed, "initialisation and shuffling seed")->capture_default_str();
   app.add_option("--json", s.json, "write a summary as JSON (rank 0)");
   app.add_option("--min-accuracy", s.min_accuracy, "exit with status 3 below this test accuracy");
+  app.add_option("--transport", s.transport, "allreduce trainer: tcp, or shm (shared memory: every rank on this host)")
+      ->check(CLI::IsMember({"tcp", "shm"}))->capture_default_str();
   app.add_option("--trainer", s.trainer, "allreduce, or ps (parameter server: DTRAIN_PS_SERVERS first ranks serve)")
       ->check(CLI::IsMember({"allreduce", "ps"}))->capture_default_str();
   app.add_option("--consistency", s.consistency, "parameter server: consistency model")
@@ -397,7 +402,8 @@ int main(int argc, char** argv) {
   app.add_option("--time-budget", s.time_budget, "stop training after this many seconds")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    return s.trainer == "ps" ? run_ps(s) : run_allreduce(s);
+    if (s.trainer == "ps") return run_ps(s);
+    return s.transport == "shm" ? run_allreduce<dtrain::shm_transport>(s) : run_allreduce<dtrain::tcp_transport>(s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 1;

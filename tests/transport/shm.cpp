@@ -36,14 +36,20 @@ std::mutex check_mutex;
 
 const std::string token = "test-token";
 
-shm_options small_rings() {
+// Rings of 64 KiB, so messages of a few MiB cross one many times; with `single_copy` 0 every
+// message goes through the rings, else those from that size are read from the sender's memory.
+shm_options small_rings(std::size_t single_copy = std::size_t{64} << 10) {
   shm_options o;
+  o.single_copy_bytes = single_copy;
   o.token = token;
   o.timeout = 20s;
   o.linger = 5s;
-  o.ring_bytes = 64 << 10;  // messages of a few MiB cross it many times
+  o.ring_bytes = 64 << 10;
   return o;
 }
+
+// Both data paths: the rings alone, and single copies from 64 KiB.
+constexpr std::size_t both_paths[] = {0, std::size_t{64} << 10};
 
 // Runs body(rank, transport) on `n` threads, each a rank with its own segments; rethrows the first failure.
 template <class Transport = shm_transport, class Body>
@@ -90,99 +96,110 @@ std::set<std::string> dtrain_segments() {
 }  // namespace
 
 TEST_CASE("shm: messages of 1 B to 4 MiB arrive in order and intact whichever side comes first", "[shm]") {
-  run_shm(2, [](int r, shm_transport& t) {
-    const std::size_t sizes[] = {1, 100, 16381, 65536, 65537, 1 << 20, (4 << 20) + 3};
-    if (r == 0) {
-      std::vector<std::vector<int>> out;
-      std::vector<shm_request> sends;
-      for (std::size_t i = 0; i < std::size(sizes); ++i) {
-        out.emplace_back(sizes[i] / sizeof(int) + 1);
-        std::iota(out.back().begin(), out.back().end(), static_cast<int>(i * 1000));
+  for (std::size_t single_copy : both_paths) {
+    INFO("single copy from " << single_copy << " bytes");
+    run_shm(2, [](int r, shm_transport& t) {
+      const std::size_t sizes[] = {1, 100, 16381, 65536, 65537, 1 << 20, (4 << 20) + 3};
+      if (r == 0) {
+        std::vector<std::vector<int>> out;
+        std::vector<shm_request> sends;
+        for (std::size_t i = 0; i < std::size(sizes); ++i) {
+          out.emplace_back(sizes[i] / sizeof(int) + 1);
+          std::iota(out.back().begin(), out.back().end(), static_cast<int>(i * 1000));
+        }
+        for (std::size_t i = 0; i < out.size(); ++i) sends.push_back(t.isend(1, 7, sig_for(i), bytes_of(out[i])));
+        for (auto& s : sends) s.wait(deadline::after(10s));
+      } else {
+        for (std::size_t i = 0; i < std::size(sizes); ++i) {
+          if (i == 3) std::this_thread::sleep_for(50ms);  // the later ones arrive before their receives
+          std::vector<int> in(sizes[i] / sizeof(int) + 1, -1);
+          auto req = t.irecv(0, 7, bytes_of(in));
+          req.wait(deadline::after(10s));
+          TCHECK(req.info().peer == 0);
+          TCHECK(req.info().sig.count == i);
+          TCHECK(req.info().bytes == in.size() * sizeof(int));
+          std::vector<int> want(in.size());
+          std::iota(want.begin(), want.end(), static_cast<int>(i * 1000));
+          TCHECK(in == want);
+        }
       }
-      for (std::size_t i = 0; i < out.size(); ++i) sends.push_back(t.isend(1, 7, sig_for(i), bytes_of(out[i])));
-      for (auto& s : sends) s.wait(deadline::after(10s));
-    } else {
-      for (std::size_t i = 0; i < std::size(sizes); ++i) {
-        if (i == 3) std::this_thread::sleep_for(50ms);  // the later ones arrive before their receives
-        std::vector<int> in(sizes[i] / sizeof(int) + 1, -1);
-        auto req = t.irecv(0, 7, bytes_of(in));
-        req.wait(deadline::after(10s));
-        TCHECK(req.info().peer == 0);
-        TCHECK(req.info().sig.count == i);
-        TCHECK(req.info().bytes == in.size() * sizeof(int));
-        std::vector<int> want(in.size());
-        std::iota(want.begin(), want.end(), static_cast<int>(i * 1000));
-        TCHECK(in == want);
-      }
-    }
-  });
+    }, small_rings(single_copy));
+  }
 }
 
 TEST_CASE("shm: gathered sends and scattered receives of every fit whichever side comes first", "[shm]") {
-  parts_case::tally tally;
-  run_shm(2, [&](int r, shm_transport& t) { parts_case::run(r, t, tally.checker()); });
-  for (const auto& what : tally.failed) FAIL_CHECK(what);
-  CHECK(tally.checks == parts_case::expected_checks);
+  for (std::size_t single_copy : both_paths) {
+    parts_case::tally tally;
+    run_shm(2, [&](int r, shm_transport& t) { parts_case::run(r, t, tally.checker()); }, small_rings(single_copy));
+    for (const auto& what : tally.failed) FAIL_CHECK(what);
+    CHECK(tally.checks == parts_case::expected_checks);
+  }
 }
 
 TEST_CASE("shm: any_peer and tags and self-sends and resizing receives and truncation", "[shm]") {
-  run_shm(3, [](int r, shm_transport& t) {
-    std::vector<int> mine(100, r), back(100, -1);
-    auto self = t.isend(r, 99, sig_for(1), bytes_of(mine));
-    t.irecv(r, 99, bytes_of(back)).wait(deadline::after(5s));
-    self.wait(deadline::after(5s));
-    TCHECK(back == mine);
-    if (r == 0) {
-      std::set<int> from;
-      for (int i = 0; i < 2; ++i) {
-        std::vector<std::byte> v;
-        auto req = t.irecv(any_peer, 5, v);
-        req.wait(deadline::after(5s));
-        from.insert(req.info().peer);
-        TCHECK(v.size() == static_cast<std::size_t>(req.info().peer) * 400000);
+  for (std::size_t single_copy : both_paths) {
+    INFO("single copy from " << single_copy << " bytes");
+    run_shm(3, [](int r, shm_transport& t) {
+      std::vector<int> mine(100, r), back(100, -1);
+      auto self = t.isend(r, 99, sig_for(1), bytes_of(mine));
+      t.irecv(r, 99, bytes_of(back)).wait(deadline::after(5s));
+      self.wait(deadline::after(5s));
+      TCHECK(back == mine);
+      if (r == 0) {
+        std::set<int> from;
+        for (int i = 0; i < 2; ++i) {
+          std::vector<std::byte> v;
+          auto req = t.irecv(any_peer, 5, v);
+          req.wait(deadline::after(5s));
+          from.insert(req.info().peer);
+          TCHECK(v.size() == static_cast<std::size_t>(req.info().peer) * 400000);
+        }
+        TCHECK(from == std::set<int>{1, 2});
+        std::vector<int> small(10, -1);
+        std::error_code ec;
+        TCHECK(!t.irecv(1, 6, bytes_of(small)).wait(deadline::after(5s), ec));
+        TCHECK(ec == errc::message_truncated);
+        t.irecv(1, 6, bytes_of(small)).wait(deadline::after(5s));  // the ring kept its place
+        TCHECK(std::all_of(small.begin(), small.end(), [](int x) { return x == 2; }));
+      } else {
+        std::vector<int> payload(static_cast<std::size_t>(r) * 100000, r);
+        t.isend(0, 5, sig_for(0), bytes_of(payload)).wait(deadline::after(5s));
+        if (r == 1) {
+          std::vector<int> big(300000, 1), next(10, 2);
+          t.isend(0, 6, sig_for(0), bytes_of(big)).wait(deadline::after(5s));
+          t.isend(0, 6, sig_for(0), bytes_of(next)).wait(deadline::after(5s));
+        }
       }
-      TCHECK(from == std::set<int>{1, 2});
-      std::vector<int> small(10, -1);
-      std::error_code ec;
-      TCHECK(!t.irecv(1, 6, bytes_of(small)).wait(deadline::after(5s), ec));
-      TCHECK(ec == errc::message_truncated);
-      t.irecv(1, 6, bytes_of(small)).wait(deadline::after(5s));  // the ring kept its place
-      TCHECK(std::all_of(small.begin(), small.end(), [](int x) { return x == 2; }));
-    } else {
-      std::vector<int> payload(static_cast<std::size_t>(r) * 100000, r);
-      t.isend(0, 5, sig_for(0), bytes_of(payload)).wait(deadline::after(5s));
-      if (r == 1) {
-        std::vector<int> big(300000, 1), next(10, 2);
-        t.isend(0, 6, sig_for(0), bytes_of(big)).wait(deadline::after(5s));
-        t.isend(0, 6, sig_for(0), bytes_of(next)).wait(deadline::after(5s));
-      }
-    }
-  });
+    }, small_rings(single_copy));
+  }
 }
 
 TEST_CASE("shm: a rank that leaves right after sending loses nothing and is then named as gone", "[shm]") {
   constexpr std::size_t n = 16 << 20;
-  run_shm(2, [](int r, shm_transport& t) {
-    if (r == 1) {
-      std::vector<int> out(n / sizeof(int));
-      std::iota(out.begin(), out.end(), 0);
-      auto s = t.isend(0, 3, sig_for(0), bytes_of(out));
-      t.leave();  // the send is not waited for: leaving drives it into the ring
-    } else {
-      std::this_thread::sleep_for(300ms);
-      std::vector<int> in(n / sizeof(int), -1);
-      t.irecv(1, 3, bytes_of(in)).wait(deadline::after(10s));
-      std::vector<int> want(in.size());
-      std::iota(want.begin(), want.end(), 0);
-      TCHECK(in == want);
-      std::vector<int> more(1);
-      auto req = t.irecv(1, 3, bytes_of(more));
-      std::error_code ec;
-      TCHECK(!req.wait(deadline::after(5s), ec));
-      TCHECK(ec == errc::peer_lost);
-      TCHECK(req.detail().find("rank 1") != std::string::npos);
-    }
-  });
+  for (std::size_t single_copy : both_paths) {
+    INFO("single copy from " << single_copy << " bytes");
+    run_shm(2, [](int r, shm_transport& t) {
+      if (r == 1) {
+        std::vector<int> out(n / sizeof(int));
+        std::iota(out.begin(), out.end(), 0);
+        auto s = t.isend(0, 3, sig_for(0), bytes_of(out));
+        t.leave();  // the send is not waited for: leaving drives it into the ring
+      } else {
+        std::this_thread::sleep_for(300ms);
+        std::vector<int> in(n / sizeof(int), -1);
+        t.irecv(1, 3, bytes_of(in)).wait(deadline::after(10s));
+        std::vector<int> want(in.size());
+        std::iota(want.begin(), want.end(), 0);
+        TCHECK(in == want);
+        std::vector<int> more(1);
+        auto req = t.irecv(1, 3, bytes_of(more));
+        std::error_code ec;
+        TCHECK(!req.wait(deadline::after(5s), ec));
+        TCHECK(ec == errc::peer_lost);
+        TCHECK(req.detail().find("rank 1") != std::string::npos);
+      }
+    }, small_rings(single_copy));
+  }
 }
 
 TEST_CASE("shm: no segment name is left in /dev/shm once the group has formed", "[shm]") {
@@ -225,6 +242,69 @@ TEST_CASE("shm: a rank with another token is refused and named", "[shm]") {
   CHECK(errors[0].find("rank 1's shared memory") != std::string::npos);
   CHECK(errors[1].find("rank 0's shared memory") != std::string::npos);
   CHECK((errors[0] + errors[1]).find("was not made with this job's token") != std::string::npos);
+}
+
+TEST_CASE("shm: a large send is read from the sender's memory once its receive comes", "[shm]") {
+  // Through the rings a 1 MiB send completes as soon as the 4 MiB ring holds it; read in place
+  // it completes only once the receiver has copied it, after its receive is posted.
+  for (std::size_t single_copy : both_paths) {
+    std::atomic<bool> done_before_receive{false};
+    shm_options o = small_rings(single_copy);
+    o.ring_bytes = 4 << 20;
+    run_shm(2, [&](int r, shm_transport& t) {
+      std::vector<int> v(256 << 10, 0);
+      if (r == 0) {
+        std::iota(v.begin(), v.end(), 1);
+        auto s = t.isend(1, 9, sig_for(0), bytes_of(v));
+        std::this_thread::sleep_for(200ms);
+        done_before_receive = s.test();
+        int go = 1;
+        t.isend(1, 10, sig_for(0), std::as_bytes(std::span(&go, 1))).wait(deadline::after(5s));
+        s.wait(deadline::after(5s));
+      } else {
+        int go = 0;
+        t.irecv(0, 10, std::as_writable_bytes(std::span(&go, 1))).wait(deadline::after(5s));
+        t.irecv(0, 9, bytes_of(v)).wait(deadline::after(5s));
+        std::vector<int> want(v.size());
+        std::iota(want.begin(), want.end(), 1);
+        TCHECK(v == want);
+      }
+    }, o);
+    INFO("single copy from " << single_copy << " bytes");
+    CHECK(done_before_receive == (single_copy == 0));
+  }
+}
+
+TEST_CASE("shm: malformed or unreadable remote ranges fail the receive as a protocol error", "[shm]") {
+  // A remote frame whose ranges do not add up to its length, then one pointing at no memory.
+  for (bool add_up : {false, true}) {
+    std::string detail;
+    std::error_code code;
+    run_shm(2, [&](int r, shm_transport& t) {
+      if (r == 1) {
+        frame_header h;
+        h.kind = frame_kind::remote;
+        h.tag = 1;
+        h.length = 4096;
+        std::vector<std::byte> raw(frame_header::size + detail::shm::remote_descriptor_bytes);
+        const auto hb = encode_frame(h);
+        std::copy(hb.begin(), hb.end(), raw.begin());
+        detail::wire::put(&raw[64], std::uint64_t{1});
+        detail::wire::put(&raw[72], std::uint64_t{16});  // address 16: never mapped
+        detail::wire::put(&raw[80], std::uint64_t{add_up ? 4096u : 100u});
+        t.write_raw_for_testing(0, raw);
+        std::this_thread::sleep_for(200ms);
+        return;
+      }
+      std::vector<int> in(1024);
+      auto req = t.irecv(1, 1, bytes_of(in));
+      req.wait(deadline::after(5s), code);
+      detail = req.detail();
+    });
+    INFO(detail);
+    CHECK(code == errc::protocol_error);
+    CHECK(detail.find(add_up ? "rank 1's message cannot be read" : "malformed remote ranges") != std::string::npos);
+  }
 }
 
 TEST_CASE("shm: garbage in a ring fails the group with a protocol error naming the ring", "[shm]") {

@@ -6,7 +6,7 @@
 /// |-------:|-----:|----------------------------------------------------------------|
 /// |      0 |    4 | magic "DTRN"                                                   |
 /// |      4 |    2 | version (1)                                                    |
-/// |      6 |    2 | kind: data, goodbye, goodbye_ack, abort                        |
+/// |      6 |    2 | kind: data, goodbye, goodbye_ack, abort, remote, remote_done   |
 /// |      8 |    8 | tag                                                            |
 /// |     16 |    8 | sequence number of the frame on its connection (0, 1, 2, ...) |
 /// |     24 |    8 | payload length in bytes                                        |
@@ -33,6 +33,8 @@ enum class frame_kind : std::uint16_t {
   goodbye = 1,      ///< the sender is shutting down after its last message
   goodbye_ack = 2,  ///< the receiver has read everything before the sender's goodbye
   abort = 3,        ///< the sender's group failed; the payload is the reason, as text
+  remote = 4,       ///< shared memory: the payload stays in the sender's memory; its ranges follow
+  remote_done = 5,  ///< shared memory: the receiver has copied the remote payload of frame `tag`
 };
 
 struct frame_header {
@@ -126,7 +128,7 @@ inline frame_decode_result decode_frame(std::span<const std::byte> bytes, std::u
                 std::to_string(frame_header::version) + " is spoken");
   }
   auto kind = get<std::uint16_t>(p + 6);
-  if (kind > static_cast<std::uint16_t>(frame_kind::abort)) {
+  if (kind > static_cast<std::uint16_t>(frame_kind::remote_done)) {
     return fail("unknown frame kind " + std::to_string(kind));
   }
   r.header.kind = static_cast<frame_kind>(kind);

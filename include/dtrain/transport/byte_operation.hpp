@@ -2,10 +2,12 @@
 // One send or receive of a transport that moves framed bytes itself (TCP, shared memory), and a
 // message that arrived before its receive was posted.
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <utility>
@@ -51,6 +53,14 @@ struct byte_operation {
 };
 using byte_op_ptr = std::shared_ptr<byte_operation>;
 
+// Where a shared-memory `remote` frame's payload lies in its sender's memory, to be read with
+// one copy when its receive comes; `frame_seq` is the frame to acknowledge once it is read.
+struct remote_ranges {
+  std::array<std::uint64_t, max_message_parts> address{}, bytes{};
+  std::size_t count = 0;
+  std::uint64_t frame_seq = 0;
+};
+
 // A message that arrived before its receive was posted.
 struct early_message {
   int peer = 0;
@@ -60,6 +70,7 @@ struct early_message {
   std::unique_ptr<std::byte[]> data;
   bool complete = false;  // payload fully read; guarded by the engine lock
   byte_op_ptr claimed;    // the receive that matched it before its payload arrived
+  std::optional<remote_ranges> remote;  // shared memory: the payload is still in the sender
 };
 using early_message_ptr = std::shared_ptr<early_message>;
 

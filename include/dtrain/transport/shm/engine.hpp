@@ -11,6 +11,9 @@
 // the group within a few milliseconds, naming it.
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -58,6 +61,7 @@ class engine {
       l.in = ring_reader(ring_at(own_.data(), p, s.ring_bytes), s.ring_bytes,
                          "from rank " + std::to_string(p) + " to " + std::to_string(rank));
       l.watch = process_watch(pids[static_cast<std::size_t>(p)]);
+      l.single_copy = s.single_copy_bytes > 0 && ring_at(l.inbox.data(), rank, s.ring_bytes)->single_copy.load() != 0;
     }
   }
   engine(const engine&) = delete;
@@ -187,6 +191,15 @@ class engine {
     }
     const deadline d = deadline::after(settings_.linger);
     for (auto& g : goodbyes) wait(g, d, std::chrono::microseconds(0));
+    // Peers may still have to read what this rank's remote frames left in its memory.
+    drivers_.fetch_add(1);
+    while (!d.expired()) {
+      const std::uint32_t seen = self_->bell.load(std::memory_order_acquire);
+      try_progress();
+      if (!awaiting_reads()) break;
+      sleep_on_bell(seen, watch_period);
+    }
+    drivers_.fetch_sub(1);
     self_->closed.store(1, std::memory_order_release);
     {
       std::lock_guard lock(m_);
@@ -211,6 +224,11 @@ class engine {
 #endif
   }
   link& at(int p) noexcept { return links_[static_cast<std::size_t>(p)]; }
+
+  bool awaiting_reads() const {
+    std::lock_guard lock(m_);
+    return failure_.empty() && std::any_of(links_.begin(), links_.end(), [](const link& l) { return !l.awaiting.empty(); });
+  }
 
   // Tells a rank's threads something changed for it; a system call only when one sleeps.
   static void ring(inbox_header* h) noexcept {
@@ -285,15 +303,26 @@ class engine {
     while (!l.sendq.empty()) {
       byte_operation& op = *l.sendq.front();
       if (op.state == byte_operation::phase::queued) {
-        if (l.out.room() < frame_header::size) break;  // a header goes in whole
+        const bool remote = op.kind == frame_kind::data && l.single_copy && op.data.bytes() >= settings_.single_copy_bytes;
+        if (l.out.room() < frame_header::size + (remote ? remote_descriptor_bytes : 0)) break;  // headers go in whole
         op.state = byte_operation::phase::active;
         frame_header h;
-        h.kind = op.kind;
+        h.kind = remote ? frame_kind::remote : op.kind;
         h.tag = op.env.tag;
         h.seq = l.tx_seq++;
         h.length = op.data.bytes();
         h.sig = op.env.sig;
         op.header = encode_frame(h);
+        if (remote) {  // the peer reads the payload from here and says when it has
+          const remote_descriptor d = encode_remote(op.data);
+          l.out.put(op.header.data(), op.header.size());
+          l.out.put(d.data(), d.size());
+          l.out.publish();
+          ring(l.peer);
+          l.awaiting.emplace(h.seq, std::move(l.sendq.front()));
+          l.sendq.pop_front();
+          continue;
+        }
       }
       for (std::size_t room; op.written < op.total() && (room = l.out.room()) > 0;) {
         write_out(l.out, op, std::min({room, op.total() - op.written, chunk_bytes}));
@@ -351,6 +380,17 @@ class engine {
       }
       return;
     }
+    if (d.header.kind == frame_kind::remote_done) {
+      auto it = l.awaiting.find(d.header.tag);
+      if (it == l.awaiting.end()) {
+        throw error(errc::protocol_error, "dtrain: " + l.in.name() + " acknowledges frame " +
+                                              std::to_string(d.header.tag) + ", which was never sent");
+      }
+      complete(*it->second);
+      l.awaiting.erase(it);
+      return;
+    }
+    if (d.header.kind == frame_kind::remote) return begin_remote(p, d.header);
     if (d.header.kind != frame_kind::data) {
       throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds a control frame it never carries");
     }
@@ -377,6 +417,30 @@ class engine {
     l.rx_early = std::move(m);
   }
 
+  // A payload left in the sender's memory: read now into a posted receive, or when one comes.
+  void begin_remote(int p, const frame_header& h) {
+    link& l = at(p);
+    remote_descriptor bytes;
+    if (l.in.ready() < bytes.size()) throw error(errc::protocol_error, "dtrain: " + l.in.name() + " cuts a remote frame short");
+    l.in.take(bytes.data(), bytes.size());
+    l.in.publish();
+    std::optional<remote_ranges> ranges = decode_remote(bytes, h.length);
+    if (!ranges) throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds malformed remote ranges");
+    ranges->frame_seq = h.seq;
+    auto m = std::make_shared<early_message>();
+    m->peer = p;
+    m->tag = h.tag;
+    m->sig = h.sig;
+    m->length = h.length;
+    m->complete = true;
+    m->remote = ranges;
+    if (byte_op_ptr r = queue_.take_receive({p, h.tag})) {
+      deliver(*m, *r);
+    } else {
+      queue_.hold(std::move(m));
+    }
+  }
+
   void end_frame(int p) {
     link& l = at(p);
     l.rx_active = false;
@@ -397,9 +461,31 @@ class engine {
   void deliver(const early_message& m, byte_operation& r) {
     r.state = byte_operation::phase::active;
     r.env = envelope{m.peer, m.tag, m.sig, m.length};
+    if (m.remote) return deliver_remote(m, r);
     const std::span<const std::byte> whole(m.data.get(), m.length);
     const bool fits = copy_message(send_parts(whole), r.buffer, r.grow);
     complete(r, fits ? std::error_code{} : make_error_code(errc::message_truncated));
+  }
+
+  // One copy from the sender's memory, then the acknowledgement that frees its buffer.
+  void deliver_remote(const early_message& m, byte_operation& r) {
+    link& l = at(m.peer);
+    const landing into = land(r.buffer, r.grow, m.length);
+    const int err = into.truncated || l.lost ? 0 : read_process(l.watch.pid(), into.parts, *m.remote);
+    if (err != 0) {
+      const bool gone = err == ESRCH;
+      complete(r, make_error_code(gone ? errc::peer_lost : errc::protocol_error),
+               rank_text(m.peer) + (gone ? " exited before its message was read" : "'s message cannot be read: ") +
+                   (gone ? "" : std::strerror(err)));
+      if (gone) return;
+    } else {
+      complete(r, into.truncated ? make_error_code(errc::message_truncated) : std::error_code{});
+    }
+    auto ack = std::make_shared<byte_operation>();
+    ack->is_send = true;
+    ack->kind = frame_kind::remote_done;
+    ack->env = envelope{m.peer, m.remote->frame_seq, signature{}, 0};
+    l.sendq.push_back(std::move(ack));
   }
 
   void send_to_self(const byte_op_ptr& op) {
@@ -444,6 +530,8 @@ class engine {
     l.lost = true;
     for (auto& s : l.sendq) complete(*s, make_error_code(errc::peer_lost), why);
     l.sendq.clear();
+    for (auto& [seq, s] : l.awaiting) complete(*s, make_error_code(errc::peer_lost), why);
+    l.awaiting.clear();
     if (l.rx_recv) complete(*l.rx_recv, make_error_code(errc::peer_lost), why);
     for (auto& r : queue_.take_receives_from(p)) complete(*r, make_error_code(errc::peer_lost), why);
   }
@@ -456,6 +544,8 @@ class engine {
     for (auto& l : links_) {
       for (auto& s : l.sendq) complete(*s, ec, why);
       l.sendq.clear();
+      for (auto& [seq, s] : l.awaiting) complete(*s, ec, why);
+      l.awaiting.clear();
       if (l.rx_recv) complete(*l.rx_recv, ec, why);
     }
     for (auto& r : queue_.take_all_receives()) complete(*r, ec, why);

@@ -7,7 +7,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <map>
+#include <optional>
 #include <string>
+#include <array>
 
 #include "dtrain/core/frame.hpp"
 #include "dtrain/detail/message_parts.hpp"
@@ -21,7 +24,8 @@ struct settings {
   std::chrono::milliseconds linger{10000};
   std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
   bool abort_group_on_peer_loss = true;
-  std::size_t ring_bytes = std::size_t{1} << 20;
+  std::size_t ring_bytes = std::size_t{256} << 10;
+  std::size_t single_copy_bytes = std::size_t{16} << 20;  // messages this large are read in place; 0: never
 };
 
 // Bytes copied between publishing a ring's counter: the other side starts on them meanwhile.
@@ -36,6 +40,8 @@ struct link {
   ring_writer out;                // this rank's ring in it
   std::deque<byte_op_ptr> sendq;  // sends to the peer, in order; the front one may be half written
   std::uint64_t tx_seq = 0;
+  bool single_copy = false;                    // the peer can read this rank's memory
+  std::map<std::uint64_t, byte_op_ptr> awaiting;  // remote sends by frame, until the peer has read them
 
   ring_reader in;  // the peer's ring in this rank's inbox
   std::uint64_t rx_seq = 0;
@@ -51,6 +57,37 @@ struct link {
   bool departed = false;  // its goodbye was read
   bool lost = false;      // it died without one
 };
+
+// A remote frame's header is followed by the ranges of its payload: a count, then (address,
+// bytes) pairs, always max_message_parts of them.
+inline constexpr std::size_t remote_descriptor_bytes = 8 + 16 * max_message_parts;
+using remote_descriptor = std::array<std::byte, remote_descriptor_bytes>;
+
+inline remote_descriptor encode_remote(const send_parts& parts) noexcept {
+  remote_descriptor d{};
+  wire::put(&d[0], static_cast<std::uint64_t>(parts.count()));
+  for (std::size_t i = 0; i < parts.count(); ++i) {
+    wire::put(&d[8 + 16 * i], reinterpret_cast<std::uint64_t>(parts[i].data()));
+    wire::put(&d[16 + 16 * i], static_cast<std::uint64_t>(parts[i].size()));
+  }
+  return d;
+}
+
+// The ranges, if they are well formed and add up to the frame's `length`.
+inline std::optional<remote_ranges> decode_remote(const remote_descriptor& d, std::uint64_t length) noexcept {
+  remote_ranges r;
+  r.count = wire::get<std::uint64_t>(&d[0]);
+  if (r.count > max_message_parts) return std::nullopt;
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < r.count; ++i) {
+    r.address[i] = wire::get<std::uint64_t>(&d[8 + 16 * i]);
+    r.bytes[i] = wire::get<std::uint64_t>(&d[16 + 16 * i]);
+    if (r.bytes[i] > length) return std::nullopt;  // so the sum cannot wrap
+    total += r.bytes[i];
+  }
+  if (total != length) return std::nullopt;
+  return r;
+}
 
 // Copies the next `n` bytes of `op` (header, then its gathered parts) into the ring.
 inline void write_out(ring_writer& out, byte_operation& op, std::size_t n) {

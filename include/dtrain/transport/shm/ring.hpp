@@ -34,6 +34,7 @@ struct inbox_header {
   std::uint64_t ring_bytes = 0;
   std::uint64_t epoch = 0;
   unsigned char proof[32] = {};  // HMAC(token, name | rank | pid | epoch): the creator holds the token
+  std::uint64_t probe_address = 0;  // where this header lies in its owner: peers test reading it
   alignas(cache_line) std::atomic<std::uint32_t> bell{0};  // bumped when data or room appears for the owner
   std::atomic<std::uint32_t> sleepers{0};                   // owner threads asleep on the bell
   std::atomic<std::uint32_t> closed{0};                     // the owner left: writing here is pointless
@@ -44,6 +45,7 @@ static_assert(sizeof(inbox_header) <= header_bytes);
 struct ring_control {
   alignas(cache_line) std::atomic<std::uint64_t> head{0};
   alignas(cache_line) std::atomic<std::uint64_t> tail{0};
+  std::atomic<std::uint32_t> single_copy{0};  // set by the reader at formation: it can read the writer's memory
 };
 static_assert(sizeof(ring_control) == 2 * cache_line);
 

@@ -11,18 +11,23 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 #include <utility>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/detail/message_parts.hpp"
+#include "dtrain/transport/byte_operation.hpp"
 
 namespace dtrain::detail::shm {
 
@@ -132,6 +137,44 @@ inline void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen, std
 /// Wakes every thread, in any process, sleeping on `*word`.
 inline void futex_wake(std::atomic<std::uint32_t>* word) noexcept {
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+/// Copies the ranges `from` of process `pid`'s memory into `into` (which hold as many bytes) with
+/// process_vm_readv: one copy, by the kernel. @returns 0, or the errno of the failed call.
+inline int read_process(int pid, const receive_parts& into, const remote_ranges& from) noexcept {
+  std::size_t li = 0, lo = 0;
+  for (std::size_t ri = 0; ri < from.count; ++ri) {
+    for (std::size_t ro = 0; ro < from.bytes[ri];) {
+      while (li < into.count() && lo == into[li].size()) ++li, lo = 0;
+      if (li == into.count()) return EFAULT;
+      const std::size_t n = std::min<std::size_t>(into[li].size() - lo, from.bytes[ri] - ro);
+      iovec local{into[li].data() + lo, n};
+      iovec remote{reinterpret_cast<void*>(from.address[ri] + ro), n};
+      const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      if (got <= 0) return got < 0 ? errno : EIO;
+      lo += static_cast<std::size_t>(got);
+      ro += static_cast<std::size_t>(got);
+    }
+  }
+  return 0;
+}
+
+/// Whether this process may read process `pid`'s memory, tried on 8 bytes at `address` that must
+/// hold `expect`; `why` says why not.
+inline bool can_read_process(int pid, std::uint64_t address, std::uint64_t expect, std::string& why) noexcept {
+  std::uint64_t got = 0;
+  remote_ranges r;
+  r.count = 1;
+  r.address[0] = address;
+  r.bytes[0] = sizeof got;
+  const int err = read_process(pid, receive_parts(std::as_writable_bytes(std::span(&got, 1))), r);
+  if (err != 0) {
+    why = std::string("process_vm_readv: ") + std::strerror(err) +
+          (err == EPERM ? " (ptrace is restricted: kernel.yama.ptrace_scope, or a container without CAP_SYS_PTRACE)" : "");
+    return false;
+  }
+  if (got != expect) why = "process_vm_readv read the wrong bytes (another process under that pid?)";
+  return got == expect;
 }
 
 /// Says whether a process has exited: a pidfd that polls readable (Linux 5.3), else kill(pid, 0).

@@ -178,6 +178,11 @@ class receive_path {
         self().state_cv_.notify_all();
         break;
       }
+      case frame_kind::remote:
+      case frame_kind::remote_done:
+        stop_reading(c);
+        self().connection_failed(c, errc::protocol_error, "sent a shared-memory frame over TCP");
+        return;
       case frame_kind::abort:
         if (h.length > 4096) {
           stop_reading(c);
