@@ -21,22 +21,17 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <cstring>
-#include <deque>
 #include <future>
 #include <memory>
 #include <mutex>
-#include <span>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -174,8 +169,10 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   }
 
   // A receive into `parts`, or into `grow` when the message is larger (transport concept, item 6).
-  op_ptr receive(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* grow) {
+  op_ptr receive(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* grow,
+                 std::shared_ptr<std::atomic<bool>> claim = nullptr) {
     auto op = std::make_shared<operation>();
+    op->claim = std::move(claim);
     op->env = envelope{peer, tag, signature{}, 0};
     op->buffer = receive_parts(parts);
     op->grow = grow;
@@ -184,7 +181,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     // before the failure, and it may say more than "peer lost" (a stray message of another
     // collective is a mismatch). Only a receive with nothing to take fails.
     if (failed_) {
-      if (incoming_ptr in = queue_.find_message({peer, tag}); in && in->complete) {
+      if (incoming_ptr in = queue_.find_message({peer, tag}); in && in->complete && byte_match_keys::claim(op)) {
         queue_.withdraw_message(in);
         lock.unlock();
         deliver(*in, *op);
@@ -194,7 +191,13 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
       op->complete(make_error_code(errc::peer_lost), failure_);
       return op;
     }
-    if (incoming_ptr in = queue_.take_message({peer, tag})) {
+    if (incoming_ptr in = queue_.find_message({peer, tag})) {
+      if (!byte_match_keys::claim(op)) {  // its twin in the other transport was served
+        lock.unlock();
+        byte_match_keys::drop(op);
+        return op;
+      }
+      queue_.withdraw_message(in);
       if (!in->complete) {
         in->claimed = op;  // the reader delivers when the payload is in
         op->state = operation::phase::active;
