@@ -3,6 +3,7 @@
 dtrain_add_test(test_rendezvous SOURCES rendezvous/stores.cpp rendezvous/environment.cpp LIBS dtrain::asio)
 dtrain_add_test(test_tcp SOURCES transport/tcp.cpp LIBS dtrain::asio)
 dtrain_add_test(test_shm SOURCES transport/shm.cpp LIBS dtrain::asio)
+dtrain_add_test(test_mixed SOURCES transport/mixed.cpp LIBS dtrain::asio)
 
 add_executable(tcp_worker transport/tcp_worker.cpp)
 target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)
@@ -84,6 +85,20 @@ foreach(n 2 3 5)
   add_test(NAME shm_api_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> api)
   set_tests_properties(shm_api_dtrain_run_${n} PROPERTIES TIMEOUT 600 ENVIRONMENT DTRAIN_TEST_TRANSPORT=shm)
 endforeach()
+
+# The TCP conformance again over the mixed transport in processes: rank r on emulated host
+# r % hosts, so ranks of one host (interleaved in the world) share memory and the others use TCP.
+foreach(layout "3;2" "4;2" "5;2" "7;3" "9;4")
+  list(GET layout 0 n)
+  list(GET layout 1 hosts)
+  add_test(NAME mixed_conformance_dtrain_run_${n}
+           COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> conformance)
+  set_tests_properties(mixed_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600
+                       ENVIRONMENT "DTRAIN_TEST_TRANSPORT=mixed;DTRAIN_TEST_HOSTS=${hosts}")
+endforeach()
+add_test(NAME mixed_api_dtrain_run_4 COMMAND $<TARGET_FILE:dtrain-run> -n 4 $<TARGET_FILE:tcp_worker> api)
+set_tests_properties(mixed_api_dtrain_run_4 PROPERTIES TIMEOUT 600
+                     ENVIRONMENT "DTRAIN_TEST_TRANSPORT=mixed;DTRAIN_TEST_HOSTS=2")
 
 # The same under Open MPI's mpirun: rank and size from OMPI_COMM_WORLD_*, rank 0 serves the store.
 find_program(DTRAIN_MPIRUN mpirun)

@@ -1,5 +1,7 @@
 // One rank of a multi-process test, started by dtrain-run, mpirun or the fault tests, over TCP or,
-// with DTRAIN_TEST_TRANSPORT=shm, over shared memory.
+// with DTRAIN_TEST_TRANSPORT=shm, over shared memory, or with DTRAIN_TEST_TRANSPORT=mixed over
+// the mixed transport, rank r on the emulated host r % DTRAIN_TEST_HOSTS (shared memory between
+// ranks of one host, TCP between hosts).
 //
 //   tcp_worker conformance     every collective and algorithm against the serial reference
 //   tcp_worker allreduce-loop  allreduces of 1M floats for a few seconds, each result checked
@@ -29,6 +31,7 @@
 
 #include "../collective/api_case.hpp"
 #include "../collective/conformance_case.hpp"
+#include "dtrain/transport/mixed.hpp"
 #include "dtrain/transport/shm.hpp"
 #include "dtrain/transport/tcp.hpp"
 
@@ -44,9 +47,9 @@ long long monotonic_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(clock_type::now().time_since_epoch()).count();
 }
 
-const char* transport_name() {
+std::string transport_name() {
   const char* t = std::getenv("DTRAIN_TEST_TRANSPORT");
-  return t != nullptr && std::string(t) == "shm" ? "shared memory" : "TCP";
+  return t != nullptr ? t : "tcp";
 }
 
 int env_int(const char* name, int fallback) {
@@ -140,7 +143,7 @@ int run_conformance(Comm& c) {
   // rank's exit status, so a launcher that reports any one rank reports them all.
   int wrong_ranks = ok ? 0 : 1;
   c.allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);
-  std::printf("conformance: %d cases on %d ranks over %s: rank %d %s; %s\n", cases, p, transport_name(), c.rank(),
+  std::printf("conformance: %d cases on %d ranks over %s: rank %d %s; %s\n", cases, p, transport_name().c_str(), c.rank(),
               ok ? "correct" : "WRONG", wrong_ranks == 0 ? "all correct" : "WRONG RESULTS on some rank");
   return wrong_ranks == 0 ? 0 : 1;
 }
@@ -322,10 +325,18 @@ int main(int argc, char** argv) {
     }
     communicator_options co;
     co.timeout = o.timeout;
-    if (transport_name() == std::string("shared memory")) {
+    if (transport_name() == "shm") {
       shm_options so;
       so.timeout = o.timeout;
       communicator<shm_transport> c(shm_transport::from_environment(so), co);
+      return run_mode(mode, c);
+    }
+    if (transport_name() == "mixed") {
+      mixed_options mo;
+      mo.tcp = o;
+      mo.shm.timeout = o.timeout;
+      mo.host_id = "emulated-host-" + std::to_string(env_int("DTRAIN_RANK", 0) % env_int("DTRAIN_TEST_HOSTS", 1));
+      communicator<mixed_transport> c(mixed_transport::from_environment(mo), co);
       return run_mode(mode, c);
     }
     communicator<tcp_transport> c(tcp_transport::from_environment(o), co);

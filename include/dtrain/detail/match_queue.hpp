@@ -29,7 +29,9 @@ constexpr bool takes(match_key want, match_key got) noexcept {
 
 /// The posted receives and the waiting (unexpected) messages of one endpoint. `Receive` and
 /// `Message` are handles (shared pointers, say); `Keys::of_receive(r)` and `Keys::of_message(m)`
-/// give their keys. Not thread-safe: the transport's lock guards it, and the transport decides
+/// give their keys. Where a receive may be posted in two transports at once (an any-peer
+/// receive of the mixed transport), `Keys::claim(r)` says whether this one may take a message
+/// (and claims it), and `Keys::drop(r)` finishes one the other transport took. Not thread-safe: the transport's lock guards it, and the transport decides
 /// what matching means for its operations' state (this only finds and removes).
 template <class Receive, class Message, class Keys>
 class match_queue {
@@ -45,8 +47,19 @@ class match_queue {
     return it == messages_.end() ? Message{} : *it;
   }
   /// The first posted receive that takes a message that came with `got`, removed; empty if none.
+  /// A receive shared with another transport (see `Keys::claim`) that the other has already
+  /// served is dropped (`Keys::drop`) on the way.
   Receive take_receive(match_key got) {
-    return take_first(receives_, [&](const Receive& r) { return takes(Keys::of_receive(r), got); });
+    for (;;) {
+      Receive r = take_first(receives_, [&](const Receive& c) { return takes(Keys::of_receive(c), got); });
+      if constexpr (requires { Keys::claim(r); }) {
+        if (r && !Keys::claim(r)) {
+          Keys::drop(r);
+          continue;
+        }
+      }
+      return r;
+    }
   }
 
   void post(Receive r) { receives_.push_back(std::move(r)); }

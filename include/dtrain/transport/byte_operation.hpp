@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dtrain/concepts/completion.hpp"
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/detail/match_queue.hpp"
@@ -32,6 +33,10 @@ struct byte_operation {
   std::string owned;                       // payload of control frames
   receive_parts buffer;                    // receive: where a message that fits goes
   std::vector<std::byte>* grow = nullptr;  // receive: where a larger one goes
+
+  // Shared with the same receive posted in another transport (the mixed transport's any-peer
+  // receives): whichever matches a message first sets it, and the other is dropped.
+  std::shared_ptr<std::atomic<bool>> claim;
 
   phase state = phase::queued;  // guarded by the engine lock
   frame_bytes header{};         // encoded when its write starts (sends)
@@ -74,10 +79,16 @@ struct early_message {
 };
 using early_message_ptr = std::shared_ptr<early_message>;
 
-// A receive wants (peer, tag); an early message came from its peer on its tag.
+// Why a receive posted in two transports completed in the one that did not take the message.
+inline constexpr const char* served_by_the_other_transport = "served by the other transport";
+
+// A receive wants (peer, tag); an early message came from its peer on its tag. A receive with a
+// claim takes a message only if its twin in the other transport has not.
 struct byte_match_keys {
   static match_key of_receive(const byte_op_ptr& r) noexcept { return {r->env.peer, r->env.tag}; }
   static match_key of_message(const early_message_ptr& in) noexcept { return {in->peer, in->tag}; }
+  static bool claim(const byte_op_ptr& r) noexcept { return !r->claim || !r->claim->exchange(true); }
+  static void drop(const byte_op_ptr& r) { r->complete(make_error_code(errc::cancelled), served_by_the_other_transport); }
 };
 
 }  // namespace dtrain::detail

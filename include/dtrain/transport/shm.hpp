@@ -66,6 +66,27 @@ struct shm_options {
   bool abort_group_on_peer_loss = true;
   /// Rendezvous epoch: a group rebuilt without restarting uses a new one.
   std::uint64_t epoch = 0;
+  /// Prefix of the store keys: distinguishes the groups of several hosts that share one store.
+  std::string group_key = "shm/";
+  /// The names of this group's ranks in messages (their world ranks, where the group is one
+  /// host's part of a larger one); empty: as numbered here.
+  std::vector<int> rank_names;
+
+  /// The options with DTRAIN_SHM_RING_BYTES, DTRAIN_SHM_SINGLE_COPY_BYTES and DTRAIN_TIMEOUT_MS
+  /// applied.
+  shm_options with_environment() const {
+    shm_options o = *this;
+    if (const char* r = std::getenv("DTRAIN_SHM_RING_BYTES")) {
+      o.ring_bytes = static_cast<std::size_t>(detail::env::to_int("DTRAIN_SHM_RING_BYTES", r));
+    }
+    if (const char* b = std::getenv("DTRAIN_SHM_SINGLE_COPY_BYTES")) {
+      o.single_copy_bytes = static_cast<std::size_t>(detail::env::to_int("DTRAIN_SHM_SINGLE_COPY_BYTES", b));
+    }
+    if (const char* t = std::getenv("DTRAIN_TIMEOUT_MS")) {
+      o.timeout = std::chrono::milliseconds(detail::env::to_int("DTRAIN_TIMEOUT_MS", t));
+    }
+    return o;
+  }
 };
 
 /// The completion handle of a shared-memory send or receive (a model of `completion`).
@@ -100,6 +121,9 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
     const deadline d = deadline::after(options.timeout);
     const std::string token = detail::auth::load_token(options.token);
     const int pid = static_cast<int>(::getpid());
+    const auto name_of = [&](int r) {
+      return "rank " + std::to_string(options.rank_names.empty() ? r : options.rank_names[static_cast<std::size_t>(r)]);
+    };
 
     segment own = segment::create(inbox_bytes(size, ring));
     auto* h = new (own.data()) inbox_header;
@@ -115,7 +139,7 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
     std::atomic_thread_fence(std::memory_order_release);
     h->magic = inbox_header::magic_value;
 
-    const auto key = [&](const std::string& k) { return epoch_key(options.epoch, "shm/" + k); };
+    const auto key = [&](const std::string& k) { return epoch_key(options.epoch, options.group_key + k); };
     store.set(key(std::to_string(rank)), as_value(own.name() + " " + std::to_string(pid) + " " + std::to_string(ring)), d);
     std::vector<segment> inboxes(static_cast<std::size_t>(size));
     std::vector<int> pids(static_cast<std::size_t>(size), 0);
@@ -127,12 +151,12 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
       int their_pid = 0;
       where >> name >> their_pid >> their_ring;
       if (their_ring != ring) {
-        throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(p) + " uses shared-memory rings of " +
-                                                std::to_string(their_ring) + " bytes, rank " + std::to_string(rank) +
-                                                " of " + std::to_string(ring) + " (set DTRAIN_SHM_RING_BYTES alike)");
+        throw error(errc::invalid_argument, "dtrain: " + name_of(p) + " uses shared-memory rings of " +
+                                                std::to_string(their_ring) + " bytes, " + name_of(rank) + " of " +
+                                                std::to_string(ring) + " (set DTRAIN_SHM_RING_BYTES alike)");
       }
-      segment s = segment::open(name, inbox_bytes(size, ring), "rank " + std::to_string(p));
-      check_inbox(s, p, size, their_pid, options.epoch, token);
+      segment s = segment::open(name, inbox_bytes(size, ring), name_of(p));
+      check_inbox(s, p, name_of(p), size, their_pid, options.epoch, token);
       // The single-copy path from p: this rank reads p's memory, if the kernel lets it.
       std::string why;
       const auto* their = reinterpret_cast<const inbox_header*>(s.data());
@@ -140,8 +164,8 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
                             can_read_process(their_pid, their->probe_address, inbox_header::magic_value, why);
       ring_at(own.data(), p, ring)->single_copy.store(readable ? 1 : 0);
       if (!readable && options.single_copy_bytes > 0) {
-        detail::log(detail::log_level::warn, "rank " + std::to_string(rank) + " cannot read rank " + std::to_string(p) +
-                                                 "'s memory (" + why + "): its large messages go through the ring");
+        detail::log(detail::log_level::warn, name_of(rank) + " cannot read " + name_of(p) + "'s memory (" + why +
+                                                 "): its large messages go through the ring");
       }
       pids[static_cast<std::size_t>(p)] = their_pid;
       inboxes[static_cast<std::size_t>(p)] = std::move(s);
@@ -157,6 +181,7 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
     s.abort_group_on_peer_loss = options.abort_group_on_peer_loss;
     s.ring_bytes = ring;
     s.single_copy_bytes = options.single_copy_bytes;
+    s.rank_names = options.rank_names;
     auto e = std::make_shared<engine>(rank, size, s, std::move(own), std::move(inboxes), pids);
     e->start();
     return basic_shm_transport(std::move(e));
@@ -166,15 +191,7 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
   /// this host. DTRAIN_SHM_RING_BYTES, DTRAIN_SHM_SINGLE_COPY_BYTES and DTRAIN_TIMEOUT_MS
   /// override the options.
   static basic_shm_transport from_environment(shm_options options = {}) {
-    if (const char* r = std::getenv("DTRAIN_SHM_RING_BYTES")) {
-      options.ring_bytes = static_cast<std::size_t>(detail::env::to_int("DTRAIN_SHM_RING_BYTES", r));
-    }
-    if (const char* b = std::getenv("DTRAIN_SHM_SINGLE_COPY_BYTES")) {
-      options.single_copy_bytes = static_cast<std::size_t>(detail::env::to_int("DTRAIN_SHM_SINGLE_COPY_BYTES", b));
-    }
-    if (const char* t = std::getenv("DTRAIN_TIMEOUT_MS")) {
-      options.timeout = std::chrono::milliseconds(detail::env::to_int("DTRAIN_TIMEOUT_MS", t));
-    }
+    options = options.with_environment();
     options.token = detail::auth::load_token(options.token);
     auto formed = with_launch_store(options.timeout, *options.token, "", [](const std::string& host) { return host; },
                                     [&](auto& store, const launch_environment& env) {
@@ -210,6 +227,13 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
     return {engine_, engine_->receive(peer, tag, parts, overflow)};
   }
 
+  /// The same receive, posted also in another transport under the shared `claim`: it takes a
+  /// message only if its twin has not (the mixed transport's receives from any peer).
+  request irecv_claimed(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow,
+                        std::shared_ptr<std::atomic<bool>> claim) {
+    return {engine_, engine_->receive(peer, tag, parts, overflow, std::move(claim))};
+  }
+
   /// Why the group failed (which rank was lost, and how); empty while it is healthy.
   std::string failure() const { return engine_ ? engine_->failure() : std::string(); }
 
@@ -233,10 +257,10 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
   }
 
   // A peer's inbox is trusted once it says who made it and proves the maker holds the token.
-  static void check_inbox(const detail::shm::segment& s, int peer, int size, int pid, std::uint64_t epoch,
-                          const std::string& token) {
+  static void check_inbox(const detail::shm::segment& s, int peer, const std::string& peer_name, int size, int pid,
+                          std::uint64_t epoch, const std::string& token) {
     const auto* h = reinterpret_cast<const detail::shm::inbox_header*>(s.data());
-    const std::string who = "rank " + std::to_string(peer) + "'s shared memory " + s.name();
+    const std::string who = peer_name + "'s shared memory " + s.name();
     if (h->magic != detail::shm::inbox_header::magic_value || h->size != static_cast<std::uint32_t>(size) ||
         h->rank != peer || h->pid != pid || h->epoch != epoch) {
       throw error(errc::protocol_error, "dtrain: " + who + " is not the inbox it was announced as");

@@ -12,6 +12,7 @@
 /// token (see docs/launching.md). Frames follow core/frame.hpp. See docs/transports.md for the
 /// data path, failure behaviour and shutdown.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -200,6 +201,13 @@ class basic_tcp_transport : public transport_buffer_forms<basic_tcp_transport<Pr
   request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) {
     DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
     return {engine_, engine_->receive(peer, tag, parts, overflow)};
+  }
+
+  /// The same receive, posted also in another transport under the shared `claim`: it takes a
+  /// message only if its twin has not (the mixed transport's receives from any peer).
+  request irecv_claimed(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow,
+                        std::shared_ptr<std::atomic<bool>> claim) {
+    return {engine_, engine_->receive(peer, tag, parts, overflow, std::move(claim))};
   }
 
   /// Why the group failed (which rank was lost, and how); empty while it is healthy.

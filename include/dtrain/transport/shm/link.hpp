@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 #include <array>
 
 #include "dtrain/core/frame.hpp"
@@ -26,6 +27,7 @@ struct settings {
   bool abort_group_on_peer_loss = true;
   std::size_t ring_bytes = std::size_t{256} << 10;
   std::size_t single_copy_bytes = std::size_t{16} << 20;  // messages this large are read in place; 0: never
+  std::vector<int> rank_names;  // how ranks are named in messages; empty: as numbered here
 };
 
 // Bytes copied between publishing a ring's counter: the other side starts on them meanwhile.

@@ -1,0 +1,176 @@
+// mixed_transport with ranks as threads of this process, each given a host identity, so one
+// process holds several emulated hosts: shared memory inside each, TCP between them. Every peer
+// is reached by its path, envelopes name world ranks, receives from any peer take each message
+// exactly once whichever path it came by, and collectives match the serial reference.
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "../catch.hpp"
+#include "../collective/conformance_case.hpp"
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/transport/mixed.hpp"
+
+using namespace dtrain;
+using namespace std::chrono_literals;
+
+static_assert(transport<mixed_transport>);
+
+namespace {
+
+std::mutex check_mutex;
+#define TCHECK(...)                          \
+  do {                                       \
+    std::lock_guard check_lock(check_mutex); \
+    CHECK(__VA_ARGS__);                      \
+  } while (0)
+
+const std::string token = "test-token";
+
+// Runs body(rank, transport) with rank r on host hosts[r], each rank a thread.
+template <class Body>
+void run_mixed(const std::vector<std::string>& hosts, Body body, peer_path path = peer_path::automatic) {
+  tcp_store_server server("127.0.0.1", 0, token);
+  const int n = static_cast<int>(hosts.size());
+  std::exception_ptr first;
+  std::mutex m;
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        mixed_options o;
+        o.tcp.token = o.shm.token = token;
+        o.tcp.timeout = o.shm.timeout = 20s;
+        o.shm.ring_bytes = 64 << 10;
+        o.shm.single_copy_bytes = 64 << 10;
+        o.host_id = hosts[static_cast<std::size_t>(r)];
+        o.path = path;
+        tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+        auto t = mixed_transport::connect(store, r, n, o, "127.0.0.1");
+        body(r, t);
+      } catch (...) {
+        std::lock_guard lock(m);
+        if (!first) first = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  if (first) std::rethrow_exception(first);
+}
+
+std::span<std::byte> bytes_of(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
+
+}  // namespace
+
+TEST_CASE("mixed: every peer is reached by its path and envelopes name world ranks", "[mixed]") {
+  const std::vector<std::string> hosts{"a", "a", "b", "b", "a"};
+  run_mixed(hosts, [&](int r, mixed_transport& t) {
+    const int n = t.size();
+    for (int p = 0; p < n; ++p) {
+      TCHECK(t.through_shm(p) == (hosts[static_cast<std::size_t>(p)] == hosts[static_cast<std::size_t>(r)]));
+    }
+    std::vector<std::vector<int>> out(static_cast<std::size_t>(n)), in(static_cast<std::size_t>(n));
+    std::vector<mixed_transport::request> reqs;
+    for (int p = 0; p < n; ++p) {
+      const std::size_t len = 1000 + 70000 * static_cast<std::size_t>(p % 2);  // some past the single-copy size
+      out[static_cast<std::size_t>(p)].assign(len, r * 100 + p);
+      in[static_cast<std::size_t>(p)].assign(1000 + 70000 * static_cast<std::size_t>(r % 2), -1);
+      reqs.push_back(t.irecv(p, 3, bytes_of(in[static_cast<std::size_t>(p)])));
+    }
+    for (int p = 0; p < n; ++p) reqs.push_back(t.isend(p, 3, signature{}, bytes_of(out[static_cast<std::size_t>(p)])));
+    for (auto& q : reqs) q.wait(deadline::after(10s));
+    for (int p = 0; p < n; ++p) {
+      TCHECK(reqs[static_cast<std::size_t>(p)].info().peer == p);
+      const auto& got = in[static_cast<std::size_t>(p)];
+      TCHECK(std::all_of(got.begin(), got.end(), [&](int x) { return x == p * 100 + r; }));
+    }
+  });
+}
+
+TEST_CASE("mixed: receives from any peer take each message once whichever path it comes by", "[mixed]") {
+  constexpr int per_sender = 200;
+  std::map<int, std::vector<int>> seen;  // sender -> sequence numbers in arrival order
+  run_mixed({"a", "a", "b", "a", "b"}, [&](int r, mixed_transport& t) {
+    if (r == 0) {
+      for (int i = 0; i < per_sender * (t.size() - 1); ++i) {
+        std::vector<int> msg(2, -1);
+        auto q = t.irecv(any_peer, 9, bytes_of(msg));
+        q.wait(deadline::after(10s));
+        TCHECK(q.info().peer == msg[0]);
+        seen[msg[0]].push_back(msg[1]);
+      }
+      return;
+    }
+    for (int i = 0; i < per_sender; ++i) {
+      std::vector<int> msg{r, i};
+      t.isend(0, 9, signature{}, bytes_of(msg)).wait(deadline::after(10s));
+    }
+  });
+  REQUIRE(seen.size() == 4);
+  for (auto& [sender, seq] : seen) {
+    std::vector<int> want(per_sender);
+    std::iota(want.begin(), want.end(), 0);
+    INFO("from rank " << sender);
+    CHECK(seq == want);  // each once, in the order sent
+  }
+}
+
+TEST_CASE("mixed: one host uses shared memory alone, and either path can be forced", "[mixed]") {
+  run_mixed({"a", "a", "a"}, [](int, mixed_transport& t) {
+    for (int p = 0; p < 3; ++p) TCHECK(t.through_shm(p));
+    TCHECK(t.failure().empty());
+  });
+  run_mixed({"a"}, [](int, mixed_transport& t) {  // one rank: its sends to itself go through shared memory
+    std::vector<int> v{1, 2, 3}, w(3);
+    auto rq = t.irecv(0, 1, bytes_of(w));
+    t.isend(0, 1, signature{}, bytes_of(v)).wait(deadline::after(5s));
+    rq.wait(deadline::after(5s));
+    TCHECK(w == v);
+  });
+  run_mixed({"a", "a", "a"}, [](int, mixed_transport& t) {
+    for (int p = 0; p < 3; ++p) TCHECK(!t.through_shm(p));
+  }, peer_path::tcp);
+  CHECK_THROWS_WITH(run_mixed({"a", "b"}, [](int, mixed_transport&) {}, peer_path::shm),
+                    Catch::Contains("DTRAIN_TRANSPORT=shm"));
+}
+
+TEST_CASE("mixed: collectives on 2 to 6 ranks over 1 to 3 hosts match the serial reference", "[mixed]") {
+  using namespace dtrain::conformance;
+  const std::vector<std::vector<std::string>> layouts{
+      {"a", "b"}, {"a", "a", "b"}, {"a", "b", "a", "b"}, {"a", "a", "b", "b", "c"}, {"a", "b", "c", "a", "b", "c"}};
+  for (const auto& hosts : layouts) {
+    const int p = static_cast<int>(hosts.size());
+    std::atomic<int> wrong{0};
+    run_mixed(hosts, [&](int r, mixed_transport& t) {
+      communicator<mixed_transport> c(std::move(t));
+      for (coll_op op : {coll_op::broadcast, coll_op::reduce, coll_op::allreduce, coll_op::reduce_scatter,
+                         coll_op::allgather, coll_op::gather, coll_op::scatter, coll_op::alltoall}) {
+        for (algorithm a : all_algorithms) {
+          if (!supports(op, a)) continue;
+          for (std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{70001}}) {
+            spec s{op, a, p, n, reduce_op::sum, is_rooted(op) ? p - 1 : 0, false};
+            const auto expect = expected_results<float>(s);
+            c.algorithms() = selection_table{};
+            c.algorithms().force(op, a);
+            run_rank<float>(s, r, c, expect, [&](int, std::span<const float> got, const std::function<float(std::size_t)>& want) {
+              for (std::size_t i = 0; i < got.size(); ++i) {
+                if (!(got[i] == want(i))) {
+                  ++wrong;
+                  return;
+                }
+              }
+            });
+          }
+        }
+      }
+    });
+    INFO(p << " ranks");
+    CHECK(wrong == 0);
+  }
+}
