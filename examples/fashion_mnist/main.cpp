@@ -1,5 +1,6 @@
 // Fashion-MNIST with dtrain's allreduce trainer: an MLP (784-256-128-10 by default) trained by
-// synchronous data-parallel SGD with momentum, each rank a process, over TCP.
+// synchronous data-parallel SGD with momentum, each rank a process; shared memory joins the ranks
+// of one host and TCP the hosts (--transport picks either alone).
 //
 //   dtrain-run -n 2 ./fashion_mnist                     # 2 local processes
 //   ./fashion_mnist --epochs 5 --schedule constant       # the benchmark recipe, one process
@@ -23,6 +24,7 @@
 #include <dtrain/allreduce/trainer.hpp>
 #include <dtrain/collective/communicator.hpp>
 #include <dtrain/data/sampler.hpp>
+#include <dtrain/transport/mixed.hpp>
 #include <dtrain/transport/shm.hpp>
 #include <dtrain/transport/tcp.hpp>
 #include <dtrain/consistency/policies.hpp>
@@ -56,7 +58,7 @@ struct settings {
   double min_accuracy = 0;
   // The parameter-server trainer (--trainer ps): servers are the first DTRAIN_PS_SERVERS ranks.
   std::string trainer = "allreduce", consistency = "bsp", algorithm = "sync";
-  std::string transport = "tcp";
+  std::string transport = "auto";
   int tau = 8;               // the period of ADAG, EASGD, model averaging; DynSGD's window
   double rho = 0.5;          // EASGD's elasticity (alpha = lr * rho)
   double time_budget = 0;    // > 0: stop training after this many seconds (equal-time comparisons)
@@ -224,10 +226,10 @@ int run_allreduce(const settings& s) {
 
 // --- the parameter-server trainer ------------------------------------------------------------------
 
-// Trains with ps::trainer<tcp_transport, Consistency, Updater, Algorithm>: the MLP's flat parameters
-// are one dense tensor on the servers; each worker runs the algorithm on its shard.
+// Trains with ps::trainer<mixed_transport, Consistency, Updater, Algorithm>: the MLP's flat
+// parameters are one dense tensor on the servers; each worker runs the algorithm on its shard.
 template <class Consistency, class Updater, class Algorithm>
-int run_ps_with(const settings& s, dtrain::tcp_transport transport, Updater updater, Algorithm algorithm) {
+int run_ps_with(const settings& s, dtrain::mixed_transport transport, Updater updater, Algorithm algorithm) {
   const auto roles = dtrain::ps::roles::from_environment(transport.size());
   const auto P = static_cast<std::size_t>(roles.workers);
   if (s.global_batch % P != 0) {
@@ -237,7 +239,7 @@ int run_ps_with(const settings& s, dtrain::tcp_transport transport, Updater upda
   dtrain::ps::ps_options o;
   // The servers create the parameters: uniform in +-0.05, near PyTorch's +-1/sqrt(fan_in) for
   // these layers (0.036 to 0.088), and the same on every run.
-  dtrain::ps::trainer<dtrain::tcp_transport, Consistency, Updater, Algorithm, float, dtrain::ps::uniform_initializer> job(
+  dtrain::ps::trainer<dtrain::mixed_transport, Consistency, Updater, Algorithm, float, dtrain::ps::uniform_initializer> job(
       std::move(transport), std::move(updater), std::move(algorithm), roles, o, dtrain::ps::uniform_initializer{0.05, s.seed});
   if (job.is_server()) {
     const auto& st = job.serve();
@@ -323,9 +325,11 @@ int run_ps_with(const settings& s, dtrain::tcp_transport transport, Updater upda
 }
 
 int run_ps(const settings& s) {
-  dtrain::tcp_options to;
-  to.abort_group_on_peer_loss = false;  // the servers decide what a lost worker means
-  auto t = dtrain::tcp_transport::from_environment(to);
+  dtrain::mixed_options to;
+  // The servers decide what a lost worker means.
+  to.tcp.abort_group_on_peer_loss = to.shm.abort_group_on_peer_loss = false;
+  if (s.transport != "auto") to.path = s.transport == "tcp" ? dtrain::peer_path::tcp : dtrain::peer_path::shm;
+  auto t = dtrain::mixed_transport::from_environment(to);
   using namespace dtrain;
   using namespace dtrain::ps;
   const double lr = s.lr;
@@ -363,7 +367,7 @@ int run_ps(const settings& s) {
 
 int main(int argc, char** argv) {
   settings s;
-  CLI::App app{"Fashion-MNIST MLP trained with dtrain's allreduce trainer over TCP (launch with dtrain-run)"};
+  CLI::App app{"Fashion-MNIST MLP trained with dtrain's allreduce trainer or parameter server (launch with dtrain-run)"};
   app.add_option("--data", s.data, "directory of the IDX files (.gz or plain)")->capture_default_str();
   app.add_option("--epochs", s.epochs, "passes over the training set")->check(CLI::Range(1, 100000))->capture_default_str();
   app.add_option("--batch", s.global_batch, "global batch (split across ranks)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
@@ -388,8 +392,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", s.seed, "initialisation and shuffling seed")->capture_default_str();
   app.add_option("--json", s.json, "write a summary as JSON (rank 0)");
   app.add_option("--min-accuracy", s.min_accuracy, "exit with status 3 below this test accuracy");
-  app.add_option("--transport", s.transport, "allreduce trainer: tcp, or shm (shared memory: every rank on this host)")
-      ->check(CLI::IsMember({"tcp", "shm"}))->capture_default_str();
+  app.add_option("--transport", s.transport,
+                 "auto (shared memory to ranks on this host, TCP to others), tcp, or shm (every rank on this host)")
+      ->check(CLI::IsMember({"auto", "tcp", "shm"}))->capture_default_str();
   app.add_option("--trainer", s.trainer, "allreduce, or ps (parameter server: DTRAIN_PS_SERVERS first ranks serve)")
       ->check(CLI::IsMember({"allreduce", "ps"}))->capture_default_str();
   app.add_option("--consistency", s.consistency, "parameter server: consistency model")
@@ -403,7 +408,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (s.trainer == "ps") return run_ps(s);
-    return s.transport == "shm" ? run_allreduce<dtrain::shm_transport>(s) : run_allreduce<dtrain::tcp_transport>(s);
+    if (s.transport == "shm") return run_allreduce<dtrain::shm_transport>(s);
+    if (s.transport == "tcp") return run_allreduce<dtrain::tcp_transport>(s);
+    return run_allreduce<dtrain::mixed_transport>(s);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fashion_mnist: %s\n", e.what());
     return 1;
