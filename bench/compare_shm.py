@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""dtrain's shared-memory transport vs Open MPI's shared-memory path, float32 sum allreduce, same run.
+
+For each world size P, in alternating rounds (this machine is shared and noisy), measures
+  dtrain   bench_collectives --transport shm (every allreduce algorithm; blocking and spin progress)
+  Open MPI MPI_Allreduce with --mca btl vader,self --mca pml ob1 (shared memory; CMA single copy where allowed)
+and prints the median over rounds of each side's best busbw (GB/s, nccl-tests' definition), the ratio,
+and 4 KiB time (us). Every result is checked by both programs; any wrong element fails the run.
+
+  python3 bench/compare_shm.py --build build [--ranks 2 4 8] [--rounds 3] [--json out.json]
+"""
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from compare_tcp import SIZES, best, json_lines, run
+
+
+def dtrain_rows(build, p, seconds, progress):
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        run([f"{build}/tools/dtrain-run", "-n", str(p), f"{build}/bench/bench_collectives", "--transport", "shm",
+             "--progress", progress, "--ops", "allreduce", "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4",
+             "-t", str(seconds), "--json", f.name])
+        rows = json.load(open(f.name))
+    for r in rows:
+        r["peer"] = "dtrain"
+        r["algorithm"] = f'{r["algorithm"]}/{progress}'
+    return [r for r in rows if r["bytes"] in SIZES]
+
+
+def mpi_rows(build, p, seconds):
+    return json_lines(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "vader,self",
+                           "--mca", "pml", "ob1", "-np", str(p), f"{build}/bench/mpi_allreduce", "-t", str(seconds)]
+                          + [str(s) for s in SIZES]))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=0.3)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    rows = []
+    for rnd in range(a.rounds):
+        for p in a.ranks:
+            # Alternate which side goes first, so neither always runs on a warmer or quieter machine.
+            sides = [lambda: mpi_rows(a.build, p, a.seconds),
+                     lambda: dtrain_rows(a.build, p, a.seconds, "blocking") + dtrain_rows(a.build, p, a.seconds, "spin")]
+            for side in (sides if rnd % 2 == 0 else sides[::-1]):
+                for r in side():
+                    r["round"] = rnd
+                    rows.append(r)
+    wrong = sum(r.get("wrong", 0) for r in rows)
+
+    def median_best(peer, p, size):
+        per_round = [best([r for r in rows if r["round"] == k], peer, p, size) for k in range(a.rounds)]
+        per_round = [r for r in per_round if r]
+        return (statistics.median(r["busbw_GBps"] for r in per_round),
+                statistics.median(r["time_us"] for r in per_round), per_round)
+
+    print(f"# float32 sum allreduce over shared memory, busbw GB/s, median over {a.rounds} alternating rounds of each"
+          " side's best; dtrain = best of its algorithms and progress policies")
+    print(f"# {'P':>2} {'size':>10} | {'dtrain':>7} {'OpenMPI':>8} | {'ratio':>6} | {'dtrain us':>10} {'OpenMPI us':>10}"
+          f" | dtrain's best (per round)")
+    for p in a.ranks:
+        for size in SIZES:
+            d_bw, d_us, d_rows = median_best("dtrain", p, size)
+            m_bw, m_us, _ = median_best("openmpi", p, size)
+            ratio = d_bw / m_bw if m_bw > 0 else float("nan")
+            print(f"  {p:>2} {size:>10} | {d_bw:>7.3f} {m_bw:>8.3f} | {ratio:>5.2f}x | {d_us:>10.2f} {m_us:>10.2f} |"
+                  f" {', '.join(r['algorithm'] for r in d_rows)}")
+    print(f"# {len(rows)} measurements, {wrong} wrong result elements")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if wrong == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
