@@ -72,6 +72,10 @@ struct connection {
   incoming_ptr rx_in;           // or the unexpected message
   bool rx_truncated = false;
   std::vector<std::byte> rx_scratch;  // discarded payloads
+  // Bytes read past the current frame part (a small message's payload read with its header, or
+  // the start of the next frame), consumed before the socket is read again.
+  std::vector<std::byte> rx_ahead;
+  std::size_t ahead_begin = 0, ahead_end = 0;
   std::vector<std::byte> rx_text;     // abort reasons
 
   // Writer and state: guarded by the engine lock.

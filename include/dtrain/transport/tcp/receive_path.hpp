@@ -102,44 +102,38 @@ class receive_path {
     }
   }
 
+  // Bytes a read may take beyond what the current frame part needs: a small message then
+  // costs one recvmsg for its header and payload together (its payload is copied once more,
+  // cheaper than a system call up to a few KiB).
+  static constexpr std::size_t read_ahead_bytes = 8192;
+
   // Reads whatever the socket holds and acts on it. @returns false if another thread is reading.
   bool drain(connection& c) {
     if (c.reading.exchange(true, std::memory_order_acquire)) return false;
+    if (c.rx_ahead.empty()) c.rx_ahead.resize(read_ahead_bytes);
     while (true) {
-      iovec iov[max_message_parts];
-      int parts = 1;
-      switch (c.rx_phase) {
-        case rx_state::header:
-          iov[0] = {c.rx_header.data() + c.rx_have, frame_header::size - c.rx_have};
-          break;
-        case rx_state::payload:
-          parts = remaining_iov(c.rx_parts.view(), c.rx_done, c.rx_left, iov);
-          break;
-        case rx_state::discard:
-          c.rx_scratch.resize(1 << 16);
-          iov[0] = {c.rx_scratch.data(), std::min<std::size_t>(c.rx_left, c.rx_scratch.size())};
-          break;
-        case rx_state::closed:
-          c.reading.store(false, std::memory_order_release);
-          return false;
+      iovec iov[max_message_parts + 1];
+      const int parts = target_iov(c, iov);
+      if (parts < 0) {  // closed
+        c.reading.store(false, std::memory_order_release);
+        return false;
       }
+      if (c.ahead_begin < c.ahead_end) {  // bytes already read come first
+        accept(c, copy_ahead(c, iov, parts));
+        continue;
+      }
+      iov[parts] = {c.rx_ahead.data(), c.rx_ahead.size()};
       msghdr msg{};
       msg.msg_iov = iov;
-      msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(parts);
+      msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(parts + 1);
       ssize_t got = ::recvmsg(c.fd, &msg, MSG_DONTWAIT);
       if (got > 0) {
-        auto n = static_cast<std::size_t>(got);
-        if (c.rx_phase == rx_state::header) {
-          c.rx_have += n;
-          if (c.rx_have == frame_header::size) {
-            c.rx_have = 0;
-            on_header(c);
-          }
-        } else {
-          if (c.rx_phase == rx_state::payload) c.rx_done += n;
-          c.rx_left -= n;
-          if (c.rx_left == 0) finish_payload(c);
-        }
+        std::size_t wanted = 0;
+        for (int i = 0; i < parts; ++i) wanted += iov[i].iov_len;
+        const auto n = static_cast<std::size_t>(got);
+        c.ahead_begin = 0;
+        c.ahead_end = n > wanted ? n - wanted : 0;
+        accept(c, std::min(n, wanted));
         continue;
       }
       if (got < 0 && errno == EINTR) continue;
@@ -155,6 +149,52 @@ class receive_path {
     c.reading.store(false, std::memory_order_release);
     if (c.helpers.load(std::memory_order_acquire) == 0) rearm(c);
     return true;
+  }
+
+  // Where the current frame part's next bytes go. @returns how many iovecs, or -1 when closed.
+  int target_iov(connection& c, iovec* iov) {
+    switch (c.rx_phase) {
+      case rx_state::header:
+        iov[0] = {c.rx_header.data() + c.rx_have, frame_header::size - c.rx_have};
+        return 1;
+      case rx_state::payload:
+        return remaining_iov(c.rx_parts.view(), c.rx_done, c.rx_left, iov);
+      case rx_state::discard:
+        c.rx_scratch.resize(1 << 16);
+        iov[0] = {c.rx_scratch.data(), std::min<std::size_t>(c.rx_left, c.rx_scratch.size())};
+        return 1;
+      case rx_state::closed:
+        break;
+    }
+    return -1;
+  }
+
+  // Copies read-ahead bytes into `iov`. @returns how many.
+  static std::size_t copy_ahead(connection& c, const iovec* iov, int parts) noexcept {
+    std::size_t n = 0;
+    for (int i = 0; i < parts && c.ahead_begin < c.ahead_end; ++i) {
+      const std::size_t take = std::min(iov[i].iov_len, c.ahead_end - c.ahead_begin);
+      std::memcpy(iov[i].iov_base, c.rx_ahead.data() + c.ahead_begin, take);
+      c.ahead_begin += take;
+      n += take;
+      if (take < iov[i].iov_len) break;
+    }
+    return n;
+  }
+
+  // `n` bytes of the current frame part have arrived: move the state machine on.
+  void accept(connection& c, std::size_t n) {
+    if (c.rx_phase == rx_state::header) {
+      c.rx_have += n;
+      if (c.rx_have == frame_header::size) {
+        c.rx_have = 0;
+        on_header(c);
+      }
+      return;
+    }
+    if (c.rx_phase == rx_state::payload) c.rx_done += n;
+    c.rx_left -= n;
+    if (c.rx_left == 0) finish_payload(c);
   }
 
   void on_header(connection& c) {
