@@ -16,7 +16,6 @@
 #include <utility>  // before Asio (Boost 1.74)
 
 #include <boost/asio.hpp>
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -29,7 +28,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,10 +39,9 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
-#include "dtrain/detail/backoff.hpp"
 #include "dtrain/detail/handshake.hpp"
-#include "dtrain/detail/log.hpp"
 #include "dtrain/transport/progress.hpp"
+#include "dtrain/transport/tcp/connector.hpp"
 #include "dtrain/transport/tcp/failures.hpp"
 #include "dtrain/transport/tcp/operation.hpp"
 #include "dtrain/transport/tcp/receive_path.hpp"
@@ -55,11 +52,13 @@ namespace dtrain::detail::tcp_engine {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-// The engine: its public interface and connection set-up are here; it inherits three parts,
-// receive_path (reading, and messages to itself), write_pump (writing) and failures, which share
-// the state below and reach it through `self()`.
-class engine : private receive_path<engine>, private write_pump<engine>, private failures<engine> {
+// The engine: its public interface is here; it inherits four parts, connector (connection
+// set-up), receive_path (reading, and messages to itself), write_pump (writing) and failures,
+// which share the state below and reach it through `self()`.
+class engine : private receive_path<engine>, private write_pump<engine>, private failures<engine>,
+               private connector<engine> {
   friend class receive_path<engine>;
+  friend class connector<engine>;
   friend class write_pump<engine>;
   friend class failures<engine>;
 
@@ -101,51 +100,9 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     reader_thread_ = std::thread([this] { reader_loop(); });
   }
 
-  /// Connects to `peer` at host:port, retrying with backoff until `d`. @throws dtrain::error
-  void connect_to(int peer, const std::string& host, std::uint16_t port, deadline d) {
-    std::error_code ec;
-    std::string why;
-    auto result = retry_with_backoff(d, std::chrono::milliseconds(1000), [&] {
-      if (try_connect(peer, host, port, d, ec, why)) return attempt::done;
-      // Refused by the peer (wrong token, wrong group): retrying cannot help.
-      return ec == errc::peer_lost || ec == errc::timeout ? attempt::retry : attempt::give_up;
-    });
-    if (result == attempt::done) return;
-    std::string where = " rank " + std::to_string(peer) + " at " + host + ":" + std::to_string(port);
-    if (result == attempt::give_up) {
-      throw error(ec, "dtrain: rank " + std::to_string(rank_) + " connecting to" + where + ": " + why);
-    }
-    throw error(errc::timeout, "dtrain: rank " + std::to_string(rank_) + " could not connect to" + where +
-                                   " before the deadline (last error: " + why + ")");
-  }
-
-  /// Waits until every rank above this one has connected. @throws dtrain::error naming the
-  /// ranks still missing.
-  void wait_for_accepts(deadline d, std::chrono::milliseconds timeout) {
-    std::unique_lock lock(m_);
-    auto all_in = [&] {
-      for (int p = rank_ + 1; p < size_; ++p) {
-        if (!conns_[static_cast<std::size_t>(p)]) return false;
-      }
-      return true;
-    };
-    if (accept_cv_.wait_until(lock, d.time(), all_in)) return;
-    std::string missing;
-    for (int p = rank_ + 1; p < size_; ++p) {
-      if (!conns_[static_cast<std::size_t>(p)]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
-    }
-    throw error(errc::timeout, "dtrain: rank " + std::to_string(rank_) + " timed out after " +
-                                   std::to_string(timeout.count()) + " ms waiting for rank(s) " +
-                                   missing + " to connect (epoch " + std::to_string(settings_.epoch) + ")");
-  }
-
-  /// The group is connected; incoming connections are no longer admitted.
-  void close_listener() {
-    asio::post(io_, [this] {
-      boost::system::error_code ignored;
-      acceptor_.close(ignored);
-    });
-  }
+  using connector<engine>::connect_to;
+  using connector<engine>::wait_for_accepts;
+  using connector<engine>::close_listener;
 
   // --- messages -----------------------------------------------------------------------------
 
@@ -241,7 +198,11 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
         std::this_thread::yield();
         continue;
       }
-      if (op->flag.done() || deadline::clock::now() < spin_until) continue;
+      if (op->flag.done()) break;
+      if (deadline::clock::now() < spin_until) {
+        if (oversubscribed_) std::this_thread::yield();  // let the rank this one waits for run
+        continue;
+      }
       pollfd p{c->fd, POLLIN, 0};
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
       ::poll(&p, 1, static_cast<int>(std::clamp<long long>(ms, 0, 50)));
@@ -335,145 +296,11 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   }
 
  private:
-  // --- accepting and connecting -------------------------------------------------------------
-
-  void accept_next() {
-    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
-      if (ec) {
-        if (ec != asio::error::operation_aborted && acceptor_.is_open()) accept_next();
-        return;
-      }
-      auto sock = std::make_shared<tcp::socket>(std::move(s));
-      std::string from = endpoint_text(*sock);
-      handshake::accept(
-          *sock, settings_.token, settings_.handshake_timeout,
-          [this](const auth::hello& h) { return admit(h); },
-          [this, sock, from](std::error_code hec, std::string why, const auth::hello& h) {
-            if (hec) {
-              log(log_level::warn, "rank " + std::to_string(rank_) + " refused a connection from " +
-                                       from + ": " + why);
-              boost::system::error_code ignored;
-              sock->close(ignored);
-              return;
-            }
-            log(log_level::debug, "rank " + std::to_string(rank_) + " accepted rank " +
-                                      std::to_string(h.rank) + " from " + from);
-            adopt(h.rank, std::move(*sock));
-          });
-      accept_next();
-    });
-  }
-
-  std::string admit(const auth::hello& h) {
-    if (h.who != auth::role::transport) return "this port serves a transport, not a store";
-    if (h.world != size_) {
-      return "group size " + std::to_string(h.world) + " where this group has " + std::to_string(size_);
-    }
-    if (h.epoch != settings_.epoch) {
-      return "epoch " + std::to_string(h.epoch) + " where this group is at epoch " + std::to_string(settings_.epoch);
-    }
-    if (h.rank <= rank_ || h.rank >= size_) {
-      return "rank " + std::to_string(h.rank) + " cannot connect to rank " + std::to_string(rank_) +
-             " (only higher ranks connect)";
-    }
-    std::lock_guard lock(m_);
-    if (conns_[static_cast<std::size_t>(h.rank)]) return "rank " + std::to_string(h.rank) + " is already connected";
-    return {};
-  }
-
-  bool try_connect(int peer, const std::string& host, std::uint16_t port, deadline d,
-                   std::error_code& ec, std::string& why) {
-    auto sock = std::make_shared<tcp::socket>(io_);
-    auto result = std::make_shared<std::promise<std::pair<std::error_code, std::string>>>();
-    auto future = result->get_future();
-    auto resolver = std::make_shared<tcp::resolver>(io_);
-    auth::hello mine;
-    mine.who = auth::role::transport;
-    mine.rank = rank_;
-    mine.world = size_;
-    mine.epoch = settings_.epoch;
-    auto timeout = std::min(settings_.handshake_timeout,
-                            std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()) +
-                                std::chrono::milliseconds(1));
-    asio::post(io_, [=, this] {
-      resolver->async_resolve(
-          host, std::to_string(port),
-          [=, this](boost::system::error_code rec, tcp::resolver::results_type eps) {
-            if (rec) {
-              result->set_value({make_error_code(errc::peer_lost), "cannot resolve " + host + ": " + rec.message()});
-              return;
-            }
-            asio::async_connect(*sock, eps, [=, this](boost::system::error_code cec, const tcp::endpoint&) {
-              if (cec) {
-                result->set_value({make_error_code(errc::peer_lost), cec.message()});
-                return;
-              }
-              handshake::connect(*sock, settings_.token, timeout, mine,
-                                 [=](std::error_code hec, std::string text, const auth::hello&) {
-                                   result->set_value({hec, std::move(text)});
-                                 });
-            });
-          });
-    });
-    if (future.wait_until(d.time() + std::chrono::milliseconds(50)) != std::future_status::ready) {
-      asio::post(io_, [sock, resolver] {
-        boost::system::error_code ignored;
-        resolver->cancel();
-        sock->close(ignored);
-      });
-      future.wait();  // closing the socket ends whichever step was pending
-      ec = make_error_code(errc::timeout);
-      why = "no answer before the deadline";
-      return false;
-    }
-    auto [hec, text] = future.get();
-    if (hec) {
-      ec = hec;
-      why = text;
-      asio::post(io_, [sock] {
-        boost::system::error_code ignored;
-        sock->close(ignored);
-      });
-      return false;
-    }
-    std::promise<void> adopted;
-    asio::post(io_, [&, this] {
-      adopt(peer, std::move(*sock));
-      adopted.set_value();
-    });
-    adopted.get_future().wait();
-    return true;
-  }
-
-  // Runs on the I/O thread: the connection joins the group and its reader starts.
-  void adopt(int peer, tcp::socket s) {
-    tune_socket(s, settings_.socket_buffer_bytes);
-    // The descriptor leaves Asio: its reactor watches every socket it owns (edge-triggered), so
-    // each burst of arriving data would also wake the I/O thread, which has nothing to do with it.
-    boost::system::error_code ec;
-    const int fd = s.release(ec);
-    if (ec) {  // the peer then counts as missing when the group forms, and is named there
-      log(log_level::error, "rank " + std::to_string(rank_) + " could not take over its socket to rank " +
-                                std::to_string(peer) + ": " + ec.message());
-      return;
-    }
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    auto c = std::make_unique<connection>(peer, fd);
-    // Registered before it is published: a sender that finds the socket full at once parks on
-    // the write registration, which must already exist.
-    c->wfd = ::dup(c->fd);
-    watch(EPOLL_CTL_ADD, c->fd, read_events, read_key(*c));
-    watch(EPOLL_CTL_ADD, c->wfd, EPOLLONESHOT, write_key(*c));  // armed by wait_writable
-    {
-      std::lock_guard lock(m_);
-      conns_[static_cast<std::size_t>(peer)] = std::move(c);
-    }
-    accept_cv_.notify_all();
-  }
-
   int rank_;
   int size_;
   settings settings_;
+  // More ranks than cores (assuming one host): a spinning waiter yields its core, as shm's do.
+  const bool oversubscribed_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency());
 
   mutable std::mutex m_;
   std::condition_variable accept_cv_;

@@ -1,0 +1,220 @@
+#pragma once
+// The TCP engine's connection set-up: the accept loop with its handshake and admission rules
+// (only higher ranks connect, same group size and epoch, one connection per peer), connecting to
+// the lower ranks with retries until the deadline, and adopting each socket into the engine
+// (out of Asio, non-blocking, registered with the reader's epoll). A CRTP part of `engine`,
+// whose state it reaches through `self()`; it runs on the I/O thread except where it waits.
+
+#include <utility>  // before Asio (Boost 1.74)
+
+#include <boost/asio.hpp>
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <system_error>
+
+#include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/detail/backoff.hpp"
+#include "dtrain/detail/handshake.hpp"
+#include "dtrain/detail/log.hpp"
+#include "dtrain/transport/tcp/operation.hpp"
+
+namespace dtrain::detail::tcp_engine {
+
+template <class Engine>
+class connector {
+ public:
+  /// Connects to `peer` at host:port, retrying with backoff until `d`. @throws dtrain::error
+  void connect_to(int peer, const std::string& host, std::uint16_t port, deadline d) {
+    std::error_code ec;
+    std::string why;
+    auto result = retry_with_backoff(d, std::chrono::milliseconds(1000), [&] {
+      if (try_connect(peer, host, port, d, ec, why)) return attempt::done;
+      // Refused by the peer (wrong token, wrong group): retrying cannot help.
+      return ec == errc::peer_lost || ec == errc::timeout ? attempt::retry : attempt::give_up;
+    });
+    if (result == attempt::done) return;
+    std::string where = " rank " + std::to_string(peer) + " at " + host + ":" + std::to_string(port);
+    if (result == attempt::give_up) {
+      throw error(ec, "dtrain: rank " + std::to_string(self().rank_) + " connecting to" + where + ": " + why);
+    }
+    throw error(errc::timeout, "dtrain: rank " + std::to_string(self().rank_) + " could not connect to" + where +
+                                   " before the deadline (last error: " + why + ")");
+  }
+
+  /// Waits until every rank above this one has connected. @throws dtrain::error naming the
+  /// ranks still missing.
+  void wait_for_accepts(deadline d, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(self().m_);
+    auto all_in = [&] {
+      for (int p = self().rank_ + 1; p < self().size_; ++p) {
+        if (!self().conns_[static_cast<std::size_t>(p)]) return false;
+      }
+      return true;
+    };
+    if (self().accept_cv_.wait_until(lock, d.time(), all_in)) return;
+    std::string missing;
+    for (int p = self().rank_ + 1; p < self().size_; ++p) {
+      if (!self().conns_[static_cast<std::size_t>(p)]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    }
+    throw error(errc::timeout, "dtrain: rank " + std::to_string(self().rank_) + " timed out after " +
+                                   std::to_string(timeout.count()) + " ms waiting for rank(s) " +
+                                   missing + " to connect (epoch " + std::to_string(self().settings_.epoch) + ")");
+  }
+
+  /// The group is connected; incoming connections are no longer admitted.
+  void close_listener() {
+    asio::post(self().io_, [this] {
+      boost::system::error_code ignored;
+      self().acceptor_.close(ignored);
+    });
+  }
+
+ protected:
+  void accept_next() {
+    self().acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
+      if (ec) {
+        if (ec != asio::error::operation_aborted && self().acceptor_.is_open()) accept_next();
+        return;
+      }
+      auto sock = std::make_shared<tcp::socket>(std::move(s));
+      std::string from = endpoint_text(*sock);
+      handshake::accept(
+          *sock, self().settings_.token, self().settings_.handshake_timeout,
+          [this](const auth::hello& h) { return admit(h); },
+          [this, sock, from](std::error_code hec, std::string why, const auth::hello& h) {
+            if (hec) {
+              log(log_level::warn, "rank " + std::to_string(self().rank_) + " refused a connection from " +
+                                       from + ": " + why);
+              boost::system::error_code ignored;
+              sock->close(ignored);
+              return;
+            }
+            log(log_level::debug, "rank " + std::to_string(self().rank_) + " accepted rank " +
+                                      std::to_string(h.rank) + " from " + from);
+            adopt(h.rank, std::move(*sock));
+          });
+      accept_next();
+    });
+  }
+
+  std::string admit(const auth::hello& h) {
+    if (h.who != auth::role::transport) return "this port serves a transport, not a store";
+    if (h.world != self().size_) {
+      return "group size " + std::to_string(h.world) + " where this group has " + std::to_string(self().size_);
+    }
+    if (h.epoch != self().settings_.epoch) {
+      return "epoch " + std::to_string(h.epoch) + " where this group is at epoch " + std::to_string(self().settings_.epoch);
+    }
+    if (h.rank <= self().rank_ || h.rank >= self().size_) {
+      return "rank " + std::to_string(h.rank) + " cannot connect to rank " + std::to_string(self().rank_) +
+             " (only higher ranks connect)";
+    }
+    std::lock_guard lock(self().m_);
+    if (self().conns_[static_cast<std::size_t>(h.rank)]) return "rank " + std::to_string(h.rank) + " is already connected";
+    return {};
+  }
+
+  bool try_connect(int peer, const std::string& host, std::uint16_t port, deadline d,
+                   std::error_code& ec, std::string& why) {
+    auto sock = std::make_shared<tcp::socket>(self().io_);
+    auto result = std::make_shared<std::promise<std::pair<std::error_code, std::string>>>();
+    auto future = result->get_future();
+    auto resolver = std::make_shared<tcp::resolver>(self().io_);
+    auth::hello mine;
+    mine.who = auth::role::transport;
+    mine.rank = self().rank_;
+    mine.world = self().size_;
+    mine.epoch = self().settings_.epoch;
+    auto timeout = std::min(self().settings_.handshake_timeout,
+                            std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()) +
+                                std::chrono::milliseconds(1));
+    asio::post(self().io_, [=, this] {
+      resolver->async_resolve(
+          host, std::to_string(port),
+          [=, this](boost::system::error_code rec, tcp::resolver::results_type eps) {
+            if (rec) {
+              result->set_value({make_error_code(errc::peer_lost), "cannot resolve " + host + ": " + rec.message()});
+              return;
+            }
+            asio::async_connect(*sock, eps, [=, this](boost::system::error_code cec, const tcp::endpoint&) {
+              if (cec) {
+                result->set_value({make_error_code(errc::peer_lost), cec.message()});
+                return;
+              }
+              handshake::connect(*sock, self().settings_.token, timeout, mine,
+                                 [=](std::error_code hec, std::string text, const auth::hello&) {
+                                   result->set_value({hec, std::move(text)});
+                                 });
+            });
+          });
+    });
+    if (future.wait_until(d.time() + std::chrono::milliseconds(50)) != std::future_status::ready) {
+      asio::post(self().io_, [sock, resolver] {
+        boost::system::error_code ignored;
+        resolver->cancel();
+        sock->close(ignored);
+      });
+      future.wait();  // closing the socket ends whichever step was pending
+      ec = make_error_code(errc::timeout);
+      why = "no answer before the deadline";
+      return false;
+    }
+    auto [hec, text] = future.get();
+    if (hec) {
+      ec = hec;
+      why = text;
+      asio::post(self().io_, [sock] {
+        boost::system::error_code ignored;
+        sock->close(ignored);
+      });
+      return false;
+    }
+    std::promise<void> adopted;
+    asio::post(self().io_, [&, this] {
+      adopt(peer, std::move(*sock));
+      adopted.set_value();
+    });
+    adopted.get_future().wait();
+    return true;
+  }
+
+  // Runs on the I/O thread: the connection joins the group and its reader starts.
+  void adopt(int peer, tcp::socket s) {
+    tune_socket(s, self().settings_.socket_buffer_bytes);
+    // The descriptor leaves Asio: its reactor watches every socket it owns (edge-triggered), so
+    // each burst of arriving data would also wake the I/O thread, which has nothing to do with it.
+    boost::system::error_code ec;
+    const int fd = s.release(ec);
+    if (ec) {  // the peer then counts as missing when the group forms, and is named there
+      log(log_level::error, "rank " + std::to_string(self().rank_) + " could not take over its socket to rank " +
+                                std::to_string(peer) + ": " + ec.message());
+      return;
+    }
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    auto c = std::make_unique<connection>(peer, fd);
+    // Registered before it is published: a sender that finds the socket full at once parks on
+    // the write registration, which must already exist.
+    c->wfd = ::dup(c->fd);
+    self().watch(EPOLL_CTL_ADD, c->fd, Engine::read_events, Engine::read_key(*c));
+    self().watch(EPOLL_CTL_ADD, c->wfd, EPOLLONESHOT, Engine::write_key(*c));  // armed by wait_writable
+    {
+      std::lock_guard lock(self().m_);
+      self().conns_[static_cast<std::size_t>(peer)] = std::move(c);
+    }
+    self().accept_cv_.notify_all();
+  }
+
+ private:
+  Engine& self() noexcept { return static_cast<Engine&>(*this); }
+};
+
+}  // namespace dtrain::detail::tcp_engine
