@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""dtrain's shared-memory transport vs Open MPI's shared-memory path, float32 sum allreduce, same run.
+"""dtrain vs Open MPI, float32 sum allreduce on one host, same run, over shared memory or TCP.
 
 For each world size P, in alternating rounds (this machine is shared and noisy), measures
-  dtrain   bench_collectives --transport shm (every allreduce algorithm; blocking and spin progress)
-  Open MPI MPI_Allreduce with --mca btl vader,self --mca pml ob1 (shared memory; CMA single copy where allowed)
-and prints the median over rounds of each side's best busbw (GB/s, nccl-tests' definition), the ratio,
-and 4 KiB time (us). Every result is checked by both programs; any wrong element fails the run.
+  --path shm: dtrain bench_collectives --transport shm (every allreduce algorithm)
+              Open MPI MPI_Allreduce with --mca btl vader,self --mca pml ob1 (CMA single copy where allowed)
+  --path tcp: dtrain bench_collectives --transport tcp (every allreduce algorithm)
+              Open MPI MPI_Allreduce with --mca btl tcp,self --mca pml ob1 (loopback)
+dtrain with blocking and spin progress, and prints the median over rounds of each side's best busbw
+(GB/s, nccl-tests' definition), the ratio, and the time per call (us). Every result is checked by
+both programs; any wrong element fails the run.
 
-  python3 bench/compare_shm.py --build build [--ranks 2 4 8] [--rounds 3] [--json out.json]
+  python3 bench/compare_openmpi.py --build build [--path shm|tcp] [--ranks 2 4 8] [--rounds 3]
+                                   [--sizes 4096 65536 ...] [--json out.json]
 """
 import argparse
 import json
@@ -19,27 +23,35 @@ import tempfile
 from compare_tcp import SIZES, best, json_lines, run
 
 
-def dtrain_rows(build, p, seconds, progress):
+def step_factor(sizes):
+    """4 when every size is the smallest times a power of 4 (fewer points to run), else 2."""
+    return 4 if all((s // min(sizes)).bit_length() % 2 == 1 for s in sizes) else 2
+
+
+def dtrain_rows(build, path, p, seconds, progress, sizes):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        run([f"{build}/tools/dtrain-run", "-n", str(p), f"{build}/bench/bench_collectives", "--transport", "shm",
-             "--progress", progress, "--ops", "allreduce", "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4",
+        run([f"{build}/tools/dtrain-run", "-n", str(p), f"{build}/bench/bench_collectives", "--transport", path,
+             "--progress", progress, "--ops", "allreduce", "-b", str(min(sizes)), "-e", str(max(sizes)), "-f", str(step_factor(sizes)),
              "-t", str(seconds), "--json", f.name])
         rows = json.load(open(f.name))
     for r in rows:
         r["peer"] = "dtrain"
         r["algorithm"] = f'{r["algorithm"]}/{progress}'
-    return [r for r in rows if r["bytes"] in SIZES]
+    return [r for r in rows if r["bytes"] in sizes]
 
 
-def mpi_rows(build, p, seconds):
-    return json_lines(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "vader,self",
+def mpi_rows(build, path, p, seconds, sizes):
+    btl = "vader,self" if path == "shm" else "tcp,self"
+    return json_lines(run(["mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", btl,
                            "--mca", "pml", "ob1", "-np", str(p), f"{build}/bench/mpi_allreduce", "-t", str(seconds)]
-                          + [str(s) for s in SIZES]))
+                          + [str(s) for s in sizes]))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
+    ap.add_argument("--path", choices=["shm", "tcp"], default="shm")
+    ap.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="message sizes in bytes (powers of two)")
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=0.3)
@@ -49,8 +61,9 @@ def main():
     for rnd in range(a.rounds):
         for p in a.ranks:
             # Alternate which side goes first, so neither always runs on a warmer or quieter machine.
-            sides = [lambda: mpi_rows(a.build, p, a.seconds),
-                     lambda: dtrain_rows(a.build, p, a.seconds, "blocking") + dtrain_rows(a.build, p, a.seconds, "spin")]
+            sides = [lambda: mpi_rows(a.build, a.path, p, a.seconds, a.sizes),
+                     lambda: dtrain_rows(a.build, a.path, p, a.seconds, "blocking", a.sizes) +
+                     dtrain_rows(a.build, a.path, p, a.seconds, "spin", a.sizes)]
             for side in (sides if rnd % 2 == 0 else sides[::-1]):
                 for r in side():
                     r["round"] = rnd
@@ -63,12 +76,12 @@ def main():
         return (statistics.median(r["busbw_GBps"] for r in per_round),
                 statistics.median(r["time_us"] for r in per_round), per_round)
 
-    print(f"# float32 sum allreduce over shared memory, busbw GB/s, median over {a.rounds} alternating rounds of each"
+    print(f"# float32 sum allreduce over {'shared memory' if a.path == 'shm' else 'TCP loopback'}, busbw GB/s, median over {a.rounds} alternating rounds of each"
           " side's best; dtrain = best of its algorithms and progress policies")
     print(f"# {'P':>2} {'size':>10} | {'dtrain':>7} {'OpenMPI':>8} | {'ratio':>6} | {'dtrain us':>10} {'OpenMPI us':>10}"
           f" | dtrain's best (per round)")
     for p in a.ranks:
-        for size in SIZES:
+        for size in a.sizes:
             d_bw, d_us, d_rows = median_best("dtrain", p, size)
             m_bw, m_us, _ = median_best("openmpi", p, size)
             ratio = d_bw / m_bw if m_bw > 0 else float("nan")

@@ -2,9 +2,10 @@
 """dtrain's allreduce trainer against PyTorch DDP on the same Fashion-MNIST recipe, in one run.
 
 Recipe: MLP 784-256-128-10, SGD momentum 0.9, lr 0.05 (constant), global batch 128, 5 epochs,
-one thread per process, P local processes (dtrain: TCP via dtrain-run; DDP: gloo). For each P
-it prints samples/s, time per epoch, the communication share of a step and the final test
-accuracy side by side, and checks the bars from issue 4. Needs a build with the example and
+one thread per process, P local processes (dtrain: dtrain-run and the example's default
+transport, shared memory between local ranks; DDP: gloo). For each P it prints samples/s, time
+per epoch, the communication share of a step and the final test accuracy side by side, and
+checks the bars from issue 4. Needs a build with the example and
 the launcher, Debian's python3-torch and dataset-fashion-mnist.
 
   /usr/bin/python3 bench/fashion_mnist_vs_ddp.py --build build --ranks 1 2 4 --json results.json

@@ -86,9 +86,9 @@ foreach(n 2 3 5)
   set_tests_properties(shm_api_dtrain_run_${n} PROPERTIES TIMEOUT 600 ENVIRONMENT DTRAIN_TEST_TRANSPORT=shm)
 endforeach()
 
-# The TCP conformance again over the mixed transport in processes: rank r on emulated host
+# The TCP conformance again over the mixed transport in 1..9 processes: rank r on emulated host
 # r % hosts, so ranks of one host (interleaved in the world) share memory and the others use TCP.
-foreach(layout "3;2" "4;2" "5;2" "7;3" "9;4")
+foreach(layout "1;1" "2;2" "3;2" "4;2" "5;2" "6;3" "7;3" "8;3" "9;4")
   list(GET layout 0 n)
   list(GET layout 1 hosts)
   add_test(NAME mixed_conformance_dtrain_run_${n}
