@@ -35,6 +35,7 @@
 #include "dtrain/rendezvous/launch_store.hpp"
 #include "dtrain/rendezvous/store.hpp"
 #include "dtrain/transport/buffer_forms.hpp"
+#include "dtrain/transport/engine_handle.hpp"
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/request.hpp"
 #include "dtrain/transport/shm/engine.hpp"
@@ -97,12 +98,13 @@ using basic_shm_request = transport_request<detail::shm::engine, detail::byte_op
 /// it leaves the group after everything it sent is in the peers' rings.
 /// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
 template <class Progress = blocking>
-class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Progress>> {
+class basic_shm_transport
+    : public detail::engine_handle<basic_shm_transport<Progress>, detail::shm::engine, basic_shm_request<Progress>> {
+  using handle = detail::engine_handle<basic_shm_transport, detail::shm::engine, basic_shm_request<Progress>>;
+
  public:
-  using transport_buffer_forms<basic_shm_transport>::irecv;
-  using transport_buffer_forms<basic_shm_transport>::isend;
   using memory_space = host_memory;
-  using request = basic_shm_request<Progress>;
+  using typename handle::request;
 
   /// Forms the group of `size` ranks of this host through `store`.
   /// @throws dtrain::error naming the rank whose inbox cannot be mapped or whose token differs
@@ -201,55 +203,16 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
     return std::move(formed.value);
   }
 
-  basic_shm_transport(basic_shm_transport&&) noexcept = default;
-  basic_shm_transport& operator=(basic_shm_transport&& other) noexcept {
-    const basic_shm_transport old(std::move(*this));
-    engine_ = std::move(other.engine_);
-    keepalive_ = std::move(other.keepalive_);
-    return *this;
-  }
-  ~basic_shm_transport() { leave(); }
-
-  int rank() const noexcept { return engine_ ? engine_->rank() : 0; }
-  int size() const noexcept { return engine_ ? engine_->size() : 0; }
-
-  /// Starts sending the bytes of `parts` as one message, copied into the peer's ring as room
-  /// appears. @pre 0 <= peer < size(), parts.size() <= max_message_parts
-  request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
-    DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
-    return {engine_, engine_->send(peer, tag, sig, parts)};
-  }
-
-  /// Starts receiving from `peer` (or `any_peer`) on `tag` into `parts`, or whole into
-  /// `*overflow` if larger (see the `transport` concept).
-  request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) {
-    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
-    return {engine_, engine_->receive(peer, tag, parts, overflow)};
-  }
-
-  /// The same receive, posted also in another transport under the shared `claim`: it takes a
-  /// message only if its twin has not (the mixed transport's receives from any peer).
-  request irecv_claimed(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow,
-                        std::shared_ptr<std::atomic<bool>> claim) {
-    return {engine_, engine_->receive(peer, tag, parts, overflow, std::move(claim))};
-  }
-
-  /// Why the group failed (which rank was lost, and how); empty while it is healthy.
-  std::string failure() const { return engine_ ? engine_->failure() : std::string(); }
 
   /// Writes `bytes` unframed into the ring to `peer`, as a corrupt or hostile peer would: for the
   /// fault tests only. @pre peer != rank(), bytes fit the ring's free room
-  void write_raw_for_testing(int peer, std::span<const std::byte> bytes) { engine_->write_raw_for_testing(peer, bytes); }
-
-  /// Leaves the group now (the destructor does this too).
-  void leave() noexcept {
-    if (engine_) engine_->stop();
-    engine_.reset();
-    keepalive_.reset();
+  void write_raw_for_testing(int peer, std::span<const std::byte> bytes) {
+    this->engine_->write_raw_for_testing(peer, bytes);
   }
 
+
  private:
-  explicit basic_shm_transport(std::shared_ptr<detail::shm::engine> e) : engine_(std::move(e)) {}
+  explicit basic_shm_transport(std::shared_ptr<detail::shm::engine> e) : handle(std::move(e)) {}
 
   static std::string proof_text(const std::string& name, int rank, int pid, std::uint64_t epoch) {
     return "dtrain shm inbox " + name + " " + std::to_string(rank) + " " + std::to_string(pid) + " " +
@@ -272,8 +235,6 @@ class basic_shm_transport : public transport_buffer_forms<basic_shm_transport<Pr
     }
   }
 
-  std::shared_ptr<detail::shm::engine> engine_;
-  std::shared_ptr<void> keepalive_;  // the store server rank 0 hosts for the group's lifetime
 };
 
 using shm_transport = basic_shm_transport<blocking>;

@@ -36,6 +36,7 @@
 #include "dtrain/rendezvous/launch_store.hpp"
 #include "dtrain/rendezvous/store.hpp"
 #include "dtrain/transport/buffer_forms.hpp"
+#include "dtrain/transport/engine_handle.hpp"
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/request.hpp"
 
@@ -102,12 +103,13 @@ using basic_tcp_request = transport_request<detail::tcp_engine::engine, detail::
 /// connections close, so a rank may exit right after its last collective.
 /// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
 template <class Progress = blocking>
-class basic_tcp_transport : public transport_buffer_forms<basic_tcp_transport<Progress>> {
+class basic_tcp_transport
+    : public detail::engine_handle<basic_tcp_transport<Progress>, detail::tcp_engine::engine, basic_tcp_request<Progress>> {
+  using handle = detail::engine_handle<basic_tcp_transport, detail::tcp_engine::engine, basic_tcp_request<Progress>>;
+
  public:
-  using transport_buffer_forms<basic_tcp_transport>::irecv;
-  using transport_buffer_forms<basic_tcp_transport>::isend;
   using memory_space = host_memory;
-  using request = basic_tcp_request<Progress>;
+  using typename handle::request;
 
   /// Forms the group of `size` ranks through `store`: publishes this rank's address, connects
   /// to every lower rank (retrying until the deadline), accepts every higher rank, and waits
@@ -176,52 +178,10 @@ class basic_tcp_transport : public transport_buffer_forms<basic_tcp_transport<Pr
     return std::move(formed.value);
   }
 
-  basic_tcp_transport(basic_tcp_transport&&) noexcept = default;
-  /// This rank's old endpoint leaves its group, as its destructor would, once `other`'s is taken.
-  basic_tcp_transport& operator=(basic_tcp_transport&& other) noexcept {
-    const basic_tcp_transport old(std::move(*this));
-    engine_ = std::move(other.engine_);
-    keepalive_ = std::move(other.keepalive_);
-    return *this;
-  }
-  ~basic_tcp_transport() { leave(); }
 
-  int rank() const noexcept { return engine_ ? engine_->rank() : 0; }
-  int size() const noexcept { return engine_ ? engine_->size() : 0; }
-
-  /// Starts sending the bytes of `parts` as one message, written from where they are (one
-  /// gathered `sendmsg`). @pre 0 <= peer < size(), parts.size() <= max_message_parts
-  request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
-    DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
-    return {engine_, engine_->send(peer, tag, sig, parts)};
-  }
-
-  /// Starts receiving from `peer` (or `any_peer`) on `tag`, read straight into `parts`, or whole
-  /// into `*overflow` if larger (see the `transport` concept).
-  request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) {
-    DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
-    return {engine_, engine_->receive(peer, tag, parts, overflow)};
-  }
-
-  /// The same receive, posted also in another transport under the shared `claim`: it takes a
-  /// message only if its twin has not (the mixed transport's receives from any peer).
-  request irecv_claimed(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow,
-                        std::shared_ptr<std::atomic<bool>> claim) {
-    return {engine_, engine_->receive(peer, tag, parts, overflow, std::move(claim))};
-  }
-
-  /// Why the group failed (which rank was lost, and how); empty while it is healthy.
-  std::string failure() const { return engine_ ? engine_->failure() : std::string(); }
-
-  /// Shuts down now (the destructor does this too): flush, say goodbye, close.
-  void leave() noexcept {
-    if (engine_) engine_->stop();
-    engine_.reset();
-    keepalive_.reset();
-  }
 
  private:
-  explicit basic_tcp_transport(std::shared_ptr<detail::tcp_engine::engine> e) : engine_(std::move(e)) {}
+  explicit basic_tcp_transport(std::shared_ptr<detail::tcp_engine::engine> e) : handle(std::move(e)) {}
 
   static std::string resolve_ip(const std::string& host) {
     boost::system::error_code ec;
@@ -249,8 +209,6 @@ class basic_tcp_transport : public transport_buffer_forms<basic_tcp_transport<Pr
     return "127.0.0.1";
   }
 
-  std::shared_ptr<detail::tcp_engine::engine> engine_;
-  std::shared_ptr<void> keepalive_;  // the store server rank 0 hosts for the group's lifetime
 };
 
 using tcp_transport = basic_tcp_transport<blocking>;
