@@ -13,7 +13,8 @@
 #include <thread>
 
 #include "../catch.hpp"
-#include "../collective/conformance_case.hpp"
+#include "../support/thread_checks.hpp"
+#include "../support/thread_ranks.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/mixed.hpp"
 
@@ -24,47 +25,26 @@ static_assert(transport<mixed_transport>);
 
 namespace {
 
-std::mutex check_mutex;
-#define TCHECK(...)                          \
-  do {                                       \
-    std::lock_guard check_lock(check_mutex); \
-    CHECK(__VA_ARGS__);                      \
-  } while (0)
-
 const std::string token = "test-token";
 
 // Runs body(rank, transport) with rank r on host hosts[r], each rank a thread.
 template <class Body>
 void run_mixed(const std::vector<std::string>& hosts, Body body, peer_path path = peer_path::automatic) {
-  tcp_store_server server("127.0.0.1", 0, token);
   const int n = static_cast<int>(hosts.size());
-  std::exception_ptr first;
-  std::mutex m;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) {
-    ts.emplace_back([&, r] {
-      try {
-        mixed_options o;
-        o.tcp.token = o.shm.token = token;
-        o.tcp.timeout = o.shm.timeout = 20s;
-        o.shm.ring_bytes = 64 << 10;
-        o.shm.single_copy_bytes = 64 << 10;
-        o.host_id = hosts[static_cast<std::size_t>(r)];
-        o.path = path;
-        tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
-        auto t = mixed_transport::connect(store, r, n, o, "127.0.0.1");
-        body(r, t);
-      } catch (...) {
-        std::lock_guard lock(m);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
-  if (first) std::rethrow_exception(first);
+  auto connect = [&](tcp_store& store, int r) {
+    mixed_options o;
+    o.tcp.token = o.shm.token = token;
+    o.tcp.timeout = o.shm.timeout = 20s;
+    o.shm.ring_bytes = 64 << 10;
+    o.shm.single_copy_bytes = 64 << 10;
+    o.host_id = hosts[static_cast<std::size_t>(r)];
+    o.path = path;
+    return mixed_transport::connect(store, r, n, o, "127.0.0.1");
+  };
+  testing::run_thread_ranks(n, token, connect, body);
 }
 
-std::span<std::byte> bytes_of(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
+using testing::bytes_of;
 
 }  // namespace
 
@@ -141,7 +121,6 @@ TEST_CASE("mixed: one host uses shared memory alone, and either path can be forc
 }
 
 TEST_CASE("mixed: collectives on 2 to 6 ranks over 1 to 3 hosts match the serial reference", "[mixed]") {
-  using namespace dtrain::conformance;
   const std::vector<std::vector<std::string>> layouts{
       {"a", "b"}, {"a", "a", "b"}, {"a", "b", "a", "b"}, {"a", "a", "b", "b", "c"}, {"a", "b", "c", "a", "b", "c"}};
   for (const auto& hosts : layouts) {
@@ -149,26 +128,7 @@ TEST_CASE("mixed: collectives on 2 to 6 ranks over 1 to 3 hosts match the serial
     std::atomic<int> wrong{0};
     run_mixed(hosts, [&](int r, mixed_transport& t) {
       communicator<mixed_transport> c(std::move(t));
-      for (coll_op op : {coll_op::broadcast, coll_op::reduce, coll_op::allreduce, coll_op::reduce_scatter,
-                         coll_op::allgather, coll_op::gather, coll_op::scatter, coll_op::alltoall}) {
-        for (algorithm a : all_algorithms) {
-          if (!supports(op, a)) continue;
-          for (std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{70001}}) {
-            spec s{op, a, p, n, reduce_op::sum, is_rooted(op) ? p - 1 : 0, false};
-            const auto expect = expected_results<float>(s);
-            c.algorithms() = selection_table{};
-            c.algorithms().force(op, a);
-            run_rank<float>(s, r, c, expect, [&](int, std::span<const float> got, const std::function<float(std::size_t)>& want) {
-              for (std::size_t i = 0; i < got.size(); ++i) {
-                if (!(got[i] == want(i))) {
-                  ++wrong;
-                  return;
-                }
-              }
-            });
-          }
-        }
-      }
+      testing::sweep_collectives(c, p, r, {0, 7, 70001}, wrong);
     });
     INFO(p << " ranks");
     CHECK(wrong == 0);

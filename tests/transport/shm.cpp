@@ -15,7 +15,8 @@
 #include <thread>
 
 #include "../catch.hpp"
-#include "../collective/conformance_case.hpp"
+#include "../support/thread_checks.hpp"
+#include "../support/thread_ranks.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/shm.hpp"
 #include "parts_case.hpp"
@@ -26,13 +27,6 @@ using namespace std::chrono_literals;
 static_assert(transport<shm_transport>);
 
 namespace {
-
-std::mutex check_mutex;
-#define TCHECK(...)                          \
-  do {                                       \
-    std::lock_guard check_lock(check_mutex); \
-    CHECK(__VA_ARGS__);                      \
-  } while (0)
 
 const std::string token = "test-token";
 
@@ -54,33 +48,12 @@ constexpr std::size_t both_paths[] = {0, std::size_t{64} << 10};
 // Runs body(rank, transport) on `n` threads, each a rank with its own segments; rethrows the first failure.
 template <class Transport = shm_transport, class Body>
 void run_shm(int n, Body body, shm_options o = small_rings()) {
-  tcp_store_server server("127.0.0.1", 0, token);
-  std::exception_ptr first;
-  std::mutex m;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) {
-    ts.emplace_back([&, r] {
-      try {
-        tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
-        auto t = Transport::connect(store, r, n, o);
-        body(r, t);
-      } catch (...) {
-        std::lock_guard lock(m);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
-  if (first) std::rethrow_exception(first);
+  auto connect = [&](tcp_store& store, int r) { return Transport::connect(store, r, n, o); };
+  testing::run_thread_ranks(n, token, connect, body);
 }
 
-std::span<std::byte> bytes_of(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
-
-signature sig_for(std::uint64_t count) {
-  signature s;
-  s.count = count;
-  return s;
-}
+using testing::bytes_of;
+using testing::sig_for;
 
 std::set<std::string> dtrain_segments() {
   std::set<std::string> names;
@@ -329,32 +302,12 @@ TEST_CASE("shm: garbage in a ring fails the group with a protocol error naming t
 }
 
 TEST_CASE("shm: collectives of every kind on 1 to 9 ranks match the serial reference", "[shm]") {
-  using namespace dtrain::conformance;
   for (int p = 1; p <= 9; ++p) {
     std::atomic<int> wrong{0};
     run_shm<basic_shm_transport<spin_then_block<20>>>(p, [&](int r, auto& t) {
       using T = std::remove_reference_t<decltype(t)>;
       communicator<T> c(std::move(t));
-      for (coll_op op : {coll_op::broadcast, coll_op::reduce, coll_op::allreduce, coll_op::reduce_scatter,
-                         coll_op::allgather, coll_op::gather, coll_op::scatter, coll_op::alltoall}) {
-        for (algorithm a : all_algorithms) {
-          if (!supports(op, a)) continue;
-          for (std::size_t n : {std::size_t{0}, std::size_t{7}, std::size_t{1000}, std::size_t{70001}}) {
-            spec s{op, a, p, n, reduce_op::sum, is_rooted(op) ? p - 1 : 0, false};
-            const auto expect = expected_results<float>(s);
-            c.algorithms() = selection_table{};
-            c.algorithms().force(op, a);
-            run_rank<float>(s, r, c, expect, [&](int, std::span<const float> got, const std::function<float(std::size_t)>& want) {
-              for (std::size_t i = 0; i < got.size(); ++i) {
-                if (!(got[i] == want(i))) {
-                  ++wrong;
-                  return;
-                }
-              }
-            });
-          }
-        }
-      }
+      testing::sweep_collectives(c, p, r, {0, 7, 1000, 70001}, wrong);
     });
     INFO(p << " ranks");
     CHECK(wrong == 0);

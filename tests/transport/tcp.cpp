@@ -10,30 +10,14 @@
 #include <thread>
 
 #include "../catch.hpp"
+#include "../support/thread_checks.hpp"
+#include "../support/thread_ranks.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/tcp.hpp"
 #include "parts_case.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
-
-// Catch2's assertions are not thread-safe; ranks are threads here, so they take turns.
-std::mutex check_mutex;
-#define TCHECK(...)                        \
-  do {                                     \
-    std::lock_guard check_lock(check_mutex); \
-    CHECK(__VA_ARGS__);                    \
-  } while (0)
-#define TCHECK_FALSE(...)                  \
-  do {                                     \
-    std::lock_guard check_lock(check_mutex); \
-    CHECK_FALSE(__VA_ARGS__);              \
-  } while (0)
-#define TFAIL(...)                         \
-  do {                                     \
-    std::lock_guard check_lock(check_mutex); \
-    FAIL_CHECK(__VA_ARGS__);               \
-  } while (0)
 
 namespace {
 
@@ -50,33 +34,12 @@ tcp_options test_options() {
 // Runs body(rank, transport) on `n` threads, each a TCP rank; rethrows the first failure.
 template <class Transport = tcp_transport, class Body>
 void run_tcp(int n, Body body, tcp_options o = test_options()) {
-  tcp_store_server server("127.0.0.1", 0, token);
-  std::exception_ptr first;
-  std::mutex m;
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n; ++r) {
-    ts.emplace_back([&, r] {
-      try {
-        tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
-        auto t = Transport::connect(store, r, n, o, "127.0.0.1");
-        body(r, t);
-      } catch (...) {
-        std::lock_guard lock(m);
-        if (!first) first = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : ts) t.join();
-  if (first) std::rethrow_exception(first);
+  auto connect = [&](tcp_store& store, int r) { return Transport::connect(store, r, n, o, "127.0.0.1"); };
+  testing::run_thread_ranks(n, token, connect, body);
 }
 
-std::span<std::byte> bytes_of(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
-
-signature sig_for(std::uint64_t count) {
-  signature s;
-  s.count = count;
-  return s;
-}
+using testing::bytes_of;
+using testing::sig_for;
 
 }  // namespace
 
