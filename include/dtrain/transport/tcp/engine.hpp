@@ -137,8 +137,15 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     // A message that arrived before the group failed is delivered all the same: it was sent
     // before the failure, and it may say more than "peer lost" (a stray message of another
     // collective is a mismatch). Only a receive with nothing to take fails.
+    incoming_ptr in = queue_.find_message({peer, tag});
+    const bool takes = in && (in->complete || !failed_);
+    if (takes && !byte_match_keys::claim(op)) {  // its twin in the other transport was served
+      lock.unlock();
+      byte_match_keys::drop(op);
+      return op;
+    }
     if (failed_) {
-      if (incoming_ptr in = queue_.find_message({peer, tag}); in && in->complete && byte_match_keys::claim(op)) {
+      if (takes) {
         queue_.withdraw_message(in);
         lock.unlock();
         deliver(*in, *op);
@@ -148,12 +155,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
       op->complete(make_error_code(errc::peer_lost), failure_);
       return op;
     }
-    if (incoming_ptr in = queue_.find_message({peer, tag})) {
-      if (!byte_match_keys::claim(op)) {  // its twin in the other transport was served
-        lock.unlock();
-        byte_match_keys::drop(op);
-        return op;
-      }
+    if (in) {
       queue_.withdraw_message(in);
       if (!in->complete) {
         in->claimed = op;  // the reader delivers when the payload is in
@@ -299,8 +301,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   int rank_;
   int size_;
   settings settings_;
-  // More ranks than cores (assuming one host): a spinning waiter yields its core, as shm's do.
-  const bool oversubscribed_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency());
+  const bool oversubscribed_ = more_ranks_than_cores(size_);
 
   mutable std::mutex m_;
   std::condition_variable accept_cv_;
