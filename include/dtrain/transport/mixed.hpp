@@ -98,27 +98,26 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
     t.rank_ = rank;
     t.size_ = size;
     t.local_of_.assign(static_cast<std::size_t>(size), -1);
-    int local_rank = 0, local_size = 0, leader = -1;
+    int local_rank = 0, local_size = 0;
+    auto world = std::make_shared<std::vector<int>>();  // this host's ranks, by local rank
     for (int r = 0; r < size; ++r) {
       if (host[static_cast<std::size_t>(r)] != mine || options.path == peer_path::tcp) continue;
-      if (leader < 0) leader = r;
       if (r == rank) local_rank = local_size;
       t.local_of_[static_cast<std::size_t>(r)] = local_size++;
+      world->push_back(r);
     }
     if (options.path == peer_path::shm && local_size != size) {
       throw error(errc::invalid_argument, "dtrain: DTRAIN_TRANSPORT=shm, but only " + std::to_string(local_size) +
                                               " of the " + std::to_string(size) + " ranks run on host " + mine);
     }
-    if (options.path == peer_path::tcp) t.local_of_.assign(static_cast<std::size_t>(size), -1);
     if (local_size < size) t.tcp_.emplace(tcp_type::connect(store, rank, size, options.tcp, route_hint));
     if (local_size > 1 || !t.tcp_) {  // (a group of one rank sends to itself through it)
-      options.shm.group_key = "shm/" + std::to_string(leader) + "/";
+      options.shm.group_key = "shm/" + std::to_string(world->front()) + "/";
       options.shm.epoch = options.tcp.epoch;
-      for (int r = 0; r < size; ++r) {
-        if (t.local_of_[static_cast<std::size_t>(r)] >= 0) options.shm.rank_names.push_back(r);
-      }
+      options.shm.rank_names = *world;
       t.shm_.emplace(shm_type::connect(store, local_rank, local_size, options.shm));
     }
+    t.world_of_ = std::move(world);
     return t;
   }
 
@@ -148,7 +147,7 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
   /// Starts sending to `peer` through the path chosen for it. @pre 0 <= peer < size()
   request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
     DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");
-    if (through_shm(peer)) return request(shm_->isend(local(peer), tag, sig, parts), world_ranks(), true);
+    if (through_shm(peer)) return request(shm_->isend(local(peer), tag, sig, parts), world_of_, true);
     return request(tcp_->isend(peer, tag, sig, parts), true);
   }
 
@@ -156,16 +155,16 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
   request irecv(int peer, std::uint64_t tag, scatter_list parts, std::vector<std::byte>* overflow) {
     DTRAIN_ASSERT(peer == any_peer || (peer >= 0 && peer < size()), "receive from a rank outside the group");
     if (peer != any_peer) {
-      if (through_shm(peer)) return request(shm_->irecv(local(peer), tag, parts, overflow), world_ranks(), false);
+      if (through_shm(peer)) return request(shm_->irecv(local(peer), tag, parts, overflow), world_of_, false);
       return request(tcp_->irecv(peer, tag, parts, overflow), false);
     }
-    if (!tcp_) return request(shm_->irecv(any_peer, tag, parts, overflow), world_ranks(), false);
+    if (!tcp_) return request(shm_->irecv(any_peer, tag, parts, overflow), world_of_, false);
     if (!shm_) return request(tcp_->irecv(any_peer, tag, parts, overflow), false);
     // Both may match; the claim decides which does. Each writes only once it has claimed.
     auto claim = std::make_shared<std::atomic<bool>>(false);
     auto on_tcp = tcp_->irecv_claimed(any_peer, tag, parts, overflow, claim);
     auto on_shm = shm_->irecv_claimed(any_peer, tag, parts, overflow, claim);
-    return request(std::move(on_tcp), std::move(on_shm), world_ranks());
+    return request(std::move(on_tcp), std::move(on_shm), world_of_);
   }
 
   /// Why the group failed; empty while it is healthy.
@@ -178,21 +177,10 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
   basic_mixed_transport() = default;
 
   int local(int peer) const noexcept { return local_of_[static_cast<std::size_t>(peer)]; }
-  // World ranks by local rank: a shared-memory envelope names its peer in the world.
-  std::shared_ptr<const std::vector<int>> world_ranks() {
-    if (!world_of_) {
-      auto w = std::make_shared<std::vector<int>>();
-      for (int r = 0; r < size_; ++r) {
-        if (local_of_[static_cast<std::size_t>(r)] >= 0) w->push_back(r);
-      }
-      world_of_ = std::move(w);
-    }
-    return world_of_;
-  }
 
   int rank_ = 0, size_ = 0;
   std::vector<int> local_of_;  // per world rank: its local rank on this host, or -1 (through TCP)
-  std::shared_ptr<const std::vector<int>> world_of_;
+  std::shared_ptr<const std::vector<int>> world_of_;  // by local rank: its world rank (renames envelopes)
   std::optional<tcp_type> tcp_;
   std::optional<shm_type> shm_;
   std::shared_ptr<void> keepalive_;  // the store server rank 0 hosts for the group's lifetime
