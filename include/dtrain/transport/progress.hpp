@@ -6,10 +6,12 @@
 /// blocks. The transport makes progress either way; the policy decides how the waiter spends
 /// the time.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 
 #include "dtrain/core/deadline.hpp"
 
@@ -72,5 +74,14 @@ struct spin_then_block {
   static_assert(SpinMicros >= 0, "the spin time cannot be negative");
   static constexpr int spin_micros = SpinMicros;
 };
+
+namespace detail {
+/// Whether a group of `ranks` outnumbers this host's cores (taking every rank to be here): a
+/// spinning waiter then yields its core, so the rank it waits for can run (Open MPI's
+/// yield-when-idle on oversubscription).
+inline bool more_ranks_than_cores(int ranks) noexcept {
+  return static_cast<unsigned>(ranks) > std::max(1u, std::thread::hardware_concurrency());
+}
+}  // namespace detail
 
 }  // namespace dtrain

@@ -30,6 +30,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
 #include "dtrain/transport/byte_operation.hpp"
+#include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/shm/protocol.hpp"
 #include "dtrain/transport/shm/segment.hpp"
 
@@ -266,7 +267,7 @@ class engine : protected protocol {
   mutable std::mutex m_;  // guards the protocol's state and next_watch_
   deadline::clock::time_point next_watch_{};
 
-  const bool oversubscribed_ = static_cast<unsigned>(size_) > std::max(1u, std::thread::hardware_concurrency());
+  const bool oversubscribed_ = more_ranks_than_cores(size_);
   std::atomic<int> drivers_{0};  // callers in wait(), moving bytes themselves
   std::atomic<bool> quit_{false};
   std::atomic<bool> stopped_{false};

@@ -73,8 +73,10 @@ struct connection {
   bool rx_truncated = false;
   std::vector<std::byte> rx_scratch;  // discarded payloads
   // Bytes read past the current frame part (a small message's payload read with its header, or
-  // the start of the next frame), consumed before the socket is read again.
-  std::vector<std::byte> rx_ahead;
+  // the start of the next frame), consumed before the socket is read again. A read may take up
+  // to its size beyond what the part needs: a small message then costs one recvmsg for its header
+  // and payload (its payload copied once more, cheaper than a system call up to a few KiB).
+  std::vector<std::byte> rx_ahead = std::vector<std::byte>(8192);
   std::size_t ahead_begin = 0, ahead_end = 0;
   std::vector<std::byte> rx_text;     // abort reasons
 

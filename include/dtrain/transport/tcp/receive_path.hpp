@@ -102,15 +102,9 @@ class receive_path {
     }
   }
 
-  // Bytes a read may take beyond what the current frame part needs: a small message then
-  // costs one recvmsg for its header and payload together (its payload is copied once more,
-  // cheaper than a system call up to a few KiB).
-  static constexpr std::size_t read_ahead_bytes = 8192;
-
   // Reads whatever the socket holds and acts on it. @returns false if another thread is reading.
   bool drain(connection& c) {
     if (c.reading.exchange(true, std::memory_order_acquire)) return false;
-    if (c.rx_ahead.empty()) c.rx_ahead.resize(read_ahead_bytes);
     while (true) {
       iovec iov[max_message_parts + 1];
       const int parts = target_iov(c, iov);
