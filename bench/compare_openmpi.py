@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from compare_tcp import SIZES, best, json_lines, run
+from compare_tcp import SIZES, best, finish, json_lines, run
 
 
 def step_factor(sizes):
@@ -68,7 +68,6 @@ def main():
                 for r in side():
                     r["round"] = rnd
                     rows.append(r)
-    wrong = sum(r.get("wrong", 0) for r in rows)
 
     def median_best(peer, p, size):
         per_round = [best([r for r in rows if r["round"] == k], peer, p, size) for k in range(a.rounds)]
@@ -87,11 +86,7 @@ def main():
             ratio = d_bw / m_bw if m_bw > 0 else float("nan")
             print(f"  {p:>2} {size:>10} | {d_bw:>7.3f} {m_bw:>8.3f} | {ratio:>5.2f}x | {d_us:>10.2f} {m_us:>10.2f} |"
                   f" {', '.join(r['algorithm'] for r in d_rows)}")
-    print(f"# {len(rows)} measurements, {wrong} wrong result elements")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0 if wrong == 0 else 1
+    return finish(rows, a.json)
 
 
 if __name__ == "__main__":

@@ -65,6 +65,17 @@ def best(rows, peer, p, size):
     return max(cands, key=lambda r: r["busbw_GBps"]) if cands else None
 
 
+def finish(rows, json_path):
+    """Prints the count of measurements and wrong elements, writes the rows as JSON if asked;
+    @returns the exit status: 1 if any result was wrong."""
+    wrong = sum(r.get("wrong", 0) for r in rows)
+    print(f"# {len(rows)} measurements, {wrong} wrong result elements")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0 if wrong == 0 else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
@@ -78,7 +89,6 @@ def main():
             rows += dtrain_rows(a.build, p, a.seconds, progress)
         rows += mpi_rows(a.build, p, a.seconds)
         rows += gloo_rows(a.build, p)
-    wrong = sum(r.get("wrong", 0) for r in rows)
     print("# float32 sum allreduce over TCP (loopback), busbw in GB/s; dtrain = best of its algorithms and policies")
     print(f"# {'P':>2} {'size':>10} | {'dtrain':>7} {'(algorithm/progress)':<28} {'OpenMPI':>8} {'Gloo':>7} {'(best)':<26}"
           f" | {'vs MPI':>7} {'vs Gloo':>8}")
@@ -88,11 +98,7 @@ def main():
             ratio = lambda x: f"{d['busbw_GBps'] / x['busbw_GBps']:.2f}x" if d and x and x["busbw_GBps"] > 0 else "-"
             print(f"  {p:>2} {size:>10} | {d['busbw_GBps']:>7.3f} {d['algorithm']:<28} {m['busbw_GBps']:>8.3f}"
                   f" {g['busbw_GBps']:>7.3f} {g['algorithm']:<26} | {ratio(m):>7} {ratio(g):>8}")
-    print(f"# {len(rows)} measurements, {wrong} wrong result elements")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return 0 if wrong == 0 else 1
+    return finish(rows, a.json)
 
 
 if __name__ == "__main__":
