@@ -147,6 +147,47 @@ TEST_CASE("shm: any_peer and tags and self-sends and resizing receives and trunc
   }
 }
 
+// Only `wait` drives a caller's own progress; the progress thread must finish what is polled
+// with `test`, also a receive behind a message nobody has asked for yet, and a send to a peer
+// that reads only later.
+TEST_CASE("shm: operations polled with test alone complete through the progress thread", "[shm]") {
+  const auto poll = [](shm_request& req) {
+    const deadline d = deadline::after(10s);
+    while (!req.test() && !d.expired()) std::this_thread::sleep_for(100us);
+    return req.test();
+  };
+  for (std::size_t single_copy : both_paths) {
+    INFO("single copy from " << single_copy << " bytes");
+    run_shm(2, [&](int r, shm_transport& t) {
+      std::vector<int> early(1 << 18), late(100), big(1 << 20);  // 1 MiB, 400 B, 4 MiB
+      if (r == 0) {
+        std::iota(early.begin(), early.end(), 1);
+        std::iota(late.begin(), late.end(), 2);
+        std::iota(big.begin(), big.end(), 3);
+        auto first = t.isend(1, 1, sig_for(0), bytes_of(early));
+        auto second = t.isend(1, 2, sig_for(0), bytes_of(late));
+        auto third = t.isend(1, 3, sig_for(0), bytes_of(big));
+        const bool all = poll(first) && poll(second) && poll(third);  // TCHECK holds a lock while it evaluates
+        TCHECK(all);
+      } else {
+        std::vector<int> in_late(late.size()), in_early(early.size()), in_big(big.size());
+        auto req = t.irecv(0, 2, bytes_of(in_late));  // behind tag 1, which nobody receives yet
+        const bool done = poll(req);
+        TCHECK(done);
+        std::iota(late.begin(), late.end(), 2);
+        TCHECK(in_late == late);
+        std::this_thread::sleep_for(50ms);  // the sender polls its last send meanwhile
+        t.irecv(0, 1, bytes_of(in_early)).wait(deadline::after(10s));
+        t.irecv(0, 3, bytes_of(in_big)).wait(deadline::after(10s));
+        std::iota(early.begin(), early.end(), 1);
+        std::iota(big.begin(), big.end(), 3);
+        TCHECK(in_early == early);
+        TCHECK(in_big == big);
+      }
+    }, small_rings(single_copy));
+  }
+}
+
 TEST_CASE("shm: a rank that leaves right after sending loses nothing and is then named as gone", "[shm]") {
   constexpr std::size_t n = 16 << 20;
   for (std::size_t single_copy : both_paths) {

@@ -62,6 +62,15 @@ class match_queue {
     }
   }
 
+  /// Whether a receive is posted for a message from `peer` (or from any peer).
+  bool has_receive_from(int peer) const {
+    return std::any_of(receives_.begin(), receives_.end(), [&](const Receive& r) {
+      const int want = Keys::of_receive(r).peer;
+      return want == peer || want == any_peer;
+    });
+  }
+  bool has_receives() const noexcept { return !receives_.empty(); }
+
   void post(Receive r) { receives_.push_back(std::move(r)); }
   void hold(Message m) { messages_.push_back(std::move(m)); }
 

@@ -75,7 +75,7 @@ class engine : protected protocol {
     } else {
       at(peer).sendq.push_back(op);
     }
-    progress_locked();
+    progress_locked(unexpected::leave);
     return op;
   }
 
@@ -87,7 +87,7 @@ class engine : protected protocol {
     op->buffer = receive_parts(parts);
     op->grow = grow;
     std::lock_guard lock(m_);
-    progress_locked();
+    // A message already taken from the ring came before any still in it.
     if (early_message_ptr m = queue_.find_message({peer, tag}); m && !byte_match_keys::claim(op)) {
       byte_match_keys::drop(op);  // its twin in the other transport was served
     } else if (m) {
@@ -100,7 +100,7 @@ class engine : protected protocol {
     } else {
       queue_.post(op);
     }
-    wake_local_waiters();
+    progress_locked(unexpected::leave);  // the message may wait in a ring
     return op;
   }
 
@@ -108,19 +108,30 @@ class engine : protected protocol {
   bool wait(const byte_op_ptr& op, deadline d, std::chrono::microseconds spin) noexcept {
     if (op->flag.done()) return true;
     drivers_.fetch_add(1);
-    const auto spin_until = deadline::clock::now() + spin;
+    // The spin lasts `spin` past the last step forward: a message streaming through a ring
+    // keeps its waiter awake, an idle peer does not.
+    auto spin_until = deadline::clock::now() + spin;
+    std::uint64_t seen_moves = moves_.load(std::memory_order_relaxed);
     bool done = false;
-    for (;;) {
-      try_progress();
+    for (unsigned turn = 1;; ++turn) {
+      try_progress(unexpected::take);
       if ((done = op->flag.done())) break;
+      if (turn % clock_turns != 0) {  // reading the clock costs more than a pass over idle rings
+        pause();
+        continue;
+      }
       const auto now = deadline::clock::now();
       if (now >= d.time()) break;
+      if (const std::uint64_t m = moves_.load(std::memory_order_relaxed); m != seen_moves) {
+        seen_moves = m;
+        spin_until = now + spin;
+      }
       if (now < spin_until) {
         pause();
         continue;
       }
       const std::uint32_t seen = self_->bell.load(std::memory_order_acquire);
-      try_progress();  // after reading the bell: anything newer changes it, and the sleep returns
+      try_progress(unexpected::take);  // after reading the bell: anything newer changes it, and the sleep returns
       if ((done = op->flag.done())) break;
       sleep_on_bell(seen, std::min(std::chrono::duration_cast<std::chrono::microseconds>(d.time() - now),
                                    std::chrono::microseconds(watch_period)));
@@ -180,7 +191,7 @@ class engine : protected protocol {
     drivers_.fetch_add(1);
     while (!d.expired()) {
       const std::uint32_t seen = self_->bell.load(std::memory_order_acquire);
-      try_progress();
+      try_progress(unexpected::take);
       if (!awaiting_reads()) break;
       sleep_on_bell(seen, watch_period);
     }
@@ -191,7 +202,8 @@ class engine : protected protocol {
       if (failure_.empty()) fail_group(errc::peer_lost, rank_text(rank_) + " (this rank) has left the group");
     }
     quit_.store(true);
-    ring(self_);
+    self_->bell.fetch_add(1);
+    futex_wake(&self_->bell);  // the progress thread may sleep without counting itself a sleeper
     if (thread_.joinable()) thread_.join();
   }
 
@@ -219,32 +231,40 @@ class engine : protected protocol {
     self_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
 
-  void try_progress() noexcept {
-    if (!m_.try_lock()) return;
-    progress_locked();
+  // Runs a pass unless another thread is running one. @returns whether an operation waits on a peer.
+  bool try_progress(unexpected policy) noexcept {
+    if (!m_.try_lock()) return true;
+    progress_locked(policy);
+    const bool pending = has_pending();
     m_.unlock();
+    return pending;
   }
 
+  // Moves bytes for operations posted by callers that do not wait (a send's tail while its
+  // caller computes), and watches the peers. It takes no message nobody asked for, and asks
+  // peers to wake it only while an operation is pending and no caller drives: a wake-up on a
+  // core a waiter or a peer needs costs more than the bytes it moves.
   void progress_thread() noexcept {
     while (!quit_.load()) {
       const std::uint32_t seen = self_->bell.load(std::memory_order_acquire);
-      if (drivers_.load() == 0) {
-        try_progress();
+      if (drivers_.load() != 0) {
+        std::this_thread::sleep_for(watch_period);  // the waiters move the bytes; watch the peers
+        try_progress(unexpected::leave);
+      } else if (try_progress(unexpected::leave)) {
         sleep_on_bell(seen, watch_period);
       } else {
-        std::this_thread::sleep_for(watch_period);  // the waiters move the bytes; watch the peers
-        try_progress();
+        futex_wait(&self_->bell, seen, watch_period);  // not counted a sleeper: nobody rings for it
       }
     }
   }
 
   // One pass over every ring; a corrupt ring fails the group. Runs under m_.
-  void progress_locked() noexcept {
+  void progress_locked(unexpected policy) noexcept {
     try {
       for (int p = 0; p < size_; ++p) {
         if (p == rank_) continue;
         pump_out(p);
-        pump_in(p);
+        pump_in(p, policy);
       }
     } catch (const error& e) {
       fail_group(static_cast<errc>(e.code().value()), e.what());
@@ -267,6 +287,7 @@ class engine : protected protocol {
   mutable std::mutex m_;  // guards the protocol's state and next_watch_
   deadline::clock::time_point next_watch_{};
 
+  static constexpr unsigned clock_turns = 16;  // spins between reads of the clock
   const bool oversubscribed_ = more_ranks_than_cores(size_);
   std::atomic<int> drivers_{0};  // callers in wait(), moving bytes themselves
   std::atomic<bool> quit_{false};

@@ -60,6 +60,10 @@ struct link {
   bool lost = false;      // it died without one
 };
 
+// What a pass does with a message no receive is posted for: takes it into a buffer of its own
+// (a waiter must, to reach what is behind it) or leaves it in the ring.
+enum class unexpected { take, leave };
+
 // A remote frame's header is followed by the ranges of its payload: a count, then (address,
 // bytes) pairs, always max_message_parts of them.
 inline constexpr std::size_t remote_descriptor_bytes = 8 + 16 * max_message_parts;

@@ -6,6 +6,7 @@
 // threads here: the engine (engine.hpp) calls all of it under its lock and decides who runs it.
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -66,7 +67,11 @@ class protocol {
   void complete(byte_operation& op, std::error_code ec = {}, std::string why = {}) {
     op.complete(ec, std::move(why));
     completed_ = true;
+    moved();
   }
+  // Counts a step forward (bytes through a ring, a frame read, an operation done): a waiter that
+  // sees steps keeps spinning.
+  void moved() noexcept { moves_.store(moves_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 
   // Writes the queued sends to `p` into its ring while there is room.
   void pump_out(int p) {
@@ -105,6 +110,7 @@ class protocol {
         write_out(l.out, op, std::min({room, op.total() - op.written, chunk_bytes}));
         l.out.publish();
         ring(l.peer);
+        moved();
       }
       if (op.written < op.total()) break;
       byte_op_ptr done = std::move(l.sendq.front());
@@ -113,15 +119,20 @@ class protocol {
     }
   }
 
-  // Reads what `p`'s ring holds: frame headers, then payloads into their receives.
-  void pump_in(int p) {
+  // Reads what `p`'s ring holds: frame headers, then payloads into their receives. With
+  // `unexpected::leave` data stays in the ring while no receive from `p` is posted: taking it
+  // would cost a buffer and a second copy, and a send may wait for its receive (the transport
+  // concept's rule).
+  void pump_in(int p, unexpected policy = unexpected::take) {
     link& l = at(p);
     for (;;) {
       const std::size_t ready = l.in.ready();
       if (!l.rx_active) {
         if (ready < frame_header::size) return;
         frame_bytes bytes;
-        l.in.take(bytes.data(), bytes.size());
+        l.in.peek(bytes.data(), bytes.size());
+        if (policy == unexpected::leave && !wanted(p, bytes)) return;
+        l.in.skip(bytes.size());
         l.in.publish();
         begin_frame(p, bytes);
         continue;
@@ -136,6 +147,7 @@ class protocol {
         l.rx_got += n;
         l.in.publish();
         ring(l.peer);  // room for its next bytes
+        moved();
       }
       if (l.rx_got == l.rx_frame.length) {
         end_frame(p);
@@ -143,6 +155,21 @@ class protocol {
         return;
       }
     }
+  }
+
+  // Whether a frame is one to read now: anything but data while no receive from `p` is posted
+  // (one is reached only by reading what comes before it; a remote frame is only its ranges; a
+  // bad header counts as wanted, reading it fails the group).
+  bool wanted(int p, const frame_bytes& bytes) const {
+    const frame_decode_result d = decode_frame(bytes, links_[static_cast<std::size_t>(p)].rx_seq, settings_.max_message_bytes);
+    return !d.ok || d.header.kind != frame_kind::data || queue_.has_receive_from(p);
+  }
+
+  // Whether an operation waits on a peer: what a progress thread would move bytes for.
+  bool has_pending() const noexcept {
+    return queue_.has_receives() || std::any_of(links_.begin(), links_.end(), [](const link& l) {
+             return !l.sendq.empty() || !l.awaiting.empty() || l.rx_active;
+           });
   }
 
   void begin_frame(int p, const frame_bytes& bytes) {
@@ -339,6 +366,7 @@ class protocol {
   std::string failure_;
   errc failure_code_ = errc::peer_lost;
   bool completed_ = false;  // the current pass completed an operation
+  std::atomic<std::uint64_t> moves_{0};  // steps forward; written under the engine's lock
 };
 
 }  // namespace dtrain::detail::shm

@@ -112,10 +112,14 @@ class ring_reader {
   }
   /// Copies out and consumes `n` <= ready() bytes; the writer reuses them after `publish`.
   void take(std::byte* dst, std::size_t n) noexcept {
+    peek(dst, n);
+    tail_ += n;
+  }
+  /// Copies out `n` <= ready() bytes and leaves them in the ring.
+  void peek(std::byte* dst, std::size_t n) const noexcept {
     const std::size_t at = tail_ & (cap_ - 1), first = std::min(n, cap_ - at);
     std::memcpy(dst, data_ + at, first);
     std::memcpy(dst + first, data_, n - first);
-    tail_ += n;
   }
   /// Consumes `n` <= ready() bytes unread (a truncated message's payload).
   void skip(std::size_t n) noexcept { tail_ += n; }
