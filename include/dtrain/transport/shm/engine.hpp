@@ -114,7 +114,7 @@ class engine : protected protocol {
     std::uint64_t seen_moves = moves_.load(std::memory_order_relaxed);
     bool done = false;
     for (unsigned turn = 1;; ++turn) {
-      try_progress(unexpected::take);
+      try_progress(unexpected::leave);
       if ((done = op->flag.done())) break;
       if (turn % clock_turns != 0) {  // reading the clock costs more than a pass over idle rings
         pause();
@@ -131,7 +131,7 @@ class engine : protected protocol {
         continue;
       }
       const std::uint32_t seen = self_->bell.load(std::memory_order_acquire);
-      try_progress(unexpected::take);  // after reading the bell: anything newer changes it, and the sleep returns
+      try_progress(unexpected::leave);  // after reading the bell: anything newer changes it, and the sleep returns
       if ((done = op->flag.done())) break;
       sleep_on_bell(seen, std::min(std::chrono::duration_cast<std::chrono::microseconds>(d.time() - now),
                                    std::chrono::microseconds(watch_period)));
@@ -191,7 +191,7 @@ class engine : protected protocol {
     drivers_.fetch_add(1);
     while (!d.expired()) {
       const std::uint32_t seen = self_->bell.load(std::memory_order_acquire);
-      try_progress(unexpected::take);
+      try_progress(unexpected::leave);
       if (!awaiting_reads()) break;
       sleep_on_bell(seen, watch_period);
     }

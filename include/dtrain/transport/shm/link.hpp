@@ -61,7 +61,7 @@ struct link {
 };
 
 // What a pass does with a message no receive is posted for: takes it into a buffer of its own
-// (a waiter must, to reach what is behind it) or leaves it in the ring.
+// (the last frames of a peer that died) or leaves it in the ring while nothing waits behind it.
 enum class unexpected { take, leave };
 
 // A remote frame's header is followed by the ranges of its payload: a count, then (address,

@@ -120,10 +120,10 @@ class protocol {
   }
 
   // Reads what `p`'s ring holds: frame headers, then payloads into their receives. With
-  // `unexpected::leave` data stays in the ring while no receive from `p` is posted: taking it
-  // would cost a buffer and a second copy, and a send may wait for its receive (the transport
+  // `unexpected::leave` data stays in the ring while nothing waits behind it: taking it would
+  // cost a buffer and a second copy, and a send may wait for its receive (the transport
   // concept's rule).
-  void pump_in(int p, unexpected policy = unexpected::take) {
+  void pump_in(int p, unexpected policy) {
     link& l = at(p);
     for (;;) {
       const std::size_t ready = l.in.ready();
@@ -157,12 +157,14 @@ class protocol {
     }
   }
 
-  // Whether a frame is one to read now: anything but data while no receive from `p` is posted
-  // (one is reached only by reading what comes before it; a remote frame is only its ranges; a
-  // bad header counts as wanted, reading it fails the group).
+  // Whether a frame is one to read now: anything but data while nothing waits on `p`'s ring (a
+  // receive from `p`, or the acknowledgement of a single copy, is reached only by reading what
+  // comes before it; a remote frame is only its ranges; a bad header counts as wanted, reading
+  // it fails the group).
   bool wanted(int p, const frame_bytes& bytes) const {
-    const frame_decode_result d = decode_frame(bytes, links_[static_cast<std::size_t>(p)].rx_seq, settings_.max_message_bytes);
-    return !d.ok || d.header.kind != frame_kind::data || queue_.has_receive_from(p);
+    const link& l = links_[static_cast<std::size_t>(p)];
+    const frame_decode_result d = decode_frame(bytes, l.rx_seq, settings_.max_message_bytes);
+    return !d.ok || d.header.kind != frame_kind::data || queue_.has_receive_from(p) || !l.awaiting.empty();
   }
 
   // Whether an operation waits on a peer: what a progress thread would move bytes for.
@@ -314,7 +316,7 @@ class protocol {
     for (int p = 0; p < size_; ++p) {
       if (p == rank_ || at(p).departed || at(p).lost || !at(p).watch.exited()) continue;
       try {
-        pump_in(p);
+        pump_in(p, unexpected::take);
       } catch (const error&) {
       }
       if (!at(p).departed) {
