@@ -6,6 +6,7 @@
 /// rank hands its vector to its odd neighbour, sits out, and gets the result back at the end.
 /// Steps: 2 log2 p' (+2 when p is not a power of two). See docs/algorithms.md.
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -35,6 +36,54 @@ struct fold_shape {
   /// The first real block owned by core rank `c` (odd core ranks also own their partner's).
   int first_block(int c) const { return c < folded ? 2 * c : c + folded; }
 };
+
+/// Bytes of one piece of `exchange_reduce`: small enough that a piece received is still in the
+/// cache when it is reduced, large enough that a message's fixed cost stays small.
+inline constexpr std::size_t reduce_piece_bytes = std::size_t{128} << 10;
+inline constexpr std::size_t reduce_slots = 4;  // pieces received ahead of the reduction
+
+/// Sends `give` to `partner` and reduces what it sends back into `keep`. Past one piece each
+/// way, both go as pieces (both sides cut the same way, so each knows the other's from its own
+/// lengths), and each piece received is reduced as soon as it lands, out of one of a few
+/// piece-sized slots of `scratch` that stay in the cache. One receive of the whole would write
+/// it to memory and read it back; pieces also let the reduction of one overlap the arrival of
+/// the next.
+template <transport Transport, element T, class Reduction>
+void exchange_reduce(call_context<Transport>& ctx, int partner, std::span<const T> give, std::span<T> keep,
+                     reduce_op op, const Reduction& reduce, scratch_buffer<T>& scratch) {
+  const std::size_t piece = std::max<std::size_t>(1, reduce_piece_bytes / sizeof(T));
+  const std::size_t n_in = (keep.size() + piece - 1) / piece, n_out = (give.size() + piece - 1) / piece;
+  if (n_in <= 1 && n_out <= 1) {
+    scratch.resize(std::max(scratch.size(), keep.size()));
+    std::span<T> got(scratch.data(), keep.size());
+    ctx.exchange(partner, give, partner, got);
+    reduce(keep, std::span<const T>(got), op);
+    return;
+  }
+  const std::size_t slots = std::min(reduce_slots, std::max<std::size_t>(n_in, 1));
+  scratch.resize(std::max(scratch.size(), slots * piece));
+  auto slice = [&](auto whole, std::size_t i) { return whole.subspan(i * piece, std::min(piece, whole.size() - i * piece)); };
+  auto slot = [&](std::size_t i) { return std::span<T>(scratch.data() + (i % slots) * piece, slice(keep, i).size()); };
+  using pending = typename call_context<Transport>::pending;
+  std::vector<pending> recvs, sends;
+  recvs.reserve(n_in);
+  sends.reserve(n_out);
+  auto post = [&](std::size_t upto) {  // receives and sends up to piece `upto`, exclusive
+    while (recvs.size() < std::min(upto, n_in)) recvs.push_back(ctx.recv(partner, slot(recvs.size())));
+    while (sends.size() < std::min(upto, n_out)) sends.push_back(ctx.send(partner, slice(give, sends.size())));
+  };
+  const bool in_place = give.data() == keep.data();  // recursive doubling sends what it reduces into
+  std::size_t sent = 0;                               // sends waited for
+  post(slots);
+  for (std::size_t i = 0; i < n_in; ++i) {
+    ctx.wait(recvs[i]);
+    while (in_place && sent <= i) ctx.wait(sends[sent++]);  // its bytes are gone before they change
+    reduce(slice(keep, i), std::span<const T>(slot(i)), op);
+    post(i + 1 + slots);  // the slot is free again
+  }
+  post(n_out);
+  while (sent < sends.size()) ctx.wait(sends[sent++]);
+}
 
 /// Step 1 of the fold: even ranks below 2q send `data` to r+1, which reduces it in.
 template <transport Transport, element T, class Reduction>
@@ -73,10 +122,8 @@ void halving_reduce_scatter(call_context<Transport>& ctx, const fold_shape& f, i
     };
     auto [keep_at, keep_n] = span_of(keep_lo);
     auto [give_at, give_n] = span_of(give_lo);
-    scratch.resize(std::max(scratch.size(), keep_n));
-    std::span<T> got(scratch.data(), keep_n);
-    ctx.exchange(partner, std::span<const T>(data.subspan(give_at, give_n)), partner, got);
-    reduce(data.subspan(keep_at, keep_n), std::span<const T>(got), op);
+    exchange_reduce(ctx, partner, std::span<const T>(data.subspan(give_at, give_n)), data.subspan(keep_at, keep_n),
+                    op, reduce, scratch);
     lo = keep_lo;
   }
 }
@@ -175,12 +222,9 @@ template <transport Transport, element T, class Reduction>
 void recursive_doubling_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
                                   const Reduction& reduce, scratch_buffer<T>& scratch) {
   folded_allreduce(ctx, data, op, reduce, scratch, [&](const fold_shape& f, int me) {
-    scratch.resize(std::max(scratch.size(), data.size()));
-    std::span<T> got(scratch.data(), data.size());
     for (int mask = 1; mask < f.core; mask *= 2) {
       const int partner = f.real_rank(me ^ mask);
-      ctx.exchange(partner, std::span<const T>(data), partner, got);
-      reduce(data, std::span<const T>(got), op);
+      exchange_reduce(ctx, partner, std::span<const T>(data), data, op, reduce, scratch);
     }
     if (op == reduce_op::avg) reduce.finish_average(data, ctx.size());
   });
