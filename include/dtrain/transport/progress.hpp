@@ -67,8 +67,9 @@ struct blocking {
   static constexpr int spin_micros = 0;
 };
 
-/// Spins for `SpinMicros` microseconds before blocking: for latency-bound jobs with a core to
-/// spare per rank. Spinning on a machine with fewer cores than busy threads slows everything.
+/// Spins for `SpinMicros` microseconds before blocking (the shared-memory transport counts them
+/// from the last byte it saw move): for latency-bound jobs with a core to spare per rank.
+/// Spinning on a machine with fewer cores than busy threads slows everything.
 template <int SpinMicros = 50>
 struct spin_then_block {
   static_assert(SpinMicros >= 0, "the spin time cannot be negative");
