@@ -337,7 +337,7 @@ int run_ps(const settings& s) {
   const auto& a = s.algorithm;
   auto bad = [&] {
     return error(errc::invalid_argument, "--algorithm " + a + " does not run under --consistency " + c +
-                                             " here; see docs/parameter_server.md for the pairs");
+                                             " here; see the table of pairs in docs/parameter_server.md (worker algorithms)");
   };
   if (a == "sync") {
     momentum<float> opt(lr, s.momentum);
