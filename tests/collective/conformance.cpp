@@ -82,7 +82,9 @@ void run_matrix(coll_op op) {
         if (roots.size() == 2 && roots[0] == roots[1]) roots.pop_back();
         std::vector<reduce_op> ops = reducing ? std::vector<reduce_op>{reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}
                                               : std::vector<reduce_op>{reduce_op::sum};
-        std::vector<bool> places = has_in_place ? (large ? std::vector<bool>{p % 2 == 0} : std::vector<bool>{false, true})
+        // Large: out of place on 2, 3, 6 and 7 ranks (a power of two among them: halving-doubling
+        // then sends its first step straight from `in`), in place on the others.
+        std::vector<bool> places = has_in_place ? (large ? std::vector<bool>{(p / 2) % 2 == 0} : std::vector<bool>{false, true})
                                                 : std::vector<bool>{false};
         for (int root : roots) {
           for (reduce_op rop : ops) {

@@ -187,8 +187,12 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     check_no_overlap(in, out, coll_op::allreduce);
     with_reduction<T>(coll_op::allreduce, op, [&](reduce_op rop, const auto& combine) {
       run<T>(coll_op::allreduce, rop, 0, in.size(), in.size_bytes(), algo, [&](auto& ctx, algorithm a) {
-        if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
         auto& scratch = scratch_for<T>();
+        if (a == algorithm::halving_doubling && in.data() != out.data() && !in.empty()) {
+          detail::halving_doubling_allreduce(ctx, out, rop, combine, scratch, in);  // copies only what it keeps
+          return;
+        }
+        if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
         switch (a) {
           case algorithm::halving_doubling:
             detail::halving_doubling_allreduce(ctx, out, rop, combine, scratch);

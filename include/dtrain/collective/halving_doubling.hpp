@@ -105,10 +105,13 @@ void fold_in(call_context<Transport>& ctx, const fold_shape& f, std::span<T> dat
 
 /// Recursive halving among the core: afterwards core rank c holds the reduction of elements
 /// [core_offs[c], core_offs[c+1]) of `data`.
+/// With `source` (out of place, no fold) the first step sends from it and copies in only the
+/// half it keeps: the rest of `data` is written by whatever follows.
 template <transport Transport, element T, class Reduction>
 void halving_reduce_scatter(call_context<Transport>& ctx, const fold_shape& f, int me,
                             std::span<T> data, const std::vector<std::size_t>& core_offs,
-                            reduce_op op, const Reduction& reduce, scratch_buffer<T>& scratch) {
+                            reduce_op op, const Reduction& reduce, scratch_buffer<T>& scratch,
+                            std::span<const T> source = {}) {
   int lo = 0;  // the core ranks whose elements this rank still holds: [lo, lo + 2 * mask)
   for (int mask = f.core / 2; mask > 0; mask /= 2) {
     const int partner = f.real_rank(me ^ mask);
@@ -122,8 +125,12 @@ void halving_reduce_scatter(call_context<Transport>& ctx, const fold_shape& f, i
     };
     auto [keep_at, keep_n] = span_of(keep_lo);
     auto [give_at, give_n] = span_of(give_lo);
-    exchange_reduce(ctx, partner, std::span<const T>(data.subspan(give_at, give_n)), data.subspan(keep_at, keep_n),
-                    op, reduce, scratch);
+    std::span<const T> from = data;
+    if (mask == f.core / 2 && !source.empty()) {
+      from = source;
+      std::copy_n(source.begin() + static_cast<std::ptrdiff_t>(keep_at), keep_n, data.begin() + static_cast<std::ptrdiff_t>(keep_at));
+    }
+    exchange_reduce(ctx, partner, from.subspan(give_at, give_n), data.subspan(keep_at, keep_n), op, reduce, scratch);
     lo = keep_lo;
   }
 }
@@ -172,13 +179,20 @@ void folded_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op
   fold_out(ctx, f, data);
 }
 
-/// Rabenseifner allreduce in place.
+/// Rabenseifner allreduce: in place, or from `source` into `data` (equal sizes, no overlap).
 template <transport Transport, element T, class Reduction>
 void halving_doubling_allreduce(call_context<Transport>& ctx, std::span<T> data, reduce_op op,
-                                const Reduction& reduce, scratch_buffer<T>& scratch) {
+                                const Reduction& reduce, scratch_buffer<T>& scratch,
+                                std::span<const T> source = {}) {
+  // A fold needs the whole vector in `data`; so does one rank. Otherwise the first step sends
+  // straight from `source` and copies in only the half it keeps.
+  if (!source.empty() && (ctx.size() == 1 || fold_shape(ctx.size()).folded > 0)) {
+    std::copy(source.begin(), source.end(), data.begin());
+    source = {};
+  }
   folded_allreduce(ctx, data, op, reduce, scratch, [&](const fold_shape& f, int me) {
     auto core_offs = balanced_offsets(data.size(), f.core);
-    halving_reduce_scatter(ctx, f, me, data, core_offs, op, reduce, scratch);
+    halving_reduce_scatter(ctx, f, me, data, core_offs, op, reduce, scratch, source);
     if (op == reduce_op::avg) {
       auto c = static_cast<std::size_t>(me);
       reduce.finish_average(data.subspan(core_offs[c], core_offs[c + 1] - core_offs[c]), ctx.size());
