@@ -14,6 +14,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../catch.hpp"
@@ -38,7 +39,7 @@ struct group_run {
 inline const std::string job_token = "fault-test-token";
 
 // Starts `n` tcp_worker processes in `mode`; `extra(rank)` adds environment variables; `during`
-// runs while they do. Every process is killed if the group is not done within `limit`.
+// runs while they do, given the store and, if it asks for them, the processes' pids. Every process is killed if the group is not done within `limit`.
 template <class Extra, class During>
 group_run run_program_group(const std::string& program, int n, const std::string& mode, Extra extra, During during,
                             std::chrono::seconds limit = 60s) {
@@ -71,7 +72,11 @@ group_run run_program_group(const std::string& program, int n, const std::string
     posix_spawn_file_actions_destroy(&fa);
     pids.push_back(pid);
   }
-  during(store);
+  if constexpr (std::is_invocable_v<During&, tcp_store_server&, const std::vector<pid_t>&>) {
+    during(store, pids);
+  } else {
+    during(store);
+  }
   group_run out;
   out.ranks.resize(static_cast<std::size_t>(n));
   std::vector<bool> done(static_cast<std::size_t>(n), false);

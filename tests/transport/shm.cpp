@@ -5,6 +5,7 @@
 // collectives of every size 1..9 against the serial reference.
 
 #include <dirent.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -319,6 +320,50 @@ TEST_CASE("shm: malformed or unreadable remote ranges fail the receive as a prot
     CHECK(code == errc::protocol_error);
     CHECK(detail.find(add_up ? "rank 1's message cannot be read" : "malformed remote ranges") != std::string::npos);
   }
+}
+
+TEST_CASE("shm: a receive failed halfway through its message is never written to again", "[shm]") {
+  // Rank 0's receive takes the first 4 KiB of a 64 KiB message, is cancelled and fails the group
+  // (the linger passes), and its memory is made unreachable; the rest of the message then comes
+  // and must be skipped: writing it would crash here, and free memory in a real program.
+  constexpr std::size_t whole = 64 << 10, first = 4 << 10;
+  std::atomic<int> stage{0};
+  std::error_code later;
+  shm_options o = small_rings(0);
+  o.ring_bytes = 256 << 10;
+  o.linger = 200ms;
+  run_shm(2, [&](int r, shm_transport& t) {
+    if (r == 1) {
+      frame_header h;
+      h.tag = 1;
+      h.length = whole;
+      const auto hb = encode_frame(h);
+      std::vector<std::byte> raw(hb.begin(), hb.end());
+      raw.resize(raw.size() + first, std::byte{7});
+      t.write_raw_for_testing(0, raw);
+      while (stage.load() < 1) std::this_thread::yield();
+      t.write_raw_for_testing(0, std::vector<std::byte>(whole - first, std::byte{7}));
+      stage.store(2);
+      return;
+    }
+    void* page = ::mmap(nullptr, whole, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    REQUIRE(page != MAP_FAILED);
+    const std::span<std::byte> in(static_cast<std::byte*>(page), whole);
+    {
+      auto req = t.irecv(1, 1, in);
+      for (auto give_up = deadline::after(5s); in[first - 1] != std::byte{7} && !give_up.expired();) req.test();
+      REQUIRE(in[first - 1] == std::byte{7});
+      REQUIRE(!req.test());
+    }  // cancelled: still reading after the linger, so the group fails
+    REQUIRE(::mprotect(page, whole, PROT_NONE) == 0);
+    stage.store(1);
+    while (stage.load() < 2) std::this_thread::yield();
+    std::vector<std::byte> next(16);
+    auto req = t.irecv(1, 2, next);  // drives the ring past the rest of the message
+    req.wait(deadline::after(5s), later);
+    ::munmap(page, whole);
+  }, o);
+  CHECK(later == errc::cancelled);
 }
 
 TEST_CASE("shm: garbage in a ring fails the group with a protocol error naming the ring", "[shm]") {

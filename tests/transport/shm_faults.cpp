@@ -10,8 +10,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "../catch.hpp"
@@ -23,15 +23,36 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::set<std::string> dtrain_segments() {
-  std::set<std::string> names;
+bool listed_in_dev_shm(const std::string& name) {
+  bool found = false;
   if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::strncmp(e->d_name, "dtrain-", 7) == 0) names.insert(e->d_name);
-    }
+    while (dirent* e = ::readdir(d)) found = found || name == e->d_name;
     ::closedir(d);
   }
-  return names;
+  return found;
+}
+
+// The job's own segments, as its processes map them ("/dev/shm/dtrain-... (deleted)" once
+// unlinked): other tests running beside this one create segments of their own in /dev/shm.
+struct mapped_segment {
+  std::string name;
+  bool unlinked = false;
+};
+
+std::vector<mapped_segment> segments_mapped_by(const std::vector<pid_t>& pids) {
+  std::vector<mapped_segment> found;
+  for (pid_t pid : pids) {
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    for (std::string line; std::getline(maps, line);) {
+      const auto at = line.find("/dev/shm/dtrain-");
+      if (at == std::string::npos) continue;
+      const auto rest = line.substr(at + 9);  // "dtrain-..." and perhaps " (deleted)"
+      mapped_segment s{rest.substr(0, rest.find(' ')), rest.find("(deleted)") != std::string::npos};
+      const bool seen = std::any_of(found.begin(), found.end(), [&](const auto& f) { return f.name == s.name; });
+      if (!seen) found.push_back(s);
+    }
+  }
+  return found;
 }
 
 std::optional<long long> number_after(const std::string& text, const std::string& marker) {
@@ -53,13 +74,23 @@ group_run run_shm_group(int n, const std::string& mode, Extra extra, During duri
 
 TEST_CASE("shm faults: a rank SIGKILLed mid-allreduce fails every survivor within 100 ms naming it and leaves nothing in /dev/shm",
           "[shm][faults]") {
-  const auto before = dtrain_segments();
-  std::set<std::string> during;
+  std::vector<mapped_segment> mapped;
+  bool listed_while_running = false;
   auto g = run_shm_group(4, "allreduce-loop", [](int) {
-    return std::vector<std::string>{"DTRAIN_TEST_KILL_RANK=2", "DTRAIN_TEST_LOOP_MS=20000"};
-  }, [&](tcp_store_server&) {
-    std::this_thread::sleep_for(300ms);  // formed by now: the segments are mapped, their names gone
-    during = dtrain_segments();
+    return std::vector<std::string>{"DTRAIN_TEST_KILL_RANK=2", "DTRAIN_TEST_KILL_AFTER_MS=1500",
+                                    "DTRAIN_TEST_LOOP_MS=20000"};
+  }, [&](tcp_store_server&, const std::vector<pid_t>& pids) {
+    // Once formed, every process maps the segments and their names are gone: look until then,
+    // or until just before rank 2 dies.
+    const auto give_up = std::chrono::steady_clock::now() + 1200ms;
+    auto formed = [&] {
+      return !mapped.empty() && std::all_of(mapped.begin(), mapped.end(), [](const auto& s) { return s.unlinked; });
+    };
+    do {
+      std::this_thread::sleep_for(10ms);
+      mapped = segments_mapped_by(pids);
+    } while (!formed() && std::chrono::steady_clock::now() < give_up);
+    for (const auto& s : mapped) listed_while_running = listed_while_running || listed_in_dev_shm(s.name);
   });
   INFO(dump(g));
   CHECK(g.ranks[2].status == 128 + SIGKILL);
@@ -78,8 +109,13 @@ TEST_CASE("shm faults: a rank SIGKILLed mid-allreduce fails every survivor withi
   }
   INFO("the slowest survivor reported the death after " << slowest_us / 1000 << " ms");
   CHECK(slowest_us < 100'000);
-  CHECK(during == before);  // a second job finds no name to open
-  CHECK(dtrain_segments() == before);
+  REQUIRE(!mapped.empty());
+  for (const auto& s : mapped) {
+    INFO(s.name);
+    CHECK(s.unlinked);  // a second job finds no name to open
+    CHECK(!listed_in_dev_shm(s.name));
+  }
+  CHECK(!listed_while_running);
 }
 
 TEST_CASE("shm faults: a message sent before its sender died is still delivered", "[shm][faults]") {

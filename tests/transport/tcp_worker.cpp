@@ -14,7 +14,8 @@
 //                              nonblocking calls in any wait order, two threads (api_case.hpp)
 //
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k makes rank k SIGKILL itself in the middle
-// of the allreduce loop; DTRAIN_TEST_DELAY_MS=t delays every rank but 0 before it joins.
+// of the allreduce loop (its sixth allreduce, or the first one DTRAIN_TEST_KILL_AFTER_MS after
+// the loop began, whichever is later); DTRAIN_TEST_DELAY_MS=t delays every rank but 0 before it joins.
 // Exit status: 0 success, 1 wrong result, 3 the expected failure was reported as documented,
 // 2 anything else.
 
@@ -152,6 +153,8 @@ template <class Comm>
 int allreduce_loop(Comm& c) {
   const int kill_rank = env_int("DTRAIN_TEST_KILL_RANK", -1);
   const auto duration = std::chrono::milliseconds(env_int("DTRAIN_TEST_LOOP_MS", 2000));
+  const auto kill_after = std::chrono::milliseconds(env_int("DTRAIN_TEST_KILL_AFTER_MS", 0));
+  bool dying = false;
   const std::size_t n = 1 << 20;
   std::vector<float> v(n);
   const float expect = static_cast<float>(c.size() * (c.size() + 1) / 2);
@@ -163,7 +166,8 @@ int allreduce_loop(Comm& c) {
     c.broadcast(std::span(&go, 1), 0);
     if (go == 0) break;
     std::fill(v.begin(), v.end(), static_cast<float>(c.rank() + 1));
-    if (c.rank() == kill_rank && iterations == 5) {
+    if (c.rank() == kill_rank && !dying && iterations >= 5 && clock_type::now() - start >= kill_after) {
+      dying = true;
       // Mid-collective: post the first sends, then die without any goodbye.
       std::thread([] {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));

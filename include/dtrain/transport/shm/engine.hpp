@@ -67,7 +67,7 @@ class engine : protected protocol {
     } else if (peer == rank_) {
       send_to_self(op);
     } else if (at(peer).departed || at(peer).lost) {
-      op->complete(make_error_code(errc::peer_lost), rank_text(peer) + " has left the group");
+      op->complete(make_error_code(errc::peer_lost), left_text(peer));
     } else if (op->data.bytes() > settings_.max_message_bytes) {
       op->complete(make_error_code(errc::invalid_argument), "a message of " + std::to_string(op->data.bytes()) +
                                                                 " bytes exceeds the maximum of " +
@@ -96,7 +96,7 @@ class engine : protected protocol {
     } else if (!failure_.empty()) {
       op->complete(make_error_code(failure_code_), failure_);
     } else if (peer != any_peer && peer != rank_ && (at(peer).departed || at(peer).lost)) {
-      op->complete(make_error_code(errc::peer_lost), rank_text(peer) + " has left the group");
+      op->complete(make_error_code(errc::peer_lost), left_text(peer));
     } else {
       queue_.post(op);
     }

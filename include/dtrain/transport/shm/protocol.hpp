@@ -58,6 +58,22 @@ class protocol {
     return "rank " + std::to_string(settings_.rank_names.empty() ? r : settings_.rank_names[static_cast<std::size_t>(r)]);
   }
   link& at(int p) noexcept { return links_[static_cast<std::size_t>(p)]; }
+
+  std::string died_text(int p) const {
+    return rank_text(p) + " (pid " + std::to_string(links_[static_cast<std::size_t>(p)].watch.pid()) +
+           ") exited without leaving the group";
+  }
+  // Why `p` is gone. A rank that left because it lost a peer is not where a user should look:
+  // name the peer whose process ended without closing its inbox, if one did.
+  std::string left_text(int p) const {
+    const std::string why = rank_text(p) + " has left the group";
+    for (int q = 0; q < size_; ++q) {
+      const link& l = links_[static_cast<std::size_t>(q)];
+      if (q == rank_ || q == p || l.departed || l.peer->closed.load(std::memory_order_acquire) != 0) continue;
+      if (l.watch.exited()) return why + " after " + died_text(q);
+    }
+    return why;
+  }
   // Tells a rank's threads something changed for it; a system call only when one sleeps.
   static void ring(inbox_header* h) noexcept {
     h->bell.fetch_add(1, std::memory_order_seq_cst);
@@ -78,7 +94,7 @@ class protocol {
     link& l = at(p);
     if (l.sendq.empty()) return;
     if (l.peer->closed.load(std::memory_order_acquire) != 0) {
-      for (auto& s : l.sendq) complete(*s, make_error_code(errc::peer_lost), rank_text(p) + " has left the group");
+      for (auto& s : l.sendq) complete(*s, make_error_code(errc::peer_lost), left_text(p));
       l.sendq.clear();
       return;
     }
@@ -182,7 +198,7 @@ class protocol {
     if (d.header.kind == frame_kind::goodbye) {
       l.departed = true;
       for (auto& r : queue_.take_receives_from(p)) {
-        complete(*r, make_error_code(errc::peer_lost), rank_text(p) + " has left the group");
+        complete(*r, make_error_code(errc::peer_lost), left_text(p));
       }
       return;
     }
@@ -255,6 +271,7 @@ class protocol {
       return;
     }
     early_message_ptr m = std::move(l.rx_early);
+    if (!m) return;  // its receive was abandoned
     m->complete = true;
     if (byte_op_ptr r = queue_.take_receive({p, m->tag})) {
       deliver(*m, *r);
@@ -319,10 +336,8 @@ class protocol {
         pump_in(p, unexpected::take);
       } catch (const error&) {
       }
-      if (!at(p).departed) {
-        lose(p, rank_text(p) + " (pid " + std::to_string(at(p).watch.pid()) +
-                    ") exited without leaving the group");
-      }
+      // A rank that failed closes its inbox without a goodbye: it left, it did not die.
+      if (!at(p).departed) lose(p, at(p).peer->closed.load(std::memory_order_acquire) != 0 ? left_text(p) : died_text(p));
     }
   }
 
@@ -338,8 +353,18 @@ class protocol {
     l.sendq.clear();
     for (auto& [seq, s] : l.awaiting) complete(*s, make_error_code(errc::peer_lost), why);
     l.awaiting.clear();
-    if (l.rx_recv) complete(*l.rx_recv, make_error_code(errc::peer_lost), why);
+    abandon_receive(l, make_error_code(errc::peer_lost), why);
     for (auto& r : queue_.take_receives_from(p)) complete(*r, make_error_code(errc::peer_lost), why);
+  }
+
+  // Fails the receive a frame is being read into. The rest of the frame is skipped: its owner
+  // may free the memory as soon as it is told.
+  void abandon_receive(link& l, std::error_code ec, const std::string& why) {
+    if (!l.rx_recv) return;
+    complete(*l.rx_recv, ec, why);
+    l.rx_recv.reset();
+    l.rx_parts = receive_parts{};
+    l.rx_truncated = true;
   }
 
   void fail_group(errc code, const std::string& why) {
@@ -352,7 +377,7 @@ class protocol {
       l.sendq.clear();
       for (auto& [seq, s] : l.awaiting) complete(*s, ec, why);
       l.awaiting.clear();
-      if (l.rx_recv) complete(*l.rx_recv, ec, why);
+      abandon_receive(l, ec, why);
     }
     for (auto& r : queue_.take_all_receives()) complete(*r, ec, why);
     ring(self_);
