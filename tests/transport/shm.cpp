@@ -4,7 +4,6 @@
 // names gone from /dev/shm once formed, a foreign token refused, a corrupt ring refused, and
 // collectives of every size 1..9 against the serial reference.
 
-#include <dirent.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "../catch.hpp"
+#include "../support/shm_segments.hpp"
 #include "../support/thread_checks.hpp"
 #include "../support/thread_ranks.hpp"
 #include "dtrain/collective/communicator.hpp"
@@ -55,17 +55,6 @@ void run_shm(int n, Body body, shm_options o = small_rings()) {
 
 using testing::bytes_of;
 using testing::sig_for;
-
-std::set<std::string> dtrain_segments() {
-  std::set<std::string> names;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::strncmp(e->d_name, "dtrain-", 7) == 0) names.insert(e->d_name);
-    }
-    ::closedir(d);
-  }
-  return names;
-}
 
 }  // namespace
 
@@ -218,19 +207,22 @@ TEST_CASE("shm: a rank that leaves right after sending loses nothing and is then
 }
 
 TEST_CASE("shm: no segment name is left in /dev/shm once the group has formed", "[shm]") {
-  const auto before = dtrain_segments();
   std::atomic<int> formed{0};
-  std::set<std::string> during;
+  std::vector<testing::mapped_segment> mapped;
   run_shm(3, [&](int r, shm_transport& t) {
     communicator<shm_transport> c(std::move(t));
     c.barrier();
-    if (r == 0) during = dtrain_segments();
+    if (r == 0) mapped = testing::segments_mapped_by({::getpid()});
     c.barrier();
     ++formed;
   });
   CHECK(formed == 3);
-  CHECK(during == before);
-  CHECK(dtrain_segments() == before);
+  REQUIRE(mapped.size() == 3);  // one inbox per rank
+  for (const auto& s : mapped) {
+    INFO(s.name);
+    CHECK(s.unlinked);
+    CHECK(!testing::listed_in_dev_shm(s.name));
+  }
 }
 
 TEST_CASE("shm: a rank with another token is refused and named", "[shm]") {

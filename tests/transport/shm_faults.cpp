@@ -3,57 +3,24 @@
 // checks every survivor's exit status and words, how long it took, and that /dev/shm holds no
 // segment of the job, neither while it runs (nobody else can open one) nor after it died.
 
-#include <dirent.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <optional>
 #include <string>
 
 #include "../catch.hpp"
 #include "../support/process_group.hpp"
+#include "../support/shm_segments.hpp"
 
 using namespace dtrain;
 using namespace dtrain::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-bool listed_in_dev_shm(const std::string& name) {
-  bool found = false;
-  if (DIR* d = ::opendir("/dev/shm")) {
-    while (dirent* e = ::readdir(d)) found = found || name == e->d_name;
-    ::closedir(d);
-  }
-  return found;
-}
-
-// The job's own segments, as its processes map them ("/dev/shm/dtrain-... (deleted)" once
-// unlinked): other tests running beside this one create segments of their own in /dev/shm.
-struct mapped_segment {
-  std::string name;
-  bool unlinked = false;
-};
-
-std::vector<mapped_segment> segments_mapped_by(const std::vector<pid_t>& pids) {
-  std::vector<mapped_segment> found;
-  for (pid_t pid : pids) {
-    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-    for (std::string line; std::getline(maps, line);) {
-      const auto at = line.find("/dev/shm/dtrain-");
-      if (at == std::string::npos) continue;
-      const auto rest = line.substr(at + 9);  // "dtrain-..." and perhaps " (deleted)"
-      mapped_segment s{rest.substr(0, rest.find(' ')), rest.find("(deleted)") != std::string::npos};
-      const bool seen = std::any_of(found.begin(), found.end(), [&](const auto& f) { return f.name == s.name; });
-      if (!seen) found.push_back(s);
-    }
-  }
-  return found;
-}
 
 std::optional<long long> number_after(const std::string& text, const std::string& marker) {
   const auto at = text.find(marker);
@@ -74,7 +41,7 @@ group_run run_shm_group(int n, const std::string& mode, Extra extra, During duri
 
 TEST_CASE("shm faults: a rank SIGKILLed mid-allreduce fails every survivor within 100 ms naming it and leaves nothing in /dev/shm",
           "[shm][faults]") {
-  std::vector<mapped_segment> mapped;
+  std::vector<testing::mapped_segment> mapped;
   bool listed_while_running = false;
   auto g = run_shm_group(4, "allreduce-loop", [](int) {
     return std::vector<std::string>{"DTRAIN_TEST_KILL_RANK=2", "DTRAIN_TEST_KILL_AFTER_MS=1500",
