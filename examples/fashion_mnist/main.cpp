@@ -28,6 +28,7 @@
 #include <dtrain/transport/shm.hpp>
 #include <dtrain/transport/tcp.hpp>
 #include <dtrain/consistency/policies.hpp>
+#include <dtrain/core/hash.hpp>
 #include <dtrain/ps/trainer.hpp>
 #include <dtrain/updater/adagrad.hpp>
 #include <dtrain/updater/delta.hpp>
@@ -73,6 +74,11 @@ std::vector<int> layer_widths(const settings& s) {
   widths.insert(widths.end(), s.hidden.begin(), s.hidden.end());
   widths.push_back(fashion_mnist::classes);
   return widths;
+}
+
+// The final parameters' bits in 16 hex digits: equal digests mean bit-identical models.
+std::string digest_of(std::span<const float> x) {
+  return fmt::format("{:016x}", dtrain::fnv1a().bytes(std::as_bytes(x)).value());
 }
 
 // The summary the bench and plot scripts read.
@@ -217,7 +223,8 @@ int run_allreduce(const settings& s) {
   if (rank == 0) {
     const double bytes_per_step = static_cast<double>(trainer.stats().bytes_reduced) / static_cast<double>(std::max<std::size_t>(1, total_steps));
     fmt::print("final test accuracy {:.4f}; {:.0f} samples/s over {} epochs on {} rank(s); {:.0f} bytes a step "
-               "handed to collectives per rank\n", accuracy, samples_per_second, epoch_seconds.size(), ranks, bytes_per_step);
+               "handed to collectives per rank; parameters digest {}\n", accuracy, samples_per_second,
+               epoch_seconds.size(), ranks, bytes_per_step, digest_of(model.flat_parameters()));
     write_summary(s, "dtrain", ranks, samples_per_second, epoch_seconds, comm_share, accuracy, curve, test_loss,
                   bytes_per_step);
   }
@@ -317,8 +324,8 @@ int run_ps_with(const settings& s, dtrain::mixed_transport transport, Updater up
   const auto [accuracy, loss] = evaluate();
   const double samples_per_second = static_cast<double>(t) * static_cast<double>(s.global_batch) / train_seconds;
   fmt::print("final test accuracy {:.4f}, test loss {:.4f} (the servers' parameters); {:.0f} samples/s over {} "
-             "steps; {:.1f} s waiting for the servers\n", accuracy, loss, samples_per_second, t,
-             w.stats().wait_seconds);
+             "steps; {:.1f} s waiting for the servers; parameters digest {}\n", accuracy, loss, samples_per_second, t,
+             w.stats().wait_seconds, digest_of(x));
   write_summary(s, fmt::format("dtrain-ps-{}-{}", Consistency::name, Algorithm::name), roles.workers,
                 samples_per_second, epoch_seconds, 0, accuracy, curve, loss);
   return accuracy >= s.min_accuracy ? 0 : 3;

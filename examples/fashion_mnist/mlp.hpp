@@ -142,7 +142,10 @@ class mlp {
 
   std::vector<int> widths_;
   const split* train_;
-  std::vector<float> flat_params_, flat_grads_;
+  // Aligned as Eigen aligns its own matrices: its vectorised sums start at the first aligned
+  // element, so where malloc happened to put a buffer would otherwise change the last bits of
+  // the gradients from one process layout to another.
+  std::vector<float, Eigen::aligned_allocator<float>> flat_params_, flat_grads_;
   std::vector<std::size_t> offsets_, sizes_;
   std::vector<matrix> acts_, deltas_;
 };
