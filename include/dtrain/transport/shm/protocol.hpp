@@ -147,10 +147,11 @@ class protocol {
         if (ready < frame_header::size) return;
         frame_bytes bytes;
         l.in.peek(bytes.data(), bytes.size());
-        if (policy == unexpected::leave && !wanted(p, bytes)) return;
+        const frame_decode_result d = decode_frame(bytes, l.rx_seq, settings_.max_message_bytes);
+        if (policy == unexpected::leave && !wanted(p, d)) return;
         l.in.skip(bytes.size());
         l.in.publish();
-        begin_frame(p, bytes);
+        begin_frame(p, d);
         continue;
       }
       const std::size_t n = std::min({ready, l.rx_frame.length - l.rx_got, chunk_bytes});
@@ -177,9 +178,8 @@ class protocol {
   // receive from `p`, or the acknowledgement of a single copy, is reached only by reading what
   // comes before it; a remote frame is only its ranges; a bad header counts as wanted, reading
   // it fails the group).
-  bool wanted(int p, const frame_bytes& bytes) const {
+  bool wanted(int p, const frame_decode_result& d) const {
     const link& l = links_[static_cast<std::size_t>(p)];
-    const frame_decode_result d = decode_frame(bytes, l.rx_seq, settings_.max_message_bytes);
     return !d.ok || d.header.kind != frame_kind::data || queue_.has_receive_from(p) || !l.awaiting.empty();
   }
 
@@ -190,9 +190,8 @@ class protocol {
            });
   }
 
-  void begin_frame(int p, const frame_bytes& bytes) {
+  void begin_frame(int p, const frame_decode_result& d) {
     link& l = at(p);
-    frame_decode_result d = decode_frame(bytes, l.rx_seq, settings_.max_message_bytes);
     if (!d.ok) throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds a bad frame: " + d.error);
     ++l.rx_seq;
     if (d.header.kind == frame_kind::goodbye) {
