@@ -188,15 +188,13 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     with_reduction<T>(coll_op::allreduce, op, [&](reduce_op rop, const auto& combine) {
       run<T>(coll_op::allreduce, rop, 0, in.size(), in.size_bytes(), algo, [&](auto& ctx, algorithm a) {
         auto& scratch = scratch_for<T>();
-        if (a == algorithm::halving_doubling && in.data() != out.data() && !in.empty()) {
-          detail::halving_doubling_allreduce(ctx, out, rop, combine, scratch, in);  // copies only what it keeps
+        const bool out_of_place = in.data() != out.data();
+        if (a == algorithm::halving_doubling) {  // copies in only what it keeps
+          detail::halving_doubling_allreduce(ctx, out, rop, combine, scratch, out_of_place ? in : std::span<const T>{});
           return;
         }
-        if (in.data() != out.data()) std::copy(in.begin(), in.end(), out.begin());
+        if (out_of_place) std::copy(in.begin(), in.end(), out.begin());
         switch (a) {
-          case algorithm::halving_doubling:
-            detail::halving_doubling_allreduce(ctx, out, rop, combine, scratch);
-            break;
           case algorithm::recursive_doubling:
             detail::recursive_doubling_allreduce(ctx, out, rop, combine, scratch);
             break;
