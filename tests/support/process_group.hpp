@@ -39,7 +39,8 @@ struct group_run {
 inline const std::string job_token = "fault-test-token";
 
 // Starts `n` tcp_worker processes in `mode`; `extra(rank)` adds environment variables; `during`
-// runs while they do, given the store and, if it asks for them, the processes' pids. Every process is killed if the group is not done within `limit`.
+// runs while they do, given the store and, if it asks for them, the processes' pids. Every
+// process is killed if the group is not done within `limit`.
 template <class Extra, class During>
 group_run run_program_group(const std::string& program, int n, const std::string& mode, Extra extra, During during,
                             std::chrono::seconds limit = 60s) {

@@ -58,6 +58,8 @@ class protocol {
     return "rank " + std::to_string(settings_.rank_names.empty() ? r : settings_.rank_names[static_cast<std::size_t>(r)]);
   }
   link& at(int p) noexcept { return links_[static_cast<std::size_t>(p)]; }
+  // Whether the peer at the other end of `l` has closed its inbox: it left, cleanly or failed.
+  static bool closed(const link& l) noexcept { return l.peer->closed.load(std::memory_order_acquire) != 0; }
 
   std::string died_text(int p) const {
     return rank_text(p) + " (pid " + std::to_string(links_[static_cast<std::size_t>(p)].watch.pid()) +
@@ -69,7 +71,7 @@ class protocol {
     const std::string why = rank_text(p) + " has left the group";
     for (int q = 0; q < size_; ++q) {
       const link& l = links_[static_cast<std::size_t>(q)];
-      if (q == rank_ || q == p || l.departed || l.peer->closed.load(std::memory_order_acquire) != 0) continue;
+      if (q == rank_ || q == p || l.departed || closed(l)) continue;
       if (l.watch.exited()) return why + " after " + died_text(q);
     }
     return why;
@@ -93,7 +95,7 @@ class protocol {
   void pump_out(int p) {
     link& l = at(p);
     if (l.sendq.empty()) return;
-    if (l.peer->closed.load(std::memory_order_acquire) != 0) {
+    if (closed(l)) {
       for (auto& s : l.sendq) complete(*s, make_error_code(errc::peer_lost), left_text(p));
       l.sendq.clear();
       return;
@@ -336,7 +338,7 @@ class protocol {
       } catch (const error&) {
       }
       // A rank that failed closes its inbox without a goodbye: it left, it did not die.
-      if (!at(p).departed) lose(p, at(p).peer->closed.load(std::memory_order_acquire) != 0 ? left_text(p) : died_text(p));
+      if (!at(p).departed) lose(p, closed(at(p)) ? left_text(p) : died_text(p));
     }
   }
 
