@@ -5,6 +5,7 @@
 //
 //   DTRAIN_PS_SERVERS=1 dtrain-run -n 2 build/bench/bench_ps
 //   DTRAIN_PS_SERVERS=2 dtrain-run -n 4 build/bench/bench_ps --json ps.json
+//   DTRAIN_PS_SERVERS=2 dtrain-run -n 4 build/bench/bench_ps --replicas 2   (chain replication)
 //
 // GB/s counts the value bytes moved by all workers (push: the tensor; pull: the tensor;
 // push+pull: both); M keys/s counts keys per push+pull round (each key pushed and pulled once).
@@ -75,9 +76,11 @@ int main(int argc, char** argv) {
   app.add_option("--slice-kib", slice_kib, "dense slice size (ps_options::dense_slice_bytes) in KiB");
   app.add_flag("--no-key-cache", no_key_cache, "send every key list in full (ps_options::key_cache_lists = 0)");
   int depth = 1;
+  int replicas = 1;
   std::vector<std::size_t> sizes{std::size_t{4} << 10, std::size_t{1} << 20, std::size_t{16} << 20};
   app.add_option("--sizes", sizes, "dense tensor bytes")->check(CLI::Range(std::size_t{4}, std::size_t{1} << 30));
   app.add_option("--depth", depth, "dense tensors of each size in flight per round")->check(CLI::Range(1, 64));
+  app.add_option("--replicas", replicas, "copies of each shard (ps_options::replicas, chain replication)");
   app.add_option("--only", only, "measure only dense or only sparse")->check(CLI::IsMember({"dense", "sparse"}));
   CLI11_PARSE(app, argc, argv);
 
@@ -88,9 +91,15 @@ int main(int argc, char** argv) {
   ps_options o;
   o.dense_slice_bytes = slice_kib << 10;
   if (no_key_cache) o.key_cache_lists = 0;
+  o.replicas = replicas;
   if (r.is_server(t.rank())) {
     server<tcp_transport, asp, float, sgd<float>> s(std::move(t), r, asp{}, sgd<float>(1e-6), {}, o);
     s.run();
+    if (replicas > 1) {
+      const auto& c = s.replication();
+      fmt::print("# server {}: {} updates down its chain, {} replies held for the tail\n", s.shard(), c.forwarded,
+                 c.held_replies);
+    }
     return 0;
   }
   worker_t w(std::move(t), r, range_sharding(r.servers, std::uint64_t{1} << 24), o);
@@ -134,7 +143,7 @@ int main(int argc, char** argv) {
   w.finish();
   if (w.id() == 0) {
     fmt::print("# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers, {} dense tensor(s) in flight, "
-               "{} KiB slices\n", r.servers, r.workers, depth, slice_kib);
+               "{} KiB slices, {} replica(s)\n", r.servers, r.workers, depth, slice_kib, replicas);
     fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "op", "size(B)", "keys", "time(us)", "GB/s", "Mkeys/s");
     std::string out = "[\n";
     for (std::size_t i = 0; i < results.size(); ++i) {

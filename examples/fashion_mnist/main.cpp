@@ -63,6 +63,7 @@ struct settings {
   int tau = 8;               // the period of ADAG, EASGD, model averaging; DynSGD's window
   double rho = 0.5;          // EASGD's elasticity (alpha = lr * rho)
   double time_budget = 0;    // > 0: stop training after this many seconds (equal-time comparisons)
+  int replicas = 1;          // copies of each parameter shard (chain replication over the servers)
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -244,6 +245,7 @@ int run_ps_with(const settings& s, dtrain::mixed_transport transport, Updater up
                         fmt::format("--batch {} does not split evenly across {} workers", s.global_batch, P));
   }
   dtrain::ps::ps_options o;
+  o.replicas = s.replicas;
   // The servers create the parameters: uniform in +-0.05, near PyTorch's +-1/sqrt(fan_in) for
   // these layers (0.036 to 0.088), and the same on every run.
   dtrain::ps::trainer<dtrain::mixed_transport, Consistency, Updater, Algorithm, float, dtrain::ps::uniform_initializer> job(
@@ -411,6 +413,8 @@ int main(int argc, char** argv) {
   app.add_option("--tau", s.tau, "parameter server: the period of ADAG, EASGD, averaging; DynSGD's window")
       ->capture_default_str();
   app.add_option("--rho", s.rho, "parameter server: EASGD's elasticity (alpha = lr * rho)")->capture_default_str();
+  app.add_option("--replicas", s.replicas, "parameter server: copies of each shard, on as many servers")
+      ->check(CLI::Range(1, 64))->capture_default_str();
   app.add_option("--time-budget", s.time_budget, "stop training after this many seconds")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {

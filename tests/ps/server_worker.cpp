@@ -389,8 +389,8 @@ TEST_CASE("a request naming a key cache slot the server does not hold is refused
       return rh.status == 0 ? std::string() : std::string(reinterpret_cast<const char*>(reply.data()) + header_bytes,
                                                            reply.size() - header_bytes);
     };
-    const std::uint64_t config[4] = {1, 1, name_digest(asp::name), sizeof(float)};
-    exchange({op::hello, table_id::sparse, 1, 0, 0, 4, 0, 0}, config, {});
+    const auto config = job_configuration{r, asp::name, sizeof(float), 1}.words();
+    exchange({op::hello, table_id::sparse, 1, 0, 0, config.size(), 0, 0}, config, {});
     const std::vector<float> values(3, 1.0f);
     refusal = exchange({op::push, table_id::sparse, 2, 0, 0, 3, 1, 0, key_cache::use, 9}, {}, values);
     exchange({op::goodbye, table_id::sparse, 3, 0, 0, 0, 0, 0}, {}, {});

@@ -6,11 +6,16 @@
 // messages.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <utility>
+#include <system_error>
+#include <thread>
 #include <vector>
+
+#include "dtrain/core/deadline.hpp"
 
 namespace dtrain::detail {
 
@@ -39,6 +44,28 @@ class receive_ring {
   handle& current() { return *receives_[next_]; }
   /// Its buffer, once `current()` has completed.
   const std::vector<std::byte>& message() const { return buffers_[next_]; }
+
+  /// Waits for `current()`: looks for `spin` first (yielding between looks), then sleeps up to
+  /// `sleep`. Messages come in bursts (a worker's push, clock and pull), so a short look saves a
+  /// wake-up per message of a burst. @returns whether it completed; `ec` says why not, or is
+  /// `timeout` when `sleep` passed
+  bool wait_current(std::chrono::microseconds spin, std::chrono::milliseconds sleep, std::error_code& ec) {
+    handle& r = current();
+    bool got = false;
+    for (const auto end = std::chrono::steady_clock::now() + spin; !got && std::chrono::steady_clock::now() < end;) {
+      got = r.test();
+      if (!got) std::this_thread::yield();
+    }
+    if (got) return r.wait(deadline::after(std::chrono::milliseconds(0)), ec);  // collects the status
+    return r.wait(deadline::after(sleep), ec);
+  }
+
+  /// Takes the current message's buffer, leaving `spare` in its slot (posted on `advance`): for
+  /// a caller that passes the message on without copying it.
+  std::vector<std::byte> take_message(std::vector<std::byte> spare) {
+    std::swap(buffers_[next_], spare);
+    return spare;
+  }
 
   /// The current message is handled: its slot is posted again, behind the others. The buffer
   /// keeps its size, so a message of the same size costs no zero-filling.

@@ -52,6 +52,9 @@ struct ps_options {
   /// different disks). Workers then continue from that clock (`worker::clocks()`).
   bool resume = false;
   std::int64_t resume_clock = -1;
+  /// Copies of each shard, on as many servers (chain replication, ps/chain.hpp): 1 keeps one
+  /// copy; k > 1 survives k - 1 failed servers of a chain. At most the number of servers.
+  int replicas = 1;
 };
 
 }  // namespace dtrain::ps

@@ -48,6 +48,9 @@ enum class op : std::uint8_t {
   checkpoint = 6, ///< write a checkpoint now
   goodbye = 7,    ///< the worker is done; it no longer holds anyone back
   push_pull = 8,  ///< a push, then a pull of the same keys, in one request and one reply
+  // Between servers (chain replication, ps/replication.hpp); no reply.
+  replicate = 9,   ///< an update the sender applied, for the next copy of its shard (id: sequence)
+  replicated = 10, ///< the tail holds a shard's updates up to sequence `id` (to the head)
 };
 
 /// The name of `o`, for messages.
@@ -61,6 +64,8 @@ constexpr const char* op_name(op o) noexcept {
     case op::checkpoint: return "checkpoint";
     case op::goodbye: return "goodbye";
     case op::push_pull: return "push_pull";
+    case op::replicate: return "replicate";
+    case op::replicated: return "replicated";
   }
   return "request";
 }
@@ -117,7 +122,7 @@ inline void put_common(std::byte* b, op what, std::uint8_t byte5) {
   put(b + 6, std::uint16_t{0});
 }
 
-inline bool known(op o) { return o >= op::hello && o <= op::push_pull; }
+inline bool known(op o) { return o >= op::hello && o <= op::replicated; }
 }  // namespace detail
 
 /// FNV-1a of a name (a consistency model's), for the hello's configuration check.
@@ -248,7 +253,7 @@ request_view<T> decode_request(std::span<const std::byte> b, int from) {
   r.values = b.subspan(header_bytes + key_bytes);
   if (r.values.size() % sizeof(T) != 0) throw bad("values are not whole elements");
   const std::size_t values = r.values.size() / sizeof(T);
-  if ((r.header.what == op::push || r.header.what == op::push_pull) &&
+  if ((r.header.what == op::push || r.header.what == op::push_pull || r.header.what == op::replicate) &&
       (r.header.length == 0 ? values != 0 : values % r.header.length != 0 || values / r.header.length != r.header.keys)) {
     throw bad(std::to_string(values) + " values for " + std::to_string(r.header.keys) + " keys of length " +
               std::to_string(r.header.length));

@@ -16,6 +16,10 @@
 ///  - The reply to a worker's `clock` waits until `may_advance(its clocks, slowest's clocks)`.
 ///  - Staleness of a push: the server's version (updates applied) when it is applied, minus the
 ///    version the worker last pulled. Averaged pushes carry their mean staleness.
+///
+/// With `ps_options::replicas` k > 1, server s is the head of shard s's chain and holds copies
+/// of the k-1 shards before it (ps/replication.hpp): every update it applies goes down its chain,
+/// and it replies only from state the chain's tail holds.
 
 #include <algorithm>
 #include <chrono>
@@ -27,7 +31,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,10 +43,13 @@
 #include "dtrain/detail/log.hpp"
 #include "dtrain/detail/receive_ring.hpp"
 #include "dtrain/ps/checkpoint.hpp"
+#include "dtrain/ps/configuration.hpp"
 #include "dtrain/ps/key_cache.hpp"
 #include "dtrain/ps/options.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/push_rounds.hpp"
+#include "dtrain/ps/replication.hpp"
+#include "dtrain/ps/shard_updates.hpp"
 #include "dtrain/ps/reply_queue.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/shard_checkpoints.hpp"
@@ -66,10 +72,10 @@ class server {
         roles_(r),
         consistency_(c),
         options_(o),
-        checkpoints_(o.checkpoint_prefix, transport_.rank(), r.servers),
+        checkpoints_(o.checkpoint_prefix, transport_.rank(), r.servers, o.checkpoint_every),
         replies_(o.tag),
-        sparse_(u, init, mode),
-        dense_(u, init, mode),
+        updates_(std::move(u), std::move(init), mode,
+                 chain_replicator<Transport, T>(chain_layout(r.servers, o.replicas), transport_.rank(), o.tag, o.timeout), stats_),
         workers_(r.workers),
         key_cache_(r.workers) {
     if (!roles_.is_server(transport_.rank())) {
@@ -78,8 +84,7 @@ class server {
     }
     stats_.per_worker_staleness.assign(static_cast<std::size_t>(r.workers), std::vector<std::uint64_t>(33, 0));
     if (options_.resume) restore();
-    next_checkpoint_ =
-        options_.checkpoint_every > 0 ? (workers_.slowest() / options_.checkpoint_every + 1) * options_.checkpoint_every : 0;
+    checkpoints_.start_after(workers_.slowest());
   }
 
   /// Serves until every worker has said goodbye (or was dropped).
@@ -91,24 +96,11 @@ class server {
     // many tensors') land in place instead of in the transport's unexpected queue.
     dtrain::detail::receive_ring<Transport> requests;
     requests.start(transport_, any_peer, options_.tag, options_.posted_requests);
+    ring_ = &requests;
     for (;;) {
-      auto& request = requests.current();
       std::error_code ec;
-      // Requests come in bursts (a worker's push, clock and pull): look again for a few
-      // microseconds before sleeping, which saves a wake-up per request in a burst.
-      bool got = false;
-      for (const auto spin_end = clock::now() + options_.spin; !got && clock::now() < spin_end;) {
-        got = request.test();
-        if (!got) std::this_thread::yield();
-      }
-      if (got) {
-        request.wait(deadline::after(std::chrono::milliseconds(0)), ec);  // collects the status
-        got = !ec;
-      } else {
-        got = request.wait(deadline::after(std::chrono::milliseconds(20)), ec);
-      }
-      if (got) {
-        const int from = request.info().peer;
+      if (requests.wait_current(options_.spin, std::chrono::milliseconds(20), ec)) {
+        const int from = requests.current().info().peer;
         stats_.bytes_in += requests.message().size();
         handle(from, std::span<const std::byte>(requests.message()));
         requests.advance();
@@ -117,9 +109,11 @@ class server {
       }
       reap_sends();
       check_liveness(start);
-      if (workers_.live() == 0) break;
+      chain().check_deadline();
+      if (workers_.live() == 0 && chain().finished(transport_)) break;
     }
     requests.cancel();
+    ring_ = nullptr;
     flush_sends();
   }
 
@@ -129,13 +123,13 @@ class server {
     stats_.deferred_now = deferred_.size();
     return stats_;
   }
-  auto& sparse_table() noexcept { return sparse_; }
-  auto& dense_table() noexcept { return dense_; }
+  const replication_stats& replication() noexcept { return chain().stats(); }
+  auto& sparse_table() noexcept { return updates_.sparse(); }
+  auto& dense_table() noexcept { return updates_.dense(); }
   int shard() const noexcept { return transport_.rank(); }
 
  private:
   using clock = std::chrono::steady_clock;
-  using table_type = table<T, Updater, Initializer>;
 
   struct deferred {
     int from;
@@ -154,9 +148,13 @@ class server {
       if (!roles_.is_server(from)) reply_error(from, response_header{}, errc::protocol_error, e.what());
       return;
     }
+    if (roles_.is_server(from)) {
+      on_server_message(from, r);
+      return;
+    }
     const request_header& h = r.header;
     response_header reply{h.what, 0, h.id, stats_.version, workers_.slowest(), 0, static_cast<std::uint32_t>(shard())};
-    if (roles_.is_server(from) || static_cast<int>(h.worker) != roles_.worker_of(from)) {
+    if (static_cast<int>(h.worker) != roles_.worker_of(from)) {
       reply_error(from, reply, errc::protocol_error,
                   "rank " + std::to_string(from) + " sent a request as worker " + std::to_string(h.worker));
       return;
@@ -182,6 +180,7 @@ class server {
         case op::heartbeat: break;
         case op::checkpoint: on_checkpoint(from, reply); break;
         case op::goodbye: on_goodbye(from, w, reply); break;
+        default: throw error(errc::protocol_error, std::string("a worker sent a ") + op_name(h.what) + ", which servers send");
       }
     } catch (const error& e) {
       reply_error(from, reply, code_of(e), e.what());
@@ -190,7 +189,7 @@ class server {
 
   void on_hello(int from, const request_view<T>& r, response_header reply) {
     const auto w = static_cast<std::size_t>(r.header.worker);
-    check_hello(r);
+    job_configuration{roles_, Consistency::name, sizeof(T), options_.replicas}.check_hello(r.keys, r.header.worker, shard());
     workers_.greeted(w);
     key_cache_.forget(static_cast<std::uint32_t>(w));  // a restarted worker starts with an empty cache
     reply.slowest = workers_.clock_of(w);  // a resumed server tells the worker where it left off
@@ -217,24 +216,22 @@ class server {
     send(from, encode_response<T>(reply, {}));
   }
 
+  // An update to hold a copy of, an acknowledgement from a tail, or a head's goodbye.
+  void on_server_message(int from, const request_view<T>& r) {
+    auto apply = [this](table_id which, std::span<const key_type> keys, std::span<const T> values, std::size_t length,
+                        std::uint64_t staleness) { updates_.apply_copy(which, keys, values, length, staleness); };
+    try {
+      chain().handle(transport_, from, r, [this] { return take_message(); }, apply, [this](int to, message m) { send_now(to, std::move(m)); });
+    } catch (const error& e) {
+      fail(code_of(e), e.what());
+    }
+  }
+
   void on_goodbye(int from, std::size_t w, const response_header& reply) {
     rounds_.close_contribution(static_cast<std::uint32_t>(w));
     workers_.finished(w);
     send(from, encode_response<T>(reply, {}));
     progress();
-  }
-
-  void check_hello(const request_view<T>& r) {
-    // keys: servers, workers, the consistency's name hash, value bytes
-    const std::uint64_t want[4] = {static_cast<std::uint64_t>(roles_.servers), static_cast<std::uint64_t>(roles_.workers),
-                                   name_digest(Consistency::name), sizeof(T)};
-    if (r.keys.size() != 4 || !std::equal(r.keys.begin(), r.keys.end(), want)) {
-      throw error(errc::invalid_argument,
-                  "worker " + std::to_string(r.header.worker) + " was configured differently from server " +
-                      std::to_string(shard()) + " (" + std::to_string(roles_.servers) + " servers, " +
-                      std::to_string(roles_.workers) + " workers, " + std::string(Consistency::name) + ", " +
-                      std::to_string(sizeof(T)) + "-byte values)");
-    }
   }
 
   // Under ASP and SSP a push is applied as it arrives; under BSP and soft sync it waits for others.
@@ -279,14 +276,10 @@ class server {
       return;
     }
     check_push(h, k);
-    const std::uint64_t s = staleness_of(h.basis);
-    record_staleness(h.worker, s);
     const std::size_t n = k.keys.size() * h.length;
     message m = response_with_room<T>({h.what, 0, h.id, stats_.version + 1, workers_.slowest(), 0, static_cast<std::uint32_t>(shard())}, n);
-    if (!k.keys.empty()) {
-      table_of(h.table).push_pull(k.keys, r.typed_values(), std::span<T>(m.values<T>(), n), h.length, {s, 1.0}, k.resolved);
-    }
-    ++stats_.version;
+    updates_.apply_and_read(transport_, h.worker, h.table, k.keys, r.typed_values(), std::span<T>(m.values<T>(), n), h.length,
+                            h.basis, k.resolved, take_frame());
     ++stats_.pulls;
     stats_.keys_pulled += k.keys.size();
     send(from, std::move(m));
@@ -296,7 +289,7 @@ class server {
     const request_header& h = r.header;
     check_push(h, k);
     if (applies_on_arrival()) {  // straight from the request's bytes
-      apply_single(h.worker, h.table, k.keys, r.typed_values(), h.length, h.basis, k.resolved);
+      updates_.apply_single(transport_, h.worker, h.table, k.keys, r.typed_values(), h.length, h.basis, k.resolved, take_frame());
       return;
     }
     pending_push<T> p{h.worker, h.table, h.length, h.basis, own(r, k), {}};
@@ -310,61 +303,26 @@ class server {
     }
   }
 
-  table_type& table_of(table_id which) noexcept { return which == table_id::sparse ? sparse_ : dense_; }
-
-  // Versions applied since the worker read the parameters its push was computed from.
-  std::uint64_t staleness_of(std::uint64_t basis) const noexcept { return stats_.version - std::min(basis, stats_.version); }
-
-  void record_staleness(std::uint32_t worker, std::uint64_t s) {
-    const std::size_t bucket = std::min<std::size_t>(s, 32);
-    ++stats_.staleness_histogram[bucket];
-    ++stats_.per_worker_staleness[worker][bucket];
+  // The request being handled, taken from the receive ring (which gets a spare buffer), so
+  // that a copy down the chain sends its values from where they arrived.
+  std::vector<std::byte> take_message() { return ring_->take_message(chain().spare()); }
+  std::vector<std::byte>* take_frame() {
+    if (!chain().replicating() || ring_ == nullptr) return nullptr;
+    frame_ = take_message();
+    return &frame_;
   }
 
-  // One push that is its own mean: straight into its table as one update.
-  void apply_single(std::uint32_t worker, table_id which, std::span<const key_type> keys, std::span<const T> values,
-                    std::size_t length, std::uint64_t basis, resolved_keys* resolved = nullptr) {
-    const std::uint64_t s = staleness_of(basis);
-    record_staleness(worker, s);
-    if (!keys.empty()) table_of(which).push(keys, values, length, {s, 1.0}, resolved);
-    ++stats_.version;
-  }
-
-  // Applies a group of pushes as one update, the mean over its `contributions` (a worker's
-  // clock may span several requests, slices or servers' shares: it counts once).
-  void apply_group(std::vector<pending_push<T>>& group, std::size_t contributions) {
-    if (group.empty()) return;
-    if (group.size() == 1 && contributions == 1) {
-      const pending_push<T>& p = group.front();
-      apply_single(p.worker, p.which, p.keys, p.values, p.length, p.basis);
-      return;
-    }
-    double staleness = 0;
-    for (const auto& p : group) {
-      const std::uint64_t s = staleness_of(p.basis);
-      staleness += static_cast<double>(s);
-      record_staleness(p.worker, s);
-    }
-    const step_info info{static_cast<std::uint64_t>(staleness / static_cast<double>(group.size()) + 0.5), 1.0};
-    // Gradients are averaged over the group; summation mode adds every push as it is.
-    const T scale = sparse_.mode() == apply_mode::sum ? T(1) : T(1) / static_cast<T>(contributions);
-    for (const group_mean<T>& m : mean_of(group, scale)) table_of(m.which).push(m.keys, m.values, m.length, info);
-    ++stats_.version;
-  }
+  chain_replicator<Transport, T>& chain() noexcept { return updates_.replication(); }
 
   // Applies complete barrier rounds, flushes a final partial group, and answers what can be.
   void progress() {
     const std::int64_t s = workers_.slowest();
     auto apply = [this](std::vector<pending_push<T>>& group, std::size_t contributions) {
-      apply_group(group, contributions);
+      updates_.apply_group(transport_, group, contributions);
     };
     rounds_.complete_rounds(s, apply);
     // At a round boundary every shard holds exactly the rounds before `s`: a consistent cut.
-    if (consistency_.staleness_bound() == 0 && next_checkpoint_ > 0 && s != worker_clocks::done_clock &&
-        s >= next_checkpoint_) {
-      save();
-      next_checkpoint_ = (s / options_.checkpoint_every + 1) * options_.checkpoint_every;
-    }
+    if (consistency_.staleness_bound() == 0 && s != worker_clocks::done_clock && checkpoints_.due(s)) save();
     // A soft-sync group waits for s contributions; with fewer workers left, apply what there is.
     const int live = workers_.live();
     rounds_.complete_group(live == 0 ? 0 : static_cast<std::size_t>(std::max(consistency_.pushes_to_apply(live), 0)), apply);
@@ -410,7 +368,7 @@ class server {
       if (h.length == 0 && !k.keys.empty()) throw error(errc::invalid_argument, "pull with length 0");
       const std::size_t n = k.keys.size() * h.length;
       message m = response_with_room<T>(reply, n);  // the table writes the values in place
-      table_of(h.table).pull(k.keys, std::span<T>(m.values<T>(), n), h.length, k.resolved);
+      updates_.table_of(h.table).pull(k.keys, std::span<T>(m.values<T>(), n), h.length, k.resolved);
       ++stats_.pulls;
       stats_.keys_pulled += k.keys.size();
       send(from, std::move(m));
@@ -424,11 +382,11 @@ class server {
   void save() {
     const shard_state st{static_cast<std::uint32_t>(shard()), static_cast<std::uint32_t>(roles_.servers),
                          stats_.version, workers_.clocks()};
-    checkpoints_.save(sparse_, dense_, st, std::min(workers_.slowest(), workers_.fastest()));
+    checkpoints_.save(updates_.sparse(), updates_.dense(), st, std::min(workers_.slowest(), workers_.fastest()));
   }
 
   void restore() {
-    const shard_state st = checkpoints_.restore(sparse_, dense_, options_.resume_clock, workers_.workers());
+    const shard_state st = checkpoints_.restore(updates_.sparse(), updates_.dense(), options_.resume_clock, workers_.workers());
     stats_.version = st.version;
     workers_.restore(st.clocks);
   }
@@ -470,9 +428,23 @@ class server {
     send(to, encode_error(h, code, text));
   }
 
-  void send(int to, message bytes) { stats_.bytes_out += replies_.send(transport_, to, std::move(bytes)); }
-  void reap_sends() { replies_.reap(); }
-  void flush_sends() noexcept { replies_.flush(deadline::after(options_.timeout)); }
+  // A reply waits while an update this server applied is not yet at its chain's tail.
+  void send(int to, message bytes) {
+    if (chain().holding()) {
+      chain().hold(to, std::move(bytes));
+    } else {
+      send_now(to, std::move(bytes));
+    }
+  }
+  void send_now(int to, message bytes) { stats_.bytes_out += replies_.send(transport_, to, std::move(bytes)); }
+  void reap_sends() {
+    replies_.reap();
+    chain().reap();
+  }
+  void flush_sends() noexcept {
+    replies_.flush(deadline::after(options_.timeout));
+    chain().flush(deadline::after(options_.timeout));
+  }
 
   Transport transport_;
   roles roles_;
@@ -480,14 +452,15 @@ class server {
   ps_options options_;
   shard_checkpoints checkpoints_;
   reply_queue<Transport> replies_;
-  table_type sparse_, dense_;
+  server_stats stats_;  // before updates_, which counts in it
+  shard_updates<Transport, T, Updater, Initializer> updates_;
   worker_clocks workers_;
   push_rounds<T> rounds_;
   std::list<deferred> deferred_;
   kept_key_lists key_cache_;
   std::string failure_;
-  std::int64_t next_checkpoint_ = 0;
-  server_stats stats_;
+  dtrain::detail::receive_ring<Transport>* ring_ = nullptr;  // while `run` runs
+  std::vector<std::byte> frame_;                             // a request taken from it
 };
 
 }  // namespace dtrain::ps

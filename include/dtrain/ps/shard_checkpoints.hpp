@@ -19,10 +19,22 @@ namespace dtrain::ps {
 /// clock every shard has may be the one before.
 class shard_checkpoints {
  public:
-  shard_checkpoints(std::string prefix, int shard, int servers)
-      : prefix_(std::move(prefix)), shard_(shard), servers_(servers) {}
+  /// @param every write one every `every` clocks (0: only when asked)
+  shard_checkpoints(std::string prefix, int shard, int servers, std::int64_t every = 0)
+      : prefix_(std::move(prefix)), shard_(shard), servers_(servers), every_(every) {}
 
   bool enabled() const noexcept { return !prefix_.empty(); }
+
+  /// The periodic checkpoints start after clock `slowest` (0, or the clock a job resumed at).
+  void start_after(std::int64_t slowest) noexcept { next_ = every_ > 0 ? (slowest / every_ + 1) * every_ : 0; }
+
+  /// Whether a periodic checkpoint is due now that every worker has finished the clocks before
+  /// `slowest`; if so, the next is due `every` clocks on.
+  bool due(std::int64_t slowest) noexcept {
+    if (next_ <= 0 || slowest < next_) return false;
+    next_ = (slowest / every_ + 1) * every_;
+    return true;
+  }
 
   /// Writes both tables (atomically each) as of clock `at`, then removes all but the two newest.
   template <class Table>
@@ -72,6 +84,8 @@ class shard_checkpoints {
   std::string prefix_;
   int shard_;
   int servers_;
+  std::int64_t every_;
+  std::int64_t next_ = 0;
   std::vector<std::int64_t> written_;  // clocks of the checkpoints on disk, oldest first
 };
 

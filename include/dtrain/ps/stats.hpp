@@ -4,6 +4,7 @@
 /// (a shard's updates, requests, bytes, and the staleness of every update, overall and per
 /// worker) and `worker_stats` (a worker's requests, bytes and waiting).
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -21,6 +22,12 @@ struct server_stats {
   /// The same, per worker: `per_worker_staleness[w][s]`.
   std::vector<std::vector<std::uint64_t>> per_worker_staleness;
   std::size_t deferred_now = 0;     ///< pulls and clocks waiting at the moment of the snapshot
+  /// Counts an update from worker `w` applied `s` versions after the one it was computed from.
+  void record_staleness(std::uint32_t w, std::uint64_t s) {
+    const std::size_t bucket = std::min<std::size_t>(s, 32);
+    ++staleness_histogram[bucket];
+    ++per_worker_staleness[w][bucket];
+  }
   /// The histogram's mean.
   double mean_staleness() const noexcept {
     double n = 0, sum = 0;

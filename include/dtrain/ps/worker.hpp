@@ -40,6 +40,7 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/ps/configuration.hpp"
 #include "dtrain/ps/heartbeat.hpp"
 #include "dtrain/ps/key_cache.hpp"
 #include "dtrain/ps/protocol.hpp"
@@ -472,11 +473,9 @@ class worker {
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
   std::vector<std::int64_t> hello_clocks_;
-  // What a hello carries (as keys), checked by every server: servers, workers, the consistency
-  // model, the value size.
-  const std::array<std::uint64_t, 4> config_{static_cast<std::uint64_t>(roles_.servers),
-                                             static_cast<std::uint64_t>(roles_.workers),
-                                             name_digest(Consistency::name), sizeof(T)};
+  // What a hello carries (as keys), checked by every server.
+  const std::array<std::uint64_t, 5> config_ =
+      job_configuration{roles_, Consistency::name, sizeof(T), options_.replicas}.words();
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, pending> pending_;  // declared after transport_: its receives go first
   worker_stats stats_;
