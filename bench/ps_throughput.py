@@ -6,16 +6,21 @@ Runs, alternated round by round so that a slow spell of the machine hits every p
            servers+workers) and sparse push+pull of 100k keys (with and without key caching)
   bare TCP bench_tcp_ceiling: the same message patterns over blocking sockets (1 and 4 in flight)
   ZeroMQ   peers/zmq_push_pull: DEALER/ROUTER, ps-lite's transport (when built; libzmq)
+  ps-lite  peers/pslite_push_pull (with --pslite DIR: a ps-lite checkout you built, and dtrain
+           configured with -DDTRAIN_PSLITE_DIR=DIR), launched by ps-lite's own tests/local.sh
 and prints, per configuration, the low-high range over the rounds of push+pull GB/s (dense) and
-M keys/s (sparse), with the machine and the commit measured.
+M keys/s (sparse), and the median over rounds of dtrain's figure over each peer's, each pair
+measured in the same round, with the machine and the commit measured.
 
   python3 bench/ps_throughput.py --build build [--rounds 5] [--seconds 1] [--json ps_throughput.json]
+  python3 bench/ps_throughput.py --build build --pslite /tmp/ps-lite        # with ps-lite's columns
   python3 bench/ps_throughput.py --from-json ps_throughput.json     # the table of a saved run
 """
 import argparse
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,7 +56,25 @@ def run_json(cmd, env=None):
         return json.load(open(f.name))
 
 
-def configurations(build, seconds, with_zmq):
+def run_pslite(launcher, servers, workers, cmd):
+    """Runs `cmd` under ps-lite's tests/local.sh (scheduler, servers and workers as background
+    processes) with `--json FILE` appended, in a session of its own so that a hang is killed
+    whole; returns the rows worker 0 wrote."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        proc = subprocess.Popen(["bash", launcher, str(servers), str(workers)] + cmd + ["--json", f.name],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            sys.exit(f"ps-lite timed out: {' '.join(cmd)}")
+        rows = json.load(open(f.name)) if os.path.getsize(f.name) > 0 else None
+        if proc.returncode != 0 or rows is None:
+            sys.exit(f"ps-lite failed ({proc.returncode}): {' '.join(cmd)}\n{out[-3000:]}")
+        return rows
+
+
+def configurations(build, seconds, with_zmq, pslite):
     """(key, label, command, unit, rows -> {size: value}) for every program in the table."""
     run = [os.path.join(build, "tools", "dtrain-run")]
     ps = os.path.join(build, "bench", "bench_ps")
@@ -72,6 +95,9 @@ def configurations(build, seconds, with_zmq):
          "GB/s", dense),
         ("dtrain_2_2", "dtrain bench_ps, 2+2, 1 in flight",
          run + ["--servers", "2", "-n", "4", ps, "--only", "dense", "--sizes", *sizes] + common, "GB/s", dense),
+        ("dtrain_2_2_d4", "dtrain bench_ps, 2+2, 4 in flight",
+         run + ["--servers", "2", "-n", "4", ps, "--only", "dense", "--sizes", *sizes, "--depth", "4"] + common,
+         "GB/s", dense),
         ("tcp_d1", "bare TCP (bench_tcp_ceiling), 1 in flight",
          [os.path.join(build, "bench", "bench_tcp_ceiling"), "--sizes", *sizes] + common, "GB/s", dense),
         ("tcp_d4", "bare TCP (bench_tcp_ceiling), 4 in flight",
@@ -86,6 +112,15 @@ def configurations(build, seconds, with_zmq):
             ("zmq_d4", "ZeroMQ (zmq_push_pull, server only answers), 4 in flight",
              [zmq, "--sizes", *sizes, "--depth", "4"] + common, "GB/s", dense),
         ]
+    if pslite:
+        driver = os.path.join(build, "bench", "pslite_push_pull")
+        launcher = os.path.join(pslite, "tests", "local.sh")
+        for s, w in ((1, 1), (2, 2)):
+            for depth in (1, 4):
+                key = f"pslite_{s}_{w}" + ("_d4" if depth == 4 else "")
+                configs.append((key, f"ps-lite (pslite_push_pull), {s}+{w}, {depth} in flight",
+                                (launcher, s, w, [driver, "--only", "dense", "--sizes", *sizes, "--depth", str(depth)]
+                                 + common), "GB/s", dense))
     keys = ["--only", "sparse", "--keys", str(SPARSE_KEYS)] + common
     configs += [
         ("sparse_1_1", "dtrain sparse, key caching, 1+1", run + ["--servers", "1", "-n", "2", ps] + keys, "Mkeys/s",
@@ -97,6 +132,10 @@ def configurations(build, seconds, with_zmq):
         ("sparse_2_2_nc", "dtrain sparse, --no-key-cache, 2+2",
          run + ["--servers", "2", "-n", "4", ps, "--no-key-cache"] + keys, "Mkeys/s", sparse),
     ]
+    if pslite:
+        for s, w in ((1, 1), (2, 2)):
+            configs.append((f"pslite_sparse_{s}_{w}", f"ps-lite sparse (KVServerDefaultHandle), {s}+{w}",
+                            (launcher, s, w, [driver] + keys), "Mkeys/s", sparse))
     return configs
 
 
@@ -107,13 +146,15 @@ def main():
     ap.add_argument("--seconds", type=float, default=1.0, help="time per measured point")
     ap.add_argument("--json", help="write every sample, with the machine and commit, to this file")
     ap.add_argument("--from-json", help="print the table of an earlier run's --json instead of measuring")
+    ap.add_argument("--pslite", help="a built ps-lite checkout: adds its columns (its tests/local.sh launches it)")
     args = ap.parse_args()
     source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     saved = json.load(open(args.from_json)) if args.from_json else None
     # ZeroMQ is measured where its peer program was built; a saved run lists it if it had it.
     with_zmq = "zmq_d1" in saved["samples"] if saved else os.access(
         os.path.join(args.build, "bench", "zmq_push_pull"), os.X_OK)
-    configs = configurations(args.build, args.seconds, with_zmq)
+    with_pslite = ("pslite_1_1" in saved["samples"]) if saved else bool(args.pslite)
+    configs = configurations(args.build, args.seconds, with_zmq, args.pslite or ("(saved)" if with_pslite else None))
     samples = {key: {} for key, *_ in configs}
     where, measured = machine(), commit(source)
     if saved:
@@ -124,7 +165,8 @@ def main():
         for rnd in range(args.rounds):
             for key, label, cmd, _, pick in configs:
                 print(f"round {rnd + 1}/{args.rounds}: {label}", file=sys.stderr, flush=True)
-                for column, value in pick(run_json(cmd)).items():
+                rows = run_pslite(*cmd) if isinstance(cmd, tuple) else run_json(cmd)
+                for column, value in pick(rows).items():
                     samples[key].setdefault(column, []).append(value)
 
     def cell(values):
@@ -140,8 +182,8 @@ def main():
     print(f"# parameter-server throughput, {args.rounds} alternated rounds, {args.seconds:g} s per point; "
           f"low-high over the rounds")
     print(f"# machine: {where}; dtrain {measured}")
-    print("| push+pull, GB/s (both directions) | 1 MiB | 16 MiB | 1 MiB vs bare TCP, vs ZeroMQ | "
-          "16 MiB vs bare TCP, vs ZeroMQ |")
+    print("| push+pull, GB/s (both directions) | 1 MiB | 16 MiB | 1 MiB vs bare TCP, ZeroMQ, ps-lite | "
+          "16 MiB vs bare TCP, ZeroMQ, ps-lite |")
     print("|---|---|---|---|---|")
     for key, label, _, unit, _ in configs:
         if unit != "GB/s":
@@ -151,18 +193,21 @@ def main():
             # Against the peer with as many requests in flight.
             depth = "d4" if key.endswith("_d4") else "d1"
             for size in DENSE_SIZES:
-                row += f" {ratio(key, 'tcp_' + depth, size)}, {ratio(key, 'zmq_' + depth, size)} |"
+                row += (f" {ratio(key, 'tcp_' + depth, size)}, {ratio(key, 'zmq_' + depth, size)}, "
+                        f"{ratio(key, key.replace('dtrain', 'pslite'), size)} |")
         else:
             row += " | |"
         print(row)
     print("# ratios: the median over rounds of dtrain / peer, both measured in the same round, "
-          "with as many requests in flight")
+          "with as many requests in flight (bare TCP and ZeroMQ: one client and one server; ps-lite: as many "
+          "servers and workers)")
     print()
-    print(f"| sparse push+pull, {SPARSE_KEYS // 1000}k keys, M keys/s | low-high |")
-    print("|---|---|")
+    print(f"| sparse push+pull, {SPARSE_KEYS // 1000}k keys, M keys/s | low-high | vs ps-lite |")
+    print("|---|---|---|")
     for key, label, _, unit, _ in configs:
         if unit == "Mkeys/s":
-            print(f"| {label} | {cell(samples[key].get('keys', []))} |")
+            peer = "pslite_sparse_" + key.split("_", 1)[1].removesuffix("_nc") if key.startswith("sparse") else ""
+            print(f"| {label} | {cell(samples[key].get('keys', []))} | {ratio(key, peer, 'keys') if peer else ''} |")
     if args.json and not args.from_json:
         with open(args.json, "w") as f:
             json.dump({"machine": where, "commit": measured, "rounds": args.rounds,
