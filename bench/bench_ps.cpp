@@ -33,7 +33,6 @@
 
 using namespace dtrain;
 using namespace dtrain::ps;
-using clock_type = std::chrono::steady_clock;
 
 namespace {
 
@@ -44,22 +43,6 @@ struct result {
 };
 
 using worker_t = worker<tcp_transport, asp, float>;
-
-// Runs `op` until `min_seconds` have passed (at least `min_iters` times) after `warmup` calls;
-// returns this worker's seconds per call (all workers run the same loop at the same time).
-template <class Op>
-double time_op(Op op, double min_seconds, int warmup) {
-  for (int i = 0; i < warmup; ++i) op();
-  int iters = 0;
-  const auto t0 = clock_type::now();
-  double elapsed = 0;
-  while (elapsed < min_seconds || iters < 5) {
-    op();
-    ++iters;
-    elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
-  }
-  return elapsed / iters;
-}
 
 }  // namespace
 
@@ -114,7 +97,7 @@ int main(int argc, char** argv) {
     std::vector<worker_t::request> round(tensors.size());
     for (const char* what : {"push", "pull", "push+pull"}) {
       const std::string op = what;
-      const double s = time_op([&] {
+      const double s = dtrain::bench::time_per_call([&] {
         for (std::size_t k = 0; k < tensors.size(); ++k) {
           round[k] = op == "push"   ? w.push_dense(tensors[k], grad)
                      : op == "pull" ? w.pull_dense(tensors[k], values[k])
@@ -133,7 +116,7 @@ int main(int argc, char** argv) {
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::vector<float> grad(keys.size(), 1e-3f), values(keys.size());
-  const double s = keys.empty() ? 1.0 : time_op([&] {
+  const double s = keys.empty() ? 1.0 : dtrain::bench::time_per_call([&] {
     auto q = w.push_pull(keys, std::span<const float>(grad), std::span(values), 1);
     w.wait(q);
   }, seconds, 3);

@@ -2,6 +2,7 @@
 // Table and JSON output shared by the benchmarks, in nccl-tests' terms:
 // algbw = bytes / time, busbw = algbw * factor(op, ranks).
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -11,6 +12,23 @@
 #include "dtrain/core/signature.hpp"
 
 namespace dtrain::bench {
+
+/// Seconds per call of `op`: `warmup` calls, then calls until `min_seconds` have passed (and at
+/// least five).
+template <class Op>
+double time_per_call(Op op, double min_seconds, int warmup) {
+  using clock = std::chrono::steady_clock;
+  for (int i = 0; i < warmup; ++i) op();
+  int iters = 0;
+  const auto t0 = clock::now();
+  double elapsed = 0;
+  while (elapsed < min_seconds || iters < 5) {
+    op();
+    ++iters;
+    elapsed = std::chrono::duration<double>(clock::now() - t0).count();
+  }
+  return elapsed / iters;
+}
 
 /// nccl-tests' bus-bandwidth factor: the fraction of the data each rank must move over its link.
 inline double busbw_factor(coll_op op, int p) {

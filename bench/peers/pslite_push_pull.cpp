@@ -30,10 +30,10 @@
 #include <fmt/core.h>
 
 #include "ps/ps.h"
+#include "../report.hpp"
 
 namespace {
 
-using clock_type = std::chrono::steady_clock;
 constexpr int sparse_cmd = 1;
 
 // The server's handle: SGD on a buffer per dense key set, ps-lite's default handle for sparse keys.
@@ -66,20 +66,6 @@ struct result {
   std::size_t bytes = 0, keys = 0;
   double seconds = 0, gbps = 0, mkeys = 0;
 };
-
-template <class Op>
-double time_op(Op op, double min_seconds, int warmup) {
-  for (int i = 0; i < warmup; ++i) op();
-  int iters = 0;
-  const auto t0 = clock_type::now();
-  double elapsed = 0;
-  while (elapsed < min_seconds || iters < 5) {
-    op();
-    ++iters;
-    elapsed = std::chrono::duration<double>(clock_type::now() - t0).count();
-  }
-  return elapsed / iters;
-}
 
 // One dense tensor as ps-lite sees it: sorted keys, a length per key, and its buffers.
 struct tensor {
@@ -148,7 +134,7 @@ int main(int argc, char** argv) {
       std::vector<int> ts(tensors.size());
       for (const std::string op : {"push", "pull", "push+pull"}) {
         barrier_workers();
-        const double s = time_op([&] {
+        const double s = dtrain::bench::time_per_call([&] {
           for (std::size_t k = 0; k < tensors.size(); ++k) {
             tensor& t = tensors[k];
             ts[k] = op == "push"   ? kv.ZPush(t.keys, t.grad, t.lens)
@@ -172,7 +158,7 @@ int main(int argc, char** argv) {
       ps::SArray<ps::Key> skeys(keys);
       ps::SArray<float> grad(keys.size(), 1e-3f), values(keys.size(), 0.0f);
       barrier_workers();
-      const double s = time_op([&] { kv.Wait(kv.ZPushPull(skeys, grad, &values, nullptr, sparse_cmd)); }, seconds, 3);
+      const double s = dtrain::bench::time_per_call([&] { kv.Wait(kv.ZPushPull(skeys, grad, &values, nullptr, sparse_cmd)); }, seconds, 3);
       results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
                          2.0 * static_cast<double>(keys.size() * sizeof(float)) * workers / s / 1e9,
                          static_cast<double>(keys.size()) * workers / s / 1e6});

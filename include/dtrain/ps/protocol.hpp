@@ -32,6 +32,7 @@
 #include <system_error>
 #include <vector>
 
+#include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
 #include "dtrain/core/hash.hpp"
@@ -160,6 +161,17 @@ struct outgoing_message {
   message bytes;
   std::optional<Handle> handle;
 };
+
+/// Waits until every message in `sends` (`outgoing_message`s, or anything with a `handle`) has
+/// left or `d` passes, then forgets them: a peer that left takes its messages with it.
+template <class Sends>
+void wait_all_sent(Sends& sends, deadline d) noexcept {
+  for (auto& s : sends) {
+    std::error_code ec;
+    s.handle->wait(d, ec);
+  }
+  sends.clear();
+}
 
 /// The tag the reply to request `id` travels on, when requests use `request_tag`. Each request
 /// has its own, so the worker posts the reply's receive with its destination (the caller's

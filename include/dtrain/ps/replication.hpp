@@ -224,13 +224,7 @@ class chain_replicator {
   }
 
   /// Waits until every send has left or `d` passes.
-  void flush(deadline d) noexcept {
-    for (auto& s : sends_) {
-      std::error_code ec;
-      s.handle->wait(d, ec);
-    }
-    sends_.clear();
-  }
+  void flush(deadline d) noexcept { wait_all_sent(sends_, d); }
 
  private:
   using clock = std::chrono::steady_clock;

@@ -38,13 +38,7 @@ class reply_queue {
   }
 
   /// Waits until every reply has left or `d` passes; a worker that left takes its replies with it.
-  void flush(deadline d) noexcept {
-    for (auto& s : sends_) {
-      std::error_code ec;
-      s.handle->wait(d, ec);
-    }
-    sends_.clear();
-  }
+  void flush(deadline d) noexcept { wait_all_sent(sends_, d); }
 
  private:
   using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
