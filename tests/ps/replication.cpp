@@ -266,3 +266,51 @@ TEST_CASE("replication: a worker started with another replica count is refused, 
   });
   CHECK_THAT(refused, Catch::Contains("configured differently from server 0 (2 servers, 1 workers, bsp, 4-byte values, 2 replicas)"));
 }
+
+TEST_CASE("replication: a tail that never acknowledges fails the head, which refuses what it held, naming the tail",
+          "[ps][replication]") {
+  // Rank 1 stands in for server 1, the tail of shard 0: it answers the worker like a server but
+  // never acknowledges an update. The reply the head held for the worker's push_pull becomes the
+  // head's refusal.
+  const roles r = roles::of(3, 2);
+  ps_options o = replicated(2);
+  o.timeout = 1s;
+  std::string head_failure, worker_failure;
+  run_inproc(3, [&](int rank, inproc_transport t) {
+    if (rank == 0) {
+      server<inproc_transport, asp, float, momentum<float>> s(std::move(t), r, asp{}, momentum<float>(), {}, o);
+      try {
+        s.run();
+      } catch (const dtrain::error& e) {
+        head_failure = e.what();
+      }
+    } else if (rank == 1) {
+      for (bool done = false; !done;) {  // answers hello and goodbye, ignores the chain
+        std::vector<std::byte> in;
+        auto got = t.irecv(any_peer, o.tag, in);
+        std::error_code ec;
+        if (!got.wait(deadline::after(5s), ec)) return;
+        const auto h = decode_request<float>(in, got.info().peer).header;
+        if (h.what != op::hello && h.what != op::goodbye) continue;
+        done = h.what == op::goodbye;
+        const message reply = encode_response<float>({h.what, 0, h.id, 0, 0, 0, 1}, {});
+        t.isend(got.info().peer, reply_tag(o.tag, h.id), signature{}, reply.bytes()).wait(deadline::after(5s));
+      }
+    } else {
+      ps_options patient = o;  // waits longer than the head
+      patient.timeout = 5s;
+      worker<inproc_transport, asp, float> w(std::move(t), r, range_sharding(2, 1 << 20), patient);
+      const std::vector<key_type> keys{1, 2, 3};  // shard 0
+      std::vector<float> grads(3, 1.0f), out(3);
+      auto q = w.push_pull(keys, std::span<const float>(grads), std::span(out), 1);
+      try {
+        w.wait(q);
+      } catch (const dtrain::error& e) {
+        worker_failure = e.what();
+      }
+    }
+  });
+  CHECK_THAT(head_failure, Catch::Contains("server 1, the tail of shard 0, has not acknowledged update 1 within 1000 ms"));
+  CHECK_THAT(worker_failure, Catch::Contains("server 0 refused a push_pull"));
+  CHECK_THAT(worker_failure, Catch::Contains("the tail of shard 0, has not acknowledged"));
+}

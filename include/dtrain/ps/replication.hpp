@@ -179,14 +179,24 @@ class chain_replicator {
     }
   }
 
-  /// Fails when the tail has not acknowledged an update within the timeout.
-  /// @throws dtrain::error `timeout` naming the tail and the sequence number
-  void check_deadline() const {
-    if (holding() && clock::now() - oldest_unacked_ > timeout_) {
-      throw error(errc::timeout, "ps::server " + std::to_string(me_) + ": server " + std::to_string(layout_.tail(me_)) +
-                                     ", the tail of shard " + std::to_string(me_) + ", has not acknowledged update " +
-                                     std::to_string(acked_ + 1) + " within " + std::to_string(timeout_.count()) + " ms");
+  /// Gives up the held replies, calling `refuse(to, op, request id)` for each (the server is
+  /// failing: they would never be released).
+  template <class Refuse>
+  void abandon_held(Refuse&& refuse) {
+    for (held_reply& h : held_) {
+      refuse(h.to, static_cast<op>(dtrain::detail::wire::get<std::uint8_t>(h.reply.data() + 4)),
+             dtrain::detail::wire::get<std::uint64_t>(h.reply.data() + 8));
     }
+    held_.clear();
+  }
+
+  /// Why this server must fail, when the tail has not acknowledged an update within the
+  /// timeout (naming the tail and the update); empty otherwise.
+  std::string overdue() const {
+    if (!holding() || clock::now() - oldest_unacked_ <= timeout_) return {};
+    return "ps::server " + std::to_string(me_) + ": server " + std::to_string(layout_.tail(me_)) + ", the tail of shard " +
+           std::to_string(me_) + ", has not acknowledged update " + std::to_string(acked_ + 1) + " within " +
+           std::to_string(timeout_.count()) + " ms";
   }
 
   // --- the end of the job ---------------------------------------------------------------------------

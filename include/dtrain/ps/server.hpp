@@ -109,7 +109,7 @@ class server {
       }
       reap_sends();
       check_liveness(start);
-      chain().check_deadline();
+      if (const std::string late = chain().overdue(); !late.empty()) fail(errc::timeout, late);
       if (workers_.live() == 0 && chain().finished(transport_)) break;
     }
     requests.cancel();
@@ -412,12 +412,12 @@ class server {
 
   [[noreturn]] void fail(errc code, const std::string& why) {
     failure_ = why;
-    for (const auto& d : deferred_) {
-      reply_error(d.from, response_header{d.header.what, 0, d.header.id, stats_.version, 0, 0,
-                                          static_cast<std::uint32_t>(shard())},
-                  code, why);
-    }
+    auto refuse = [&](int to, op what, std::uint64_t id) {  // now: the chain will not release anything
+      send_now(to, encode_error(response_header{what, 0, id, stats_.version, 0, 0, static_cast<std::uint32_t>(shard())}, code, why));
+    };
+    for (const auto& d : deferred_) refuse(d.from, d.header.what, d.header.id);
     deferred_.clear();
+    chain().abandon_held(refuse);  // replies that waited for the tail
     flush_sends();
     throw error(code, why);
   }

@@ -9,7 +9,8 @@
 ///   belongs to the first point at or after its hash. Adding a server moves only the keys of
 ///   its new arcs (about 1/(S+1) of them).
 ///
-/// `partition_keys` groups a request's sorted, unique keys by server, keeping their order.
+/// `partition_keys` groups a request's sorted, unique keys by server, keeping their order;
+/// `for_each_server_share` hands each server its share of them.
 
 #include <algorithm>
 #include <concepts>
@@ -199,6 +200,34 @@ struct dense_slice {
   key_type key = 0;  ///< the slice's id: the key its server stores it under
   int server = 0;
 };
+
+/// Calls `f(server, its keys, first, positions)` for every server that owns some of the sorted,
+/// unique `keys`, in server order. With a sharding that splits sorted keys into runs
+/// (`range_sharding`) a server's keys are the run keys[first, first + n), found by binary search,
+/// and `positions` is empty; otherwise they are gathered (into a buffer reused between calls)
+/// and `positions` holds their indices in `keys`.
+/// @throws dtrain::error as `check_keys`, before any call
+template <sharding S, class F>
+void for_each_server_share(const S& s, std::span<const key_type> keys, F&& f) {
+  if constexpr (requires(std::span<const key_type> k) { s.split_sorted(k); }) {
+    check_keys(s, keys);
+    const auto cuts = s.split_sorted(keys);
+    for (int i = 0; i < s.servers(); ++i) {
+      const std::size_t a = cuts[static_cast<std::size_t>(i)], n = cuts[static_cast<std::size_t>(i) + 1] - a;
+      if (n > 0) f(i, keys.subspan(a, n), a, std::span<const std::uint32_t>{});
+    }
+  } else {
+    const auto parts = partition_keys(s, keys);
+    std::vector<key_type> mine;
+    for (int i = 0; i < s.servers(); ++i) {
+      const auto positions = parts.of(i);
+      if (positions.empty()) continue;
+      mine.resize(positions.size());
+      for (std::size_t j = 0; j < positions.size(); ++j) mine[j] = keys[positions[j]];
+      f(i, std::span<const key_type>(mine), std::size_t{0}, positions);
+    }
+  }
+}
 
 /// Dense tensors cut into slices of at most `slice_bytes` (BytePS: about 4 MB), each placed on
 /// a server by the sharding of its slice id, so one large tensor spreads across all servers.

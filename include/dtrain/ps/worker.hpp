@@ -239,35 +239,6 @@ class worker {
     std::size_t keys() const noexcept { return run > 0 ? run : positions.size(); }
   };
 
-  static constexpr bool splits_sorted =
-      requires(const Sharding& s, std::span<const key_type> k) { s.split_sorted(k); };
-
-  // Calls f(server, its keys, first, positions) for every server that owns some of the sorted,
-  // unique `keys`. With range shards a server's keys are the run keys[first, first + n), found
-  // by binary search, and `positions` is empty; otherwise they are gathered and `positions`
-  // holds their indices in `keys`. @throws dtrain::error as `check_keys`, before any call.
-  template <class F>
-  void split_by_server(std::span<const key_type> keys, F&& f) {
-    if constexpr (splits_sorted) {
-      check_keys(sharding_, keys);
-      const auto cuts = sharding_.split_sorted(keys);
-      for (int s = 0; s < roles_.servers; ++s) {
-        const std::size_t a = cuts[static_cast<std::size_t>(s)], n = cuts[static_cast<std::size_t>(s) + 1] - a;
-        if (n > 0) f(s, keys.subspan(a, n), a, std::span<const std::uint32_t>{});
-      }
-    } else {
-      const auto parts = partition_keys(sharding_, keys);
-      std::vector<key_type> mine;
-      for (int s = 0; s < roles_.servers; ++s) {
-        const auto positions = parts.of(s);
-        if (positions.empty()) continue;
-        mine.resize(positions.size());
-        for (std::size_t j = 0; j < positions.size(); ++j) mine[j] = keys[positions[j]];
-        f(s, std::span<const key_type>(mine), std::size_t{0}, positions);
-      }
-    }
-  }
-
   using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, gather_list{}));
   using receive_handle = decltype(std::declval<Transport&>().irecv(0, 0, scatter_list{}, nullptr));
 
@@ -295,7 +266,7 @@ class worker {
                          std::size_t length) {
     const bool pushes = what != op::pull, pulls = what != op::push;
     request r;
-    split_by_server(keys, [&](int s, std::span<const key_type> mine, std::size_t first,
+    for_each_server_share(sharding_, keys, [&](int s, std::span<const key_type> mine, std::size_t first,
                               std::span<const std::uint32_t> positions) {
       std::span<const T> v;
       if (pushes) v = values.subspan(first * length, mine.size() * length);
