@@ -5,8 +5,8 @@
 // It serves the job's rendezvous store, generates a job token (unless DTRAIN_TOKEN or
 // DTRAIN_TOKEN_FILE is set), gives each child DTRAIN_RANK, DTRAIN_WORLD_SIZE,
 // DTRAIN_LOCAL_RANK, DTRAIN_LOCAL_WORLD_SIZE, DTRAIN_STORE and DTRAIN_TOKEN, prefixes every
-// output line with the child's rank, and when a child fails stops the others and exits non-zero
-// naming the rank that failed first.
+// output line with the child's rank, and when a child fails stops the others (unless
+// --keep-going) and exits non-zero naming the rank that failed first.
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -80,6 +80,10 @@ int main(int argc, char** argv) {
   std::string program;
   app.add_option("-n,--nproc", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 4096));
   app.add_option("--grace-ms", grace_ms, "after a failure, how long the others get to exit after SIGTERM");
+  bool keep_going = false;
+  app.add_flag("--keep-going", keep_going,
+               "a rank that fails does not stop the others (a parameter server with replicated shards outlives a "
+               "lost server); the exit status is still the first failure's");
   int servers = 0;
   app.add_option("--servers", servers, "parameter-server jobs: the first N ranks serve (sets DTRAIN_PS_SERVERS)")
       ->check(CLI::Range(0, 4095));
@@ -171,10 +175,12 @@ int main(int argc, char** argv) {
       if (failed(status) && !first_failure) {
         first_failure = c.rank;
         first_status = status;
-        std::fprintf(stderr, "dtrain-run: rank %d %s; stopping the other ranks\n", c.rank,
-                     describe_status(status).c_str());
-        stop_others();
-        killed_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+        std::fprintf(stderr, "dtrain-run: rank %d %s; %s\n", c.rank, describe_status(status).c_str(),
+                     keep_going ? "the others go on (--keep-going)" : "stopping the other ranks");
+        if (!keep_going) {
+          stop_others();
+          killed_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
+        }
       }
     }
     if (std::chrono::steady_clock::now() > killed_at) {

@@ -375,6 +375,7 @@ int run_ps(const settings& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows as it happens, through dtrain-run's pipes too
   settings s;
   CLI::App app{"Fashion-MNIST MLP trained with dtrain's allreduce trainer or parameter server (launch with dtrain-run)"};
   app.add_option("--data", s.data, "directory of the IDX files (.gz or plain)")->capture_default_str();

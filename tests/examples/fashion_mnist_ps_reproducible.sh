@@ -1,13 +1,15 @@
 #!/bin/sh
 # The parameter server under BSP with a fixed seed ends with the same parameters, bit for bit,
 # whatever the process layout: 1 server over TCP, 2 servers over shared memory (the workers are
-# then other ranks, their buffers elsewhere in memory), and 3 servers over TCP holding every shard
-# twice (chain replication). The digest is FNV-1a over the bits.
+# then other ranks, their buffers elsewhere in memory), 3 servers over TCP holding every shard
+# twice (chain replication), and the same with server 0 (the head of the shard every slice of
+# this model lives on) SIGKILLed mid-run: server 1 takes over, the job goes on without a restart.
+# The digest is FNV-1a over the bits.
 #   fashion_mnist_ps_reproducible.sh <dtrain-run binary> <fashion_mnist binary>
 set -u
-digest() {  # <servers> <processes> <transport> [replicas]
+digest() {  # <servers> <processes> <transport> [replicas] [samples]
   out=$(DTRAIN_PS_SERVERS=$1 timeout 240 "$RUN" -n "$2" "$EXAMPLE" --trainer ps --consistency bsp --transport "$3" \
-          --replicas "${4:-1}" --epochs 1 --limit-train 4096 --log-every 0 2>&1)
+          --replicas "${4:-1}" --epochs 1 --limit-train "${5:-4096}" --log-every 0 2>&1)
   code=$?
   if [ $code -ne 0 ]; then
     echo "FAIL: $1 server(s) over $3 exited with status $code: $out" >&2; exit 1
@@ -28,4 +30,33 @@ copies=$(digest 3 5 tcp 2) || exit 1
 if [ "$one" != "$copies" ]; then
   echo "FAIL: 1 server over tcp ends at $one, 3 servers with 2 replicas each over tcp at $copies"; exit 1
 fi
-echo "ok: every layout ends at parameters digest $one"
+# The last layout again, with server 0 killed once the workers have started training.
+log=$(mktemp) && trap 'rm -f "$log"' EXIT
+DTRAIN_PS_SERVERS=3 timeout 240 "$RUN" --keep-going -n 5 "$EXAMPLE" --trainer ps --consistency bsp --transport tcp \
+  --replicas 2 --epochs 1 --limit-train 49152 --log-every 0 > "$log" 2>&1 &
+job=$!
+for _ in $(seq 600); do grep -q 'fashion_mnist: parameter server' "$log" && break; sleep 0.05; done
+sleep 0.2
+victim=""
+runner=$(pgrep -P "$job")  # dtrain-run, under timeout
+for p in $(pgrep -P "$runner"); do
+  if tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx 'DTRAIN_RANK=0'; then victim=$p; fi
+done
+[ -n "$victim" ] || { echo "FAIL: no rank 0 to kill: $(cat "$log")"; exit 1; }
+kill -9 "$victim"
+wait "$job"
+code=$?
+out=$(cat "$log")
+if [ $code -ne 137 ] || ! printf '%s\n' "$out" | grep -q 'rank 0 was killed by signal 9 (SIGKILL); the others go on'; then
+  echo "FAIL: the job with server 0 killed exited with status $code (want 137, rank 0 killed, no other failure): $out"; exit 1
+fi
+if printf '%s\n' "$out" | grep -q 'dtrain-run: rank [1-9]'; then
+  echo "FAIL: another rank failed after server 0 was killed: $out"; exit 1
+fi
+failed_over=$(printf '%s\n' "$out" | sed -n 's/.*parameters digest \([0-9a-f]\{16\}\).*/\1/p')
+long=$(digest 3 5 tcp 2 49152) || exit 1
+if [ "$failed_over" != "$long" ]; then
+  echo "FAIL: with server 0 killed mid-run the job ends at '$failed_over', without at $long: $out"; exit 1
+fi
+echo "ok: every layout ends at parameters digest $one; with server 0 killed mid-run at $long, as without"
+

@@ -1,11 +1,14 @@
 // Parameter-server liveness across real processes: a worker SIGKILLed mid-run is dropped (ASP)
 // or aborts the job naming it (BSP), and a dead server makes every worker fail naming it, within
-// the deadline. Each test starts ps_worker processes itself.
+// the deadline; with replicated shards a dead server is a fail-over instead, which loses no
+// acknowledged push and applies none twice. Each test starts ps_worker processes itself.
 
 #include <signal.h>
 
 #include <cstdio>
+#include <map>
 #include <string>
+#include <utility>
 #include <unistd.h>
 #include <vector>
 
@@ -93,5 +96,89 @@ TEST_CASE("ps faults: a server SIGKILLed mid-job, the job restarted from the che
     for (int c = 0; c <= 30; c += 5) {
       for (const char* which : {"sparse", "dense"}) std::remove((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str());
     }
+  }
+}
+
+namespace {
+
+// Every line of `text` that `format` ("acknowledged %d %llu") reads, as (shard, count).
+std::vector<std::pair<int, unsigned long long>> counts_in(const std::string& text, const char* format) {
+  std::vector<std::pair<int, unsigned long long>> found;
+  for (std::size_t at = 0; at < text.size(); at = text.find('\n', at) + 1) {
+    int shard = 0;
+    unsigned long long n = 0;
+    if (std::sscanf(text.c_str() + at, format, &shard, &n) == 2) found.emplace_back(shard, n);
+    if (text.find('\n', at) == std::string::npos) break;
+  }
+  return found;
+}
+
+// A job of 3 servers (k copies of each shard) and 2 workers in which server `killed` is
+// SIGKILLed mid-job, about 300 ms in: it must finish without a restart, every other rank exiting
+// 0. The model's three slices lie on shards 0, 0 and 2: server 0 heads the most. Under BSP worker
+// 1 is slow, so a round mostly waits with worker 0's push acknowledged but not applied (what the
+// worker must send the new head again); under ASP nobody sleeps, so pushes are always in flight,
+// some applied and forwarded but not yet acknowledged (what the new head must not apply again).
+group_run failover_run(const std::string& mode, int replicas, int killed) {
+  return run_ps(5, mode, [=](int) {
+    std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas),
+                                 "DTRAIN_TEST_KILL_RANK=" + std::to_string(killed), "DTRAIN_TEST_KILL_STEP=-1",
+                                 "DTRAIN_TEST_TIMEOUT_MS=10000"};
+    for (const char* e : mode == "bsp" ? std::vector<const char*>{"DTRAIN_TEST_SLOW_MS=20", "DTRAIN_TEST_SLOW_WORKER=1", "DTRAIN_TEST_STEPS=60"}
+                                       : std::vector<const char*>{"DTRAIN_TEST_STEPS=4000"}) {
+      env.emplace_back(e);
+    }
+    return env;
+  });
+}
+
+void check_survivors(const group_run& g, int killed) {
+  REQUIRE(g.ranks[static_cast<std::size_t>(killed)].status == 128 + SIGKILL);
+  for (std::size_t r = 0; r < g.ranks.size(); ++r) {
+    if (static_cast<int>(r) != killed) CHECK(g.ranks[r].status == 0);
+  }
+  CHECK(has(g.ranks[3].output, "server " + std::to_string(killed) + " is lost"));  // the worker saw it
+}
+
+}  // namespace
+
+TEST_CASE("ps fail-over: a server SIGKILLed under BSP, the job ends bit for bit as the serial simulation", "[ps][faults][failover]") {
+  // Server 0 is the head of shard 0 and the tail of shard 2 (k = 2), or the head of shard 0, the
+  // middle of shard 2's chain and the tail of shard 1's (k = 3); server 2 heads shard 2.
+  const int replicas = GENERATE(2, 3);
+  const int killed = GENERATE(0, 2);
+  auto g = failover_run("bsp", replicas, killed);
+  INFO(replicas << " replicas, server " << killed << " killed\n" << dump(g));
+  check_survivors(g, killed);
+  for (int w : {3, 4}) {
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
+  }
+  const int next = (killed + 1) % 3;  // the next copy in the dead server's own chain
+  CHECK(has(g.ranks[static_cast<std::size_t>(next)].output, "heads shard " + std::to_string(killed) + " now"));
+}
+
+TEST_CASE("ps fail-over: a server SIGKILLed under ASP, every acknowledged push applied exactly once", "[ps][faults][failover]") {
+  const int replicas = GENERATE(2, 3);
+  const int killed = GENERATE(0, 2);
+  auto g = failover_run("asp", replicas, killed);
+  INFO(replicas << " replicas, server " << killed << " killed\n" << dump(g));
+  check_survivors(g, killed);
+  // The pushes every worker saw acknowledged by each shard, against the updates each shard's
+  // copies applied: fewer would be a lost push, more one applied twice.
+  std::map<int, unsigned long long> acknowledged;
+  for (int w : {3, 4}) {
+    for (auto [shard, n] : counts_in(g.ranks[static_cast<std::size_t>(w)].output, "acknowledged %d %llu")) acknowledged[shard] += n;
+  }
+  REQUIRE(acknowledged.size() == 3);
+  std::map<int, std::vector<unsigned long long>> versions;  // as every surviving server saw them
+  for (int s = 0; s < 3; ++s) {
+    if (s == killed) continue;
+    for (auto [shard, v] : counts_in(g.ranks[static_cast<std::size_t>(s)].output, "shard %d version %llu")) versions[shard].push_back(v);
+  }
+  for (const auto& [shard, pushes] : acknowledged) {
+    INFO("shard " << shard);
+    if (shard != 1) CHECK(pushes > 0);
+    REQUIRE(!versions[shard].empty());
+    for (auto v : versions[shard]) CHECK(v == pushes);
   }
 }

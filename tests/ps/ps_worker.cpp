@@ -8,8 +8,11 @@
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k and DTRAIN_TEST_KILL_STEP=s make rank k
 // SIGKILL itself at step s (a server counts its requests instead); DTRAIN_TEST_POLICY=drop keeps
 // going without a dead worker; DTRAIN_TEST_HEARTBEAT_MS sets the heartbeat timeout;
+// DTRAIN_TEST_SLOW_MS=m sleeps m ms after every step (only worker DTRAIN_TEST_SLOW_WORKER's, if set);
 // DTRAIN_TEST_CHECKPOINT=prefix checkpoints every DTRAIN_TEST_CHECKPOINT_EVERY clocks, and with
-// DTRAIN_TEST_RESUME=1 the job starts from those checkpoints.
+// DTRAIN_TEST_RESUME=1 the job starts from those checkpoints; DTRAIN_TEST_REPLICAS=k keeps k
+// copies of each shard. Servers print the version of every shard they head at the end
+// ("shard s version v"), workers the pushes each shard acknowledged ("acknowledged s n").
 // Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
 
 #include <signal.h>
@@ -46,6 +49,7 @@ ps_options options() {
   o.heartbeat_interval = std::chrono::milliseconds(100);
   o.dense_slice_bytes = 16;  // 4 values a slice: the 12-value model spreads over every server
   o.heartbeat_timeout = std::chrono::milliseconds(env_int("DTRAIN_TEST_HEARTBEAT_MS", 5000));
+  o.replicas = env_int("DTRAIN_TEST_REPLICAS", 1);
   if (const char* p = std::getenv("DTRAIN_TEST_POLICY"); p != nullptr && std::string(p) == "drop") {
     o.on_dead_worker = dead_worker_policy::drop;
   }
@@ -79,6 +83,9 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
     const auto& st = job.serve();
     std::printf("server %d: %llu updates, %llu pushes, %llu pulls\n", rank, static_cast<unsigned long long>(st.version),
                 static_cast<unsigned long long>(st.pushes), static_cast<unsigned long long>(st.pulls));
+    for (int s = 0; s < r.servers; ++s) {
+      if (job.server_endpoint().heads(s)) std::printf("shard %d version %llu\n", s, static_cast<unsigned long long>(job.server_endpoint().version_of(s)));
+    }
     return 0;
   }
   const int w = r.worker_of(rank);
@@ -89,9 +96,16 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
   for (int it = static_cast<int>(job.first_step()); it < steps; ++it) {
     maybe_die(rank, it);
     job.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) { p.grad(xs, g, tt); }, it);
-    if (env_int("DTRAIN_TEST_SLOW_MS", 0) > 0) std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_SLOW_MS", 0)));
+    const int slow_worker = env_int("DTRAIN_TEST_SLOW_WORKER", -1);  // -1: every worker
+    if (env_int("DTRAIN_TEST_SLOW_MS", 0) > 0 && (slow_worker < 0 || slow_worker == w)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_SLOW_MS", 0)));
+    }
   }
   job.end(std::span(x));
+  const auto& acknowledged = job.worker_endpoint().stats().pushes_acknowledged;
+  for (std::size_t s = 0; s < acknowledged.size(); ++s) {
+    std::printf("acknowledged %zu %llu\n", s, static_cast<unsigned long long>(acknowledged[s]));
+  }
   if (check_bsp) {
     // Serial synchronous SGD on the mean gradient, with the server's float operations.
     std::vector<problem> all;
@@ -126,7 +140,7 @@ int main(int argc, char** argv) {
     tcp_options o;
     o.abort_group_on_peer_loss = false;  // the servers decide what a lost worker means
     auto t = tcp_transport::from_environment(o);
-    if (mode == "bsp") return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), 30, true);
+    if (mode == "bsp") return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 30), true);
     if (mode == "asp") return run<asp>(std::move(t), adagrad<float>(0.2), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150), false);
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;

@@ -33,7 +33,7 @@ TEST_CASE("chain layout: shard s lives on s, s+1, ..., s+k-1, each server heads 
   CHECK(c.successor(3, 1) == -1);  // the tail
   CHECK(c.predecessor(3, 0) == 3);
   CHECK(c.predecessor(3, 3) == -1);  // the head
-  CHECK(c.replicated_on(0) == std::vector<int>{3, 2});
+  CHECK(c.held_by(0) == std::vector<int>{0, 3, 2});
   // Every server holds exactly k shards, and heads one.
   for (int server = 0; server < 4; ++server) {
     int held = 0;
@@ -43,9 +43,33 @@ TEST_CASE("chain layout: shard s lives on s, s+1, ..., s+k-1, each server heads 
   const chain_layout one(3, 1);
   CHECK(one.tail(2) == 2);
   CHECK(one.successor(2, 2) == -1);
-  CHECK(one.replicated_on(1).empty());
+  CHECK(one.held_by(1) == std::vector<int>{1});
   CHECK_THROWS_WITH(chain_layout(2, 3), Catch::Contains("3 replicas of each shard on 2 servers"));
   CHECK_THROWS_WITH(chain_layout(2, 0), Catch::Contains("need 1 <= replicas <= servers"));
+}
+
+TEST_CASE("chain layout: lost servers leave the chains, the next copy heads, the one before tails", "[ps][replication]") {
+  chain_layout c(4, 3);  // shard 0: 0 1 2, shard 1: 1 2 3, shard 2: 2 3 0, shard 3: 3 0 1
+  c.lose(2);
+  CHECK(c.chain(0) == std::vector<int>{0, 1});     // the tail was lost: 1 tails
+  CHECK(c.chain(1) == std::vector<int>{1, 3});     // the middle: 1 passes to 3
+  CHECK(c.chain(2) == std::vector<int>{3, 0});     // the head: 3 heads
+  CHECK(c.head(2) == 3);
+  CHECK(c.tail(0) == 1);
+  CHECK(c.successor(1, 1) == 3);
+  CHECK(c.predecessor(1, 3) == 1);
+  CHECK(c.successor(0, 1) == -1);
+  CHECK(c.predecessor(2, 3) == -1);  // the head now
+  CHECK(c.position(2, 2) == 0);       // static positions do not move
+  c.lose(3);
+  CHECK(c.chain(2) == std::vector<int>{0});
+  CHECK(c.head(2) == 0);
+  CHECK(c.tail(2) == 0);
+  c.lose(0);
+  CHECK(c.chain(2).empty());  // every copy lost
+  CHECK(c.head(2) == -1);
+  CHECK(c.tail(2) == -1);
+  CHECK(c.chain(0) == std::vector<int>{1});
 }
 
 namespace {
@@ -95,7 +119,11 @@ std::vector<server_view> train(int servers, int workers, int replicas, int clock
                                                                       momentum<float>(0.05, 0.9), {}, o);
       s.run();
       auto& v = views[static_cast<std::size_t>(rank)];
-      v = {snapshot_of(s.sparse_table()), snapshot_of(s.dense_table()), s.replication(), s.stats().version};
+      v = {{}, {}, s.replication(), s.stats().version};
+      for (int held : s.held_shards()) {  // its own shard and its copies of others
+        v.sparse.merge(snapshot_of(s.shard_tables(held).sparse()));
+        v.dense.merge(snapshot_of(s.shard_tables(held).dense()));
+      }
       return;
     }
     worker<inproc_transport, Consistency, float> w(std::move(t), r, range_sharding(servers, key_space), o);
@@ -237,13 +265,18 @@ std::string server0_refuses(request_header bogus) {
 
 TEST_CASE("replication: an update out of its chain, or after a lost one, stops the server naming the sender", "[ps][replication]") {
   // Shard 1's chain is servers 1, 2: server 0 holds no copy of it.
-  CHECK_THAT(server0_refuses({op::replicate, table_id::sparse, 1, 0, 0, 1, 1, 1}),
-             Catch::Contains("server 2 sent an update of shard 1 out of its chain"));
+  auto of_shard = [](request_header h, std::uint32_t shard) {
+    h.shard = shard;
+    return h;
+  };
+  CHECK_THAT(server0_refuses(of_shard({op::replicate, table_id::sparse, 1, 0, 0, 1, 1, 0}, 1)),
+             Catch::Contains("server 2 sent a replicate of shard 1, which this server holds no copy of"));
   // Shard 2's chain is servers 2, 0: the first update is number 1.
-  CHECK_THAT(server0_refuses({op::replicate, table_id::sparse, 2, 0, 0, 1, 1, 2}),
+  CHECK_THAT(server0_refuses(of_shard({op::replicate, table_id::sparse, 2, 0, 0, 1, 1, 0}, 2)),
              Catch::Contains("server 2 sent update 2 of shard 2 after 0: one was lost"));
-  CHECK_THAT(server0_refuses({op::replicated, table_id::sparse, 1, 0, 0, 0, 0, 0}),
-             Catch::Contains("server 2 acknowledged update 1 of shard 0"));
+  // Shard 0's chain is servers 0, 1: only server 1 acknowledges its updates.
+  CHECK_THAT(server0_refuses(of_shard({op::replicated, table_id::sparse, 1, 0, 0, 0, 0, 0}, 0)),
+             Catch::Contains("server 2 sent a replicated of shard 0 out of its chain"));
 }
 
 TEST_CASE("replication: a worker started with another replica count is refused, naming both", "[ps][replication]") {

@@ -30,10 +30,10 @@ struct resolved_keys {
   std::vector<std::uint32_t> slots;
 };
 
-/// The worker's half: which key lists each server holds, by slot.
+/// The worker's half: which key lists each shard's head holds, by slot.
 class sent_key_lists {
  public:
-  /// @param capacity lists kept per server (at most 256: a slot is one byte)
+  /// @param servers shards @param capacity lists kept per shard (at most 256: a slot is one byte)
   sent_key_lists(int servers, std::size_t capacity)
       : lists_(static_cast<std::size_t>(servers)), capacity_(std::min<std::size_t>(capacity, 256)) {}
 
@@ -57,6 +57,9 @@ class sent_key_lists {
     lists[slot].used = ++tick_;
     return {static_cast<std::uint8_t>(slot), false};
   }
+
+  /// The shard has a new head, which holds none of the lists.
+  void forget(int server) { lists_[static_cast<std::size_t>(server)].clear(); }
 
  private:
   struct sent {

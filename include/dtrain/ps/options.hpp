@@ -18,8 +18,9 @@ enum class dead_worker_policy {
 
 /// Tags and timings shared by servers and workers.
 struct ps_options {
-  /// Requests use `tag`; the reply to request i uses `reply_tag(tag, i)`, `tag + 1 + i`. Give
-  /// other traffic on the same transport tags outside [tag, tag + 1 + requests].
+  /// Requests use `tag`; the reply to request i uses `reply_tag(tag, i)`, `tag + 1 + i`; servers
+  /// watch each other for losses on `tag - 1`. Give other traffic on the same transport tags
+  /// outside [tag - 1, tag + 1 + requests].
   std::uint64_t tag = 0x70735f7265710000;  // "ps_req"
   /// How often workers send heartbeats, and how long a server waits before declaring one dead.
   std::chrono::milliseconds heartbeat_interval{1000};
@@ -53,7 +54,9 @@ struct ps_options {
   bool resume = false;
   std::int64_t resume_clock = -1;
   /// Copies of each shard, on as many servers (chain replication, ps/chain.hpp): 1 keeps one
-  /// copy; k > 1 survives k - 1 failed servers of a chain. At most the number of servers.
+  /// copy; k > 1 survives k - 1 lost servers of a chain, without a restart (fail-over; needs a
+  /// transport that does not fail the whole group when one peer is lost, e.g. TCP with
+  /// `abort_group_on_peer_loss = false`). At most the number of servers.
   int replicas = 1;
 };
 

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// The parameter server's messages, carried by any `transport` on two tags: requests from
-/// workers to servers, responses back. Every message starts with a 48-byte little-endian header;
+/// workers to servers, responses back. Every message starts with a 56-byte little-endian header;
 /// a request's payload is its keys (u64 each) then its values, a response's payload is values
 /// (a pull) or an error text. `decode_*` check every field against the bytes received, so a
 /// malformed message is a typed error, never a read past the end.
@@ -19,6 +19,13 @@
 /// |  32 |    8 | key count                        | value count                  |
 /// |  40 |    4 | values per key                   | 0                            |
 /// |  44 |    4 | worker id                        | server id                    |
+/// |  48 |    4 | shard (the key range addressed)  | shard (echoed)               |
+/// |  52 |    4 | flags (`request_flags`)          | reserved (0)                 |
+///
+/// A request names its shard because a server may head several: its own, and after a fail-over
+/// the shards whose heads died before it (ps/chain.hpp). Between servers (`replicate`), `worker`
+/// is the worker whose push the update is (`no_worker` for a round's or group's mean) and `clock`
+/// is that push's request id, or the round's clock: what a new head deduplicates re-sends by.
 
 #include <cstddef>
 #include <cstdint>
@@ -97,6 +104,14 @@ struct request_header {
   std::uint32_t worker = 0;
   key_cache cache = key_cache::none;
   std::uint8_t cache_slot = 0;
+  std::uint32_t shard = 0;
+  std::uint32_t flags = 0;  ///< `request_flags`
+};
+
+/// Bits of `request_header::flags`.
+enum request_flags : std::uint32_t {
+  resent = 1,       ///< a worker sends the request again, to a new head, after a server was lost
+  ends_version = 2, ///< between servers: the last message of one update (a version of the shard)
 };
 
 struct response_header {
@@ -107,9 +122,12 @@ struct response_header {
   std::int64_t slowest = 0;
   std::uint64_t values = 0;
   std::uint32_t server = 0;
+  std::uint32_t shard = 0;
 };
 
-inline constexpr std::size_t header_bytes = 48;
+inline constexpr std::size_t header_bytes = 56;
+/// `request_header::worker` of an update between servers that is a mean, not one worker's push.
+inline constexpr std::uint32_t no_worker = 0xffffffff;
 inline constexpr std::uint32_t protocol_magic = 0x53505444;  // "DTPS"
 
 namespace detail {
@@ -192,6 +210,8 @@ inline void encode_request_header(const request_header& h, std::uint64_t keys, s
   detail::put(b + 32, keys);
   detail::put(b + 40, h.length);
   detail::put(b + 44, h.worker);
+  detail::put(b + 48, h.shard);
+  detail::put(b + 52, h.flags);
 }
 
 /// A request: header, `keys` (u64 each), then `values` bytes. With `key_cache::use` the keys
@@ -251,6 +271,8 @@ request_view<T> decode_request(std::span<const std::byte> b, int from) {
   r.header.keys = detail::get<std::uint64_t>(b.data() + 32);
   r.header.length = detail::get<std::uint32_t>(b.data() + 40);
   r.header.worker = detail::get<std::uint32_t>(b.data() + 44);
+  r.header.shard = detail::get<std::uint32_t>(b.data() + 48);
+  r.header.flags = detail::get<std::uint32_t>(b.data() + 52);
   const auto cache = detail::get<std::uint8_t>(b.data() + 6);
   if (cache > 2) throw bad("unknown key cache mode " + std::to_string(cache));
   r.header.cache = static_cast<key_cache>(cache);
@@ -291,6 +313,8 @@ message response_with_room(const response_header& h, std::size_t values) {
   detail::put(b.data() + 32, static_cast<std::uint64_t>(values));
   detail::put(b.data() + 40, std::uint32_t{0});
   detail::put(b.data() + 44, h.server);
+  detail::put(b.data() + 48, h.shard);
+  detail::put(b.data() + 52, std::uint32_t{0});
   return b;
 }
 
@@ -305,6 +329,8 @@ message encode_response(const response_header& h, std::span<const T> values) {
   detail::put(b.data() + 32, static_cast<std::uint64_t>(values.size()));
   detail::put(b.data() + 40, std::uint32_t{0});
   detail::put(b.data() + 44, h.server);
+  detail::put(b.data() + 48, h.shard);
+  detail::put(b.data() + 52, std::uint32_t{0});
   if (!values.empty()) std::memcpy(b.data() + header_bytes, values.data(), values.size_bytes());
   return b;
 }
@@ -332,6 +358,7 @@ inline response_header decode_response(std::span<const std::byte> b, int from) {
   h.slowest = detail::get<std::int64_t>(b.data() + 24);
   h.values = detail::get<std::uint64_t>(b.data() + 32);
   h.server = detail::get<std::uint32_t>(b.data() + 44);
+  h.shard = detail::get<std::uint32_t>(b.data() + 48);
   return h;
 }
 

@@ -27,6 +27,7 @@ namespace dtrain::ps {
 template <class T>
 struct pending_push {
   std::uint32_t worker;
+  std::uint64_t id;          ///< the request's
   table_id which;
   std::uint32_t length;      ///< values per key
   std::uint64_t basis;       ///< the version the worker computed it from
@@ -97,8 +98,16 @@ class push_rounds {
     ++contributions_;
   }
 
-  /// Calls `apply(group, workers)` for every round before `slowest` (the clock every live
-  /// worker has reached), oldest first, `workers` being how many workers pushed in it.
+  /// Whether worker `w`'s request `id` is held (a push sent again after a fail-over).
+  bool holds(std::uint32_t w, std::uint64_t id) const {
+    auto held = [&](const group& g) {
+      return std::any_of(g.begin(), g.end(), [&](const pending_push<T>& p) { return p.worker == w && p.id == id; });
+    };
+    return held(group_) || std::any_of(by_clock_.begin(), by_clock_.end(), [&](const auto& r) { return held(r.second); });
+  }
+
+  /// Calls `apply(group, workers, clock)` for every round before `slowest` (the clock every
+  /// live worker has reached), oldest first, `workers` being how many workers pushed in it.
   template <class Apply>
   void complete_rounds(std::int64_t slowest, Apply&& apply) {
     while (!by_clock_.empty() && by_clock_.begin()->first < slowest) {
@@ -106,17 +115,18 @@ class push_rounds {
       std::vector<std::uint32_t> workers;
       for (const auto& p : round) workers.push_back(p.worker);
       std::sort(workers.begin(), workers.end());
-      apply(round, static_cast<std::size_t>(std::unique(workers.begin(), workers.end()) - workers.begin()));
+      apply(round, static_cast<std::size_t>(std::unique(workers.begin(), workers.end()) - workers.begin()),
+            by_clock_.begin()->first);
       by_clock_.erase(by_clock_.begin());
     }
   }
 
-  /// Calls `apply(group, contributions)` if the soft-sync group holds at least `needed`
+  /// Calls `apply(group, contributions, number)` if the soft-sync group holds at least `needed`
   /// contributions (or any, when `needed` is 0: no worker is left to add one), and empties it.
   template <class Apply>
   void complete_group(std::size_t needed, Apply&& apply) {
     if (contributions_ == 0 || (needed > 0 && contributions_ < needed)) return;
-    apply(group_, contributions_);
+    apply(group_, contributions_, groups_++);
     group_.clear();
     contributions_ = 0;
   }
@@ -125,6 +135,7 @@ class push_rounds {
   std::map<std::int64_t, group> by_clock_;
   group group_;  // soft sync: the contributions so far
   std::size_t contributions_ = 0;
+  std::int64_t groups_ = 0;  // soft-sync groups applied
   std::map<std::uint32_t, group> open_;  // soft sync: each worker's pushes of its current clock
 };
 

@@ -1,22 +1,24 @@
 #pragma once
 /// @file
-/// `ps::chain_replicator`: a server's part in chain replication (ps/chain.hpp for the layout).
+/// `ps::shard_chain`: one server's part in one shard's chain (ps/chain.hpp for the layout).
 ///
-///  - As the head of its shard, the server applies what workers push as its consistency model
-///    says, then `forward`s each update it applied (a push under ASP and SSP; a barrier round's or
-///    a soft-sync group's mean under BSP and soft sync: aggregated before it is replicated, so
-///    replication costs one update per round, not one per worker) to the next server of the chain,
-///    numbered in sequence.
-///  - Each server in the chain applies the update through its own updater with the same step
-///    information, so every copy, updater state included, stays bit for bit equal to the head's;
-///    it relays the update on, or, as the tail, acknowledges the sequence number to the head.
+///  - The head applies what workers push as its consistency model says, then `forward`s each
+///    update it applied (a push under ASP and SSP; a barrier round's or a soft-sync group's mean
+///    under BSP and soft sync: aggregated before it is replicated, so replication costs one
+///    update per round, not one per worker) to the next live server of the chain, numbered in
+///    sequence and stamped with where it came from (the worker and request id of a push, or the
+///    round's clock), which a new head deduplicates re-sent requests by.
+///  - Each copy applies the update through its own updater with the same step information, so
+///    every copy, updater state included, stays bit for bit equal to the head's; it relays the
+///    update on, or, as the tail, acknowledges the sequence number to the head.
 ///  - The head sends no reply while an update it applied is not yet at the tail (`hold`): a push
-///    is acknowledged, a clock released and a pull answered only from state every copy holds, as
-///    if the tail had answered.
-///  - At the end a head says goodbye to its chain once the tail holds everything; a server leaves
-///    when it has said goodbye and every head it holds a copy for has said goodbye to it.
-/// Sequence numbers are checked: an update out of order is a protocol error (it would mean one
-/// was lost), a repeated one is passed on without being applied again.
+///    is acknowledged, a clock released and a pull answered only from state every copy holds.
+///  - When a server of the chain is lost (`chain_changed`): the next copy heads the shard and
+///    numbers on from what it applied; a head whose successor died sends the updates the tail has
+///    not acknowledged to the new successor, and a new tail acknowledges what it holds.
+///  - At the end the head says goodbye to its chain once the tail holds everything.
+/// Sequence numbers are checked: an update that skips one is a protocol error (one was lost), a
+/// repeated one is passed on without being applied again.
 
 #include <algorithm>
 #include <array>
@@ -24,12 +26,11 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <deque>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -43,42 +44,78 @@
 
 namespace dtrain::ps {
 
-/// What replication has done on one server.
+/// What replication has done on one server (summed over the shards it holds).
 struct replication_stats {
   std::uint64_t forwarded = 0;  ///< updates this server applied as a head and sent down its chain
   std::uint64_t applied = 0;    ///< updates applied as a copy of another head's shard
   std::uint64_t relayed = 0;    ///< updates passed on to the next copy
+  std::uint64_t resent = 0;     ///< updates sent again to a new successor after a loss
   std::uint64_t bytes = 0;      ///< bytes sent to other servers
   std::uint64_t held_replies = 0;  ///< replies that waited for the tail
 };
 
-/// One server's side of chain replication over `Transport`; the server calls it from its one
+/// Where an update came from: worker `worker`'s push with request id `id`, or (worker
+/// `no_worker`) the mean of the round or group of clock `id`.
+struct update_origin {
+  std::uint32_t worker = no_worker;
+  std::uint64_t id = 0;
+};
+
+/// One server's side of one shard's chain over `Transport`; the server calls it from its one
 /// thread. With one replica it does nothing and holds nothing.
 template <transport Transport, class T>
-class chain_replicator {
+class shard_chain {
  public:
-  /// @param me this server's index (its rank) @param tag the servers' request tag
-  chain_replicator(chain_layout layout, int me, std::uint64_t tag, std::chrono::milliseconds timeout)
-      : layout_(layout), me_(me), tag_(tag), timeout_(timeout),
-        applied_(static_cast<std::size_t>(layout.servers()), 0),
-        heads_left_(layout.replicated_on(me)) {}
+  /// @param layout the job's chains (the server's, shared by its shards: losses show at once)
+  /// @param me this server's index @param tag the servers' request tag
+  shard_chain(const chain_layout& layout, int shard, int me, std::uint64_t tag, std::chrono::milliseconds timeout,
+              replication_stats& stats)
+      : layout_(&layout), shard_(shard), me_(me), tag_(tag), timeout_(timeout), stats_(&stats),
+        was_head_(layout.head(shard) == me), successor_(layout.successor(shard, me)) {}
 
-  bool replicating() const noexcept { return layout_.replicas() > 1; }
-  const chain_layout& layout() const noexcept { return layout_; }
-  const replication_stats& stats() const noexcept { return stats_; }
+  bool replicating() const noexcept { return layout_->replicas() > 1; }
+  bool heads() const noexcept { return layout_->head(shard_) == me_; }
+  int shard() const noexcept { return shard_; }
+
+  /// The last update this server applied or forwarded, and where the last push of each worker
+  /// and the last round it holds came from: what a new head deduplicates re-sends by.
+  std::uint64_t sequence() const noexcept { return was_head_ ? forwarded_ : applied_; }
+  std::uint64_t last_push_of(std::uint32_t worker) const {
+    const auto it = last_push_.find(worker);
+    return it == last_push_.end() ? 0 : it->second;
+  }
+  /// Rounds (barrier models) applied: the clock after the last round's.
+  std::int64_t rounds_applied() const noexcept { return rounds_applied_; }
 
   // --- the head -----------------------------------------------------------------------------------
 
   /// Sends an update this server applies to its shard (its `length` values per key for `keys`,
-  /// with the staleness the updater sees) down the chain. A no-op with one replica.
+  /// with the staleness the updater sees) down the chain. A no-op with one replica or alone.
   /// @param frame the received request `values` lie in, if they do: the send takes it, and the
-  ///   values go down the chain from where they arrived instead of being copied (they stay valid
-  ///   until `reap`)
+  ///   values go down the chain from where they arrived instead of being copied
   void forward(Transport& t, table_id which, std::span<const key_type> keys, std::span<const T> values,
-               std::size_t length, std::uint64_t staleness, std::vector<std::byte>* frame = nullptr) {
+               std::size_t length, std::uint64_t staleness, update_origin from, std::vector<std::byte>* frame = nullptr,
+               bool last_of_version = true) {
+    note(from);
     if (!replicating()) return;
-    if (forwarded_ == acked_) oldest_unacked_ = clock::now();
-    outgoing& o = next_update(which, keys, length, staleness);
+    if (!holding()) last_progress_ = clock::now();
+    ++forwarded_;
+    if (layout_->successor(shard_, me_) < 0) {  // the last live copy: it is its own tail
+      acked_ = forwarded_;
+      return;
+    }
+    ++stats_->forwarded;
+    outgoing& o = unacked_.emplace_back();
+    o.sequence = forwarded_;
+    request_header h{op::replicate, which, forwarded_, static_cast<std::int64_t>(from.id), staleness, keys.size(),
+                     static_cast<std::uint32_t>(length), from.worker};
+    h.shard = static_cast<std::uint32_t>(shard_);
+    h.flags = last_of_version ? std::uint32_t{ends_version} : 0;
+    encode_request_header(h, keys.size(), std::span(o.header));
+    o.keys.assign(keys.begin(), keys.end());
+    if constexpr (std::endian::native != std::endian::little) {
+      for (auto& k : o.keys) k = __builtin_bswap64(k);
+    }
     const auto* v = reinterpret_cast<const std::byte*>(values.data());
     if (frame != nullptr && !values.empty() && v >= frame->data() && v + values.size_bytes() <= frame->data() + frame->size()) {
       o.frame = std::move(*frame);  // the heap block moves with it: `values` still points into it
@@ -86,13 +123,12 @@ class chain_replicator {
       o.values.assign(values.begin(), values.end());
       values = o.values;
     }
-    const std::span<const std::byte> parts[] = {std::span<const std::byte>(o.header), std::as_bytes(std::span(o.keys)),
-                                                std::as_bytes(values)};
-    start(t, layout_.successor(me_, me_), o, parts);
+    o.value_bytes = std::as_bytes(values);
+    start(t, layout_->successor(shard_, me_), o);
   }
 
-  /// A buffer for the receive ring in place of a frame `forward` took (one that an earlier
-  /// forward has finished with, when there is one).
+  /// A buffer for the receive ring in place of a frame `forward` took (one that an
+  /// acknowledged update has finished with, when there is one).
   std::vector<std::byte> spare() {
     if (spares_.empty()) return {};
     std::vector<std::byte> b = std::move(spares_.back());
@@ -106,77 +142,7 @@ class chain_replicator {
   /// Keeps a reply to rank `to` until every update applied so far is at the tail.
   void hold(int to, message reply) {
     held_.push_back({forwarded_, to, std::move(reply)});
-    ++stats_.held_replies;
-  }
-
-  // --- every server -------------------------------------------------------------------------------
-
-  /// Handles a message from server `from`: an update to apply (`apply(which, keys, values,
-  /// length, staleness)`) and pass on, an acknowledgement, or a head's goodbye. Replies it
-  /// releases go through `send_reply(to, message)`. An update passed on is sent as it arrived,
-  /// in the buffer `take_frame()` hands over (`r`'s values, which point into it, stay valid
-  /// until `reap`).
-  /// @throws dtrain::error `protocol_error` for a message that does not fit the chains
-  template <class TakeFrame, class Apply, class SendReply>
-  void handle(Transport& t, int from, const request_view<T>& r, TakeFrame&& take_frame, Apply&& apply,
-              SendReply&& send_reply) {
-    const request_header& h = r.header;
-    const int shard = static_cast<int>(h.worker);
-    if (shard < 0 || shard >= layout_.servers()) refuse(from, "names shard " + std::to_string(h.worker));
-    switch (h.what) {
-      case op::replicate: {
-        if (layout_.predecessor(shard, me_) != from) refuse(from, "sent an update of shard " + std::to_string(shard) + " out of its chain");
-        auto& applied = applied_[static_cast<std::size_t>(shard)];
-        if (h.id > applied + 1) {
-          refuse(from, "sent update " + std::to_string(h.id) + " of shard " + std::to_string(shard) + " after " +
-                           std::to_string(applied) + ": one was lost");
-        }
-        // Passed on (or acknowledged) first and applied while it travels: this copy has it now
-        // whatever happens, and its updater's work leaves the chain's critical path.
-        if (const int next = layout_.successor(shard, me_); next >= 0) {
-          outgoing& o = sends_.emplace_back();
-          o.frame = take_frame();
-          const std::span<const std::byte> parts[] = {std::span<const std::byte>(o.frame)};
-          start(t, next, o, parts);
-          ++stats_.relayed;
-        } else {
-          const request_header ack{op::replicated, table_id::sparse, h.id, 0, 0, 0, 0, static_cast<std::uint32_t>(shard)};
-          send(t, layout_.head(shard), ack);
-        }
-        if (h.id == applied + 1) {  // a repeat (after a fail-over) is passed on, not applied again
-          apply(h.table, std::span<const key_type>(r.keys), r.typed_values(), static_cast<std::size_t>(h.length), h.basis);
-          applied = h.id;
-          ++stats_.applied;
-        }
-        break;
-      }
-      case op::replicated:
-        if (shard != me_ || from != layout_.tail(me_) || h.id > forwarded_) {
-          refuse(from, "acknowledged update " + std::to_string(h.id) + " of shard " + std::to_string(shard));
-        }
-        if (h.id > acked_) {
-          acked_ = h.id;
-          oldest_unacked_ = clock::now();
-        }
-        release(send_reply);
-        break;
-      case op::goodbye: {
-        const auto it = std::find(heads_left_.begin(), heads_left_.end(), shard);
-        if (from != layout_.head(shard) || it == heads_left_.end()) refuse(from, "said goodbye for shard " + std::to_string(shard));
-        heads_left_.erase(it);
-        break;
-      }
-      default: refuse(from, std::string("sent a ") + op_name(h.what));
-    }
-  }
-
-  /// Sends the held replies whose updates the tail now holds, oldest first.
-  template <class SendReply>
-  void release(SendReply&& send_reply) {
-    while (!held_.empty() && held_.front().after <= acked_) {
-      send_reply(held_.front().to, std::move(held_.front().reply));
-      held_.pop_front();
-    }
+    ++stats_->held_replies;
   }
 
   /// Gives up the held replies, calling `refuse(to, op, request id)` for each (the server is
@@ -193,48 +159,158 @@ class chain_replicator {
   /// Why this server must fail, when the tail has not acknowledged an update within the
   /// timeout (naming the tail and the update); empty otherwise.
   std::string overdue() const {
-    if (!holding() || clock::now() - oldest_unacked_ <= timeout_) return {};
-    return "ps::server " + std::to_string(me_) + ": server " + std::to_string(layout_.tail(me_)) + ", the tail of shard " +
-           std::to_string(me_) + ", has not acknowledged update " + std::to_string(acked_ + 1) + " within " +
+    if (!holding() || clock::now() - last_progress_ <= timeout_) return {};
+    return "ps::server " + std::to_string(me_) + ": server " + std::to_string(layout_->tail(shard_)) + ", the tail of shard " +
+           std::to_string(shard_) + ", has not acknowledged update " + std::to_string(acked_ + 1) + " within " +
            std::to_string(timeout_.count()) + " ms";
+  }
+
+  // --- every member ---------------------------------------------------------------------------------
+
+  /// Whether a message of kind `what` from server `from` fits this chain as this server sees
+  /// it; if not, whether it would once servers this one has not yet seen lost are (a message
+  /// that overtook this server's own news of a loss: the server keeps it for later).
+  enum class fit { yes, later, no };
+  fit fits(op what, int from) const {
+    const int pf = layout_->position(shard_, from), pm = layout_->position(shard_, me_);
+    const bool now = what == op::replicate   ? layout_->predecessor(shard_, me_) == from
+                     : what == op::replicated ? heads() && layout_->tail(shard_) == from
+                     : what == op::goodbye    ? layout_->head(shard_) == from && from != me_
+                                              : false;
+    if (now) return fit::yes;
+    if (pf < 0 || pm < 0 || layout_->lost(from)) return fit::no;
+    const bool before_me = what == op::replicate || what == op::goodbye;
+    return (before_me ? pf < pm : pf > pm) ? fit::later : fit::no;
+  }
+
+  /// Handles a message that fits (`fits`): an update to apply (`apply(which, keys, values,
+  /// length, staleness, whether it ends a version)`) and pass on, an acknowledgement, or a head's goodbye. Replies it
+  /// releases go through `send_reply(to, message)`. An update passed on is sent as it arrived,
+  /// in the buffer `take_frame()` hands over.
+  /// @throws dtrain::error `protocol_error` for an update that skips one
+  template <class TakeFrame, class Apply, class SendReply>
+  void handle(Transport& t, int from, const request_view<T>& r, TakeFrame&& take_frame, Apply&& apply,
+              SendReply&& send_reply) {
+    const request_header& h = r.header;
+    switch (h.what) {
+      case op::replicate: {
+        if (h.id > applied_ + 1) {
+          refuse(from, "sent update " + std::to_string(h.id) + " of shard " + std::to_string(shard_) + " after " +
+                           std::to_string(applied_) + ": one was lost");
+        }
+        // Passed on (or acknowledged) first and applied while it travels: this copy has it now
+        // whatever happens, and its updater's work leaves the chain's critical path.
+        if (const int next = layout_->successor(shard_, me_); next >= 0) {
+          outgoing& o = relays_.emplace_back();
+          o.frame = take_frame();
+          o.value_bytes = std::span<const std::byte>(o.frame);
+          start(t, next, o, true);
+          ++stats_->relayed;
+        } else {
+          acknowledge(t, h.id);
+        }
+        if (h.id == applied_ + 1) {  // a repeat (after a loss) is passed on, not applied again
+          apply(h.table, std::span<const key_type>(r.keys), r.typed_values(), static_cast<std::size_t>(h.length), h.basis,
+                (h.flags & ends_version) != 0);
+          applied_ = h.id;
+          note({h.worker, static_cast<std::uint64_t>(h.clock)});
+          ++stats_->applied;
+        }
+        break;
+      }
+      case op::replicated:
+        if (h.id > forwarded_) refuse(from, "acknowledged update " + std::to_string(h.id) + " of shard " + std::to_string(shard_));
+        if (h.id > acked_) {
+          acked_ = h.id;
+          last_progress_ = clock::now();
+        }
+        release(send_reply);
+        break;
+      case op::goodbye: head_said_goodbye_ = true; break;
+      default: refuse(from, std::string("sent a ") + op_name(h.what));
+    }
+  }
+
+  /// The chain lost a server: a new head numbers on from what it applied as a copy; a head
+  /// whose successor changed sends it every update the tail has not acknowledged; a new tail
+  /// acknowledges what it holds (an acknowledgement the lost one owed may never come).
+  template <class SendReply>
+  void chain_changed(Transport& t, SendReply&& send_reply) {
+    if (!replicating()) return;
+    const int next = layout_->successor(shard_, me_);
+    if (heads() && !was_head_) {
+      was_head_ = true;
+      forwarded_ = applied_;
+      acked_ = next < 0 ? forwarded_ : 0;  // until the tail says what it holds
+      last_progress_ = clock::now();
+    }
+    if (heads()) {
+      if (next < 0) {
+        acked_ = forwarded_;
+        unacked_.clear();
+      } else if (next != successor_) {
+        for (outgoing& o : unacked_) {  // in order; the new successor skips what it has
+          if (o.sequence > acked_) {
+            start(t, next, o);
+            ++stats_->resent;
+          }
+        }
+      }
+      release(send_reply);
+    } else if (next < 0 && layout_->head(shard_) >= 0) {
+      acknowledge(t, applied_);
+    }
+    successor_ = next;
   }
 
   // --- the end of the job ---------------------------------------------------------------------------
 
-  /// Once every worker has left and the tail holds everything, says goodbye to the rest of the
-  /// chain (once). @returns true when this server may stop: it said goodbye and every head it
-  /// holds a copy for said goodbye to it.
-  /// @throws dtrain::error `timeout` naming the heads that never said goodbye
-  bool finished(Transport& t) {
+  /// Once the head's workers have left and the tail holds everything, it says goodbye to the
+  /// rest of the chain (once). @returns true when this server is done with the shard: as its
+  /// head, it said goodbye; as a copy, the head said goodbye to it.
+  bool finished(Transport& t, bool workers_left) {
     if (!replicating()) return true;
-    if (holding()) return false;
+    if (!heads()) return head_said_goodbye_;
+    if (!workers_left || holding()) return false;
     if (!said_goodbye_) {
       said_goodbye_ = true;
-      goodbye_since_ = clock::now();
-      for (int p = 1; p < layout_.replicas(); ++p) {
-        const request_header h{op::goodbye, table_id::sparse, 0, 0, 0, 0, 0, static_cast<std::uint32_t>(me_)};
-        send(t, layout_.member(me_, p), h);
+      for (int s : layout_->chain(shard_)) {
+        if (s == me_) continue;
+        outgoing& o = relays_.emplace_back();
+        request_header h{op::goodbye, table_id::sparse, 0, 0, 0, 0, 0, 0};
+        h.shard = static_cast<std::uint32_t>(shard_);
+        encode_request_header(h, 0, std::span(o.header));
+        start(t, s, o, true);
       }
     }
-    if (!heads_left_.empty() && clock::now() - goodbye_since_ > timeout_) {
-      std::string names;
-      for (int s : heads_left_) names += (names.empty() ? "" : ", ") + std::to_string(layout_.head(s));
-      throw error(errc::timeout, "ps::server " + std::to_string(me_) + ": its workers have left but server " + names +
-                                     " has not finished replicating to it within " + std::to_string(timeout_.count()) + " ms");
-    }
-    return heads_left_.empty();
+    return true;
   }
 
-  /// Forgets the sends that completed, oldest first, keeping a few frames for `spare`.
+  /// Forgets the sends that completed (an update only once the tail acknowledged it: it may
+  /// have to go to a new successor), keeping a few frames for `spare`.
   void reap() {
-    while (!sends_.empty() && sends_.front().handle->test()) {
-      recycle(std::move(sends_.front().frame));
-      sends_.pop_front();
+    while (!relays_.empty() && relays_.front().sent()) {
+      recycle(std::move(relays_.front().frame));
+      relays_.pop_front();
+    }
+    while (!unacked_.empty() && unacked_.front().sequence <= acked_ && unacked_.front().sent()) {
+      recycle(std::move(unacked_.front().frame));
+      unacked_.pop_front();
     }
   }
 
   /// Waits until every send has left or `d` passes.
-  void flush(deadline d) noexcept { wait_all_sent(sends_, d); }
+  void flush(deadline d) noexcept {
+    for (auto* q : {&relays_, &unacked_}) {
+      for (auto& o : *q) {
+        for (auto& h : o.handles) {
+          std::error_code ec;
+          h.wait(d, ec);
+        }
+      }
+      q->clear();
+    }
+  }
 
  private:
   using clock = std::chrono::steady_clock;
@@ -242,11 +318,16 @@ class chain_replicator {
 
   // A message to another server: its header, keys and values (copies, or in a received frame).
   struct outgoing {
+    std::uint64_t sequence = 0;
     std::array<std::byte, header_bytes> header{};
     std::vector<key_type> keys;
     std::vector<T> values;
     std::vector<std::byte> frame;
-    std::optional<send_handle> handle;
+    std::span<const std::byte> value_bytes;
+    std::vector<send_handle> handles;  // one per time it was sent
+    bool sent() {
+      return std::all_of(handles.begin(), handles.end(), [](send_handle& h) { return h.test(); });
+    }
   };
 
   struct held_reply {
@@ -255,19 +336,30 @@ class chain_replicator {
     message reply;
   };
 
-  // The next update in sequence, its header written and its keys copied (little-endian).
-  outgoing& next_update(table_id which, std::span<const key_type> keys, std::size_t length, std::uint64_t staleness) {
-    ++forwarded_;
-    ++stats_.forwarded;
-    const request_header h{op::replicate, which, forwarded_, 0, staleness, keys.size(), static_cast<std::uint32_t>(length),
-                           static_cast<std::uint32_t>(me_)};
-    outgoing& o = sends_.emplace_back();
-    encode_request_header(h, keys.size(), std::span(o.header));
-    o.keys.assign(keys.begin(), keys.end());
-    if constexpr (std::endian::native != std::endian::little) {
-      for (auto& k : o.keys) k = __builtin_bswap64(k);
+  void note(update_origin from) {
+    if (from.worker == no_worker) {
+      rounds_applied_ = std::max(rounds_applied_, static_cast<std::int64_t>(from.id) + 1);
+    } else {
+      auto& last = last_push_[from.worker];
+      last = std::max(last, from.id);
     }
-    return o;
+  }
+
+  /// Sends the held replies whose updates the tail now holds, oldest first.
+  template <class SendReply>
+  void release(SendReply&& send_reply) {
+    while (!held_.empty() && held_.front().after <= acked_) {
+      send_reply(held_.front().to, std::move(held_.front().reply));
+      held_.pop_front();
+    }
+  }
+
+  void acknowledge(Transport& t, std::uint64_t sequence) {
+    outgoing& o = relays_.emplace_back();
+    request_header h{op::replicated, table_id::sparse, sequence, 0, 0, 0, 0, 0};
+    h.shard = static_cast<std::uint32_t>(shard_);
+    encode_request_header(h, 0, std::span(o.header));
+    start(t, layout_->head(shard_), o, true);
   }
 
   // A received frame a send is done with becomes a spare for the receive ring.
@@ -275,39 +367,38 @@ class chain_replicator {
     if (!frame.empty() && spares_.size() < 4) spares_.push_back(std::move(frame));
   }
 
-  void start(Transport& t, int to, outgoing& o, gather_list parts) {
-    for (const auto& p : parts) stats_.bytes += p.size();
-    o.handle.emplace(t.isend(to, tag_, signature{}, parts));
-  }
-
-  // A message with no values (an acknowledgement, a goodbye).
-  void send(Transport& t, int to, const request_header& h) {
-    outgoing& o = sends_.emplace_back();
-    encode_request_header(h, 0, std::span(o.header));
-    const std::span<const std::byte> parts[] = {std::span<const std::byte>(o.header)};
-    start(t, to, o, parts);
+  // Sends `o` to `to`: header, keys and values, or (`as_frame`) its frame as it is.
+  void start(Transport& t, int to, outgoing& o, bool as_frame = false) {
+    std::array<std::span<const std::byte>, 3> parts{std::span<const std::byte>(o.header), std::as_bytes(std::span(o.keys)),
+                                                    o.value_bytes};
+    const gather_list list = as_frame && !o.frame.empty() ? gather_list(std::span(parts).last(1)) : gather_list(parts);
+    for (const auto& p : list) stats_->bytes += p.size();
+    o.handles.push_back(t.isend(to, tag_, signature{}, list));
   }
 
   [[noreturn]] void refuse(int from, const std::string& what) const {
     throw error(errc::protocol_error, "ps::server " + std::to_string(me_) + ": server " + std::to_string(from) + " " + what +
-                                          " (" + std::to_string(layout_.replicas()) + " replicas on " +
-                                          std::to_string(layout_.servers()) + " servers)");
+                                          " (" + std::to_string(layout_->replicas()) + " replicas on " +
+                                          std::to_string(layout_->servers()) + " servers)");
   }
 
-  chain_layout layout_;
-  int me_;
+  const chain_layout* layout_;
+  int shard_, me_;
   std::uint64_t tag_;
   std::chrono::milliseconds timeout_;
-  std::uint64_t forwarded_ = 0, acked_ = 0;  // this server's shard, as its head
-  clock::time_point oldest_unacked_{};
-  std::vector<std::uint64_t> applied_;  // per shard: the last update applied as a copy
-  std::vector<int> heads_left_;         // shards whose heads have not said goodbye yet
-  bool said_goodbye_ = false;
-  clock::time_point goodbye_since_{};
+  replication_stats* stats_;
+  bool was_head_;
+  int successor_;  // as last seen by `chain_changed`
+  std::uint64_t forwarded_ = 0, acked_ = 0;  // as the head
+  std::uint64_t applied_ = 0;                // as a copy
+  std::map<std::uint32_t, std::uint64_t> last_push_;
+  std::int64_t rounds_applied_ = 0;
+  clock::time_point last_progress_{};
+  bool head_said_goodbye_ = false, said_goodbye_ = false;
   std::deque<held_reply> held_;
-  std::deque<outgoing> sends_;  // a deque: a posted send's parts never move
+  std::deque<outgoing> unacked_;  // forwarded, not yet acknowledged by the tail (deques: parts never move)
+  std::deque<outgoing> relays_;   // relays, acknowledgements, goodbyes
   std::vector<std::vector<std::byte>> spares_;
-  replication_stats stats_;
 };
 
 }  // namespace dtrain::ps

@@ -45,6 +45,9 @@ struct worker_stats {
   std::uint64_t keys_pushed = 0, keys_pulled = 0;
   std::uint64_t bytes_out = 0, bytes_in = 0;
   double wait_seconds = 0;
+  /// Per shard: push and push_pull requests the shard's head acknowledged (a request sent again
+  /// after a fail-over counts once).
+  std::vector<std::uint64_t> pushes_acknowledged;
   /// Versions the server had applied beyond this worker's basis when its pushes arrived are
   /// counted by the servers; here: how many server versions each pull advanced (a pull-side view).
   std::vector<std::uint64_t> pull_advance_histogram = std::vector<std::uint64_t>(33, 0);

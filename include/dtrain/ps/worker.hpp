@@ -16,6 +16,14 @@
 /// @endcode
 /// Not thread-safe: one thread per worker object (the heartbeat thread is internal).
 ///
+/// Requests go to the head of the shard they address. With `ps_options::replicas` k > 1 a lost
+/// server (its connection breaks) is a fail-over, not an error, under ASP, SSP and BSP: the
+/// worker closes the chains over it, as the servers do (ps/chain.hpp), and sends the new heads,
+/// in order, every request the lost one had not answered, and under BSP the pushes of rounds it
+/// had acknowledged but its chain's tail may not hold yet (the worker keeps a copy of each push
+/// until its round's clock is answered). The new heads apply each exactly once. Under soft sync a
+/// lost server is an error, as with one replica.
+///
 /// Nothing is copied on the worker: a request is sent gathered from its header and the caller's
 /// keys and values, and a reply's values are received straight into the caller's `out` (each
 /// request's reply has its own tag, and its receive is posted before the request leaves). So
@@ -28,7 +36,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -48,6 +55,7 @@
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/sharding.hpp"
 #include "dtrain/ps/stats.hpp"
+#include "dtrain/ps/worker_requests.hpp"
 
 namespace dtrain::ps {
 
@@ -75,9 +83,7 @@ class worker {
         sharding_(std::move(shards)),
         options_(o),
         dense_sharding_(r.servers),
-        dense_layout_(o.dense_slice_bytes, sizeof(T)),
-        basis_(static_cast<std::size_t>(r.servers), 0),
-        key_cache_(r.servers, o.key_cache_lists) {
+        dense_layout_(o.dense_slice_bytes, sizeof(T)) {
     if (roles_.is_server(transport_.rank())) {
       throw error(errc::invalid_argument, "ps::worker on rank " + std::to_string(transport_.rank()) + ", a server rank");
     }
@@ -93,24 +99,20 @@ class worker {
     try {
       wait(hello, deadline::after(options_.timeout));
     } catch (const error& e) {
-      std::string missing;
-      for (auto id : hello.ids_) {
-        if (auto it = pending_.find(id); it != pending_.end() && !it->second.answer->test()) {
-          missing += (missing.empty() ? "" : ", ") + std::to_string(it->second.server);
-        }
-      }
+      const std::string missing = requests_.unanswered(hello.ids_);
       throw error(code_of(e), "ps::worker " + std::to_string(id_) + ": joining the servers" +
                                   (missing.empty() ? "" : " (no answer from server " + missing + ")") + ": " + e.what());
     }
     // Resumed servers say which clock this worker left off at; all must agree.
-    for (std::size_t s = 0; s < hello_clocks_.size(); ++s) {
-      if (hello_clocks_[s] != hello_clocks_[0]) {
+    const auto& clocks = requests_.hello_clocks();
+    for (std::size_t s = 0; s < clocks.size(); ++s) {
+      if (clocks[s] != clocks[0]) {
         throw error(errc::bad_data, "ps::worker " + std::to_string(id_) + ": the servers resumed from different clocks (server 0 at " +
-                                        std::to_string(hello_clocks_[0]) + ", server " + std::to_string(s) + " at " +
-                                        std::to_string(hello_clocks_[s]) + "); their checkpoints are from different rounds");
+                                        std::to_string(clocks[0]) + ", server " + std::to_string(s) + " at " +
+                                        std::to_string(clocks[s]) + "); their checkpoints are from different rounds");
       }
     }
-    clock_ = hello_clocks_.empty() ? 0 : hello_clocks_[0];
+    clock_ = clocks.empty() ? 0 : clocks[0];
     heartbeat_.emplace(transport_, roles_, options_, id_);
   }
 
@@ -174,7 +176,7 @@ class worker {
     return dense_request(op::push_pull, tensor, values, out);
   }
 
-  /// Finishes this worker's current clock on every server. Waiting on it blocks while the
+  /// Finishes this worker's current clock on every shard. Waiting on it blocks while the
   /// consistency model holds this worker back (BSP: until every worker finished the clock).
   request clock() {
     request r;
@@ -197,21 +199,13 @@ class worker {
       bool ok = false;
       ~mark_broken() { broken = broken || !ok; }
     } guard{broken_};
-    for (std::uint64_t id : r.ids_) {
-      auto it = pending_.find(id);
-      if (it == pending_.end()) continue;  // consumed by an earlier wait
-      take_reply(it->second, d);
-      const std::string failure = std::move(it->second.failure);
-      const errc code = it->second.code;
-      pending_.erase(it);
-      if (!failure.empty()) throw error(code, failure);
-    }
+    requests_.wait(r.ids_, d);
     r.ids_.clear();
     guard.ok = true;
     stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  /// Says goodbye to every server and waits for them to acknowledge. Idempotent.
+  /// Says goodbye to every shard's head and waits for them to acknowledge. Idempotent.
   void finish() {
     if (finished_) return;
     finished_ = true;
@@ -231,35 +225,7 @@ class worker {
   const dense_layout& layout() const noexcept { return dense_layout_; }
 
  private:
-  struct destination {
-    T* out;
-    std::vector<std::uint32_t> positions;  // where each pulled key's values go (in units of length)
-    std::size_t length;
-    std::size_t run = 0;  // > 0: the values of `run` keys go to out[0, run * length) in order
-    std::size_t keys() const noexcept { return run > 0 ? run : positions.size(); }
-  };
-
-  using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, gather_list{}));
-  using receive_handle = decltype(std::declval<Transport&>().irecv(0, 0, scatter_list{}, nullptr));
-
-  // One request in flight: what it sends, where its reply lands, and what became of it. Lives in
-  // a std::map, so the buffers the transport holds never move.
-  struct pending {
-    std::uint64_t id = 0;
-    int server = 0;
-    op what = op::heartbeat;
-    std::optional<destination> into;
-    std::string failure;
-    errc code = errc::protocol_error;
-    std::array<std::byte, header_bytes> request{};  // the request's header, sent first
-    std::vector<key_type> own_keys;                  // keys the request carries that the caller does not hold
-    std::vector<T> own_values;                       // likewise its values
-    std::array<std::byte, header_bytes> reply{};     // the reply's header lands here...
-    std::span<std::byte> reply_values;               // ...and its values here (the caller's buffer)
-    std::vector<std::byte> overflow;                 // a reply that does not fit those (an error's text)
-    std::optional<send_handle> sent;
-    std::optional<receive_handle> answer;
-  };
+  using destination = typename worker_requests<Transport, T>::destination;
 
   // A push (values), pull (out) or push_pull (both) of sorted, unique keys, split by server.
   request sparse_request(op what, std::span<const key_type> keys, std::span<const T> values, std::span<T> out,
@@ -341,96 +307,10 @@ class worker {
     }
   }
 
-  // Sends one request, gathered from its header, `keys` and `values` (or `own_keys` and
-  // `own_values` when given: copies the request itself keeps), after posting the receive of its
-  // reply: its header into the pending entry, its values (a pull of a run of keys) straight into
-  // the caller's buffer.
-  std::uint64_t send(int server, op what, table_id which, std::span<const key_type> keys, std::span<const T> values,
+  std::uint64_t send(int shard, op what, table_id which, std::span<const key_type> keys, std::span<const T> values,
                      std::size_t length, const destination* into, std::vector<key_type> own_keys = {},
                      std::vector<T> own_values = {}) {
-    const std::uint64_t id = next_id_++;
-    pending& p = pending_[id];
-    p.id = id;
-    p.server = server;
-    p.what = what;
-    p.own_keys = std::move(own_keys);
-    p.own_values = std::move(own_values);
-    if (!p.own_keys.empty()) keys = p.own_keys;
-    if (!p.own_values.empty()) values = p.own_values;
-    if constexpr (std::endian::native != std::endian::little) {  // keys travel little-endian
-      if (p.own_keys.empty()) p.own_keys.assign(keys.begin(), keys.end());
-      for (auto& k : p.own_keys) k = __builtin_bswap64(k);
-      keys = p.own_keys;
-    }
-    request_header h{what, which, id, clock_, basis_[static_cast<std::size_t>(server)], keys.size(),
-                     static_cast<std::uint32_t>(length), id_};
-    if (carries_keys(what) && which == table_id::sparse && options_.key_cache_lists > 0 && keys.size() >= options_.key_cache_min_keys) {
-      const auto [slot, hit] = key_cache_.slot_for(server, keys);
-      h.cache = hit ? key_cache::use : key_cache::store;
-      h.cache_slot = slot;
-      if (hit) keys = {};  // the server has them
-    }
-    encode_request_header(h, h.cache == key_cache::use ? h.keys : keys.size(), std::span(p.request));
-    if (into != nullptr) {
-      p.into = *into;
-      if (into->run > 0) p.reply_values = std::as_writable_bytes(std::span(into->out, into->run * into->length));
-    }
-    // A pull of scattered keys has no run to land in: its values come whole into the overflow.
-    const std::span<std::byte> reply_parts[] = {std::span(p.reply), p.reply_values};
-    p.answer.emplace(transport_.irecv(roles_.server_rank(server), reply_tag(options_.tag, id),
-                                      scatter_list(reply_parts), &p.overflow));
-    const std::span<const std::byte> request_parts[] = {std::span<const std::byte>(p.request), std::as_bytes(keys),
-                                                        std::as_bytes(values)};
-    p.sent.emplace(transport_.isend(roles_.server_rank(server), options_.tag, signature{}, gather_list(request_parts)));
-    stats_.bytes_out += header_bytes + keys.size_bytes() + values.size_bytes();
-    return id;
-  }
-
-  // Waits for the reply to `p` under `d` and reads it: a refusal becomes `p.failure`; a pull's
-  // values are already in place (a run of keys) or are copied to their positions.
-  void take_reply(pending& p, deadline d) {
-    const int server = roles_.server_rank(p.server);
-    std::error_code ec;
-    if (!p.answer->wait(d, ec)) {
-      throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " + std::to_string(p.server) +
-                          " to answer a " + op_name(p.what));
-    }
-    p.sent->wait(d);  // written before the server could answer; this only collects its status
-    const std::size_t bytes = p.answer->info().bytes;
-    stats_.bytes_in += bytes;
-    const bool whole = bytes > header_bytes + p.reply_values.size();  // it came into the overflow
-    const std::span<const std::byte> message = whole ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
-    const response_header h = decode_response(message.first(std::min(bytes, message.size())), server);
-    const std::span<const std::byte> payload =
-        whole ? message.subspan(header_bytes) : std::span<const std::byte>(p.reply_values).first(bytes - header_bytes);
-    const std::string from = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(server);
-    if (h.id != p.id) {
-      p.failure = from + " answered request " + std::to_string(h.id) + " on the tag of another";
-      return;
-    }
-    if (p.what == op::hello && h.status == 0) {
-      hello_clocks_.resize(static_cast<std::size_t>(roles_.servers), 0);
-      hello_clocks_[static_cast<std::size_t>(p.server)] = h.slowest;
-    }
-    if (h.status != 0) {
-      p.code = static_cast<errc>(h.status);
-      p.failure = from + " refused a " + op_name(p.what) + ": " +
-                  std::string(reinterpret_cast<const char*>(payload.data()), payload.size());
-      return;
-    }
-    if (!p.into) return;
-    const destination& dst = *p.into;
-    if (payload.size() != dst.keys() * dst.length * sizeof(T)) {
-      p.failure = from + " sent " + std::to_string(payload.size()) + " bytes for a pull of " + std::to_string(dst.keys()) + " keys";
-      return;
-    }
-    for (std::size_t j = 0; j < dst.positions.size(); ++j) {  // scattered keys; a run is in place
-      std::memcpy(dst.out + static_cast<std::size_t>(dst.positions[j]) * dst.length,
-                  payload.data() + j * dst.length * sizeof(T), dst.length * sizeof(T));
-    }
-    auto& basis = basis_[static_cast<std::size_t>(p.server)];
-    ++stats_.pull_advance_histogram[std::min<std::size_t>(h.version - std::min(h.version, basis), 32)];
-    basis = std::max(basis, h.version);
+    return requests_.send(shard, what, which, keys, values, length, into, clock_, std::move(own_keys), std::move(own_values));
   }
 
   Transport transport_;
@@ -439,17 +319,19 @@ class worker {
   ps_options options_;
   consistent_hash_sharding dense_sharding_;
   dense_layout dense_layout_;
-  std::vector<std::uint64_t> basis_;  // per server: the version of the last pull
-  sent_key_lists key_cache_;
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
-  std::vector<std::int64_t> hello_clocks_;
   // What a hello carries (as keys), checked by every server.
   const std::array<std::uint64_t, 5> config_ =
       job_configuration{roles_, Consistency::name, sizeof(T), options_.replicas}.words();
-  std::uint64_t next_id_ = 1;
-  std::map<std::uint64_t, pending> pending_;  // declared after transport_: its receives go first
   worker_stats stats_;
+  // Fail-over with more than one copy, except under soft sync (its groups span clocks); under a
+  // barrier model pushes are kept until their round is answered. After transport_: its receives
+  // go first.
+  worker_requests<Transport, T> requests_{
+      transport_, roles_, options_, static_cast<std::uint32_t>(roles_.worker_of(transport_.rank())),
+      options_.replicas > 1 && !(Consistency{}.staleness_bound() != 0 && Consistency{}.pushes_to_apply(roles_.workers) > 1),
+      options_.replicas > 1 && Consistency{}.staleness_bound() == 0, stats_};
   bool finished_ = false, broken_ = false;
   std::optional<heartbeat<Transport, T>> heartbeat_;  // last: stopped first
 };

@@ -34,6 +34,9 @@ class worker_clocks {
   std::int64_t clock_of(std::size_t w) const noexcept { return clocks_[w]; }
   const std::vector<std::int64_t>& clocks() const noexcept { return clocks_; }
   bool dead(std::size_t w) const noexcept { return dead_[w]; }
+  bool has_finished(std::size_t w) const noexcept { return finished_[w]; }
+  /// Worker `w` is at clock `c` (a new head learning where a worker stands).
+  void set_clock(std::size_t w, std::int64_t c) { clocks_[w] = c; }
 
   /// Every clock, from a checkpoint.
   void restore(std::vector<std::int64_t> clocks) { clocks_ = std::move(clocks); }
