@@ -119,11 +119,16 @@ std::vector<std::pair<int, unsigned long long>> counts_in(const std::string& tex
 // 1 is slow, so a round mostly waits with worker 0's push acknowledged but not applied (what the
 // worker must send the new head again); under ASP nobody sleeps, so pushes are always in flight,
 // some applied and forwarded but not yet acknowledged (what the new head must not apply again).
-group_run failover_run(const std::string& mode, int replicas, int killed) {
+group_run failover_run(const std::string& mode, int replicas, int killed, bool leaves = false) {
   return run_ps(5, mode, [=](int) {
     std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas),
-                                 "DTRAIN_TEST_KILL_RANK=" + std::to_string(killed), "DTRAIN_TEST_KILL_STEP=-1",
                                  "DTRAIN_TEST_TIMEOUT_MS=10000"};
+    if (leaves) {
+      env.push_back("DTRAIN_TEST_LEAVE_RANK=" + std::to_string(killed));
+    } else {
+      env.push_back("DTRAIN_TEST_KILL_RANK=" + std::to_string(killed));
+      env.push_back("DTRAIN_TEST_KILL_STEP=-1");
+    }
     for (const char* e : mode == "bsp" ? std::vector<const char*>{"DTRAIN_TEST_SLOW_MS=20", "DTRAIN_TEST_SLOW_WORKER=1", "DTRAIN_TEST_STEPS=60"}
                                        : std::vector<const char*>{"DTRAIN_TEST_STEPS=4000"}) {
       env.emplace_back(e);
@@ -180,5 +185,17 @@ TEST_CASE("ps fail-over: a server SIGKILLed under ASP, every acknowledged push a
     if (shard != 1) CHECK(pushes > 0);
     REQUIRE(!versions[shard].empty());
     for (auto v : versions[shard]) CHECK(v == pushes);
+  }
+}
+
+TEST_CASE("ps fail-over: a server that leaves cleanly mid-job under BSP, the job ends bit for bit as the serial simulation",
+          "[ps][faults][failover]") {
+  auto g = failover_run("bsp", 2, 0, true);
+  INFO(dump(g));
+  for (const auto& r : g.ranks) CHECK(r.status == 0);
+  CHECK(has(g.ranks[0].output, "server 0 left the job"));
+  CHECK(has(g.ranks[1].output, "heads shard 0 now"));
+  for (int w : {3, 4}) {
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
   }
 }

@@ -12,7 +12,8 @@
 // DTRAIN_TEST_CHECKPOINT=prefix checkpoints every DTRAIN_TEST_CHECKPOINT_EVERY clocks, and with
 // DTRAIN_TEST_RESUME=1 the job starts from those checkpoints; DTRAIN_TEST_REPLICAS=k keeps k
 // copies of each shard. Servers print the version of every shard they head at the end
-// ("shard s version v"), workers the pushes each shard acknowledged ("acknowledged s n").
+// ("shard s version v"), workers the pushes each shard acknowledged ("acknowledged s n");
+// DTRAIN_TEST_LEAVE_RANK=r makes server r leave the job cleanly 300 ms in (`server::leave`).
 // Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
 
 #include <signal.h>
@@ -80,7 +81,19 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
         maybe_die(env_int("DTRAIN_TEST_KILL_RANK", -1), env_int("DTRAIN_TEST_KILL_STEP", -1));
       }).detach();
     }
+    std::jthread leaving;  // DTRAIN_TEST_LEAVE_RANK: this server leaves the job cleanly after 300 ms
+    if (env_int("DTRAIN_TEST_LEAVE_RANK", -1) == rank) {
+      leaving = std::jthread([&job](std::stop_token stop) {
+        for (int ms = 0; ms < 300 && !stop.stop_requested(); ms += 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        job.server_endpoint().leave();
+      });
+    }
     const auto& st = job.serve();
+    if (leaving.joinable()) {
+      leaving.request_stop();
+      leaving.join();
+      std::printf("server %d left the job\n", rank);
+    }
     std::printf("server %d: %llu updates, %llu pushes, %llu pulls\n", rank, static_cast<unsigned long long>(st.version),
                 static_cast<unsigned long long>(st.pushes), static_cast<unsigned long long>(st.pulls));
     for (int s = 0; s < r.servers; ++s) {

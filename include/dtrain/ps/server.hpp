@@ -13,6 +13,7 @@
 /// order, until this server sees the loss too, or refused after the timeout.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -96,7 +97,7 @@ class server {
       for (auto& [s, held] : shards_) {
         if (const std::string late = held.heading() ? held.chain().overdue() : std::string(); !late.empty()) fail(errc::timeout, late);
       }
-      if (finished()) break;
+      if (finished() || (leaving_.load() && safe_to_leave())) break;
     }
     requests.cancel();
     ctx_.ring = nullptr;
@@ -105,6 +106,12 @@ class server {
     }
     flush_sends();
   }
+
+  /// Asks `run` to return early, leaving the job: once every update this server applied as a
+  /// head is at its chain's tail (so every reply it held has gone out), it stops, and the
+  /// others take its place as for a lost server (fail-over), once its transport is closed.
+  /// Needs more than one copy of each shard. Thread-safe (a signal handler's thread, say).
+  void leave() noexcept { leaving_.store(true); }
 
   /// What the server has done so far (its version: its own shard's). Not synchronised: read it
   /// from the thread that runs `run`, or after `run` returns.
@@ -306,6 +313,15 @@ class server {
     }
   }
 
+  // Nothing this server answered is missing from any chain's tail, and another copy of each
+  // shard it heads is alive.
+  bool safe_to_leave() {
+    for (auto& [s, held] : shards_) {
+      if (held.heading() && (held.chain().holding() || ctx_.layout.chain(s).size() < 2)) return false;
+    }
+    return true;
+  }
+
   bool finished() {
     if (!kept_.empty() || liveness_.live() > 0) return false;
     bool done = true;
@@ -363,6 +379,7 @@ class server {
   std::vector<std::optional<watch_handle>> watches_;
   std::deque<kept_request> kept_;
   std::string failure_;
+  std::atomic<bool> leaving_{false};
 };
 
 }  // namespace dtrain::ps
