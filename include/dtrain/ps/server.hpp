@@ -217,6 +217,13 @@ class server {
     const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
     if (it == shards_.end()) fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
                                                             " sent a " + what + ", which this server holds no copy of");
+    if (it->second.chain().fits(r.header.what, from) != fit::yes && ctx_.layout.lost(from)) {
+      // Kept back until news of a loss, and its sender lost since: what it said no longer
+      // applies (the chain closed over it, and what it had not passed on is sent again).
+      dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": dropping a " + what +
+                                                                " from server " + std::to_string(from) + ", lost since");
+      return;
+    }
     if (it->second.chain().fits(r.header.what, from) != fit::yes) {
       fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) + " sent a " + what +
                                      " out of its chain (" + std::to_string(ctx_.layout.replicas()) + " replicas on " +
