@@ -83,10 +83,7 @@ class server {
     for (;;) {
       std::error_code ec;
       if (requests.wait_current(ctx_.options.spin, std::chrono::milliseconds(20), ec)) {
-        const int from = requests.current().info().peer;
-        ctx_.stats.bytes_in += requests.message().size();
-        handle(from, std::span<const std::byte>(requests.message()));
-        requests.advance();
+        handle_current(requests);
       } else if (ec != errc::timeout) {
         throw error(ec, "ps::server " + std::to_string(me()) + ": receiving requests");
       }
@@ -153,6 +150,13 @@ class server {
 
   // --- requests ---------------------------------------------------------------------------------
 
+  // Handles the request the ring's current slot holds and posts the slot again.
+  void handle_current(dtrain::detail::receive_ring<Transport>& requests) {
+    ctx_.stats.bytes_in += requests.message().size();
+    handle(requests.current().info().peer, std::span<const std::byte>(requests.message()));
+    requests.advance();
+  }
+
   void handle(int from, std::span<const std::byte> bytes) {
     request_view<T> r;
     try {
@@ -217,14 +221,15 @@ class server {
     const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
     if (it == shards_.end()) fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
                                                             " sent a " + what + ", which this server holds no copy of");
-    if (it->second.chain().fits(r.header.what, from) != fit::yes && ctx_.layout.lost(from)) {
+    const bool fits = it->second.chain().fits(r.header.what, from) == fit::yes;
+    if (!fits && ctx_.layout.lost(from)) {
       // Kept back until news of a loss, and its sender lost since: what it said no longer
       // applies (the chain closed over it, and what it had not passed on is sent again).
       dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": dropping a " + what +
                                                                 " from server " + std::to_string(from) + ", lost since");
       return;
     }
-    if (it->second.chain().fits(r.header.what, from) != fit::yes) {
+    if (!fits) {
       fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) + " sent a " + what +
                                      " out of its chain (" + std::to_string(ctx_.layout.replicas()) + " replicas on " +
                                      std::to_string(ctx_.group.servers) + " servers)");
@@ -287,18 +292,14 @@ class server {
   // heads. What a lost server sent before it was lost has arrived by the time its loss shows
   // (its connection's data comes before its end), so the requests that arrived are handled
   // first, in the chains as they were: a new head numbers on after the last update it got.
-  template <class Ring>
-  void notice_losses(Ring& requests) {
+  void notice_losses(dtrain::detail::receive_ring<Transport>& requests) {
     std::vector<int> lost;
     for (std::size_t s = 0; s < watches_.size(); ++s) {
       if (watches_[s] && watches_[s]->test()) lost.push_back(static_cast<int>(s));
     }
     if (lost.empty()) return;
     for (std::error_code ec; requests.wait_current(std::chrono::microseconds(0), std::chrono::milliseconds(0), ec);) {
-      const int from = requests.current().info().peer;
-      ctx_.stats.bytes_in += requests.message().size();
-      handle(from, std::span<const std::byte>(requests.message()));
-      requests.advance();
+      handle_current(requests);
     }
     // After the workers have left, servers leaving are the end of the job, not news.
     const auto level = liveness_.live() > 0 ? dtrain::detail::log_level::warn : dtrain::detail::log_level::debug;
