@@ -1,5 +1,6 @@
 // Shard checkpoints: a restored shard continues bit for bit like the original; corrupt,
-// truncated, foreign or mismatched files are refused with a message saying why.
+// truncated, foreign or mismatched files are refused with a message saying why. The state a
+// joining server starts from (ps/shard_transfer.hpp) likewise.
 
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,7 @@
 
 #include "../catch.hpp"
 #include "dtrain/ps/checkpoint.hpp"
+#include "dtrain/ps/shard_transfer.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/momentum.hpp"
 
@@ -115,4 +117,44 @@ TEST_CASE("broken or mismatched checkpoints are refused, saying why", "[ps][chec
   write(good);
   CHECK_THROWS_WITH(load_checkpoint(path, t, 1, 4), Catch::Contains("not empty"));
   std::remove(path.c_str());
+}
+
+TEST_CASE("a shard's state sent to a joining server continues bit for bit like the original, and a damaged one is refused",
+          "[ps][checkpoint][replication]") {
+  adam_table sparse(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}), dense(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
+  train(sparse, 30, 1);
+  train(dense, 10, 2);
+  const chain_position at{41, 40, 12, {7, 9}, {{0, 5}, {3, 17}}};
+  const std::vector<std::byte> bytes = write_shard_state(at, sparse, dense);
+  CHECK(bytes.size() % 8 == 0);
+  adam_table s2(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}), d2(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
+  const chain_position got = read_shard_state(bytes, s2, d2, "server 2");
+  CHECK(got.sequence == 41);
+  CHECK(got.version == 40);
+  CHECK(got.rounds == 12);
+  CHECK(got.joined == std::vector<int>{7, 9});
+  CHECK(got.last_push == at.last_push);
+  train(sparse, 5, 3);  // updater state came too: both go on alike
+  train(s2, 5, 3);
+  CHECK(pull_all(sparse) == pull_all(s2));
+  CHECK(pull_all(dense) == pull_all(d2));
+
+  auto refusal = [&](std::vector<std::byte> b) {
+    adam_table s3(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}), d3(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
+    try {
+      read_shard_state(b, s3, d3, "server 2");
+    } catch (const dtrain::error& e) {
+      CHECK(e.code() == errc::bad_data);
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  CHECK_THAT(refusal({bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(bytes.size() / 2)}),
+             Catch::Contains("the state of a shard from server 2 is truncated"));
+  std::vector<std::byte> wrong = bytes;
+  wrong[0] = std::byte{'X'};
+  CHECK_THAT(refusal(wrong), Catch::Contains("does not start with DTRNJOIN"));
+  std::vector<std::byte> longer = bytes;
+  longer.resize(bytes.size() + 16);
+  CHECK_THAT(refusal(longer), Catch::Contains("16 bytes after its tables"));
 }

@@ -119,10 +119,11 @@ std::vector<std::pair<int, unsigned long long>> counts_in(const std::string& tex
 // 1 is slow, so a round mostly waits with worker 0's push acknowledged but not applied (what the
 // worker must send the new head again); under ASP nobody sleeps, so pushes are always in flight,
 // some applied and forwarded but not yet acknowledged (what the new head must not apply again).
-group_run failover_run(const std::string& mode, int replicas, int killed, bool leaves = false) {
-  return run_ps(5, mode, [=](int) {
+// With `standby`, rank 5 is a standby server that takes the killed server's place.
+group_run failover_run(const std::string& mode, int replicas, int killed, bool leaves = false, bool standby = false) {
+  return run_ps(standby ? 6 : 5, mode, [=](int) {
     std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas),
-                                 "DTRAIN_TEST_TIMEOUT_MS=10000"};
+                                 "DTRAIN_TEST_TIMEOUT_MS=10000", "DTRAIN_PS_STANDBY=" + std::to_string(standby ? 1 : 0)};
     if (leaves) {
       env.push_back("DTRAIN_TEST_LEAVE_RANK=" + std::to_string(killed));
     } else {
@@ -197,5 +198,46 @@ TEST_CASE("ps fail-over: a server that leaves cleanly mid-job under BSP, the job
   CHECK(has(g.ranks[1].output, "heads shard 0 now"));
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
+  }
+}
+
+namespace {
+// Every "copy of shard s: version v digest d" line of every rank, as shard -> [(version, digest)].
+std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies_in(const group_run& g) {
+  std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies;
+  for (const auto& r : g.ranks) {
+    for (std::size_t at = 0; (at = r.output.find("copy of shard ", at)) != std::string::npos; ++at) {
+      int shard = 0;
+      unsigned long long version = 0, digest = 0;
+      if (std::sscanf(r.output.c_str() + at, "copy of shard %d: version %llu digest %llx", &shard, &version, &digest) == 3) {
+        copies[shard].emplace_back(version, digest);
+      }
+    }
+  }
+  return copies;
+}
+}  // namespace
+
+TEST_CASE("ps fail-over: a standby server joins the chains of a server SIGKILLed under BSP, the job ends bit for bit as the "
+          "serial simulation with k copies of every shard again", "[ps][faults][failover]") {
+  // k = 2: server 0 holds shards 0 (head) and 2 (tail); server 2 holds shards 2 (head) and 1 (tail).
+  const int killed = GENERATE(0, 2);
+  auto g = failover_run("bsp", 2, killed, false, true);
+  INFO("server " << killed << " killed\n" << dump(g));
+  check_survivors(g, killed);
+  for (int w : {3, 4}) {
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
+  }
+  const std::string& standby = g.ranks[5].output;
+  for (int s : {killed, (killed + 2) % 3}) {
+    CHECK(has(standby, "holds a copy of shard " + std::to_string(s) + " now"));
+  }
+  // Every shard has two copies at the end, equal bit for bit, tables and updater state.
+  const auto copies = copies_in(g);
+  REQUIRE(copies.size() == 3);
+  for (const auto& [shard, held] : copies) {
+    INFO("shard " << shard);
+    REQUIRE(held.size() == 2);
+    CHECK(held[0] == held[1]);
   }
 }

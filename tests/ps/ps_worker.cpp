@@ -14,6 +14,9 @@
 // copies of each shard. Servers print the version of every shard they head at the end
 // ("shard s version v"), workers the pushes each shard acknowledged ("acknowledged s n");
 // DTRAIN_TEST_LEAVE_RANK=r makes server r leave the job cleanly 300 ms in (`server::leave`).
+// With DTRAIN_PS_STANDBY=n the last n ranks are standby servers. Every server prints a digest of
+// each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check
+// that the copies are equal.
 // Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
 
 #include <signal.h>
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include "dtrain/consistency/policies.hpp"
+#include "dtrain/core/hash.hpp"
 #include "dtrain/ps/trainer.hpp"
 #include "dtrain/transport/tcp.hpp"
 #include "dtrain/updater/adagrad.hpp"
@@ -96,8 +100,19 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
     }
     std::printf("server %d: %llu updates, %llu pushes, %llu pulls\n", rank, static_cast<unsigned long long>(st.version),
                 static_cast<unsigned long long>(st.pushes), static_cast<unsigned long long>(st.pulls));
+    auto& server = job.server_endpoint();
     for (int s = 0; s < r.servers; ++s) {
-      if (job.server_endpoint().heads(s)) std::printf("shard %d version %llu\n", s, static_cast<unsigned long long>(job.server_endpoint().version_of(s)));
+      if (server.heads(s)) std::printf("shard %d version %llu\n", s, static_cast<unsigned long long>(server.version_of(s)));
+    }
+    for (int s : server.held_shards()) {
+      dtrain::fnv1a digest;
+      for (auto* table : {&server.shard_tables(s).sparse(), &server.shard_tables(s).dense()}) {
+        table->for_each([&](std::uint64_t key, auto values, auto state) {
+          digest.word(key).bytes(std::as_bytes(values)).bytes(std::as_bytes(state));
+        });
+      }
+      std::printf("copy of shard %d: version %llu digest %016llx\n", s, static_cast<unsigned long long>(server.version_of(s)),
+                  static_cast<unsigned long long>(digest.value()));
     }
     return 0;
   }

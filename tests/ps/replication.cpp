@@ -24,7 +24,7 @@ using namespace std::chrono_literals;
 TEST_CASE("chain layout: shard s lives on s, s+1, ..., s+k-1, each server heads one shard", "[ps][replication]") {
   const chain_layout c(4, 3);
   CHECK(c.head(1) == 1);
-  CHECK(c.member(1, 1) == 2);
+  CHECK(c.members(1)[1] == 2);
   CHECK(c.tail(1) == 3);
   CHECK(c.tail(3) == 1);  // wraps around
   CHECK(c.position(3, 0) == 1);
@@ -70,6 +70,31 @@ TEST_CASE("chain layout: lost servers leave the chains, the next copy heads, the
   CHECK(c.head(2) == -1);
   CHECK(c.tail(2) == -1);
   CHECK(c.chain(0) == std::vector<int>{1});
+}
+
+TEST_CASE("chain layout: a server that joins a chain is its new tail, and heads it once the copies before are lost",
+          "[ps][replication]") {
+  chain_layout c(3, 2);  // shard 0: 0 1, shard 1: 1 2, shard 2: 2 0; rank 7 a standby
+  c.lose(0);
+  CHECK(c.held_by(0) == std::vector<int>{0, 2});  // what a standby taking its place joins
+  c.join(0, 7);
+  c.join(2, 7);
+  c.join(2, 7);  // joining twice is joining once
+  CHECK(c.joined(2) == std::vector<int>{7});
+  CHECK(c.chain(0) == std::vector<int>{1, 7});
+  CHECK(c.chain(2) == std::vector<int>{2, 7});
+  CHECK(c.tail(0) == 7);
+  CHECK(c.successor(0, 1) == 7);
+  CHECK(c.predecessor(0, 7) == 1);
+  CHECK(c.position(0, 7) == 2);  // after the static members, lost or not
+  CHECK(c.held_by(7) == std::vector<int>{0, 2});
+  CHECK(c.held_by(1) == std::vector<int>{1, 0});
+  c.lose(1);
+  CHECK(c.head(0) == 7);
+  CHECK(c.predecessor(0, 7) == -1);
+  CHECK(c.chain(1) == std::vector<int>{2});
+  c.lose(7);
+  CHECK(c.chain(0).empty());
 }
 
 namespace {

@@ -111,7 +111,7 @@ checkpoint_state load_allreduce_checkpoint(const std::string& path, const checkp
                                            std::span<T> parameters, std::span<T> state) {
   const auto body = dtrain::detail::read_checkpoint(path, detail::allreduce_checkpoint_magic, "allreduce checkpoint");
   auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
-  dtrain::detail::byte_reader r(body, path);
+  dtrain::detail::byte_reader r(body, "checkpoint " + path);
   if (const auto f = r.get<std::uint32_t>(); f != detail::allreduce_checkpoint_format) {
     throw bad("has format " + std::to_string(f) + "; this build reads format " +
               std::to_string(detail::allreduce_checkpoint_format));

@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 #include <unistd.h>
 #include <vector>
 
@@ -48,7 +49,8 @@ class byte_writer {
 
 class byte_reader {
  public:
-  byte_reader(std::span<const std::byte> b, const std::string& path) : bytes_(b), path_(path) {}
+  /// @param what what the bytes are, for errors ("checkpoint /path/to/file")
+  byte_reader(std::span<const std::byte> b, std::string what) : bytes_(b), what_(std::move(what)) {}
 
   template <std::integral U>
   U get() {
@@ -71,13 +73,13 @@ class byte_reader {
   }
   std::size_t remaining() const noexcept { return bytes_.size() - at_; }
   void need(std::size_t n) const {
-    if (remaining() < n) throw error(errc::bad_data, "checkpoint " + path_ + " is truncated");
+    if (remaining() < n) throw error(errc::bad_data, what_ + " is truncated");
   }
 
  private:
   std::span<const std::byte> bytes_;
   std::size_t at_ = 0;
-  std::string path_;
+  std::string what_;
 };
 
 [[noreturn]] inline void io_failure(const std::string& what, const std::string& path) {

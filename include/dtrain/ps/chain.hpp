@@ -8,9 +8,14 @@
 /// workers' requests and applies them; each server passes what it applied on to the next; the
 /// last, the tail, acknowledges to the head. So every server heads one shard and holds k-1 others,
 /// and the load stays even. k = 1 is a chain of one: the head is its own tail.
+///
+/// A server that joins a shard (a standby taking a lost server's place, ps/server.hpp) is added
+/// after the chain's static members, as its new tail, as chain replication adds servers.
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,15 +23,15 @@
 
 namespace dtrain::ps {
 
-/// The chains of `servers` shards with `replicas` copies each, and which servers are lost.
-/// A chain is its static members minus the lost ones, in order: when a head dies the next copy
-/// heads the shard, when a tail dies the one before it is the tail. Every process computes the
-/// same chains from the same lost set (a pure function of it), so no one elects anyone.
+/// The chains of `servers` shards with `replicas` copies each, the servers that joined them,
+/// and which servers are lost. Servers are named by rank. A chain is its members (static, then
+/// joined) minus the lost ones, in order: when a head dies the next copy heads the shard, when a
+/// tail dies the one before it is the tail. Every process computes the same chains from the same
+/// lost and joined sets (a pure function of them), so no one elects anyone.
 class chain_layout {
  public:
   /// @throws dtrain::error `invalid_argument` unless 1 <= replicas <= servers
-  chain_layout(int servers, int replicas)
-      : servers_(servers), replicas_(replicas), lost_(static_cast<std::size_t>(std::max(servers, 0)), false) {
+  chain_layout(int servers, int replicas) : servers_(servers), replicas_(replicas) {
     if (servers < 1 || replicas < 1 || replicas > servers) {
       throw error(errc::invalid_argument, "ps: " + std::to_string(replicas) + " replicas of each shard on " +
                                               std::to_string(servers) +
@@ -38,64 +43,90 @@ class chain_layout {
   int replicas() const noexcept { return replicas_; }
 
   /// Server `server` is gone: the chains close over it.
-  void lose(int server) { lost_.at(static_cast<std::size_t>(server)) = true; }
-  bool lost(int server) const noexcept { return lost_[static_cast<std::size_t>(server)]; }
+  void lose(int server) { lost_.insert(server); }
+  bool lost(int server) const noexcept { return lost_.count(server) != 0; }
 
-  /// The server at static `position` (0 = head) in shard `shard`'s chain, lost or not.
-  int member(int shard, int position) const noexcept { return (shard + position) % servers_; }
+  /// Server `server` joins `shard`'s chain as its tail (no-op if it is a member already).
+  void join(int shard, int server) {
+    if (position(shard, server) < 0) joined_[shard].push_back(server);
+  }
+  /// The servers that joined `shard`'s chain, in the order they joined.
+  std::vector<int> joined(int shard) const {
+    const auto it = joined_.find(shard);
+    return it == joined_.end() ? std::vector<int>{} : it->second;
+  }
+
+  /// The members of `shard`'s chain, lost or not: static ones first, then those that joined.
+  std::vector<int> members(int shard) const {
+    std::vector<int> m;
+    for (int p = 0; p < replicas_; ++p) m.push_back((shard + p) % servers_);
+    if (const auto it = joined_.find(shard); it != joined_.end()) m.insert(m.end(), it->second.begin(), it->second.end());
+    return m;
+  }
 
   /// The live members of `shard`'s chain, head first (empty: every copy is lost).
   std::vector<int> chain(int shard) const {
     std::vector<int> c;
-    for (int p = 0; p < replicas_; ++p) {
-      if (!lost(member(shard, p))) c.push_back(member(shard, p));
+    for (int s : members(shard)) {
+      if (!lost(s)) c.push_back(s);
     }
     return c;
   }
 
   /// The first live member of `shard`'s chain, or -1 if every copy is lost.
-  int head(int shard) const noexcept { return next_live(shard, 0, +1); }
+  int head(int shard) const {
+    const auto c = chain(shard);
+    return c.empty() ? -1 : c.front();
+  }
   /// The last live member, or -1.
-  int tail(int shard) const noexcept { return next_live(shard, replicas_ - 1, -1); }
+  int tail(int shard) const {
+    const auto c = chain(shard);
+    return c.empty() ? -1 : c.back();
+  }
 
-  /// Where `server` stands in `shard`'s static chain, or -1 if it holds no copy of it.
-  int position(int shard, int server) const noexcept {
-    const int p = (server - shard + servers_) % servers_;
-    return p < replicas_ ? p : -1;
+  /// Where `server` stands among `shard`'s members (0 = static head), or -1 if it holds no copy.
+  int position(int shard, int server) const {
+    const auto m = members(shard);
+    const auto it = std::find(m.begin(), m.end(), server);
+    return it == m.end() ? -1 : static_cast<int>(it - m.begin());
   }
 
   /// The live server `server` passes `shard`'s updates to, or -1 if it is the tail (or not in
   /// the chain).
-  int successor(int shard, int server) const noexcept {
-    const int p = position(shard, server);
-    return p < 0 ? -1 : next_live(shard, p + 1, +1);
-  }
+  int successor(int shard, int server) const { return neighbour(shard, server, +1); }
 
   /// The live server `server` receives `shard`'s updates from, or -1 if it is the head.
-  int predecessor(int shard, int server) const noexcept {
-    const int p = position(shard, server);
-    return p <= 0 ? -1 : next_live(shard, p - 1, -1);
-  }
+  int predecessor(int shard, int server) const { return neighbour(shard, server, -1); }
 
-  /// The shards `server` holds a copy of, its own first: its own and the k-1 before it.
+  /// The shards `server` holds a copy of: for a static server its own first, then the k-1
+  /// before it; then those it joined.
   std::vector<int> held_by(int server) const {
     std::vector<int> shards;
-    for (int p = 0; p < replicas_; ++p) shards.push_back((server - p + servers_) % servers_);
+    if (server >= 0 && server < servers_) {
+      for (int p = 0; p < replicas_; ++p) shards.push_back((server - p + servers_) % servers_);
+    }
+    for (const auto& [shard, joined] : joined_) {
+      if (std::find(joined.begin(), joined.end(), server) != joined.end()) shards.push_back(shard);
+    }
     return shards;
   }
 
  private:
-  // The first live member from static position `p` on, stepping by `step`; -1 if none.
-  int next_live(int shard, int p, int step) const noexcept {
-    for (; p >= 0 && p < replicas_; p += step) {
-      if (!lost(member(shard, p))) return member(shard, p);
+  // The first live member beside `server` in `shard`'s chain, stepping by `step`; -1 if none.
+  int neighbour(int shard, int server, int step) const {
+    const auto m = members(shard);
+    const auto it = std::find(m.begin(), m.end(), server);
+    if (it == m.end()) return -1;
+    for (auto p = static_cast<std::ptrdiff_t>(it - m.begin()) + step; p >= 0 && p < static_cast<std::ptrdiff_t>(m.size()); p += step) {
+      if (!lost(m[static_cast<std::size_t>(p)])) return m[static_cast<std::size_t>(p)];
     }
     return -1;
   }
 
   int servers_;
   int replicas_;
-  std::vector<bool> lost_;
+  std::set<int> lost_;
+  std::map<int, std::vector<int>> joined_;
 };
 
 }  // namespace dtrain::ps

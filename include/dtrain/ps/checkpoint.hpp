@@ -84,6 +84,40 @@ inline std::optional<std::int64_t> latest_common_checkpoint(const std::string& p
   return best;
 }
 
+/// Writes every key of `t`: key count (u64), then per key: key (u64), length (u64), values,
+/// updater state. Checkpoints and a joining server's copy of a shard (ps/shard_transfer.hpp).
+template <std::floating_point T, class Updater, class Initializer>
+void write_table(dtrain::detail::byte_writer& w, table<T, Updater, Initializer>& t) {
+  w.put(static_cast<std::uint64_t>(t.size()));
+  t.for_each([&](key_type key, std::span<T> values, std::span<T> st) {
+    w.put(key);
+    w.put(static_cast<std::uint64_t>(values.size()));
+    for (T v : values) w.put(v);
+    for (T v : st) w.put(v);
+  });
+}
+
+/// Reads what `write_table` wrote into the empty table `t`. @throws dtrain::error `bad_data`
+/// naming `what` when it is truncated or a key is repeated
+template <std::floating_point T, class Updater, class Initializer>
+void read_table(dtrain::detail::byte_reader& r, table<T, Updater, Initializer>& t, const std::string& what) {
+  const auto keys = r.get<std::uint64_t>();
+  std::vector<T> values, state;
+  for (std::uint64_t k = 0; k < keys; ++k) {
+    const auto key = r.get<std::uint64_t>();
+    const auto length = r.get<std::uint64_t>();
+    if (length == 0 || length > r.remaining() / sizeof(T)) {
+      throw error(errc::bad_data, what + " is truncated or has a key of absurd length");
+    }
+    values.resize(length);
+    state.resize(length * Updater::state_slots);
+    r.need((values.size() + state.size()) * sizeof(T));
+    for (T& v : values) v = r.get<T>();
+    for (T& v : state) v = r.get<T>();
+    t.restore(key, values, state);
+  }
+}
+
 /// Writes `t` and `state` to `path`, atomically. @throws dtrain::error with the system error
 /// if the file cannot be written (the previous checkpoint, if any, is left in place).
 template <std::floating_point T, class Updater, class Initializer>
@@ -99,13 +133,7 @@ void save_checkpoint(const std::string& path, table<T, Updater, Initializer>& t,
   w.put(std::string_view(Initializer::name));
   w.put(static_cast<std::uint32_t>(state.clocks.size()));
   for (std::int64_t c : state.clocks) w.put(c);
-  w.put(static_cast<std::uint64_t>(t.size()));
-  t.for_each([&](key_type key, std::span<T> values, std::span<T> st) {
-    w.put(key);
-    w.put(static_cast<std::uint64_t>(values.size()));
-    for (T v : values) w.put(v);
-    for (T v : st) w.put(v);
-  });
+  write_table(w, t);
   dtrain::detail::write_checkpoint(path, w);
 }
 
@@ -120,7 +148,7 @@ shard_state load_checkpoint(const std::string& path, table<T, Updater, Initializ
   if (t.size() != 0) throw error(errc::invalid_argument, "load_checkpoint: the table is not empty");
   const auto body = dtrain::detail::read_checkpoint(path, detail::checkpoint_magic, "checkpoint");
   auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
-  dtrain::detail::byte_reader r(body, path);
+  dtrain::detail::byte_reader r(body, "checkpoint " + path);
   if (const auto f = r.get<std::uint32_t>(); f != detail::checkpoint_format) {
     throw bad("has format " + std::to_string(f) + "; this build reads format " + std::to_string(detail::checkpoint_format));
   }
@@ -146,19 +174,7 @@ shard_state load_checkpoint(const std::string& path, table<T, Updater, Initializ
   const auto clocks = r.get<std::uint32_t>();
   r.need(static_cast<std::size_t>(clocks) * 8);
   for (std::uint32_t i = 0; i < clocks; ++i) s.clocks.push_back(r.get<std::int64_t>());
-  const auto keys = r.get<std::uint64_t>();
-  std::vector<T> values, state;
-  for (std::uint64_t k = 0; k < keys; ++k) {
-    const auto key = r.get<std::uint64_t>();
-    const auto length = r.get<std::uint64_t>();
-    if (length == 0 || length > r.remaining() / sizeof(T)) throw bad("is truncated or has a key of absurd length");
-    values.resize(length);
-    state.resize(length * Updater::state_slots);
-    r.need((values.size() + state.size()) * sizeof(T));
-    for (T& v : values) v = r.get<T>();
-    for (T& v : state) v = r.get<T>();
-    t.restore(key, values, state);
-  }
+  read_table(r, t, "checkpoint " + path);
   if (r.remaining() != 0) throw bad("has " + std::to_string(r.remaining()) + " bytes after its last key");
   return s;
 }

@@ -59,6 +59,8 @@ enum class op : std::uint8_t {
   // Between servers (chain replication, ps/replication.hpp); no reply.
   replicate = 9,   ///< an update the sender applied, for the next copy of its shard (id: sequence)
   replicated = 10, ///< the tail holds a shard's updates up to sequence `id` (to the head)
+  join = 11,       ///< a standby server asks a shard's head to add it to the chain, as its tail
+  state = 12,      ///< a shard's state as of sequence `id`, from the old tail to the one joining
 };
 
 /// The name of `o`, for messages.
@@ -74,6 +76,8 @@ constexpr const char* op_name(op o) noexcept {
     case op::push_pull: return "push_pull";
     case op::replicate: return "replicate";
     case op::replicated: return "replicated";
+    case op::join: return "join";
+    case op::state: return "state";
   }
   return "request";
 }
@@ -112,6 +116,7 @@ struct request_header {
 enum request_flags : std::uint32_t {
   resent = 1,       ///< a worker sends the request again, to a new head, after a server was lost
   ends_version = 2, ///< between servers: the last message of one update (a version of the shard)
+  membership = 4,   ///< between servers: not an update, server `worker` joins the chain as its tail
 };
 
 struct response_header {
@@ -141,7 +146,7 @@ inline void put_common(std::byte* b, op what, std::uint8_t byte5) {
   put(b + 6, std::uint16_t{0});
 }
 
-inline bool known(op o) { return o >= op::hello && o <= op::replicated; }
+inline bool known(op o) { return o >= op::hello && o <= op::state; }
 }  // namespace detail
 
 /// FNV-1a of a name (a consistency model's), for the hello's configuration check.

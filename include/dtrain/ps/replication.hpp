@@ -16,6 +16,10 @@
 ///  - When a server of the chain is lost (`chain_changed`): the next copy heads the shard and
 ///    numbers on from what it applied; a head whose successor died sends the updates the tail has
 ///    not acknowledged to the new successor, and a new tail acknowledges what it holds.
+///  - A server joins the chain as its new tail (`add_member`): the head sends a membership
+///    update down the chain, numbered like an update; the copy that was the tail sends the
+///    joiner the shard's state as of that update, then passes on every later update to it, and
+///    the joiner, the tail now, acknowledges to the head from then on.
 ///  - At the end the head says goodbye to its chain once the tail holds everything.
 /// Sequence numbers are checked: an update that skips one is a protocol error (one was lost), a
 /// repeated one is passed on without being applied again.
@@ -68,7 +72,7 @@ class shard_chain {
  public:
   /// @param layout the job's chains (the server's, shared by its shards: losses show at once)
   /// @param me this server's index @param tag the servers' request tag
-  shard_chain(const chain_layout& layout, int shard, int me, std::uint64_t tag, std::chrono::milliseconds timeout,
+  shard_chain(chain_layout& layout, int shard, int me, std::uint64_t tag, std::chrono::milliseconds timeout,
               replication_stats& stats)
       : layout_(&layout), shard_(shard), me_(me), tag_(tag), timeout_(timeout), stats_(&stats),
         was_head_(layout.head(shard) == me), successor_(layout.successor(shard, me)) {}
@@ -86,6 +90,7 @@ class shard_chain {
   }
   /// Rounds (barrier models) applied: the clock after the last round's.
   std::int64_t rounds_applied() const noexcept { return rounds_applied_; }
+  const std::map<std::uint32_t, std::uint64_t>& last_pushes() const noexcept { return last_push_; }
 
   // --- the head -----------------------------------------------------------------------------------
 
@@ -136,6 +141,55 @@ class shard_chain {
     return b;
   }
 
+  /// Adds server `joiner` to the chain as its tail, in order with the updates: the membership
+  /// update goes down the chain with the next sequence number. @returns true when this head
+  /// was its own tail: the caller then sends the joiner the state (`send_state`) itself.
+  bool add_member(Transport& t, int joiner) {
+    if (!replicating() || layout_->position(shard_, joiner) >= 0 || layout_->lost(joiner)) return false;
+    const int next = layout_->successor(shard_, me_);
+    layout_->join(shard_, joiner);
+    if (!holding()) last_progress_ = clock::now();
+    ++forwarded_;  // replies wait until the joiner acknowledges it, holding the state
+    if (next < 0) {
+      successor_ = joiner;
+      return true;
+    }
+    outgoing& o = unacked_.emplace_back();
+    o.sequence = forwarded_;
+    request_header h{op::replicate, table_id::sparse, forwarded_, 0, 0, 0, 0, static_cast<std::uint32_t>(joiner)};
+    h.shard = static_cast<std::uint32_t>(shard_);
+    h.flags = membership;
+    encode_request_header(h, 0, std::span(o.header));
+    start(t, next, o);
+    return false;
+  }
+
+  /// Sends the joiner `to` the shard's state (`payload`, as of `sequence()`), before anything
+  /// else this server passes on to it.
+  void send_state(Transport& t, int to, std::vector<std::byte> payload) {
+    outgoing& o = relays_.emplace_back();
+    request_header h{op::state, table_id::sparse, sequence(), 0, 0, 0, 0, 0};
+    h.shard = static_cast<std::uint32_t>(shard_);
+    encode_request_header(h, 0, std::span(o.header));
+    o.frame = std::move(payload);
+    o.value_bytes = std::span<const std::byte>(o.frame);
+    start(t, to, o);
+  }
+
+  /// This server joined the chain with the state of update `sequence` (the members that
+  /// joined before it, and the rounds and pushes it holds, came with it): it is the tail now
+  /// and acknowledges that update to the head.
+  void joined(Transport& t, std::uint64_t sequence, const std::vector<int>& joined_before, std::int64_t rounds,
+              std::map<std::uint32_t, std::uint64_t> last_push) {
+    for (int s : joined_before) layout_->join(shard_, s);
+    layout_->join(shard_, me_);
+    applied_ = sequence;
+    rounds_applied_ = rounds;
+    last_push_ = std::move(last_push);
+    successor_ = layout_->successor(shard_, me_);
+    if (successor_ < 0 && layout_->head(shard_) >= 0) acknowledge(t, applied_);
+  }
+
   /// Whether an update this server applied is not yet at the tail: replies must then wait.
   bool holding() const noexcept { return acked_ < forwarded_; }
 
@@ -173,30 +227,45 @@ class shard_chain {
   enum class fit { yes, later, no };
   fit fits(op what, int from) const {
     const int pf = layout_->position(shard_, from), pm = layout_->position(shard_, me_);
+    // An acknowledgement may come from any copy after the head: from one that was the tail
+    // before a server joined after it, it still says that every copy but the joiner holds it.
     const bool now = what == op::replicate   ? layout_->predecessor(shard_, me_) == from
-                     : what == op::replicated ? heads() && layout_->tail(shard_) == from
+                     : what == op::replicated ? heads() && pf > 0 && !layout_->lost(from)
                      : what == op::goodbye    ? layout_->head(shard_) == from && from != me_
+                     : what == op::join       ? heads()
                                               : false;
     if (now) return fit::yes;
+    if (what == op::join) return pm >= 0 && !layout_->lost(from) ? fit::later : fit::no;
     if (pf < 0 || pm < 0 || layout_->lost(from)) return fit::no;
     const bool before_me = what == op::replicate || what == op::goodbye;
     return (before_me ? pf < pm : pf > pm) ? fit::later : fit::no;
   }
 
   /// Handles a message that fits (`fits`): an update to apply (`apply(which, keys, values,
-  /// length, staleness, whether it ends a version)`) and pass on, an acknowledgement, or a head's goodbye. Replies it
-  /// releases go through `send_reply(to, message)`. An update passed on is sent as it arrived,
-  /// in the buffer `take_frame()` hands over.
+  /// length, staleness, whether it ends a version)`) and pass on, an acknowledgement, or a
+  /// head's goodbye. Replies it releases go through `send_reply(to, message)`. An update passed
+  /// on is sent as it arrived, in the buffer `take_frame()` hands over. A membership update
+  /// that makes a joiner this server's successor calls `send_state(joiner)` instead.
   /// @throws dtrain::error `protocol_error` for an update that skips one
-  template <class TakeFrame, class Apply, class SendReply>
+  template <class TakeFrame, class Apply, class SendReply, class SendState>
   void handle(Transport& t, int from, const request_view<T>& r, TakeFrame&& take_frame, Apply&& apply,
-              SendReply&& send_reply) {
+              SendReply&& send_reply, SendState&& send_state) {
     const request_header& h = r.header;
     switch (h.what) {
       case op::replicate: {
         if (h.id > applied_ + 1) {
           refuse(from, "sent update " + std::to_string(h.id) + " of shard " + std::to_string(shard_) + " after " +
                            std::to_string(applied_) + ": one was lost");
+        }
+        if ((h.flags & membership) != 0 && h.id == applied_ + 1) {
+          const int before = layout_->successor(shard_, me_);
+          layout_->join(shard_, static_cast<int>(h.worker));
+          applied_ = h.id;
+          if (before < 0 && layout_->successor(shard_, me_) == static_cast<int>(h.worker)) {
+            successor_ = static_cast<int>(h.worker);  // this copy was the tail: the joiner starts from its state
+            send_state(static_cast<int>(h.worker));
+            break;
+          }
         }
         // Passed on (or acknowledged) first and applied while it travels: this copy has it now
         // whatever happens, and its updater's work leaves the chain's critical path.
@@ -382,7 +451,7 @@ class shard_chain {
                                           std::to_string(layout_->servers()) + " servers)");
   }
 
-  const chain_layout* layout_;
+  chain_layout* layout_;
   int shard_, me_;
   std::uint64_t tag_;
   std::chrono::milliseconds timeout_;

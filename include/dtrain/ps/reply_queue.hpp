@@ -24,13 +24,12 @@ class reply_queue {
 
   /// Sends `bytes` (an encoded response) to rank `to` over `t`. @returns the bytes sent.
   std::size_t send(Transport& t, int to, message bytes) {
-    const std::size_t size = bytes.size();
     const std::uint64_t id = dtrain::detail::wire::get<std::uint64_t>(bytes.data() + 8);
-    sends_.emplace_back(std::move(bytes));
-    auto& s = sends_.back();
-    s.handle.emplace(t.isend(to, reply_tag(tag_, id), signature{}, s.bytes.bytes()));
-    return size;
+    return send_on(t, to, reply_tag(tag_, id), std::move(bytes));
   }
+
+  /// Sends a request of this server's own to server `to` (a standby asking to join a chain).
+  std::size_t send_request(Transport& t, int to, message bytes) { return send_on(t, to, tag_, std::move(bytes)); }
 
   /// Forgets the replies that have left, oldest first.
   void reap() {
@@ -41,6 +40,14 @@ class reply_queue {
   void flush(deadline d) noexcept { wait_all_sent(sends_, d); }
 
  private:
+  std::size_t send_on(Transport& t, int to, std::uint64_t tag, message bytes) {
+    const std::size_t size = bytes.size();
+    sends_.emplace_back(std::move(bytes));
+    auto& s = sends_.back();
+    s.handle.emplace(t.isend(to, tag, signature{}, s.bytes.bytes()));
+    return size;
+  }
+
   using send_handle = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
 
   std::uint64_t tag_;

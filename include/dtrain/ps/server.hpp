@@ -11,6 +11,10 @@
 /// A request that names a shard this server will head once it learns of a loss a worker already
 /// saw (or an update from a server that already closed its chain over one) is kept back, in
 /// order, until this server sees the loss too, or refused after the timeout.
+///
+/// A standby server (`roles::standby`) holds nothing at first. Standby i waits for the i-th
+/// server lost and then joins every chain that server was in, as the tail, starting from the
+/// state the tail before it sends: the shards have k copies again.
 
 #include <algorithm>
 #include <atomic>
@@ -56,7 +60,7 @@ class server {
   /// @param t this rank's endpoint; its rank must be a server rank of `r`
   server(Transport t, roles r, Consistency c, Updater u, Initializer init = {}, ps_options o = {},
          apply_mode mode = apply_mode::update)
-      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers) {
+      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers), consistency_(c), updater_(u), init_(init), mode_(mode) {
     if (!r.is_server(me())) {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(me()) + ", which is a worker rank");
     }
@@ -110,10 +114,13 @@ class server {
   /// Needs more than one copy of each shard. Thread-safe (a signal handler's thread, say).
   void leave() noexcept { leaving_.store(true); }
 
+  /// Whether this is a standby server (it holds copies only once it joined chains).
+  bool standby() const noexcept { return ctx_.group.is_standby(me()); }
+
   /// What the server has done so far (its version: its own shard's). Not synchronised: read it
   /// from the thread that runs `run`, or after `run` returns.
   const server_stats& stats() noexcept {
-    ctx_.stats.version = own().updates().version();
+    ctx_.stats.version = shards_.count(me()) != 0 ? own().updates().version() : 0;
     ctx_.stats.deferred_now = 0;
     for (auto& [s, held] : shards_) ctx_.stats.deferred_now += held.waiting().size();
     return ctx_.stats;
@@ -217,6 +224,7 @@ class server {
 
   // An update, acknowledgement or goodbye from another server, for the shard it names.
   void on_server_message(int from, const request_view<T>& r) {
+    if (r.header.what == op::state) return install(from, r);
     const auto it = shards_.find(static_cast<int>(r.header.shard));
     const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
     if (it == shards_.end()) fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
@@ -235,9 +243,58 @@ class server {
                                      std::to_string(ctx_.group.servers) + " servers)");
     }
     try {
-      it->second.on_server_message(from, r);
+      if (r.header.what == op::join) {
+        dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
+                                                                 " joins shard " + std::to_string(it->first) + "'s chain");
+        it->second.on_join(from);
+      } else {
+        it->second.on_server_message(from, r);
+      }
     } catch (const error& e) {
       fail(code_of(e), e.what());
+    }
+  }
+
+  // The state of a shard this standby asked to join, from the copy that was its tail.
+  void install(int from, const request_view<T>& r) {
+    const int s = static_cast<int>(r.header.shard);
+    if (joining_.erase(s) == 0) {
+      fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
+                                     " sent the state of shard " + std::to_string(s) + ", which this server did not ask to join");
+    }
+    replica& held = shards_.try_emplace(s, ctx_, s, consistency_, updater_, init_, mode_).first->second;
+    try {
+      held.install(from, r.values);
+    } catch (const error& e) {
+      fail(code_of(e), e.what());
+    }
+    dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " holds a copy of shard " +
+                                                             std::to_string(s) + " now (version " +
+                                                             std::to_string(held.updates().version()) + ", from server " +
+                                                             std::to_string(from) + ")");
+  }
+
+  // Standby i takes the place of the i-th server lost: it asks the head of every chain that
+  // server was in to add it (again, of a head lost before it answered).
+  void replace_lost() {
+    if (!standby()) return;
+    const auto index = static_cast<std::size_t>(me() - ctx_.group.standby_rank(0));
+    if (replacing_ < 0 && losses_.size() > index) {
+      replacing_ = losses_[index];
+      for (int s : ctx_.layout.held_by(replacing_)) {
+        if (shards_.count(s) == 0) joining_[s] = -1;
+      }
+    }
+    for (auto& [s, asked] : joining_) {
+      const int head = ctx_.layout.head(s);
+      if (head < 0 || asked == head) continue;
+      asked = head;
+      request_header h{op::join, table_id::sparse, 0, 0, 0, 0, 0, 0};
+      h.shard = static_cast<std::uint32_t>(s);
+      ctx_.replies.send_request(ctx_.transport, head, encode_request<T>(h, {}, std::span<const T>{}));
+      dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " takes server " +
+                                                               std::to_string(replacing_) + "'s place in shard " + std::to_string(s) +
+                                                               "'s chain (head: server " + std::to_string(head) + ")");
     }
   }
 
@@ -282,9 +339,11 @@ class server {
 
   // A receive from every other server on a tag nobody sends on: it fails when the server is lost.
   void watch_servers() {
-    watches_.resize(static_cast<std::size_t>(ctx_.group.servers));
-    for (int s = 0; s < ctx_.group.servers; ++s) {
-      if (s != me() && !ctx_.layout.lost(s)) watches_[static_cast<std::size_t>(s)].emplace(ctx_.transport.irecv(s, ctx_.options.tag - 1, std::span<std::byte>{}));
+    watches_.resize(static_cast<std::size_t>(ctx_.group.size()));
+    for (int s = 0; s < ctx_.group.size(); ++s) {
+      if (s != me() && ctx_.group.is_server(s) && !ctx_.layout.lost(s)) {
+        watches_[static_cast<std::size_t>(s)].emplace(ctx_.transport.irecv(s, ctx_.options.tag - 1, std::span<std::byte>{}));
+      }
     }
   }
 
@@ -308,10 +367,12 @@ class server {
       watches_[static_cast<std::size_t>(s)]->wait(deadline::after(std::chrono::milliseconds(0)), ec);
       watches_[static_cast<std::size_t>(s)].reset();
       ctx_.layout.lose(s);
+      if (!ctx_.group.is_standby(s)) losses_.push_back(s);
       dtrain::detail::log(level, "ps::server " + std::to_string(me()) + ": server " + std::to_string(s) + " is lost (" +
                                      ec.message() + "); its chains close over it");
     }
-    const std::vector<std::int64_t> clocks = own().heading() ? own().workers().clocks() : std::vector<std::int64_t>(liveness_.workers(), 0);
+    const std::vector<std::int64_t> clocks = shards_.count(me()) != 0 && own().heading() ? own().workers().clocks()
+                                                                                        : std::vector<std::int64_t>(liveness_.workers(), 0);
     for (auto& [s, held] : shards_) {
       held.chain_changed();
       if (!held.heading() && ctx_.layout.head(s) == me()) {
@@ -319,6 +380,7 @@ class server {
         held.take_over(clocks, liveness_);
       }
     }
+    if (liveness_.live() > 0) replace_lost();
   }
 
   // Nothing this server answered is missing from any chain's tail, and another copy of each
@@ -331,7 +393,9 @@ class server {
   }
 
   bool finished() {
-    if (!kept_.empty() || liveness_.live() > 0) return false;
+    if (standby() && std::none_of(watches_.begin(), watches_.end(), [](const auto& w) { return w.has_value(); })) return true;
+    if (standby() && (shards_.empty() || !joining_.empty())) return false;  // waits for a loss, or a state
+    if (!kept_.empty() || (!standby() && liveness_.live() > 0)) return false;
     bool done = true;
     for (auto& [s, held] : shards_) done = held.finished() && done;
     return done;
@@ -341,6 +405,7 @@ class server {
 
   // A worker silent past its limit fails the server, or is dropped (policy `drop`).
   void check_liveness(clock::time_point start) {
+    if (standby()) return;  // workers greet and heartbeat the servers they started with
     while (auto silent = liveness_.overdue(start, ctx_.options.timeout, ctx_.options.heartbeat_timeout)) {
       const std::size_t w = silent->worker;
       const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(ctx_.group.worker_rank(static_cast<int>(w))) + ")";
@@ -388,6 +453,14 @@ class server {
   std::deque<kept_request> kept_;
   std::string failure_;
   std::atomic<bool> leaving_{false};
+  // What a copy of a shard this server joins is made of.
+  Consistency consistency_;
+  Updater updater_;
+  Initializer init_;
+  apply_mode mode_;
+  std::vector<int> losses_;  // the servers lost, in the order this server saw them
+  int replacing_ = -1;       // the lost server whose place this standby takes
+  std::map<int, int> joining_;  // shards this standby asks to join (their state not yet here): the head asked
 };
 
 }  // namespace dtrain::ps

@@ -43,6 +43,7 @@
 #include "dtrain/ps/replication.hpp"
 #include "dtrain/ps/server_context.hpp"
 #include "dtrain/ps/shard_checkpoints.hpp"
+#include "dtrain/ps/shard_transfer.hpp"
 #include "dtrain/ps/shard_updates.hpp"
 #include "dtrain/ps/table.hpp"
 #include "dtrain/ps/worker_clocks.hpp"
@@ -136,7 +137,23 @@ class shard_replica {
     auto apply = [this](table_id which, std::span<const key_type> keys, std::span<const T> values, std::size_t length,
                         std::uint64_t staleness, bool last) { updates_.apply_copy(which, keys, values, length, staleness, last); };
     chain().handle(ctx_->transport, from, r, [this] { return take_message(); }, apply,
-                   [this](int to, message m) { ctx_->send_now(to, std::move(m)); });
+                   [this](int to, message m) { ctx_->send_now(to, std::move(m)); }, [this](int to) { send_state(to); });
+  }
+
+  /// Server `from` asks to join the chain (this copy heads it): it becomes the tail once it
+  /// holds the state the copy before it sends.
+  void on_join(int from) {
+    if (chain().add_member(ctx_->transport, from)) send_state(from);
+  }
+
+  /// This copy was just created on a server joining the chain: it installs the state server
+  /// `from` sent (`payload`) and becomes the chain's tail.
+  /// @throws dtrain::error `bad_data` when the state is malformed
+  void install(int from, std::span<const std::byte> payload) {
+    const chain_position at = read_shard_state(payload, updates_.sparse(), updates_.dense(), "server " + std::to_string(from));
+    updates_.set_version(at.version);
+    heading_ = false;
+    chain().joined(ctx_->transport, at.sequence, at.joined, at.rounds, at.last_push);
   }
 
   /// The chain lost a server (after `take_over`, when this copy heads it now).
@@ -357,6 +374,13 @@ class shard_replica {
     } catch (const error& e) {
       send(from, encode_error(reply, code_of(e), e.what()));
     }
+  }
+
+  // Sends a server joining the chain this shard's state, as of the last update this copy holds.
+  void send_state(int to) {
+    const chain_position at{chain().sequence(), updates_.version(), chain().rounds_applied(), ctx_->layout.joined(shard_),
+                            chain().last_pushes()};
+    chain().send_state(ctx_->transport, to, write_shard_state(at, updates_.sparse(), updates_.dense()));
   }
 
   void save() {

@@ -322,7 +322,7 @@ class worker {
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
   // What a hello carries (as keys), checked by every server.
-  const std::array<std::uint64_t, 5> config_ =
+  const std::array<std::uint64_t, 6> config_ =
       job_configuration{roles_, Consistency::name, sizeof(T), options_.replicas}.words();
   worker_stats stats_;
   // Fail-over with more than one copy, except under soft sync (its groups span clocks); under a
