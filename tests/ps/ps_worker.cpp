@@ -14,6 +14,7 @@
 // copies of each shard. Servers print the version of every shard they head at the end
 // ("shard s version v"), workers the pushes each shard acknowledged ("acknowledged s n");
 // DTRAIN_TEST_LEAVE_RANK=r makes server r leave the job cleanly 300 ms in (`server::leave`).
+// DTRAIN_TEST_KILL_LATER_RANK=r SIGKILLs server r after DTRAIN_TEST_KILL_LATER_MS (1000) ms.
 // With DTRAIN_PS_STANDBY=n the last n ranks are standby servers. Every server prints a digest of
 // each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check
 // that the copies are equal.
@@ -83,6 +84,13 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
       std::thread([] {
         std::this_thread::sleep_for(std::chrono::milliseconds(300));
         maybe_die(env_int("DTRAIN_TEST_KILL_RANK", -1), env_int("DTRAIN_TEST_KILL_STEP", -1));
+      }).detach();
+    }
+    if (env_int("DTRAIN_TEST_KILL_LATER_RANK", -1) == rank) {  // and another one later
+      std::thread([] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_KILL_LATER_MS", 1000)));
+        std::fflush(stdout);
+        ::kill(::getpid(), SIGKILL);
       }).detach();
     }
     std::jthread leaving;  // DTRAIN_TEST_LEAVE_RANK: this server leaves the job cleanly after 300 ms

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// `ps::heartbeat`: the thread that tells every server a worker is alive, every
+/// `ps::heartbeat`: the thread that tells every server (standby servers too) a worker is alive, every
 /// `ps_options::heartbeat_interval`, while the worker computes. A server that hears nothing from
 /// a worker for `heartbeat_timeout` declares it dead (ps/worker_clocks.hpp). Heartbeats get no
 /// reply; their sends are reaped as they complete and cancelled when the thread stops.
@@ -43,11 +43,12 @@ class heartbeat {
     std::unique_lock lock(mutex_);
     // Wakes at once when the jthread's destructor asks it to stop.
     while (!wake_.wait_for(lock, stop, options_.heartbeat_interval, [&] { return stop.stop_requested(); })) {
-      for (int s = 0; s < roles_.servers; ++s) {
+      for (int rank = 0; rank < roles_.size(); ++rank) {  // the servers and the standby servers
+        if (!roles_.is_server(rank)) continue;
         const request_header h{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, worker_};
         message bytes = encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{});
         const auto span = bytes.bytes();
-        sent.emplace_back(std::move(bytes), transport_.isend(roles_.server_rank(s), options_.tag, signature{}, span));
+        sent.emplace_back(std::move(bytes), transport_.isend(rank, options_.tag, signature{}, span));
       }
       while (!sent.empty() && sent.front().second.test()) sent.pop_front();
     }

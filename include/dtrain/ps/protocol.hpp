@@ -17,19 +17,22 @@
 /// |  16 |    8 | clock: the worker's clocks done | server version at the reply  |
 /// |  24 |    8 | basis: server version last pulled| slowest worker's clock       |
 /// |  32 |    8 | key count                        | value count                  |
-/// |  40 |    4 | values per key                   | 0                            |
+/// |  40 |    4 | values per key                   | first server joined, rank + 1|
 /// |  44 |    4 | worker id                        | server id                    |
 /// |  48 |    4 | shard (the key range addressed)  | shard (echoed)               |
-/// |  52 |    4 | flags (`request_flags`)          | reserved (0)                 |
+/// |  52 |    4 | flags (`request_flags`)          | second server joined, or 0   |
 ///
 /// A request names its shard because a server may head several: its own, and after a fail-over
 /// the shards whose heads died before it (ps/chain.hpp). Between servers (`replicate`), `worker`
 /// is the worker whose push the update is (`no_worker` for a round's or group's mean) and `clock`
 /// is that push's request id, or the round's clock: what a new head deduplicates re-sends by.
+/// A standby joining a chain sends `join` to the head; the copy before it answers with `state`
+/// (ps/shard_transfer.hpp); a `replicate` flagged `membership` carries the join down the chain.
 
+#include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <bit>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -117,6 +120,7 @@ enum request_flags : std::uint32_t {
   resent = 1,       ///< a worker sends the request again, to a new head, after a server was lost
   ends_version = 2, ///< between servers: the last message of one update (a version of the shard)
   membership = 4,   ///< between servers: not an update, server `worker` joins the chain as its tail
+  worker_done = 8,  ///< a heartbeat: the worker said goodbye to every shard (to standby servers)
 };
 
 struct response_header {
@@ -128,6 +132,9 @@ struct response_header {
   std::uint64_t values = 0;
   std::uint32_t server = 0;
   std::uint32_t shard = 0;
+  /// The first two live servers that joined the shard's chain, as rank + 1 (0: none), so a
+  /// worker knows where the shard goes once the copies it started with are lost.
+  std::array<std::uint32_t, 2> joined{};
 };
 
 inline constexpr std::size_t header_bytes = 56;
@@ -316,10 +323,10 @@ message response_with_room(const response_header& h, std::size_t values) {
   detail::put(b.data() + 16, h.version);
   detail::put(b.data() + 24, h.slowest);
   detail::put(b.data() + 32, static_cast<std::uint64_t>(values));
-  detail::put(b.data() + 40, std::uint32_t{0});
+  detail::put(b.data() + 40, h.joined[0]);
   detail::put(b.data() + 44, h.server);
   detail::put(b.data() + 48, h.shard);
-  detail::put(b.data() + 52, std::uint32_t{0});
+  detail::put(b.data() + 52, h.joined[1]);
   return b;
 }
 
@@ -332,10 +339,10 @@ message encode_response(const response_header& h, std::span<const T> values) {
   detail::put(b.data() + 16, h.version);
   detail::put(b.data() + 24, h.slowest);
   detail::put(b.data() + 32, static_cast<std::uint64_t>(values.size()));
-  detail::put(b.data() + 40, std::uint32_t{0});
+  detail::put(b.data() + 40, h.joined[0]);
   detail::put(b.data() + 44, h.server);
   detail::put(b.data() + 48, h.shard);
-  detail::put(b.data() + 52, std::uint32_t{0});
+  detail::put(b.data() + 52, h.joined[1]);
   if (!values.empty()) std::memcpy(b.data() + header_bytes, values.data(), values.size_bytes());
   return b;
 }
@@ -364,6 +371,7 @@ inline response_header decode_response(std::span<const std::byte> b, int from) {
   h.values = detail::get<std::uint64_t>(b.data() + 32);
   h.server = detail::get<std::uint32_t>(b.data() + 44);
   h.shard = detail::get<std::uint32_t>(b.data() + 48);
+  h.joined = {detail::get<std::uint32_t>(b.data() + 40), detail::get<std::uint32_t>(b.data() + 52)};
   return h;
 }
 

@@ -142,20 +142,23 @@ class shard_chain {
   }
 
   /// Adds server `joiner` to the chain as its tail, in order with the updates: the membership
-  /// update goes down the chain with the next sequence number. @returns true when this head
-  /// was its own tail: the caller then sends the joiner the state (`send_state`) itself.
+  /// update goes down the chain with the next sequence number, and the copy just before the
+  /// joiner sends it the state instead. A joiner that asks again (the copy that was to send the
+  /// state was lost first) gets a new membership update, and so a state from the copy before
+  /// it now. @returns true when that copy is this head: the caller sends the state itself.
   bool add_member(Transport& t, int joiner) {
-    if (!replicating() || layout_->position(shard_, joiner) >= 0 || layout_->lost(joiner)) return false;
-    const int next = layout_->successor(shard_, me_);
+    if (!replicating() || layout_->lost(joiner)) return false;
     layout_->join(shard_, joiner);
+    const int next = layout_->successor(shard_, me_);
     if (!holding()) last_progress_ = clock::now();
     ++forwarded_;  // replies wait until the joiner acknowledges it, holding the state
-    if (next < 0) {
+    if (next == joiner) {
       successor_ = joiner;
       return true;
     }
     outgoing& o = unacked_.emplace_back();
     o.sequence = forwarded_;
+    o.joiner = joiner;
     request_header h{op::replicate, table_id::sparse, forwarded_, 0, 0, 0, 0, static_cast<std::uint32_t>(joiner)};
     h.shard = static_cast<std::uint32_t>(shard_);
     h.flags = membership;
@@ -174,6 +177,18 @@ class shard_chain {
     o.frame = std::move(payload);
     o.value_bytes = std::span<const std::byte>(o.frame);
     start(t, to, o);
+  }
+
+  /// A state for the shard this server joined already, sent again after a loss (by a copy
+  /// that could not know the first one arrived): one this copy has everything of is ignored,
+  /// the next update's is taken as that update; a later one must replace this copy.
+  enum class again { ignored, taken, reinstall };
+  again state_again(Transport& t, std::uint64_t sequence) {
+    if (sequence <= applied_) return again::ignored;
+    if (sequence > applied_ + 1) return again::reinstall;
+    applied_ = sequence;
+    if (layout_->successor(shard_, me_) < 0) acknowledge(t, applied_);
+    return again::taken;
   }
 
   /// This server joined the chain with the state of update `sequence` (the members that
@@ -257,13 +272,17 @@ class shard_chain {
           refuse(from, "sent update " + std::to_string(h.id) + " of shard " + std::to_string(shard_) + " after " +
                            std::to_string(applied_) + ": one was lost");
         }
-        if ((h.flags & membership) != 0 && h.id == applied_ + 1) {
-          const int before = layout_->successor(shard_, me_);
-          layout_->join(shard_, static_cast<int>(h.worker));
-          applied_ = h.id;
-          if (before < 0 && layout_->successor(shard_, me_) == static_cast<int>(h.worker)) {
-            successor_ = static_cast<int>(h.worker);  // this copy was the tail: the joiner starts from its state
-            send_state(static_cast<int>(h.worker));
+        if ((h.flags & membership) != 0) {
+          const int joiner = static_cast<int>(h.worker);
+          if (h.id == applied_ + 1) {
+            layout_->join(shard_, joiner);
+            applied_ = h.id;
+          }
+          // The copy before the joiner (or, for one sent again, before it now): it starts from
+          // this copy's state, which holds this update and every one before.
+          if (layout_->successor(shard_, me_) == joiner) {
+            successor_ = joiner;
+            send_state(joiner);
             break;
           }
         }
@@ -300,11 +319,13 @@ class shard_chain {
     }
   }
 
-  /// The chain lost a server: a new head numbers on from what it applied as a copy; a head
-  /// whose successor changed sends it every update the tail has not acknowledged; a new tail
-  /// acknowledges what it holds (an acknowledgement the lost one owed may never come).
-  template <class SendReply>
-  void chain_changed(Transport& t, SendReply&& send_reply) {
+  /// The chain lost a server: a new head numbers on from what it applied as a copy; the head
+  /// sends every update the tail has not acknowledged down the chain again (whichever member
+  /// was lost, updates it had not passed on are then passed on; a copy that has one passes it
+  /// on without applying it); a new tail acknowledges what it holds (an acknowledgement the lost
+  /// one owed may never come).
+  template <class SendReply, class SendState>
+  void chain_changed(Transport& t, SendReply&& send_reply, SendState&& send_state) {
     if (!replicating()) return;
     const int next = layout_->successor(shard_, me_);
     if (heads() && !was_head_) {
@@ -317,11 +338,19 @@ class shard_chain {
       if (next < 0) {
         acked_ = forwarded_;
         unacked_.clear();
-      } else if (next != successor_) {
-        for (outgoing& o : unacked_) {  // in order; the new successor skips what it has
-          if (o.sequence > acked_) {
-            start(t, next, o);
-            ++stats_->resent;
+      } else if (layout_->chain(shard_) != seen_) {
+        // A joiner whose state the lost copy owed it gets this head's, which holds everything.
+        const bool owes_state = std::any_of(unacked_.begin(), unacked_.end(), [&](const outgoing& o) {
+          return o.joiner == next && o.sequence > acked_;
+        });
+        if (owes_state) {
+          send_state(next);
+        } else {
+          for (outgoing& o : unacked_) {  // in order; the new successor skips what it has
+            if (o.sequence > acked_) {
+              start(t, next, o);
+              ++stats_->resent;
+            }
           }
         }
       }
@@ -330,6 +359,7 @@ class shard_chain {
       acknowledge(t, applied_);
     }
     successor_ = next;
+    seen_ = layout_->chain(shard_);
   }
 
   // --- the end of the job ---------------------------------------------------------------------------
@@ -394,6 +424,7 @@ class shard_chain {
     std::vector<std::byte> frame;
     std::span<const std::byte> value_bytes;
     std::vector<send_handle> handles;  // one per time it was sent
+    int joiner = -1;                   // a membership update: the server it adds
     bool sent() {
       return std::all_of(handles.begin(), handles.end(), [](send_handle& h) { return h.test(); });
     }
@@ -458,6 +489,7 @@ class shard_chain {
   replication_stats* stats_;
   bool was_head_;
   int successor_;  // as last seen by `chain_changed`
+  std::vector<int> seen_ = layout_->chain(shard_);  // the live chain, likewise
   std::uint64_t forwarded_ = 0, acked_ = 0;  // as the head
   std::uint64_t applied_ = 0;                // as a copy
   std::map<std::uint32_t, std::uint64_t> last_push_;

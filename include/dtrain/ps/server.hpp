@@ -65,6 +65,9 @@ class server {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(me()) + ", which is a worker rank");
     }
     ctx_.stats.per_worker_staleness.assign(static_cast<std::size_t>(r.workers), std::vector<std::uint64_t>(33, 0));
+    if (standby()) {  // the workers greeted the servers they started with, which checked them
+      for (int w = 0; w < r.workers; ++w) liveness_.greeted(static_cast<std::size_t>(w));
+    }
     for (int s : ctx_.layout.held_by(me())) {
       replica& held = shards_.try_emplace(s, ctx_, s, c, u, init, mode).first->second;
       held.start(ctx_.options.resume);
@@ -173,7 +176,8 @@ class server {
       if (!ctx_.group.is_server(from)) ctx_.send_now(from, encode_error(response_header{}, errc::protocol_error, e.what()));
       return;
     }
-    if (kept_from(from) || waits_for_news(from, r.header)) {
+    // A state is never kept: what its sender sent before it is older, and waits for it.
+    if (r.header.what != op::state && (kept_from(from) || waits_for_news(from, r.header))) {
       dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": keeping a " +
                                                                 op_name(r.header.what) + " of shard " + std::to_string(r.header.shard) +
                                                                 " from rank " + std::to_string(from) + " until it sees a loss");
@@ -199,7 +203,15 @@ class server {
     liveness_.heard_from(w);
     if (liveness_.dead(w)) return refuse(errc::broken, "worker " + std::to_string(w) + " was dropped as dead; restart it");
     if (!failure_.empty()) return refuse(errc::peer_lost, failure_);
-    if (h.what == op::heartbeat) return;
+    if (h.what == op::heartbeat) {
+      if ((h.flags & worker_done) != 0) {
+        liveness_.finished(w);
+        for (auto& [s, held] : shards_) {
+          if (held.heading()) held.worker_done(h.worker);
+        }
+      }
+      return;
+    }
     if (h.what == op::hello) {
       try {
         job_configuration{ctx_.group, Consistency::name, sizeof(T), ctx_.options.replicas}.check_hello(r.keys, h.worker, me());
@@ -258,7 +270,12 @@ class server {
   // The state of a shard this standby asked to join, from the copy that was its tail.
   void install(int from, const request_view<T>& r) {
     const int s = static_cast<int>(r.header.shard);
-    if (joining_.erase(s) == 0) {
+    if (const auto held = shards_.find(s); held != shards_.end()) {  // sent again after a loss
+      using again = typename shard_chain<Transport, T>::again;
+      if (held->second.chain().state_again(ctx_.transport, r.header.id) != again::reinstall) return;
+      held->second.chain().flush(deadline::after(ctx_.options.timeout));  // its sends hold its buffers
+      shards_.erase(held);
+    } else if (joining_.erase(s) == 0) {
       fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
                                      " sent the state of shard " + std::to_string(s) + ", which this server did not ask to join");
     }
@@ -275,20 +292,20 @@ class server {
   }
 
   // Standby i takes the place of the i-th server lost: it asks the head of every chain that
-  // server was in to add it (again, of a head lost before it answered).
+  // server was in to add it; and again after each loss until the state is here (the copy that
+  // was to send it may be the one lost).
   void replace_lost() {
     if (!standby()) return;
     const auto index = static_cast<std::size_t>(me() - ctx_.group.standby_rank(0));
     if (replacing_ < 0 && losses_.size() > index) {
       replacing_ = losses_[index];
       for (int s : ctx_.layout.held_by(replacing_)) {
-        if (shards_.count(s) == 0) joining_[s] = -1;
+        if (shards_.count(s) == 0) joining_.insert(s);
       }
     }
-    for (auto& [s, asked] : joining_) {
+    std::erase_if(joining_, [&](int s) { return ctx_.layout.head(s) < 0; });  // every copy lost
+    for (int s : joining_) {
       const int head = ctx_.layout.head(s);
-      if (head < 0 || asked == head) continue;
-      asked = head;
       request_header h{op::join, table_id::sparse, 0, 0, 0, 0, 0, 0};
       h.shard = static_cast<std::uint32_t>(s);
       ctx_.replies.send_request(ctx_.transport, head, encode_request<T>(h, {}, std::span<const T>{}));
@@ -300,8 +317,9 @@ class server {
 
   // Whether a message must wait for news of a loss this server has not seen yet: a worker's
   // request for a shard this server holds but does not head, or a server's message that would
-  // fit its chain once servers between are lost.
+  // fit its chain once servers between are lost; or for the state of a shard it joins.
   bool waits_for_news(int from, const request_header& h) {
+    if (joining_.count(static_cast<int>(h.shard)) != 0 && ctx_.group.is_server(from)) return true;  // until its state
     const auto it = shards_.find(static_cast<int>(h.shard));
     if (it == shards_.end()) return false;
     if (ctx_.group.is_server(from)) return it->second.chain().fits(h.what, from) == fit::later;
@@ -393,9 +411,7 @@ class server {
   }
 
   bool finished() {
-    if (standby() && std::none_of(watches_.begin(), watches_.end(), [](const auto& w) { return w.has_value(); })) return true;
-    if (standby() && (shards_.empty() || !joining_.empty())) return false;  // waits for a loss, or a state
-    if (!kept_.empty() || (!standby() && liveness_.live() > 0)) return false;
+    if (!kept_.empty() || liveness_.live() > 0 || !joining_.empty()) return false;
     bool done = true;
     for (auto& [s, held] : shards_) done = held.finished() && done;
     return done;
@@ -405,7 +421,6 @@ class server {
 
   // A worker silent past its limit fails the server, or is dropped (policy `drop`).
   void check_liveness(clock::time_point start) {
-    if (standby()) return;  // workers greet and heartbeat the servers they started with
     while (auto silent = liveness_.overdue(start, ctx_.options.timeout, ctx_.options.heartbeat_timeout)) {
       const std::size_t w = silent->worker;
       const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(ctx_.group.worker_rank(static_cast<int>(w))) + ")";
@@ -460,7 +475,7 @@ class server {
   apply_mode mode_;
   std::vector<int> losses_;  // the servers lost, in the order this server saw them
   int replacing_ = -1;       // the lost server whose place this standby takes
-  std::map<int, int> joining_;  // shards this standby asks to join (their state not yet here): the head asked
+  std::set<int> joining_;    // shards this standby asks to join, their state not yet here
 };
 
 }  // namespace dtrain::ps

@@ -158,7 +158,8 @@ class shard_replica {
 
   /// The chain lost a server (after `take_over`, when this copy heads it now).
   void chain_changed() {
-    chain().chain_changed(ctx_->transport, [this](int to, message m) { ctx_->send_now(to, std::move(m)); });
+    chain().chain_changed(ctx_->transport, [this](int to, message m) { ctx_->send_now(to, std::move(m)); },
+                          [this](int to) { send_state(to); });
   }
 
   /// Worker `w` was dropped as dead: it no longer holds anyone back.
@@ -184,6 +185,10 @@ class shard_replica {
   response_header reply_to(const request_header& h) const {
     response_header r{h.what, 0, h.id, updates_.version(), workers_.slowest(), 0, static_cast<std::uint32_t>(ctx_->me())};
     r.shard = static_cast<std::uint32_t>(shard_);
+    std::size_t n = 0;
+    for (int s : ctx_->layout.joined(shard_)) {
+      if (n < r.joined.size() && !ctx_->layout.lost(s)) r.joined[n++] = static_cast<std::uint32_t>(s) + 1;
+    }
     return r;
   }
 
@@ -223,11 +228,25 @@ class shard_replica {
   }
 
   void on_goodbye(int from, const request_header& h) {
-    rounds_.close_contribution(h.worker);
-    workers_.finished(h.worker);
+    let_go(h.worker);
     send(from, encode_response<T>(reply_to(h), {}));
     progress();
   }
+
+ public:
+  /// Worker `w` said goodbye to every shard (what a standby heading this shard now hears in
+  /// its last heartbeat): it no longer holds anyone back.
+  void worker_done(std::uint32_t w) {
+    let_go(w);
+    progress();
+  }
+
+ private:
+  void let_go(std::uint32_t w) {
+    rounds_.close_contribution(w);
+    workers_.finished(w);
+  }
+
 
   // Under ASP and SSP a push is applied as it arrives; under BSP and soft sync it waits for others.
   bool applies_on_arrival() const noexcept {

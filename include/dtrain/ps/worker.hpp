@@ -215,6 +215,15 @@ class worker {
     }
     wait(r);
     heartbeat_.reset();
+    // Standby servers get no goodbye (they head no shard this worker started with): a last
+    // heartbeat tells them this worker is done, so one that heads a shard later does not wait for it.
+    request_header done{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
+    done.flags = worker_done;
+    const message bytes = encode_request<T>(done, std::span<const key_type>{}, std::span<const T>{});
+    for (int i = 0; i < roles_.standby; ++i) {  // one that finished already is gone: nothing to tell it
+      std::error_code ignored;
+      transport_.isend(roles_.standby_rank(i), options_.tag, signature{}, bytes.bytes()).wait(deadline::after(options_.timeout), ignored);
+    }
   }
 
   /// Clocks this worker has finished (where a resumed job continues from, right after joining).

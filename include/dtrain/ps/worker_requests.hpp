@@ -273,6 +273,9 @@ class worker_requests {
                   std::string(reinterpret_cast<const char*>(payload.data()), payload.size());
       return;
     }
+    for (std::uint32_t j : h.joined) {  // servers that joined the shard's chain, in order
+      if (j != 0) chains_.join(p.shard, static_cast<int>(j) - 1);
+    }
     if (p.what == op::clock) forget_committed(p.shard, p.header.clock);
     if (!p.waited && (p.what == op::push || p.what == op::push_pull)) ++stats_.pushes_acknowledged[static_cast<std::size_t>(p.shard)];
     if (!p.into) return;
