@@ -45,18 +45,9 @@
 #include "dtrain/core/signature.hpp"
 #include "dtrain/ps/chain.hpp"
 #include "dtrain/ps/protocol.hpp"
+#include "dtrain/ps/stats.hpp"
 
 namespace dtrain::ps {
-
-/// What replication has done on one server (summed over the shards it holds).
-struct replication_stats {
-  std::uint64_t forwarded = 0;  ///< updates this server applied as a head and sent down its chain
-  std::uint64_t applied = 0;    ///< updates applied as a copy of another head's shard
-  std::uint64_t relayed = 0;    ///< updates passed on to the next copy
-  std::uint64_t resent = 0;     ///< updates sent again to a new successor after a loss
-  std::uint64_t bytes = 0;      ///< bytes sent to other servers
-  std::uint64_t held_replies = 0;  ///< replies that waited for the tail
-};
 
 /// Where an update came from: worker `worker`'s push with request id `id`, or (worker
 /// `no_worker`) the mean of the round or group of clock `id`.
