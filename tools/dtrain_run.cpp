@@ -87,6 +87,11 @@ int main(int argc, char** argv) {
   int servers = 0;
   app.add_option("--servers", servers, "parameter-server jobs: the first N ranks serve (sets DTRAIN_PS_SERVERS)")
       ->check(CLI::Range(0, 4095));
+  int standby = 0;
+  app.add_option("--standby", standby,
+                 "parameter-server jobs: the last N ranks are standby servers, which take lost servers' places "
+                 "(sets DTRAIN_PS_STANDBY)")
+      ->check(CLI::Range(0, 4095));
   app.add_option("program", program, "the program; everything after it is its arguments")->required();
   app.prefix_command();  // options after the program belong to the program
   CLI11_PARSE(app, argc, argv);
@@ -116,6 +121,7 @@ int main(int argc, char** argv) {
     env.push_back(fmt::format("DTRAIN_STORE=127.0.0.1:{}", store.port()));
     env.push_back("DTRAIN_TOKEN=" + token);
     if (servers > 0) env.push_back(fmt::format("DTRAIN_PS_SERVERS={}", servers));
+    if (standby > 0) env.push_back(fmt::format("DTRAIN_PS_STANDBY={}", standby));
     std::vector<char*> envp, args;
     for (auto& s : env) envp.push_back(s.data());
     envp.push_back(nullptr);
