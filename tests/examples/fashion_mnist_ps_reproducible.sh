@@ -3,7 +3,8 @@
 # whatever the process layout: 1 server over TCP, 2 servers over shared memory (the workers are
 # then other ranks, their buffers elsewhere in memory), 3 servers over TCP holding every shard
 # twice (chain replication), and the same with server 0 (the head of the shard every slice of
-# this model lives on) SIGKILLed mid-run: server 1 takes over, the job goes on without a restart.
+# this model lives on) SIGKILLed mid-run: server 1 takes over, a standby server (rank 5) joins the
+# chains server 0 was in, and the job goes on without a restart.
 # The digest is FNV-1a over the bits.
 #   fashion_mnist_ps_reproducible.sh <dtrain-run binary> <fashion_mnist binary>
 set -u
@@ -30,9 +31,10 @@ copies=$(digest 3 5 tcp 2) || exit 1
 if [ "$one" != "$copies" ]; then
   echo "FAIL: 1 server over tcp ends at $one, 3 servers with 2 replicas each over tcp at $copies"; exit 1
 fi
-# The last layout again, with server 0 killed once the workers have started training.
+# The last layout again, with a standby server, and server 0 killed once the workers have started
+# training.
 log=$(mktemp) && trap 'rm -f "$log"' EXIT
-DTRAIN_PS_SERVERS=3 timeout 240 "$RUN" --keep-going -n 5 "$EXAMPLE" --trainer ps --consistency bsp --transport tcp \
+timeout 240 "$RUN" --keep-going --servers 3 --standby 1 -n 6 "$EXAMPLE" --trainer ps --consistency bsp --transport tcp \
   --replicas 2 --epochs 1 --limit-train 49152 --log-every 0 > "$log" 2>&1 &
 job=$!
 for _ in $(seq 600); do grep -q 'fashion_mnist: parameter server' "$log" && break; sleep 0.05; done
@@ -53,10 +55,13 @@ fi
 if printf '%s\n' "$out" | grep -q 'dtrain-run: rank [1-9]'; then
   echo "FAIL: another rank failed after server 0 was killed: $out"; exit 1
 fi
+if ! printf '%s\n' "$out" | grep -q '^\[5\] .*ps::server 5 holds a copy of shard 0 now'; then
+  echo "FAIL: the standby server did not take server 0's place: $out"; exit 1
+fi
 failed_over=$(printf '%s\n' "$out" | sed -n 's/.*parameters digest \([0-9a-f]\{16\}\).*/\1/p')
 long=$(digest 3 5 tcp 2 49152) || exit 1
 if [ "$failed_over" != "$long" ]; then
   echo "FAIL: with server 0 killed mid-run the job ends at '$failed_over', without at $long: $out"; exit 1
 fi
-echo "ok: every layout ends at parameters digest $one; with server 0 killed mid-run at $long, as without"
+echo "ok: every layout ends at parameters digest $one; with server 0 killed mid-run (a standby taking its place) at $long, as without"
 
