@@ -250,3 +250,18 @@ TEST_CASE("ps fail-over: a standby server joins the chains of a server SIGKILLed
     for (const auto& copy : held) CHECK(copy == held[0]);
   }
 }
+
+TEST_CASE("ps membership: a worker that leaves mid-job under BSP, the others go on averaging over themselves, bit for bit "
+          "as the serial simulation", "[ps][faults][membership]") {
+  const int replicas = GENERATE(1, 2);
+  auto g = run_ps(5, "bsp", [=](int) {
+    return std::vector<std::string>{"DTRAIN_PS_SERVERS=2", "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas),
+                                    "DTRAIN_TEST_LEAVE_WORKER=1", "DTRAIN_TEST_LEAVE_AFTER=10", "DTRAIN_TEST_STEPS=30",
+                                    "DTRAIN_TEST_SLOW_MS=5", "DTRAIN_TEST_SLOW_WORKER=0"};
+  });
+  INFO(replicas << " replicas\n" << dump(g));
+  for (const auto& r : g.ranks) CHECK(r.status == 0);
+  CHECK(has(g.ranks[3].output, "10 steps: worker 1's parameters match the serial simulation"));
+  for (int w : {2, 4}) CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "30 steps"));
+  for (int w : {2, 4}) CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
+}

@@ -15,6 +15,8 @@
 // ("shard s version v"), workers the pushes each shard acknowledged ("acknowledged s n");
 // DTRAIN_TEST_LEAVE_RANK=r makes server r leave the job cleanly 300 ms in (`server::leave`).
 // DTRAIN_TEST_KILL_LATER_RANK=r SIGKILLs server r after DTRAIN_TEST_KILL_LATER_MS (1000) ms.
+// DTRAIN_TEST_LEAVE_WORKER=w with DTRAIN_TEST_LEAVE_AFTER=s makes worker w leave the job after s
+// steps (under BSP the others go on, averaging over themselves from the next round).
 // With DTRAIN_PS_STANDBY=n the last n ranks are standby servers. Every server prints a digest of
 // each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check
 // that the copies are equal.
@@ -129,6 +131,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
   std::vector<float> x(dim);
   job.begin(std::span(x));
   if (job.first_step() > 0 && w == 0) std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
+  const int leaver = env_int("DTRAIN_TEST_LEAVE_WORKER", -1), leave_after = env_int("DTRAIN_TEST_LEAVE_AFTER", steps);
+  if (w == leaver) steps = leave_after;
   for (int it = static_cast<int>(job.first_step()); it < steps; ++it) {
     maybe_die(rank, it);
     job.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) { p.grad(xs, g, tt); }, it);
@@ -143,17 +147,23 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
     std::printf("acknowledged %zu %llu\n", s, static_cast<unsigned long long>(acknowledged[s]));
   }
   if (check_bsp) {
-    // Serial synchronous SGD on the mean gradient, with the server's float operations.
+    // Serial synchronous SGD on the mean gradient, with the server's float operations; from
+    // round `leave_after` on without the worker that left. The one that left pulls once more
+    // after its last step (`end` finishes a clock first): it sees one round without it.
     std::vector<problem> all;
     for (int k = 0; k < r.workers; ++k) all.emplace_back(k);
     std::vector<float> center(dim, 0.0f), g(dim);
-    for (int it = 0; it < steps; ++it) {
+    const int rounds = w == leaver ? leave_after + 1 : steps;
+    for (int it = 0; it < rounds; ++it) {
       std::vector<float> acc(dim, 0.0f);
-      for (const auto& pk : all) {
-        pk.grad(center, g, it);
+      int pushed = 0;
+      for (int k = 0; k < r.workers; ++k) {
+        if (k == leaver && it >= leave_after) continue;
+        all[static_cast<std::size_t>(k)].grad(center, g, it);
         for (std::size_t j = 0; j < dim; ++j) acc[j] += g[j];
+        ++pushed;
       }
-      for (std::size_t j = 0; j < dim; ++j) center[j] -= 0.05f * (acc[j] * (1.0f / static_cast<float>(r.workers)));
+      for (std::size_t j = 0; j < dim; ++j) center[j] -= 0.05f * (acc[j] * (1.0f / static_cast<float>(pushed)));
     }
     // Every worker checks its own parameters and exits 1 on a difference; dtrain-run fails the
     // job when any one does.
