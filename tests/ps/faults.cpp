@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <map>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <unistd.h>
@@ -120,13 +121,18 @@ std::vector<std::pair<int, unsigned long long>> counts_in(const std::string& tex
 // worker must send the new head again); under ASP nobody sleeps, so pushes are always in flight,
 // some applied and forwarded but not yet acknowledged (what the new head must not apply again).
 // With `standby`, rank 5 is a standby server that takes the killed server's place; server
-// `killed_later` (if any) is SIGKILLed too, a second later.
+// `killed_later` (if any) is SIGKILLed too, a second later. With `late`, the standby is a
+// process that joins the TCP group 600 ms after it formed (server 0 dead by then), and the
+// later kill comes at 2 s.
 group_run failover_run(const std::string& mode, int replicas, int killed, bool leaves = false, bool standby = false,
-                       int killed_later = -1) {
+                       int killed_later = -1, bool late = false) {
   return run_ps(standby ? 6 : 5, mode, [=](int) {
     std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas),
                                  "DTRAIN_TEST_TIMEOUT_MS=10000", "DTRAIN_PS_STANDBY=" + std::to_string(standby ? 1 : 0),
                                  "DTRAIN_TEST_KILL_LATER_RANK=" + std::to_string(killed_later)};
+    if (late) {
+      for (const char* e : {"DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=600", "DTRAIN_TEST_KILL_LATER_MS=2000"}) env.emplace_back(e);
+    }
     if (leaves) {
       env.push_back("DTRAIN_TEST_LEAVE_RANK=" + std::to_string(killed));
     } else {
@@ -134,7 +140,9 @@ group_run failover_run(const std::string& mode, int replicas, int killed, bool l
       env.push_back("DTRAIN_TEST_KILL_STEP=-1");
     }
     for (const char* e : mode == "bsp" ? std::vector<const char*>{"DTRAIN_TEST_SLOW_MS=20", "DTRAIN_TEST_SLOW_WORKER=1",
-                                                                  killed_later >= 0 ? "DTRAIN_TEST_STEPS=100" : "DTRAIN_TEST_STEPS=60"}
+                                                                  late ? "DTRAIN_TEST_STEPS=140"
+                                                                  : killed_later >= 0 ? "DTRAIN_TEST_STEPS=100"
+                                                                                      : "DTRAIN_TEST_STEPS=60"}
                                        : std::vector<const char*>{"DTRAIN_TEST_STEPS=4000"}) {
       env.emplace_back(e);
     }
@@ -223,14 +231,17 @@ std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> co
 }
 }  // namespace
 
-TEST_CASE("ps fail-over: a standby server joins the chains of a server SIGKILLed under BSP, the job ends bit for bit as the "
-          "serial simulation with k copies of every shard again", "[ps][faults][failover]") {
+TEST_CASE("ps fail-over: a standby server, started with the job or joining the running group later, joins the chains of a "
+          "server SIGKILLed under BSP, the job ends bit for bit as the serial simulation with k copies of every shard again",
+          "[ps][faults][failover]") {
   // k = 2: server 0 holds shards 0 (head) and 2 (tail); server 2 holds shards 2 (head) and 1 (tail).
   // Killing server 1 a second after server 0 leaves the standby the only copy of shard 0: it
   // heads it, and the workers find it.
-  const auto [killed, killed_later] = GENERATE(std::pair{0, -1}, std::pair{2, -1}, std::pair{0, 1});
-  auto g = failover_run("bsp", 2, killed, false, true, killed_later);
-  INFO("server " << killed << " killed, then server " << killed_later << "\n" << dump(g));
+  // Late: the standby is a process that joins the running TCP group after server 0 is dead.
+  const auto [killed, killed_later, late] =
+      GENERATE(std::tuple{0, -1, false}, std::tuple{2, -1, false}, std::tuple{0, 1, false}, std::tuple{0, 1, true});
+  auto g = failover_run("bsp", 2, killed, false, true, killed_later, late);
+  INFO("server " << killed << " killed, then server " << killed_later << (late ? ", the standby joining late" : "") << "\n" << dump(g));
   check_survivors(g, killed, killed_later);
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
@@ -240,6 +251,7 @@ TEST_CASE("ps fail-over: a standby server joins the chains of a server SIGKILLed
     CHECK(has(standby, "holds a copy of shard " + std::to_string(s) + " now"));
   }
   if (killed_later >= 0) CHECK(has(standby, "heads shard " + std::to_string(killed) + " now"));
+  if (late) CHECK(has(standby, "rank 0 did not answer rank 5 joining the group late"));
   // Every shard has two copies at the end (one, of those a second loss left one), equal bit
   // for bit, tables and updater state.
   const auto copies = copies_in(g);

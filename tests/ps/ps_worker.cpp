@@ -17,7 +17,8 @@
 // DTRAIN_TEST_KILL_LATER_RANK=r SIGKILLs server r after DTRAIN_TEST_KILL_LATER_MS (1000) ms.
 // DTRAIN_TEST_LEAVE_WORKER=w with DTRAIN_TEST_LEAVE_AFTER=s makes worker w leave the job after s
 // steps (under BSP the others go on, averaging over themselves from the next round).
-// With DTRAIN_PS_STANDBY=n the last n ranks are standby servers. Every server prints a digest of
+// With DTRAIN_PS_STANDBY=n the last n ranks are standby servers; with DTRAIN_LATE_RANKS=n too and
+// DTRAIN_TEST_LATE_MS=m they join the TCP group m ms after it formed, as processes started later. Every server prints a digest of
 // each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check
 // that the copies are equal.
 // Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
@@ -29,6 +30,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dtrain/consistency/policies.hpp"
@@ -185,6 +187,10 @@ int main(int argc, char** argv) {
   try {
     tcp_options o;
     o.abort_group_on_peer_loss = false;  // the servers decide what a lost worker means
+    if (const int late = env_int("DTRAIN_LATE_RANKS", 0);
+        late > 0 && env_int("DTRAIN_RANK", 0) >= env_int("DTRAIN_WORLD_SIZE", 0) - late) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_LATE_MS", 0)));
+    }
     auto t = tcp_transport::from_environment(o);
     if (mode == "bsp") return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 30), true);
     if (mode == "asp") return run<asp>(std::move(t), adagrad<float>(0.2), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150), false);

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <future>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -313,4 +314,63 @@ TEST_CASE("tcp: a group is rebuilt in a new epoch without restarting, through th
   }
   for (auto& t : ts) t.join();
   CHECK(wrong.load() == 0);
+}
+
+TEST_CASE("tcp: a late rank joins a running group, gets what was sent to it meanwhile, and finds a rank gone before it "
+          "came lost", "[tcp]") {
+  tcp_store_server server("127.0.0.1", 0, token);
+  auto o = test_options();
+  o.late_ranks = 1;  // rank 3 of 4
+  o.abort_group_on_peer_loss = false;
+  const std::string early = "sent before rank 3 came", reply = "rank 3 is here";
+  std::promise<void> formed_without_it, rank_2_gone;
+  std::shared_future<void> formed = formed_without_it.get_future().share(), gone = rank_2_gone.get_future().share();
+  std::string received_early, received_reply, lost_text;
+  bool early_written = false;
+  auto rank = [&](int r) {
+    tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+    if (r == 3) gone.wait();  // comes once the group has run without it, and rank 2 has left
+    auto t = tcp_transport::connect(store, r, 4, o, "127.0.0.1");
+    std::vector<std::byte> in;
+    if (r == 0) {
+      auto sent = t.isend(3, 7, signature{}, std::as_bytes(std::span(early)));
+      formed_without_it.set_value();
+      sent.wait(deadline::after(10s));  // written once rank 3 connects
+      early_written = true;
+    } else if (r == 1) {
+      t.irecv(3, 8, in).wait(deadline::after(10s));  // posted before rank 3 exists
+      received_reply.assign(reinterpret_cast<const char*>(in.data()), in.size());
+    } else if (r == 2) {
+      formed.wait();  // then leaves: its transport shuts down and its port closes
+    } else {
+      t.irecv(0, 7, in).wait(deadline::after(10s));
+      received_early.assign(reinterpret_cast<const char*>(in.data()), in.size());
+      t.isend(1, 8, signature{}, std::as_bytes(std::span(reply))).wait(deadline::after(10s));
+      std::error_code ec;
+      auto from_2 = t.irecv(2, 9, std::span<std::byte>{});
+      from_2.wait(deadline::after(10s), ec);
+      lost_text = ec == errc::peer_lost ? from_2.detail() : "receive from rank 2: " + ec.message();
+    }
+  };
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 4; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        rank(r);
+      } catch (const error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  ts[2].join();
+  rank_2_gone.set_value();
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    if (i != 2) ts[i].join();
+  }
+  for (const auto& e : errors) CHECK(e.empty());
+  CHECK(early_written);
+  CHECK(received_early == early);
+  CHECK(received_reply == reply);
+  CHECK_THAT(lost_text, Catch::Contains("rank 2 did not answer rank 3 joining the group late"));
 }

@@ -30,6 +30,7 @@
 /// keys, values and `out` must stay valid, and keys and values unchanged, until the request has
 /// been waited for; after a failed request, `out` holds unspecified values.
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <chrono>
@@ -220,9 +221,12 @@ class worker {
     request_header done{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
     done.flags = worker_done;
     const message bytes = encode_request<T>(done, std::span<const key_type>{}, std::span<const T>{});
-    for (int i = 0; i < roles_.standby; ++i) {  // one that finished already is gone: nothing to tell it
+    // Best effort: one that finished is gone, and one that never came (a late rank) never reads it.
+    const deadline d = deadline::after(std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::milliseconds(1000)));
+    for (int i = 0; i < roles_.standby; ++i) {
       std::error_code ignored;
-      transport_.isend(roles_.standby_rank(i), options_.tag, signature{}, bytes.bytes()).wait(deadline::after(options_.timeout), ignored);
+      auto sent = transport_.isend(roles_.standby_rank(i), options_.tag, signature{}, bytes.bytes());
+      if (!sent.wait(d, ignored)) sent.cancel();
     }
   }
 

@@ -43,7 +43,8 @@
 namespace dtrain {
 
 /// How a TCP group is formed and behaves. Fields left empty are taken from the environment by
-/// `from_environment` (DTRAIN_IFNAME, DTRAIN_BIND_ADDR, DTRAIN_ADVERTISE_ADDR, DTRAIN_PORT).
+/// `from_environment` (DTRAIN_IFNAME, DTRAIN_BIND_ADDR, DTRAIN_ADVERTISE_ADDR, DTRAIN_PORT,
+/// DTRAIN_LATE_RANKS).
 struct tcp_options {
   /// Deadline for forming the group: rendezvous, connecting, handshakes.
   std::chrono::milliseconds timeout{60000};
@@ -70,6 +71,11 @@ struct tcp_options {
   /// Rendezvous epoch: a group rebuilt without restarting uses a new epoch, so its keys and
   /// handshakes never mix with the old group's.
   std::uint64_t epoch = 0;
+  /// The highest `late_ranks` ranks may join after the group has formed (standby servers that
+  /// start later, say): the others form the group without them, sends to one queue until it
+  /// connects, and a late rank counts a rank that no longer answers as lost. Every rank must
+  /// pass the same value; the rendezvous store must still be there when a late rank comes.
+  int late_ranks = 0;
 
   /// The options with the environment's DTRAIN_* settings filled in where these are empty.
   tcp_options with_environment() const {
@@ -85,6 +91,9 @@ struct tcp_options {
     }
     if (const char* b = std::getenv("DTRAIN_SOCKET_BUFFER"); o.socket_buffer_bytes == 0 && b != nullptr) {
       o.socket_buffer_bytes = detail::env::to_int("DTRAIN_SOCKET_BUFFER", b);
+    }
+    if (const char* l = std::getenv("DTRAIN_LATE_RANKS"); o.late_ranks == 0 && l != nullptr) {
+      o.late_ranks = detail::env::to_int("DTRAIN_LATE_RANKS", l);
     }
     if (const char* t = std::getenv("DTRAIN_TIMEOUT_MS")) {
       o.timeout = std::chrono::milliseconds(detail::env::to_int("DTRAIN_TIMEOUT_MS", t));
@@ -122,6 +131,11 @@ class basic_tcp_transport
       throw error(errc::invalid_argument, "dtrain: rank " + std::to_string(rank) + " of a group of " +
                                               std::to_string(size));
     }
+    if (options.late_ranks < 0 || options.late_ranks >= size) {
+      throw error(errc::invalid_argument, "dtrain: " + std::to_string(options.late_ranks) + " late ranks in a group of " +
+                                              std::to_string(size) + "; at least one rank must form it");
+    }
+    const bool late = rank >= size - options.late_ranks;
     const deadline d = deadline::after(options.timeout);
     detail::tcp_engine::settings s;
     s.handshake_timeout = std::min(options.timeout, std::chrono::milliseconds(10000));
@@ -131,6 +145,7 @@ class basic_tcp_transport
     s.abort_group_on_peer_loss = options.abort_group_on_peer_loss;
     s.token = detail::auth::load_token(options.token);
     s.epoch = options.epoch;
+    s.late_ranks = options.late_ranks;
     if (s.token.empty() && rank == 0 && size > 1) {
       detail::log(detail::log_level::warn,
                   "no job token (DTRAIN_TOKEN or DTRAIN_TOKEN_FILE): connections are not authenticated");
@@ -151,14 +166,19 @@ class basic_tcp_transport
     for (int peer = 0; peer < rank; ++peer) {
       auto where = value_text(store.get(epoch_key(options.epoch, "addr/" + std::to_string(peer)), d));
       auto colon = where.rfind(':');
-      engine->connect_to(peer, where.substr(0, colon),
-                         static_cast<std::uint16_t>(std::stoi(where.substr(colon + 1))), d);
+      const auto peer_port = static_cast<std::uint16_t>(std::stoi(where.substr(colon + 1)));
+      if (late) {
+        engine->connect_late(peer, where.substr(0, colon), peer_port, d);
+      } else {
+        engine->connect_to(peer, where.substr(0, colon), peer_port, d);
+      }
     }
     engine->wait_for_accepts(d, options.timeout);
     engine->close_listener();
+    if (late) return basic_tcp_transport(std::move(engine));  // the group formed without it
     // Nobody leaves before everyone is connected: rank 0 may be serving the store.
     std::string ready = epoch_key(options.epoch, "ready");
-    if (store.add(ready, 1, d) == size) store.set(ready + "/all", as_value("1"), d);
+    if (store.add(ready, 1, d) == size - options.late_ranks) store.set(ready + "/all", as_value("1"), d);
     store.get(ready + "/all", d);
     return basic_tcp_transport(std::move(engine));
   }

@@ -50,28 +50,65 @@ class connector {
                                    " before the deadline (last error: " + why + ")");
   }
 
-  /// Waits until every rank above this one has connected. @throws dtrain::error naming the
-  /// ranks still missing.
+  /// Connects to `peer` as a late rank joining a running group: the group's ranks have been
+  /// listening since it formed, so one that refuses the connection, or does not answer within
+  /// a few seconds, is gone, and counts as lost (its operations fail naming it) instead of
+  /// failing the join.
+  void connect_late(int peer, const std::string& host, std::uint16_t port, deadline d) {
+    std::error_code ec;
+    std::string why;
+    const deadline soon = deadline::after(std::min(std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()),
+                                                   std::chrono::milliseconds(3000)));
+    bool gone = false;
+    auto result = retry_with_backoff(soon, std::chrono::milliseconds(200), [&] {
+      if (try_connect(peer, host, port, soon, ec, why)) return attempt::done;
+      gone = ec == errc::peer_lost;  // refused or reset: nobody listens there any more
+      return ec == errc::timeout ? attempt::retry : attempt::give_up;
+    });
+    if (result == attempt::done) return;
+    if (result == attempt::give_up && !gone) {
+      throw error(ec, "dtrain: rank " + std::to_string(self().rank_) + " joining late, connecting to rank " +
+                          std::to_string(peer) + " at " + host + ":" + std::to_string(port) + ": " + why);
+    }
+    auto c = std::make_unique<connection>(peer, -1);
+    c->open = false;
+    c->connected.store(false, std::memory_order_relaxed);
+    c->lost = "rank " + std::to_string(peer) + " did not answer rank " + std::to_string(self().rank_) +
+              " joining the group late (" + why + "): it is gone";
+    log(log_level::warn, c->lost);
+    std::lock_guard lock(self().m_);
+    self().conns_[static_cast<std::size_t>(peer)] = std::move(c);
+  }
+
+  /// Waits until every rank above this one has connected (late ranks connect when they come).
+  /// @throws dtrain::error naming the ranks still missing.
   void wait_for_accepts(deadline d, std::chrono::milliseconds timeout) {
     std::unique_lock lock(self().m_);
+    const int last = self().size_ - self().settings_.late_ranks;
+    auto missing_rank = [&](int p) {
+      const auto& c = self().conns_[static_cast<std::size_t>(p)];
+      return !c || c->pending;
+    };
     auto all_in = [&] {
-      for (int p = self().rank_ + 1; p < self().size_; ++p) {
-        if (!self().conns_[static_cast<std::size_t>(p)]) return false;
+      for (int p = self().rank_ + 1; p < last; ++p) {
+        if (missing_rank(p)) return false;
       }
       return true;
     };
     if (self().accept_cv_.wait_until(lock, d.time(), all_in)) return;
     std::string missing;
-    for (int p = self().rank_ + 1; p < self().size_; ++p) {
-      if (!self().conns_[static_cast<std::size_t>(p)]) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    for (int p = self().rank_ + 1; p < last; ++p) {
+      if (missing_rank(p)) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
     }
     throw error(errc::timeout, "dtrain: rank " + std::to_string(self().rank_) + " timed out after " +
                                    std::to_string(timeout.count()) + " ms waiting for rank(s) " +
                                    missing + " to connect (epoch " + std::to_string(self().settings_.epoch) + ")");
   }
 
-  /// The group is connected; incoming connections are no longer admitted.
+  /// The group is connected; incoming connections are no longer admitted (unless late ranks
+  /// may still come).
   void close_listener() {
+    if (self().settings_.late_ranks > 0) return;
     asio::post(self().io_, [this] {
       boost::system::error_code ignored;
       self().acceptor_.close(ignored);
@@ -119,7 +156,9 @@ class connector {
              " (only higher ranks connect)";
     }
     std::lock_guard lock(self().m_);
-    if (self().conns_[static_cast<std::size_t>(h.rank)]) return "rank " + std::to_string(h.rank) + " is already connected";
+    if (const auto& c = self().conns_[static_cast<std::size_t>(h.rank)]; c && !c->pending) {
+      return "rank " + std::to_string(h.rank) + " is already connected";
+    }
     return {};
   }
 
@@ -200,6 +239,7 @@ class connector {
       return;
     }
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    if (adopt_late(peer, fd)) return;
     auto c = std::make_unique<connection>(peer, fd);
     // Registered before it is published: a sender that finds the socket full at once parks on
     // the write registration, which must already exist.
@@ -211,6 +251,30 @@ class connector {
       self().conns_[static_cast<std::size_t>(peer)] = std::move(c);
     }
     self().accept_cv_.notify_all();
+  }
+
+  // A late rank connecting to the connection that waited for it: it takes the socket, and what
+  // was sent to it meanwhile is written now. @returns false when no connection waited.
+  bool adopt_late(int peer, int fd) {
+    connection* c = nullptr;
+    bool write = false;
+    {
+      std::lock_guard lock(self().m_);
+      c = self().conns_[static_cast<std::size_t>(peer)].get();
+      if (c == nullptr || !c->pending) return false;
+      c->fd = fd;
+      c->wfd = ::dup(fd);
+      self().watch(EPOLL_CTL_ADD, c->fd, Engine::read_events, Engine::read_key(*c));
+      self().watch(EPOLL_CTL_ADD, c->wfd, EPOLLONESHOT, Engine::write_key(*c));
+      c->pending = false;
+      c->connected.store(true, std::memory_order_release);
+      write = !c->sendq.empty() && !c->writing;
+      if (write) c->writing = true;
+    }
+    log(log_level::info, "rank " + std::to_string(self().rank_) + ": late rank " + std::to_string(peer) + " joined the group");
+    if (write) self().pump(*c);
+    self().accept_cv_.notify_all();
+    return true;
   }
 
  private:

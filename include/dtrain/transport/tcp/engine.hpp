@@ -71,6 +71,14 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     watch(EPOLL_CTL_ADD, stop_fd_, EPOLLIN, stop_key);
     watch(EPOLL_CTL_ADD, wake_fd_, EPOLLIN, wake_key);
+    // A late rank above this one connects when it comes: its connection waits for it, so that
+    // no connection is ever created or replaced once the group runs.
+    for (int p = std::max(rank_ + 1, size_ - settings_.late_ranks); p < size_; ++p) {
+      auto c = std::make_unique<connection>(p, -1);
+      c->pending = true;
+      c->connected.store(false, std::memory_order_relaxed);
+      conns_[static_cast<std::size_t>(p)] = std::move(c);
+    }
   }
 
   engine(const engine&) = delete;
@@ -103,6 +111,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   using connector<engine>::connect_to;
   using connector<engine>::wait_for_accepts;
   using connector<engine>::close_listener;
+  using connector<engine>::connect_late;
 
   // --- messages -----------------------------------------------------------------------------
 
@@ -186,7 +195,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     if (op->flag.done()) return true;
     const int peer = op->env.peer;
     connection* c = op->is_send || peer < 0 || peer == rank_ ? nullptr : conns_[static_cast<std::size_t>(peer)].get();
-    if (c == nullptr) return op->flag.wait(d, spin);
+    if (c == nullptr || !c->connected.load(std::memory_order_acquire)) return op->flag.wait(d, spin);
     const auto spin_until = deadline::clock::now() + spin;
     if (c->helpers.fetch_add(1, std::memory_order_acq_rel) == 0 && !c->lazy.load(std::memory_order_acquire)) {
       disarm(*c);  // no reader wake-ups while this thread reads
@@ -259,7 +268,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
       std::lock_guard lock(m_);
       if (!failed_) {
         for (auto& c : conns_) {
-          if (c && c->open) open.push_back(c.get());
+          if (c && c->open && !c->pending) open.push_back(c.get());
         }
       }
     }

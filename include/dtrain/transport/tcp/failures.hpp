@@ -84,7 +84,7 @@ class failures {
       self().failure_ = why;
       orphans = self().queue_.take_all_receives();
       for (auto& c : self().conns_) {
-        if (c && c->open && c->peer != source && !c->departed) others.push_back(c.get());
+        if (c && c->open && c->peer != source && !c->departed && !c->pending) others.push_back(c.get());
       }
     }
     log(log_level::warn, "rank " + std::to_string(self().rank_) + ": group failed: " + why);

@@ -32,6 +32,7 @@ struct settings {
   bool abort_group_on_peer_loss = true;
   std::string token;
   std::uint64_t epoch = 0;
+  int late_ranks = 0;  // the highest ranks may connect after the group has formed
 };
 
 using operation = detail::byte_operation;
@@ -54,6 +55,10 @@ struct connection {
   int peer;
   int fd = -1;   // the socket, owned (taken from Asio: see adopt)
   int wfd = -1;  // a dup of it: the write side's epoll registration
+  // A late rank not connected yet: its sends queue, its receives stay posted, until it connects
+  // (`pending` is guarded by the engine lock; `connected` lets a waiter see it without the lock).
+  bool pending = false;
+  std::atomic<bool> connected{true};
 
   // Reader state: touched only by the thread holding `reading`.
   std::atomic<bool> reading{false};

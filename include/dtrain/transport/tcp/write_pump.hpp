@@ -43,7 +43,7 @@ class write_pump {
         return;
       }
       c.sendq.push_back(op);
-      if (c.writing) return;
+      if (c.writing || c.pending) return;  // a late rank's queue is written once it connects
       c.writing = true;
     }
     pump(c);
