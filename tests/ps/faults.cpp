@@ -277,3 +277,36 @@ TEST_CASE("ps membership: a worker that leaves mid-job under BSP, the others go 
   for (int w : {2, 4}) CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "30 steps"));
   for (int w : {2, 4}) CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
 }
+
+TEST_CASE("ps membership: a worker that joins the running job under ASP (a late TCP rank) trains with the others, every "
+          "push applied once", "[ps][faults][membership]") {
+  // 2 servers, 3 workers; worker 2 is a process that joins the group 300 ms in, while the
+  // others are mid-run (1000 steps, 1 ms apart).
+  auto g = run_ps(5, "asp", [](int) {
+    return std::vector<std::string>{"DTRAIN_PS_SERVERS=2", "DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=300",
+                                    "DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1"};
+  });
+  INFO(dump(g));
+  for (const auto& r : g.ranks) CHECK(r.status == 0);
+  for (int w : {2, 3, 4}) CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "final loss"));
+  // It came while the others ran (the processes start together; it waits 300 ms to connect).
+  auto at = [&](int rank, const char* what) {
+    long long ms = -1;
+    const std::string& out = g.ranks[static_cast<std::size_t>(rank)].output;
+    const auto p = out.find(std::string("worker ") + std::to_string(rank - 2) + " " + what + " at ");
+    if (p != std::string::npos) std::sscanf(out.c_str() + p, ("worker %*d " + std::string(what) + " at %lld").c_str(), &ms);
+    return ms;
+  };
+  CHECK(at(4, "began") >= 300);
+  CHECK(at(4, "began") < at(2, "ended"));
+  CHECK(at(4, "began") < at(3, "ended"));
+  std::map<int, unsigned long long> acknowledged;
+  for (int w : {2, 3, 4}) {
+    for (auto [shard, n] : counts_in(g.ranks[static_cast<std::size_t>(w)].output, "acknowledged %d %llu")) acknowledged[shard] += n;
+  }
+  for (int s : {0, 1}) {
+    const auto versions = counts_in(g.ranks[static_cast<std::size_t>(s)].output, "shard %d version %llu");
+    REQUIRE(versions.size() == 1);
+    CHECK(versions[0].second == acknowledged[s]);
+  }
+}

@@ -21,7 +21,8 @@
 // DTRAIN_TEST_LATE_MS=m they join the TCP group m ms after it formed, as processes started later. Every server prints a digest of
 // each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check
 // that the copies are equal.
-// Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
+// Workers print when they began and ended training ("worker w began at t ms", since the process
+// started). Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
 
 #include <signal.h>
 #include <unistd.h>
@@ -47,6 +48,11 @@ using dtrain::testing::dim;
 using dtrain::testing::problem;
 
 namespace {
+
+const auto process_start = std::chrono::steady_clock::now();
+long long ms_since_start() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - process_start).count();
+}
 
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
@@ -132,6 +138,7 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
   problem p(w);
   std::vector<float> x(dim);
   job.begin(std::span(x));
+  std::printf("worker %d began at %lld ms\n", w, ms_since_start());
   if (job.first_step() > 0 && w == 0) std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
   const int leaver = env_int("DTRAIN_TEST_LEAVE_WORKER", -1), leave_after = env_int("DTRAIN_TEST_LEAVE_AFTER", steps);
   if (w == leaver) steps = leave_after;
@@ -143,6 +150,7 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
       std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_SLOW_MS", 0)));
     }
   }
+  std::printf("worker %d ended at %lld ms\n", w, ms_since_start());
   job.end(std::span(x));
   const auto& acknowledged = job.worker_endpoint().stats().pushes_acknowledged;
   for (std::size_t s = 0; s < acknowledged.size(); ++s) {
