@@ -66,7 +66,7 @@ class shard_chain {
   shard_chain(chain_layout& layout, int shard, int me, std::uint64_t tag, std::chrono::milliseconds timeout,
               replication_stats& stats)
       : layout_(&layout), shard_(shard), me_(me), tag_(tag), timeout_(timeout), stats_(&stats),
-        was_head_(layout.head(shard) == me), successor_(layout.successor(shard, me)) {}
+        was_head_(layout.head(shard) == me) {}
 
   bool replicating() const noexcept { return layout_->replicas() > 1; }
   bool heads() const noexcept { return layout_->head(shard_) == me_; }
@@ -143,10 +143,7 @@ class shard_chain {
     const int next = layout_->successor(shard_, me_);
     if (!holding()) last_progress_ = clock::now();
     ++forwarded_;  // replies wait until the joiner acknowledges it, holding the state
-    if (next == joiner) {
-      successor_ = joiner;
-      return true;
-    }
+    if (next == joiner) return true;
     outgoing& o = unacked_.emplace_back();
     o.sequence = forwarded_;
     o.joiner = joiner;
@@ -192,8 +189,7 @@ class shard_chain {
     applied_ = sequence;
     rounds_applied_ = rounds;
     last_push_ = std::move(last_push);
-    successor_ = layout_->successor(shard_, me_);
-    if (successor_ < 0 && layout_->head(shard_) >= 0) acknowledge(t, applied_);
+    if (layout_->successor(shard_, me_) < 0 && layout_->head(shard_) >= 0) acknowledge(t, applied_);
   }
 
   /// Whether an update this server applied is not yet at the tail: replies must then wait.
@@ -272,7 +268,6 @@ class shard_chain {
           // The copy before the joiner (or, for one sent again, before it now): it starts from
           // this copy's state, which holds this update and every one before.
           if (layout_->successor(shard_, me_) == joiner) {
-            successor_ = joiner;
             send_state(joiner);
             break;
           }
@@ -349,7 +344,6 @@ class shard_chain {
     } else if (next < 0 && layout_->head(shard_) >= 0) {
       acknowledge(t, applied_);
     }
-    successor_ = next;
     seen_ = layout_->chain(shard_);
   }
 
@@ -479,8 +473,7 @@ class shard_chain {
   std::chrono::milliseconds timeout_;
   replication_stats* stats_;
   bool was_head_;
-  int successor_;  // as last seen by `chain_changed`
-  std::vector<int> seen_ = layout_->chain(shard_);  // the live chain, likewise
+  std::vector<int> seen_ = layout_->chain(shard_);  // the live chain, as `chain_changed` last saw it
   std::uint64_t forwarded_ = 0, acked_ = 0;  // as the head
   std::uint64_t applied_ = 0;                // as a copy
   std::map<std::uint32_t, std::uint64_t> last_push_;
