@@ -278,14 +278,28 @@ TEST_CASE("ps membership: a worker that leaves mid-job under BSP, the others go 
   for (int w : {2, 4}) CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
 }
 
-TEST_CASE("ps membership: a worker that joins the running job under ASP (a late TCP rank) trains with the others, every "
-          "push applied once", "[ps][faults][membership]") {
+namespace {
+// The clock a late worker printed it entered the running job at; -1 if it did not.
+long long entered_at(const std::string& out) {
+  long long clock = -1;
+  if (const auto p = out.find("entered the running job at clock "); p != std::string::npos) {
+    std::sscanf(out.c_str() + p, "entered the running job at clock %lld", &clock);
+  }
+  return clock;
+}
+}  // namespace
+
+TEST_CASE("ps membership: a worker that joins the running job under ASP or SSP (a late TCP rank) trains with the others, "
+          "every push applied once", "[ps][faults][membership]") {
   // 2 servers, 3 workers; worker 2 is a process that joins the group 300 ms in, while the
-  // others are mid-run (1000 steps, 1 ms apart).
-  auto g = run_ps(5, "asp", [](int) {
-    return std::vector<std::string>{"DTRAIN_PS_SERVERS=2", "DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=300",
-                                    "DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1"};
+  // others are mid-run (1000 steps, 1 ms apart). Under SSP(2) it enters at a clock past every
+  // round in progress; the others then stay within 2 clocks of it.
+  const std::string mode = GENERATE("asp", "ssp");
+  auto g = run_ps(5, mode, [](int) {
+    return std::vector<std::string>{"DTRAIN_PS_SERVERS=2", "DTRAIN_PS_LATE_WORKERS=1", "DTRAIN_LATE_RANKS=1",
+                                    "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1"};
   });
+  INFO(mode);
   INFO(dump(g));
   for (const auto& r : g.ranks) CHECK(r.status == 0);
   for (int w : {2, 3, 4}) CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "final loss"));
@@ -297,6 +311,7 @@ TEST_CASE("ps membership: a worker that joins the running job under ASP (a late 
     if (p != std::string::npos) std::sscanf(out.c_str() + p, ("worker %*d " + std::string(what) + " at %lld").c_str(), &ms);
     return ms;
   };
+  CHECK(entered_at(g.ranks[4].output) > 0);
   CHECK(at(4, "began") >= 300);
   CHECK(at(4, "began") < at(2, "ended"));
   CHECK(at(4, "began") < at(3, "ended"));
@@ -309,4 +324,29 @@ TEST_CASE("ps membership: a worker that joins the running job under ASP (a late 
     REQUIRE(versions.size() == 1);
     CHECK(versions[0].second == acknowledged[s]);
   }
+}
+
+TEST_CASE("ps membership: a worker that joins the running job under BSP enters at a round every shard agrees on, bit for "
+          "bit as the serial simulation", "[ps][faults][membership]") {
+  // 2 servers, 3 workers; worker 2 is a late worker and a late TCP rank, a process that connects
+  // 300 ms in, while the others run 60 rounds about 10 ms apart. Every worker, the joiner too,
+  // checks its parameters against synchronous SGD with worker 2 counted from the round it entered.
+  const int replicas = GENERATE(1, 2);
+  const std::string entered = "/tmp/dtrain_ps_join_" + std::to_string(::getpid());
+  std::remove(entered.c_str());
+  auto g = run_ps(5, "bsp", [&](int) {
+    return std::vector<std::string>{"DTRAIN_PS_SERVERS=2", "DTRAIN_PS_LATE_WORKERS=1", "DTRAIN_LATE_RANKS=1",
+                                    "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_STEPS=60", "DTRAIN_TEST_SLOW_MS=10",
+                                    "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas), "DTRAIN_TEST_JOIN_FILE=" + entered};
+  });
+  std::remove(entered.c_str());
+  INFO(replicas << " replicas\n" << dump(g));
+  for (const auto& r : g.ranks) CHECK(r.status == 0);
+  for (int w : {2, 3, 4}) {
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "60 steps: worker " + std::to_string(w - 2) +
+                                                                  "'s parameters match the serial simulation"));
+  }
+  // It entered mid-job: after the first round, before the last.
+  CHECK(entered_at(g.ranks[4].output) > 0);
+  CHECK(entered_at(g.ranks[4].output) < 60);
 }

@@ -4,6 +4,7 @@
 //   ps_worker bsp        synchronous SGD under BSP; every worker checks its parameters against the
 //                        serial simulation, prints "ps bsp: ... match" and exits 1 if they differ
 //   ps_worker asp        Downpour under ASP; each worker checks its final loss
+//   ps_worker ssp        stale synchronous SGD under SSP(2); each worker checks its final loss
 //
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k and DTRAIN_TEST_KILL_STEP=s make rank k
 // SIGKILL itself at step s (a server counts its requests instead); DTRAIN_TEST_POLICY=drop keeps
@@ -21,6 +22,9 @@
 // DTRAIN_TEST_LATE_MS=m they join the TCP group m ms after it formed, as processes started later. Every server prints a digest of
 // each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check
 // that the copies are equal.
+// DTRAIN_PS_LATE_WORKERS=n: the last n workers join the running job (with DTRAIN_LATE_RANKS and
+// DTRAIN_TEST_LATE_MS, as processes that connect later); one writes the clock it entered at to
+// DTRAIN_TEST_JOIN_FILE, which the others read for their serial simulation.
 // Workers print when they began and ended training ("worker w began at t ms", since the process
 // started). Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
 
@@ -140,6 +144,16 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
   job.begin(std::span(x));
   std::printf("worker %d began at %lld ms\n", w, ms_since_start());
   if (job.first_step() > 0 && w == 0) std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
+  if (r.is_late_worker(w)) {
+    std::printf("worker %d entered the running job at clock %lld\n", w, static_cast<long long>(job.first_step()));
+    if (const char* f = std::getenv("DTRAIN_TEST_JOIN_FILE"); f != nullptr) {
+      std::FILE* out = std::fopen(f, "w");
+      if (out != nullptr) {
+        std::fprintf(out, "%lld\n", static_cast<long long>(job.first_step()));
+        std::fclose(out);
+      }
+    }
+  }
   const int leaver = env_int("DTRAIN_TEST_LEAVE_WORKER", -1), leave_after = env_int("DTRAIN_TEST_LEAVE_AFTER", steps);
   if (w == leaver) steps = leave_after;
   for (int it = static_cast<int>(job.first_step()); it < steps; ++it) {
@@ -159,7 +173,15 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
   if (check_bsp) {
     // Serial synchronous SGD on the mean gradient, with the server's float operations; from
     // round `leave_after` on without the worker that left. The one that left pulls once more
-    // after its last step (`end` finishes a clock first): it sees one round without it.
+    // after its last step (`end` finishes a clock first): it sees one round without it. A late
+    // worker counts from the clock it entered at: under BSP it holds the others back from then
+    // on, so it wrote that clock before any of them can end.
+    long long entered = 0;
+    if (const char* f = std::getenv("DTRAIN_TEST_JOIN_FILE"); f != nullptr && r.late_workers > 0) {
+      std::FILE* in = std::fopen(f, "r");
+      if (in == nullptr || std::fscanf(in, "%lld", &entered) != 1) entered = steps;  // it came too late to count
+      if (in != nullptr) std::fclose(in);
+    }
     std::vector<problem> all;
     for (int k = 0; k < r.workers; ++k) all.emplace_back(k);
     std::vector<float> center(dim, 0.0f), g(dim);
@@ -169,6 +191,7 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
       int pushed = 0;
       for (int k = 0; k < r.workers; ++k) {
         if (k == leaver && it >= leave_after) continue;
+        if (r.is_late_worker(k) && it < entered) continue;
         all[static_cast<std::size_t>(k)].grad(center, g, it);
         for (std::size_t j = 0; j < dim; ++j) acc[j] += g[j];
         ++pushed;
@@ -183,7 +206,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
     return ok ? 0 : 1;
   }
   const float loss = p.loss(x);
-  std::printf("ps asp: worker %d final loss %.5f\n", w, static_cast<double>(loss));
+  std::printf("ps %.*s: worker %d final loss %.5f\n", static_cast<int>(Consistency::name.size()), Consistency::name.data(), w,
+              static_cast<double>(loss));
   return loss < 0.05f ? 0 : 1;
 }
 
@@ -202,6 +226,7 @@ int main(int argc, char** argv) {
     auto t = tcp_transport::from_environment(o);
     if (mode == "bsp") return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 30), true);
     if (mode == "asp") return run<asp>(std::move(t), adagrad<float>(0.2), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150), false);
+    if (mode == "ssp") return run<ssp<2>>(std::move(t), adagrad<float>(0.2), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 150), false);
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   } catch (const dtrain::error& e) {

@@ -94,6 +94,87 @@ TEST_CASE("BSP: servers apply the mean gradient of every clock, as serial synchr
   for (const auto& got : final_weights) CHECK(got == ref);
 }
 
+TEST_CASE("BSP with a late worker: it holds nobody back until it enters, past the round in progress, and every shard "
+          "counts it from that clock", "[ps][membership]") {
+  // Worker 1 is late: it starts once worker 0 has finished 5 clocks (worker 0 waits there for it,
+  // so the clock it enters at is known: the open round is 5, it enters at 6).
+  constexpr int servers = 2, workers = 2, clocks = 20;
+  std::vector<key_type> keys;
+  for (key_type k = 0; k < 40; ++k) keys.push_back(k * 26000 + 3);  // spread over both servers
+  const roles r = roles::of(servers + workers, servers, 0, 1);
+  std::atomic<int> finished_by_first{0};
+  std::atomic<bool> entered{false};
+  std::int64_t entered_at = -1;
+  std::vector<std::vector<float>> final_weights(workers);
+  run_inproc(servers + workers, [&](int rank, inproc_transport t) {
+    if (r.is_server(rank)) {
+      server<inproc_transport, bsp, float, sgd<float>> s(std::move(t), r, bsp{}, sgd<float>(0.1), {}, quick());
+      s.run();
+      return;
+    }
+    const bool late = r.is_late_worker(r.worker_of(rank));
+    while (late && finished_by_first.load() < 5) std::this_thread::sleep_for(1ms);
+    worker<inproc_transport, bsp, float> w(std::move(t), r, range_sharding(servers, 1 << 20), quick());
+    if (late) {
+      entered_at = w.clocks();
+      entered = true;
+    }
+    std::vector<float> weights(keys.size()), grads(keys.size());
+    for (std::int64_t c = w.clocks(); c < clocks; ++c) {
+      auto pulled = w.pull(keys, std::span(weights), 1);
+      w.wait(pulled);
+      for (std::size_t i = 0; i < keys.size(); ++i) grads[i] = gradient(w.id(), c, keys[i], weights[i]);
+      auto pushed = w.push(keys, std::span<const float>(grads), 1);
+      w.wait(pushed);
+      auto clocked = w.clock();
+      w.wait(clocked);
+      if (!late) finished_by_first = static_cast<int>(c) + 1;
+      while (!late && c == 4 && !entered.load()) std::this_thread::sleep_for(1ms);
+    }
+    auto last = w.pull(keys, std::span(weights), 1);
+    w.wait(last);
+    final_weights[static_cast<std::size_t>(w.id())] = weights;
+    w.finish();
+  });
+  CHECK(entered_at == 6);
+  // The serial simulation: worker 1 pushes from the clock it entered at.
+  std::vector<float> ref(keys.size(), 0.0f);
+  for (std::int64_t c = 0; c < clocks; ++c) {
+    const int pushing = c >= entered_at ? 2 : 1;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      float sum = 0;
+      for (int wk = 0; wk < pushing; ++wk) sum += gradient(wk, c, keys[i], ref[i]);
+      ref[i] -= 0.1f * (sum * (1.0f / static_cast<float>(pushing)));
+    }
+  }
+  for (const auto& got : final_weights) CHECK(got == ref);
+}
+
+TEST_CASE("roles: late workers are the last ones, and at least one worker starts with the job", "[ps][membership]") {
+  const roles r = roles::of(6, 2, 1, 2);  // servers 0-1, workers 0-2 (ranks 2-4), standby rank 5
+  CHECK(r.workers == 3);
+  CHECK_FALSE(r.is_late_worker(0));
+  CHECK(r.is_late_worker(1));
+  CHECK(r.is_late_worker(2));
+  CHECK_THROWS_WITH(roles::of(5, 2, 0, 3), Catch::Contains("need at least one server and one worker that starts with the job"));
+  // An absent worker holds nobody back and is never overdue; once it arrives it counts.
+  worker_clocks clocks(3, 1);
+  clocks.advance(0, 0);
+  clocks.advance(1, 0);
+  CHECK(clocks.live() == 2);
+  CHECK(clocks.slowest() == 1);
+  clocks.greeted(0);
+  clocks.greeted(1);
+  CHECK_FALSE(clocks.overdue(worker_clocks::clock::now() - 10s, 1s, 1s).has_value());  // worker 2 is not late yet
+  CHECK(clocks.entry_clock() == 2);
+  clocks.arrive(2, clocks.entry_clock());
+  CHECK(clocks.live() == 3);
+  CHECK(clocks.slowest() == 1);
+  clocks.advance(0, 1);
+  clocks.advance(1, 1);
+  CHECK(clocks.slowest() == 2);  // round 2 waits for the worker that arrived
+}
+
 TEST_CASE("SSP(1): a worker never runs more than one clock ahead, and sees what it must", "[ps]") {
   constexpr int clocks = 8;
   std::atomic<int> slow_sent{0};  // clocks the slow worker has sent: never behind the server's view

@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// `ps::job_configuration`: what every server and worker of one job must agree on. A worker's
-/// hello carries it as six words (in place of keys) and each server compares them with its own,
+/// hello carries it as seven words (in place of keys) and each server compares them with its own,
 /// so a worker started with other counts, another consistency model, another value type or
 /// another replication factor is refused at once, naming both sides.
 
@@ -25,10 +25,11 @@ struct job_configuration {
   int replicas = 1;
 
   /// The words a hello carries: servers, workers, the consistency's name digest, value bytes,
-  /// replicas, standby servers.
-  std::array<std::uint64_t, 6> words() const noexcept {
+  /// replicas, standby servers, late workers.
+  std::array<std::uint64_t, 7> words() const noexcept {
     return {static_cast<std::uint64_t>(group.servers), static_cast<std::uint64_t>(group.workers), name_digest(consistency),
-            value_bytes, static_cast<std::uint64_t>(replicas), static_cast<std::uint64_t>(group.standby)};
+            value_bytes, static_cast<std::uint64_t>(replicas), static_cast<std::uint64_t>(group.standby),
+            static_cast<std::uint64_t>(group.late_workers)};
   }
 
   /// Checks the words of worker `worker`'s hello against this (server `server`'s) configuration.
@@ -40,12 +41,14 @@ struct job_configuration {
                                             std::to_string(server) + " (" + describe() + ")");
   }
 
-  /// "2 servers, 3 workers, bsp, 4-byte values, 2 replicas" (and ", 1 standby" with standbys)
+  /// "2 servers, 3 workers, bsp, 4-byte values, 2 replicas" (and ", 1 standby", ", 1 late" with
+  /// standbys and late workers)
   std::string describe() const {
     return std::to_string(group.servers) + " servers, " + std::to_string(group.workers) + " workers, " +
            std::string(consistency) + ", " + std::to_string(value_bytes) + "-byte values, " + std::to_string(replicas) +
            (replicas == 1 ? " replica" : " replicas") +
-           (group.standby > 0 ? ", " + std::to_string(group.standby) + " standby" : std::string());
+           (group.standby > 0 ? ", " + std::to_string(group.standby) + " standby" : std::string()) +
+           (group.late_workers > 0 ? ", " + std::to_string(group.late_workers) + " late" : std::string());
   }
 };
 

@@ -64,6 +64,8 @@ enum class op : std::uint8_t {
   replicated = 10, ///< the tail holds a shard's updates up to sequence `id` (to the head)
   join = 11,       ///< a standby server asks a shard's head to add it to the chain, as its tail
   state = 12,      ///< a shard's state as of sequence `id`, from the old tail to the one joining
+  enter = 13,      ///< a late worker joins the running job: clock 0 asks where (the reply's slowest
+                   ///< names a clock the shard holds for it), clock c > 0 enters at c
 };
 
 /// The name of `o`, for messages.
@@ -81,6 +83,7 @@ constexpr const char* op_name(op o) noexcept {
     case op::replicated: return "replicated";
     case op::join: return "join";
     case op::state: return "state";
+    case op::enter: return "enter";
   }
   return "request";
 }
@@ -153,7 +156,7 @@ inline void put_common(std::byte* b, op what, std::uint8_t byte5) {
   put(b + 6, std::uint16_t{0});
 }
 
-inline bool known(op o) { return o >= op::hello && o <= op::state; }
+inline bool known(op o) { return o >= op::hello && o <= op::enter; }
 }  // namespace detail
 
 /// FNV-1a of a name (a consistency model's), for the hello's configuration check.

@@ -5,6 +5,10 @@
 /// server is lost and then join its chains in its place (ps/server.hpp). One transport carries
 /// every role, so a job is one group, launched once (dtrain-run, mpirun, srun, or threads), and
 /// a missing member is named by the transport's own start-up deadline.
+///
+/// The last `late_workers` workers join the running job: the servers do not wait for them, and
+/// each enters at a clock every shard agrees on (ps/worker.hpp). With the TCP transport they are
+/// late ranks too (`tcp_options::late_ranks`), connecting after the group formed.
 
 #include <cstdint>
 #include <cstdlib>
@@ -18,20 +22,25 @@ struct roles {
   int servers = 1;
   int workers = 1;
   int standby = 0;
+  int late_workers = 0;
 
-  /// @throws dtrain::error `invalid_argument` unless there is at least one server and one worker
-  static roles of(int group_size, int servers, int standby = 0) {
-    if (servers < 1 || standby < 0 || servers + standby >= group_size) {
-      throw error(errc::invalid_argument, "ps::roles: " + std::to_string(servers) + " servers and " + std::to_string(standby) +
-                                              " standby servers in a group of " + std::to_string(group_size) +
-                                              "; need at least one server and one worker");
+  /// @throws dtrain::error `invalid_argument` unless there is at least one server and one
+  ///   worker that starts with the job
+  static roles of(int group_size, int servers, int standby = 0, int late_workers = 0) {
+    if (servers < 1 || standby < 0 || late_workers < 0 || servers + standby + late_workers >= group_size) {
+      throw error(errc::invalid_argument, "ps::roles: " + std::to_string(servers) + " servers, " + std::to_string(standby) +
+                                              " standby servers and " + std::to_string(late_workers) +
+                                              " late workers in a group of " + std::to_string(group_size) +
+                                              "; need at least one server and one worker that starts with the job");
     }
-    return {servers, group_size - servers - standby, standby};
+    return {servers, group_size - servers - standby, standby, late_workers};
   }
 
-  /// The counts from DTRAIN_PS_SERVERS (default 1) and DTRAIN_PS_STANDBY (default 0).
+  /// The counts from DTRAIN_PS_SERVERS (default 1), DTRAIN_PS_STANDBY and DTRAIN_PS_LATE_WORKERS
+  /// (default 0).
   static roles from_environment(int group_size) {
-    return of(group_size, count_from("DTRAIN_PS_SERVERS", 1), count_from("DTRAIN_PS_STANDBY", 0));
+    return of(group_size, count_from("DTRAIN_PS_SERVERS", 1), count_from("DTRAIN_PS_STANDBY", 0),
+              count_from("DTRAIN_PS_LATE_WORKERS", 0));
   }
 
   bool is_server(int rank) const noexcept { return rank < servers || rank >= servers + workers; }
@@ -39,6 +48,8 @@ struct roles {
   int server_rank(int s) const noexcept { return s; }
   int worker_rank(int w) const noexcept { return servers + w; }
   int worker_of(int rank) const noexcept { return rank - servers; }
+  /// Whether worker `w` joins the running job (one of the last `late_workers`).
+  bool is_late_worker(int w) const noexcept { return w >= workers - late_workers; }
   /// The rank of standby server `i`.
   int standby_rank(int i) const noexcept { return servers + workers + i; }
   int size() const noexcept { return servers + workers + standby; }
@@ -49,7 +60,7 @@ struct roles {
     if (v == nullptr || *v == '\0') return fallback;
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
-    if (*end != '\0' || n < 0 || n > 1 << 20) throw error(errc::invalid_argument, std::string(name) + "=" + v + " is not a server count");
+    if (*end != '\0' || n < 0 || n > 1 << 20) throw error(errc::invalid_argument, std::string(name) + "=" + v + " is not a count");
     return static_cast<int>(n);
   }
 };

@@ -60,7 +60,7 @@ class server {
   /// @param t this rank's endpoint; its rank must be a server rank of `r`
   server(Transport t, roles r, Consistency c, Updater u, Initializer init = {}, ps_options o = {},
          apply_mode mode = apply_mode::update)
-      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers), consistency_(c), updater_(u), init_(init), mode_(mode) {
+      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers, r.late_workers), consistency_(c), updater_(u), init_(init), mode_(mode) {
     if (!r.is_server(me())) {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(me()) + ", which is a worker rank");
     }
@@ -200,6 +200,7 @@ class server {
       return refuse(errc::protocol_error, "rank " + std::to_string(from) + " sent a request as worker " + std::to_string(h.worker));
     }
     const auto w = static_cast<std::size_t>(h.worker);
+    if (liveness_.absent(w)) liveness_.arrive(w, 0);  // a late worker's first message
     liveness_.heard_from(w);
     if (liveness_.dead(w)) return refuse(errc::broken, "worker " + std::to_string(w) + " was dropped as dead; restart it");
     if (!failure_.empty()) return refuse(errc::peer_lost, failure_);

@@ -68,7 +68,7 @@ class shard_replica {
                  shard_chain<Transport, T>(ctx.layout, shard, ctx.me(), ctx.options.tag, ctx.options.timeout, ctx.replication),
                  ctx.stats),
         heading_(ctx.layout.head(shard) == ctx.me()),
-        workers_(ctx.group.workers),
+        workers_(ctx.group.workers, ctx.group.late_workers),
         key_cache_(ctx.group.workers),
         checkpoints_(ctx.options.checkpoint_prefix, shard, ctx.group.servers, ctx.options.checkpoint_every) {}
 
@@ -100,6 +100,7 @@ class shard_replica {
     std::vector<std::int64_t> start(clocks.size(), chain().rounds_applied());
     workers_.restore(consistency_.staleness_bound() == 0 ? start : clocks);
     for (std::size_t w = 0; w < liveness.workers(); ++w) {
+      if (workers_.absent(w) && !liveness.absent(w)) workers_.arrive(w, workers_.clock_of(w));
       workers_.greeted(w);
       if (liveness.has_finished(w)) workers_.finished(w);
       if (liveness.dead(w)) workers_.drop(w);
@@ -121,6 +122,7 @@ class shard_replica {
         case op::clock: on_clock(from, h); break;
         case op::checkpoint: on_checkpoint(from, h); break;
         case op::goodbye: on_goodbye(from, h); break;
+        case op::enter: on_enter(from, h); break;
         default: throw error(errc::protocol_error, std::string("a worker sent a ") + op_name(h.what) + " to shard " + std::to_string(shard_));
       }
     } catch (const error& e) {
@@ -225,6 +227,23 @@ class shard_replica {
     if (!checkpoints_.enabled()) throw error(errc::unsupported, "this server was started without a checkpoint path");
     save();
     send(from, encode_response<T>(reply_to(h), {}));
+  }
+
+  // A late worker joins the running job, in two steps so that every shard starts it at the same
+  // clock: asked (clock 0), each shard holds a clock past its rounds in progress for it
+  // (`entry_clock`), which keeps it from completing any round from that one on; the worker then
+  // enters at the latest clock a shard named. Rounds before it complete without the worker.
+  void on_enter(int from, const request_header& h) {
+    const std::size_t w = h.worker;
+    if (h.clock == 0) {
+      if (workers_.absent(w)) workers_.arrive(w, workers_.entry_clock());
+    } else if (h.clock > workers_.clock_of(w)) {
+      workers_.set_clock(w, h.clock);
+      progress();
+    }
+    response_header reply = reply_to(h);
+    reply.slowest = workers_.clock_of(w);
+    send(from, encode_response<T>(reply, {}));
   }
 
   void on_goodbye(int from, const request_header& h) {

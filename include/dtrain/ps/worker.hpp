@@ -48,6 +48,7 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/detail/log.hpp"
 #include "dtrain/ps/configuration.hpp"
 #include "dtrain/ps/heartbeat.hpp"
 #include "dtrain/ps/key_cache.hpp"
@@ -115,6 +116,7 @@ class worker {
     }
     clock_ = clocks.empty() ? 0 : clocks[0];
     heartbeat_.emplace(transport_, roles_, options_, id_);
+    if (roles_.is_late_worker(static_cast<int>(id_))) enter_running_job();
   }
 
   worker(const worker&) = delete;
@@ -320,6 +322,25 @@ class worker {
     }
   }
 
+  // A late worker enters at a clock every shard agrees on: it asks each shard where it may
+  // (each holds a clock past its rounds in progress for it), then enters at the latest one named
+  // (ps/shard_replica.hpp, `on_enter`). The rounds before it complete without this worker.
+  void enter_running_job() {
+    auto to_every_shard = [this] {
+      request r;
+      for (int s = 0; s < roles_.servers; ++s) {
+        r.ids_.push_back(send(s, op::enter, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
+      }
+      wait(r);
+    };
+    clock_ = 0;  // asks
+    to_every_shard();
+    clock_ = requests_.entry_clock();
+    to_every_shard();
+    dtrain::detail::log(dtrain::detail::log_level::info,
+                        "ps::worker " + std::to_string(id_) + " joins the running job at clock " + std::to_string(clock_));
+  }
+
   std::uint64_t send(int shard, op what, table_id which, std::span<const key_type> keys, std::span<const T> values,
                      std::size_t length, const destination* into, std::vector<key_type> own_keys = {},
                      std::vector<T> own_values = {}) {
@@ -335,7 +356,7 @@ class worker {
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
   // What a hello carries (as keys), checked by every server.
-  const std::array<std::uint64_t, 6> config_ =
+  const std::array<std::uint64_t, 7> config_ =
       job_configuration{roles_, Consistency::name, sizeof(T), options_.replicas}.words();
   worker_stats stats_;
   // Fail-over with more than one copy, except under soft sync (its groups span clocks); under a

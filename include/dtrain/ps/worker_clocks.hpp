@@ -2,7 +2,9 @@
 /// @file
 /// `ps::worker_clocks`: what a server knows of each of its workers: the clock it is at, whether
 /// it said hello, said goodbye or was dropped as dead, and when it was last heard from. The
-/// consistency rules read `slowest()` and `live()`; the liveness check asks `overdue`.
+/// consistency rules read `slowest()` and `live()`; the liveness check asks `overdue`. A late
+/// worker (`roles::late_workers`) is absent until it arrives: it holds nobody back, and is not
+/// overdue, before then.
 
 #include <algorithm>
 #include <chrono>
@@ -23,18 +25,25 @@ class worker_clocks {
   /// `slowest()` once no worker is live: later than every clock.
   static constexpr std::int64_t done_clock = std::numeric_limits<std::int64_t>::max();
 
-  explicit worker_clocks(int workers)
+  /// `late` of the `workers` (the last ones) are absent until they arrive.
+  explicit worker_clocks(int workers, int late = 0)
       : clocks_(static_cast<std::size_t>(workers), 0),
         finished_(clocks_.size(), false),
         dead_(clocks_.size(), false),
         greeted_(clocks_.size(), false),
-        last_seen_(clocks_.size(), clock::now()) {}
+        absent_(clocks_.size(), false),
+        last_seen_(clocks_.size(), clock::now()) {
+    for (std::size_t w = clocks_.size() - std::min(clocks_.size(), static_cast<std::size_t>(std::max(late, 0))); w < clocks_.size(); ++w) {
+      absent_[w] = true;
+    }
+  }
 
   std::size_t workers() const noexcept { return clocks_.size(); }
   std::int64_t clock_of(std::size_t w) const noexcept { return clocks_[w]; }
   const std::vector<std::int64_t>& clocks() const noexcept { return clocks_; }
   bool dead(std::size_t w) const noexcept { return dead_[w]; }
   bool has_finished(std::size_t w) const noexcept { return finished_[w]; }
+  bool absent(std::size_t w) const noexcept { return absent_[w]; }
   /// Worker `w` is at clock `c` (a new head learning where a worker stands).
   void set_clock(std::size_t w, std::int64_t c) { clocks_[w] = c; }
 
@@ -46,6 +55,16 @@ class worker_clocks {
   void greeted(std::size_t w) { greeted_[w] = true; }
   void finished(std::size_t w) { finished_[w] = true; }
   void drop(std::size_t w) { dead_[w] = true; }
+  /// Late worker `w` joined the running job at clock `c`: it counts from now on.
+  void arrive(std::size_t w, std::int64_t c) {
+    absent_[w] = false;
+    greeted_[w] = true;
+    clocks_[w] = c;
+    last_seen_[w] = clock::now();
+  }
+  /// The clock a worker entering now starts at: past every round in progress, so none of them
+  /// waits for it (the slowest live worker's clock + 1, or the furthest + 1 when none is live).
+  std::int64_t entry_clock() const noexcept { return (live() > 0 ? slowest() : fastest()) + 1; }
 
   /// Worker `w` finished clock `c`, which must be the one it is at.
   /// @throws dtrain::error `protocol_error` otherwise.
@@ -57,7 +76,7 @@ class worker_clocks {
     ++clocks_[w];
   }
 
-  /// Workers neither finished nor dropped.
+  /// Workers present, neither finished nor dropped.
   int live() const noexcept {
     int n = 0;
     for (std::size_t w = 0; w < clocks_.size(); ++w) n += is_live(w);
@@ -99,10 +118,10 @@ class worker_clocks {
   }
 
  private:
-  bool is_live(std::size_t w) const noexcept { return !finished_[w] && !dead_[w]; }
+  bool is_live(std::size_t w) const noexcept { return !finished_[w] && !dead_[w] && !absent_[w]; }
 
   std::vector<std::int64_t> clocks_;
-  std::vector<bool> finished_, dead_, greeted_;
+  std::vector<bool> finished_, dead_, greeted_, absent_;
   std::vector<clock::time_point> last_seen_;
 };
 

@@ -119,6 +119,8 @@ class worker_requests {
 
   /// The clock each server's hello reply named (where a resumed server left off).
   const std::vector<std::int64_t>& hello_clocks() const noexcept { return hello_clocks_; }
+  /// The latest clock a shard named in reply to a late worker's `enter`.
+  std::int64_t entry_clock() const noexcept { return entry_clock_; }
 
   // Sends one request to the head of `shard` (a hello to server `shard`), gathered from its
   // header, `keys` and `values` (or `own_keys` and `own_values` when given: copies the request
@@ -267,6 +269,7 @@ class worker_requests {
       hello_clocks_.resize(static_cast<std::size_t>(roles_.servers), 0);
       hello_clocks_[static_cast<std::size_t>(p.server)] = h.slowest;
     }
+    if (p.what == op::enter && h.status == 0) entry_clock_ = std::max(entry_clock_, h.slowest);
     if (h.status != 0) {
       p.code = static_cast<errc>(h.status);
       p.failure = from + " refused a " + op_name(p.what) + ": " +
@@ -303,6 +306,7 @@ class worker_requests {
   std::vector<std::uint64_t> basis_;  // per shard: the version of the last pull
   sent_key_lists key_cache_;
   std::vector<std::int64_t> hello_clocks_;
+  std::int64_t entry_clock_ = 0;
   std::uint64_t next_id_ = 1;
   std::map<std::uint64_t, pending> pending_;
   worker_stats& stats_;
