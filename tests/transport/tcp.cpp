@@ -374,3 +374,67 @@ TEST_CASE("tcp: a late rank joins a running group, gets what was sent to it mean
   CHECK(received_reply == reply);
   CHECK_THAT(lost_text, Catch::Contains("rank 2 did not answer rank 3 joining the group late"));
 }
+
+TEST_CASE("tcp: a second process for a rank that already joined is refused through the store, naming the rank and "
+          "epoch, and the group goes on", "[tcp]") {
+  // A group of 3 whose rank 2 is late: a duplicate of rank 1 (a member from the start) and one
+  // of rank 2 (which joined late) each try to join the running group.
+  tcp_store_server server("127.0.0.1", 0, token);
+  auto o = test_options();
+  o.epoch = 5;
+  o.late_ranks = 1;
+  std::promise<void> all_in, duplicates_tried;
+  std::shared_future<void> in = all_in.get_future().share(), tried = duplicates_tried.get_future().share();
+  std::atomic<int> joined{0};
+  std::vector<std::string> received(3);
+  auto rank = [&](int r) {
+    tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+    auto t = tcp_transport::connect(store, r, 3, o, "127.0.0.1");
+    if (++joined == 3) all_in.set_value();
+    tried.wait();
+    // The group still works, and talks to the first processes: each sends its rank to the next.
+    const std::string mine = "from rank " + std::to_string(r);
+    auto sent = t.isend((r + 1) % 3, 3, signature{}, std::as_bytes(std::span(mine)));
+    std::vector<std::byte> got;
+    t.irecv((r + 2) % 3, 3, got).wait(deadline::after(10s));
+    sent.wait(deadline::after(10s));
+    received[static_cast<std::size_t>(r)].assign(reinterpret_cast<const char*>(got.data()), got.size());
+  };
+  std::vector<std::thread> ts;
+  std::vector<std::string> errors(3);
+  for (int r = 0; r < 3; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        rank(r);
+      } catch (const error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  in.wait();
+  tcp_store reader("127.0.0.1", server.port(), deadline::after(10s), token);
+  auto address_of = [&](int r) { return value_text(reader.get(epoch_key(5, "addr/" + std::to_string(r)), deadline::after(10s))); };
+  const std::string first_1 = address_of(1), first_2 = address_of(2);
+  std::vector<std::string> refused;
+  for (int r : {1, 2}) {
+    try {
+      tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+      auto again = o;
+      again.timeout = 3s;
+      tcp_transport::connect(store, r, 3, again, "127.0.0.1");
+      refused.emplace_back("rank " + std::to_string(r) + " was admitted twice");
+    } catch (const error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      refused.emplace_back(e.what());
+    }
+  }
+  duplicates_tried.set_value();
+  for (auto& t : ts) t.join();
+  REQUIRE(refused.size() == 2);
+  CHECK(address_of(1) == first_1);  // refused before it could publish its own
+  CHECK(address_of(2) == first_2);
+  CHECK_THAT(refused[0], Catch::Contains("rank 1 already joined the group of epoch 5") && Catch::Contains("(claim 2)"));
+  CHECK_THAT(refused[1], Catch::Contains("rank 2 already joined the group of epoch 5"));
+  for (const auto& e : errors) CHECK(e.empty());
+  for (int r = 0; r < 3; ++r) CHECK(received[static_cast<std::size_t>(r)] == "from rank " + std::to_string((r + 2) % 3));
+}

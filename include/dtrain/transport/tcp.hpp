@@ -44,7 +44,7 @@ namespace dtrain {
 
 /// How a TCP group is formed and behaves. Fields left empty are taken from the environment by
 /// `from_environment` (DTRAIN_IFNAME, DTRAIN_BIND_ADDR, DTRAIN_ADVERTISE_ADDR, DTRAIN_PORT,
-/// DTRAIN_LATE_RANKS).
+/// DTRAIN_LATE_RANKS, DTRAIN_EPOCH).
 struct tcp_options {
   /// Deadline for forming the group: rendezvous, connecting, handshakes.
   std::chrono::milliseconds timeout{60000};
@@ -69,7 +69,7 @@ struct tcp_options {
   /// a parameter server that outlives its workers.
   bool abort_group_on_peer_loss = true;
   /// Rendezvous epoch: a group rebuilt without restarting uses a new epoch, so its keys and
-  /// handshakes never mix with the old group's.
+  /// handshakes never mix with the old group's. Each rank joins an epoch's group once.
   std::uint64_t epoch = 0;
   /// The highest `late_ranks` ranks may join after the group has formed (standby servers that
   /// start later, say): the others form the group without them, sends to one queue until it
@@ -94,6 +94,9 @@ struct tcp_options {
     }
     if (const char* l = std::getenv("DTRAIN_LATE_RANKS"); o.late_ranks == 0 && l != nullptr) {
       o.late_ranks = detail::env::to_int("DTRAIN_LATE_RANKS", l);
+    }
+    if (const char* e = std::getenv("DTRAIN_EPOCH"); o.epoch == 0 && e != nullptr) {
+      o.epoch = static_cast<std::uint64_t>(detail::env::to_int("DTRAIN_EPOCH", e));
     }
     if (const char* t = std::getenv("DTRAIN_TIMEOUT_MS")) {
       o.timeout = std::chrono::milliseconds(detail::env::to_int("DTRAIN_TIMEOUT_MS", t));
@@ -137,6 +140,7 @@ class basic_tcp_transport
     }
     const bool late = rank >= size - options.late_ranks;
     const deadline d = deadline::after(options.timeout);
+    claim_rank(store, rank, options.epoch, d);
     detail::tcp_engine::settings s;
     s.handshake_timeout = std::min(options.timeout, std::chrono::milliseconds(10000));
     s.linger = options.linger;
@@ -181,6 +185,21 @@ class basic_tcp_transport
     if (store.add(ready, 1, d) == size - options.late_ranks) store.set(ready + "/all", as_value("1"), d);
     store.get(ready + "/all", d);
     return basic_tcp_transport(std::move(engine));
+  }
+
+  /// Each rank joins a group once: its place is claimed in the store before anything is
+  /// published, so a second process for a rank (a stale one started again, a duplicate, or a
+  /// store left by an earlier job) is refused before it can overwrite the first's address.
+  /// @throws dtrain::error `invalid_argument` naming the rank and the epoch
+  template <class Store>
+  static void claim_rank(Store& store, int rank, std::uint64_t epoch, deadline d) {
+    const std::int64_t claims = store.add(epoch_key(epoch, "claim/" + std::to_string(rank)), 1, d);
+    if (claims == 1) return;
+    throw error(errc::invalid_argument,
+                "dtrain: rank " + std::to_string(rank) + " already joined the group of epoch " + std::to_string(epoch) +
+                    " through this store; this process (claim " + std::to_string(claims) +
+                    ") is refused: a rank joins once, so this is a stale or duplicate process or a store left by an "
+                    "earlier job (a group formed again takes a new epoch: tcp_options::epoch, DTRAIN_EPOCH)");
   }
 
   /// Forms the group the launcher describes (see `detect_launch`): a file store when
