@@ -215,6 +215,37 @@ TEST_CASE("ps fail-over: a server that leaves cleanly mid-job under BSP, the job
 }
 
 namespace {
+std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies_in(const group_run& g);
+}
+
+TEST_CASE("ps membership: a server that leaves cleanly hands its place to a standby first: its keys move there, every "
+          "shard keeps two copies, bit for bit as the serial simulation", "[ps][faults][membership]") {
+  // k = 2 on 3 servers: server 0 heads shard 0 and is the tail of shard 2. It leaves 300 ms in;
+  // the standby (rank 5) joins both chains before it goes.
+  auto g = failover_run("bsp", 2, 0, true, true);
+  INFO(dump(g));
+  for (const auto& r : g.ranks) CHECK(r.status == 0);
+  CHECK(has(g.ranks[0].output, "server 0 left the job"));
+  CHECK(has(g.ranks[1].output, "heads shard 0 now"));
+  for (int w : {3, 4}) {
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
+  }
+  const std::string& standby = g.ranks[5].output;
+  CHECK(has(standby, "holds a copy of shard 0 now"));
+  // Shard 2's state came from server 0 itself: it was still there when the standby joined.
+  CHECK(has(standby, "holds a copy of shard 2 now"));
+  CHECK(has(standby, "from server 0)"));
+  // At the end every shard has two copies again, equal bit for bit.
+  const auto copies = copies_in(g);
+  REQUIRE(copies.size() == 3);
+  for (const auto& [shard, held] : copies) {
+    INFO("shard " << shard);
+    CHECK(held.size() == 2u);
+    for (const auto& copy : held) CHECK(copy == held[0]);
+  }
+}
+
+namespace {
 // Every "copy of shard s: version v digest d" line of every rank, as shard -> [(version, digest)].
 std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies_in(const group_run& g) {
   std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies;

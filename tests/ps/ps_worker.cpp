@@ -115,7 +115,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
       });
     }
     const auto& st = job.serve();
-    if (leaving.joinable()) {
+    const bool left = leaving.joinable();
+    if (left) {
       leaving.request_stop();
       leaving.join();
       std::printf("server %d left the job\n", rank);
@@ -126,7 +127,7 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
     for (int s = 0; s < r.servers; ++s) {
       if (server.heads(s)) std::printf("shard %d version %llu\n", s, static_cast<unsigned long long>(server.version_of(s)));
     }
-    for (int s : server.held_shards()) {
+    for (int s : left ? std::vector<int>{} : server.held_shards()) {  // one that left holds none
       dtrain::fnv1a digest;
       for (auto* table : {&server.shard_tables(s).sparse(), &server.shard_tables(s).dense()}) {
         table->for_each([&](std::uint64_t key, auto values, auto state) {

@@ -66,6 +66,7 @@ enum class op : std::uint8_t {
   state = 12,      ///< a shard's state as of sequence `id`, from the old tail to the one joining
   enter = 13,      ///< a late worker joins the running job: clock 0 asks where (the reply's slowest
                    ///< names a clock the shard holds for it), clock c > 0 enters at c
+  hand_over = 14,  ///< a server about to leave asks a standby to take its place in its chains
 };
 
 /// The name of `o`, for messages.
@@ -84,6 +85,7 @@ constexpr const char* op_name(op o) noexcept {
     case op::join: return "join";
     case op::state: return "state";
     case op::enter: return "enter";
+    case op::hand_over: return "hand_over";
   }
   return "request";
 }
@@ -156,7 +158,7 @@ inline void put_common(std::byte* b, op what, std::uint8_t byte5) {
   put(b + 6, std::uint16_t{0});
 }
 
-inline bool known(op o) { return o >= op::hello && o <= op::enter; }
+inline bool known(op o) { return o >= op::hello && o <= op::hand_over; }
 }  // namespace detail
 
 /// FNV-1a of a name (a consistency model's), for the hello's configuration check.

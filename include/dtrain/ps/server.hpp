@@ -13,8 +13,9 @@
 /// order, until this server sees the loss too, or refused after the timeout.
 ///
 /// A standby server (`roles::standby`) holds nothing at first. Standby i waits for the i-th
-/// server lost and then joins every chain that server was in, as the tail, starting from the
-/// state the tail before it sends: the shards have k copies again.
+/// server lost (or one leaving that hands its place over) and then joins every chain that server
+/// was in, as the tail, starting from the state the tail before it sends: the shards have k
+/// copies again (ps/replacements.hpp decides who takes whose place).
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +26,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <ranges>
 #include <span>
 #include <string>
 #include <utility>
@@ -40,6 +42,7 @@
 #include "dtrain/ps/configuration.hpp"
 #include "dtrain/ps/options.hpp"
 #include "dtrain/ps/protocol.hpp"
+#include "dtrain/ps/replacements.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/server_context.hpp"
 #include "dtrain/ps/shard_replica.hpp"
@@ -60,7 +63,8 @@ class server {
   /// @param t this rank's endpoint; its rank must be a server rank of `r`
   server(Transport t, roles r, Consistency c, Updater u, Initializer init = {}, ps_options o = {},
          apply_mode mode = apply_mode::update)
-      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers, r.late_workers), consistency_(c), updater_(u), init_(init), mode_(mode) {
+      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers, r.late_workers), consistency_(c), updater_(u), init_(init), mode_(mode),
+        replacing_(r, ctx_.me()) {
     if (!r.is_server(me())) {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(me()) + ", which is a worker rank");
     }
@@ -101,6 +105,7 @@ class server {
       for (auto& [s, held] : shards_) {
         if (const std::string late = held.heading() ? held.chain().overdue() : std::string(); !late.empty()) fail(errc::timeout, late);
       }
+      if (leaving_.load() && !replacing_.handing_over()) hand_over();
       if (finished() || (leaving_.load() && safe_to_leave())) break;
     }
     requests.cancel();
@@ -114,7 +119,10 @@ class server {
   /// Asks `run` to return early, leaving the job: once every update this server applied as a
   /// head is at its chain's tail (so every reply it held has gone out), it stops, and the
   /// others take its place as for a lost server (fail-over), once its transport is closed.
-  /// Needs more than one copy of each shard. Thread-safe (a signal handler's thread, say).
+  /// With a standby to spare, the standby first joins every chain this server is in, so each
+  /// shard keeps its k copies (the keys this server held move to it); this server stops once it
+  /// has (or after `timeout`). Needs more than one copy of each shard. Thread-safe (a signal
+  /// handler's thread, say).
   void leave() noexcept { leaving_.store(true); }
 
   /// Whether this is a standby server (it holds copies only once it joined chains).
@@ -134,9 +142,8 @@ class server {
   auto& dense_table() noexcept { return own().updates().dense(); }
   auto& shard_tables(int s) { return shards_.at(s).updates(); }
   std::vector<int> held_shards() const {
-    std::vector<int> s;
-    for (const auto& [i, held] : shards_) s.push_back(i);
-    return s;
+    const auto held = std::views::keys(shards_);
+    return {held.begin(), held.end()};
   }
   /// Whether this server heads shard `s` (its own, or one it took over).
   bool heads(int s) const { return shards_.count(s) != 0 && shards_.at(s).heading(); }
@@ -189,10 +196,7 @@ class server {
 
   void dispatch(int from, request_view<T>& r) {
     const request_header& h = r.header;
-    if (ctx_.group.is_server(from)) {
-      on_server_message(from, r);
-      return;
-    }
+    if (ctx_.group.is_server(from)) return on_server_message(from, r);
     response_header reply{h.what, 0, h.id, 0, 0, 0, static_cast<std::uint32_t>(me())};
     reply.shard = h.shard;
     auto refuse = [&](errc code, const std::string& why) { ctx_.send_now(from, encode_error(reply, code, why)); };
@@ -204,15 +208,13 @@ class server {
     liveness_.heard_from(w);
     if (liveness_.dead(w)) return refuse(errc::broken, "worker " + std::to_string(w) + " was dropped as dead; restart it");
     if (!failure_.empty()) return refuse(errc::peer_lost, failure_);
-    if (h.what == op::heartbeat) {
-      if ((h.flags & worker_done) != 0) {
-        liveness_.finished(w);
-        for (auto& [s, held] : shards_) {
-          if (held.heading()) held.worker_done(h.worker);
-        }
+    if (h.what == op::heartbeat && (h.flags & worker_done) != 0) {
+      liveness_.finished(w);
+      for (auto& [s, held] : shards_) {
+        if (held.heading()) held.worker_done(h.worker);
       }
-      return;
     }
+    if (h.what == op::heartbeat) return;
     if (h.what == op::hello) {
       try {
         job_configuration{ctx_.group, Consistency::name, sizeof(T), ctx_.options.replicas}.check_hello(r.keys, h.worker, me());
@@ -238,6 +240,7 @@ class server {
   // An update, acknowledgement or goodbye from another server, for the shard it names.
   void on_server_message(int from, const request_view<T>& r) {
     if (r.header.what == op::state) return install(from, r);
+    if (r.header.what == op::hand_over) return take_place_of(from);
     const auto it = shards_.find(static_cast<int>(r.header.shard));
     const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
     if (it == shards_.end()) fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
@@ -276,7 +279,7 @@ class server {
       if (held->second.chain().state_again(ctx_.transport, r.header.id) != again::reinstall) return;
       held->second.chain().flush(deadline::after(ctx_.options.timeout));  // its sends hold its buffers
       shards_.erase(held);
-    } else if (joining_.erase(s) == 0) {
+    } else if (!replacing_.joined(s)) {
       fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
                                      " sent the state of shard " + std::to_string(s) + ", which this server did not ask to join");
     }
@@ -286,32 +289,37 @@ class server {
     } catch (const error& e) {
       fail(code_of(e), e.what());
     }
-    dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " holds a copy of shard " +
-                                                             std::to_string(s) + " now (version " +
-                                                             std::to_string(held.updates().version()) + ", from server " +
-                                                             std::to_string(from) + ")");
+    // The move's progress: which shards are here, how big each was, how many are still to come.
+    dtrain::detail::log(dtrain::detail::log_level::warn,
+                        "ps::server " + std::to_string(me()) + " holds a copy of shard " + std::to_string(s) + " now (version " +
+                            std::to_string(held.updates().version()) + ", " + std::to_string(r.values.size()) +
+                            " bytes of state, " + std::to_string(replacing_.still_to_join()) + " more to come, from server " +
+                            std::to_string(from) + ")");
   }
 
   // Standby i takes the place of the i-th server lost: it asks the head of every chain that
   // server was in to add it; and again after each loss until the state is here (the copy that
   // was to send it may be the one lost).
   void replace_lost() {
-    if (!standby()) return;
-    const auto index = static_cast<std::size_t>(me() - ctx_.group.standby_rank(0));
-    if (replacing_ < 0 && losses_.size() > index) {
-      replacing_ = losses_[index];
-      for (int s : ctx_.layout.held_by(replacing_)) {
-        if (shards_.count(s) == 0) joining_.insert(s);
-      }
-    }
-    std::erase_if(joining_, [&](int s) { return ctx_.layout.head(s) < 0; });  // every copy lost
-    for (int s : joining_) {
+    if (const auto lost = replacing_.due()) return take_place_of(*lost);
+    ask_to_join();
+  }
+
+  // This standby takes server `s`'s place in every chain `s` is in: lost, or leaving (it handed
+  // its place over, `hand_over`).
+  void take_place_of(int s) {
+    if (replacing_.take_place_of(s, ctx_.layout, [&](int shard) { return shards_.count(shard) != 0; })) return ask_to_join();
+    dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " cannot take server " +
+                                                             std::to_string(s) + "'s place: it takes server " +
+                                                             std::to_string(replacing_.replacing()) + "'s, or is no standby");
+  }
+
+  void ask_to_join() {
+    for (int s : replacing_.to_join(ctx_.layout)) {
       const int head = ctx_.layout.head(s);
-      request_header h{op::join, table_id::sparse, 0, 0, 0, 0, 0, 0};
-      h.shard = static_cast<std::uint32_t>(s);
-      ctx_.replies.send_request(ctx_.transport, head, encode_request<T>(h, {}, std::span<const T>{}));
+      ctx_.template ask_server<T>(head, op::join, static_cast<std::uint32_t>(s));
       dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " takes server " +
-                                                               std::to_string(replacing_) + "'s place in shard " + std::to_string(s) +
+                                                               std::to_string(replacing_.replacing()) + "'s place in shard " + std::to_string(s) +
                                                                "'s chain (head: server " + std::to_string(head) + ")");
     }
   }
@@ -320,7 +328,7 @@ class server {
   // request for a shard this server holds but does not head, or a server's message that would
   // fit its chain once servers between are lost; or for the state of a shard it joins.
   bool waits_for_news(int from, const request_header& h) {
-    if (joining_.count(static_cast<int>(h.shard)) != 0 && ctx_.group.is_server(from)) return true;  // until its state
+    if (replacing_.joins(static_cast<int>(h.shard)) && ctx_.group.is_server(from)) return true;  // until its state
     const auto it = shards_.find(static_cast<int>(h.shard));
     if (it == shards_.end()) return false;
     if (ctx_.group.is_server(from)) return it->second.chain().fits(h.what, from) == fit::later;
@@ -386,7 +394,7 @@ class server {
       watches_[static_cast<std::size_t>(s)]->wait(deadline::after(std::chrono::milliseconds(0)), ec);
       watches_[static_cast<std::size_t>(s)].reset();
       ctx_.layout.lose(s);
-      if (!ctx_.group.is_standby(s)) losses_.push_back(s);
+      replacing_.lost(s);
       dtrain::detail::log(level, "ps::server " + std::to_string(me()) + ": server " + std::to_string(s) + " is lost (" +
                                      ec.message() + "); its chains close over it");
     }
@@ -402,17 +410,29 @@ class server {
     if (liveness_.live() > 0) replace_lost();
   }
 
-  // Nothing this server answered is missing from any chain's tail, and another copy of each
-  // shard it heads is alive.
+  // Nothing this server answered is missing from any chain's tail, another copy of each shard
+  // it heads is alive, and the standby it handed its place to joined its chains (`handed_over`).
   bool safe_to_leave() {
     for (auto& [s, held] : shards_) {
       if (held.heading() && (held.chain().holding() || ctx_.layout.chain(s).size() < 2)) return false;
     }
-    return true;
+    return replacing_.handed_over(ctx_.layout, held_shards(), ctx_.options.timeout);
+  }
+
+  // A server leaving hands its place to the standby that would take it were it lost (the next
+  // one, in the order of losses), which joins its chains at once: no shard is ever short of a
+  // copy, and the order of losses every process sees stays the order of replacements.
+  void hand_over() {
+    const auto to = replacing_.hand_over(ctx_.layout);
+    if (!to) return;
+    ctx_.template ask_server<T>(*to, op::hand_over, no_worker);  // names no shard
+    dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " leaves: standby server " +
+                                                             std::to_string(*to) + " takes its place in " +
+                                                             std::to_string(shards_.size()) + " chains first");
   }
 
   bool finished() {
-    if (!kept_.empty() || liveness_.live() > 0 || !joining_.empty()) return false;
+    if (!kept_.empty() || liveness_.live() > 0 || replacing_.joining()) return false;
     bool done = true;
     for (auto& [s, held] : shards_) done = held.finished() && done;
     return done;
@@ -424,9 +444,8 @@ class server {
   void check_liveness(clock::time_point start) {
     while (auto silent = liveness_.overdue(start, ctx_.options.timeout, ctx_.options.heartbeat_timeout)) {
       const std::size_t w = silent->worker;
-      const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(ctx_.group.worker_rank(static_cast<int>(w))) + ")";
-      const std::string lead = "ps::server " + std::to_string(me()) + ": ";
-      const std::string ms = std::to_string(silent->silent_for.count()) + " ms";
+      const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(ctx_.group.worker_rank(static_cast<int>(w))) + ")",
+                        lead = "ps::server " + std::to_string(me()) + ": ", ms = std::to_string(silent->silent_for.count()) + " ms";
       if (silent->never_greeted) fail(errc::timeout, lead + who + " never said hello within " + ms);
       if (ctx_.options.on_dead_worker == dead_worker_policy::abort) {
         fail(errc::peer_lost, lead + who + " sent nothing for " + ms + " (heartbeat timeout); aborting");
@@ -474,9 +493,7 @@ class server {
   Updater updater_;
   Initializer init_;
   apply_mode mode_;
-  std::vector<int> losses_;  // the servers lost, in the order this server saw them
-  int replacing_ = -1;       // the lost server whose place this standby takes
-  std::set<int> joining_;    // shards this standby asks to join, their state not yet here
+  replacements replacing_;  // who takes whose place: losses, this standby's joins, a hand-over
 };
 
 }  // namespace dtrain::ps

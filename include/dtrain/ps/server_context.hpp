@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -40,6 +41,14 @@ struct server_context {
 
   /// Sends a reply now (a shard holds it first while its chain's tail lacks an update).
   void send_now(int to, message bytes) { stats.bytes_out += replies.send(transport, to, std::move(bytes)); }
+
+  /// Asks server `to` something about `shard` that carries nothing else (a join, a hand-over).
+  template <class T>
+  void ask_server(int to, op what, std::uint32_t shard) {
+    request_header h{what, table_id::sparse, 0, 0, 0, 0, 0, 0};
+    h.shard = shard;
+    replies.send_request(transport, to, encode_request<T>(h, {}, std::span<const T>{}));
+  }
 
   /// The buffer of the request being handled, leaving `spare` in its place.
   std::vector<std::byte> take_message(std::vector<std::byte> spare) {
