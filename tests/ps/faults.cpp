@@ -202,16 +202,23 @@ TEST_CASE("ps fail-over: a server SIGKILLed under ASP, every acknowledged push a
   }
 }
 
-TEST_CASE("ps fail-over: a server that leaves cleanly mid-job under BSP, the job ends bit for bit as the serial simulation",
-          "[ps][faults][failover]") {
-  auto g = failover_run("bsp", 2, 0, true);
-  INFO(dump(g));
+namespace {
+// Server 0 left the job cleanly, server 1 heads its shard, and the workers match the simulation.
+void check_server_0_left(const group_run& g) {
   for (const auto& r : g.ranks) CHECK(r.status == 0);
   CHECK(has(g.ranks[0].output, "server 0 left the job"));
   CHECK(has(g.ranks[1].output, "heads shard 0 now"));
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
   }
+}
+}  // namespace
+
+TEST_CASE("ps fail-over: a server that leaves cleanly mid-job under BSP, the job ends bit for bit as the serial simulation",
+          "[ps][faults][failover]") {
+  auto g = failover_run("bsp", 2, 0, true);
+  INFO(dump(g));
+  check_server_0_left(g);
 }
 
 namespace {
@@ -224,12 +231,7 @@ TEST_CASE("ps membership: a server that leaves cleanly hands its place to a stan
   // the standby (rank 5) joins both chains before it goes.
   auto g = failover_run("bsp", 2, 0, true, true);
   INFO(dump(g));
-  for (const auto& r : g.ranks) CHECK(r.status == 0);
-  CHECK(has(g.ranks[0].output, "server 0 left the job"));
-  CHECK(has(g.ranks[1].output, "heads shard 0 now"));
-  for (int w : {3, 4}) {
-    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
-  }
+  check_server_0_left(g);
   const std::string& standby = g.ranks[5].output;
   CHECK(has(standby, "holds a copy of shard 0 now"));
   // Shard 2's state came from server 0 itself: it was still there when the standby joined.

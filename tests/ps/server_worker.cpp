@@ -60,6 +60,18 @@ float gradient(int worker, std::int64_t clock, key_type key, float w) {
                                                                     static_cast<float>(clock % 5);
 }
 
+// One clock of synchronous SGD on `keys`: pull, the gradient at what was pulled, push, clock.
+template <class Worker>
+void sync_step(Worker& w, std::span<const key_type> keys, std::vector<float>& weights, std::vector<float>& grads, std::int64_t c) {
+  auto pulled = w.pull(keys, std::span(weights), 1);
+  w.wait(pulled);
+  for (std::size_t i = 0; i < keys.size(); ++i) grads[i] = gradient(w.id(), c, keys[i], weights[i]);
+  auto pushed = w.push(keys, std::span<const float>(grads), 1);
+  w.wait(pushed);
+  auto clocked = w.clock();
+  w.wait(clocked);
+}
+
 }  // namespace
 
 TEST_CASE("BSP: servers apply the mean gradient of every clock, as serial synchronous SGD", "[ps]") {
@@ -70,13 +82,7 @@ TEST_CASE("BSP: servers apply the mean gradient of every clock, as serial synchr
   run_job<bsp>(2, workers, [&](auto& w) {
     std::vector<float> weights(keys.size()), grads(keys.size());
     for (std::int64_t c = 0; c < clocks; ++c) {
-      auto pulled = w.pull(keys, std::span(weights), 1);
-      w.wait(pulled);
-      for (std::size_t i = 0; i < keys.size(); ++i) grads[i] = gradient(w.id(), c, keys[i], weights[i]);
-      auto pushed = w.push(keys, std::span<const float>(grads), 1);
-      w.wait(pushed);
-      auto clocked = w.clock();
-      w.wait(clocked);
+      sync_step(w, keys, weights, grads, c);
     }
     auto last = w.pull(keys, std::span(weights), 1);
     w.wait(last);
@@ -121,13 +127,7 @@ TEST_CASE("BSP with a late worker: it holds nobody back until it enters, past th
     }
     std::vector<float> weights(keys.size()), grads(keys.size());
     for (std::int64_t c = w.clocks(); c < clocks; ++c) {
-      auto pulled = w.pull(keys, std::span(weights), 1);
-      w.wait(pulled);
-      for (std::size_t i = 0; i < keys.size(); ++i) grads[i] = gradient(w.id(), c, keys[i], weights[i]);
-      auto pushed = w.push(keys, std::span<const float>(grads), 1);
-      w.wait(pushed);
-      auto clocked = w.clock();
-      w.wait(clocked);
+      sync_step(w, keys, weights, grads, c);
       if (!late) finished_by_first = static_cast<int>(c) + 1;
       while (!late && c == 4 && !entered.load()) std::this_thread::sleep_for(1ms);
     }
