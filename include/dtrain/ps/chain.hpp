@@ -56,6 +56,8 @@ class chain_layout {
     return it == joined_.end() ? std::vector<int>{} : it->second;
   }
 
+  bool has_joined(int shard) const { return joined_.find(shard) != joined_.end(); }
+
   /// The members of `shard`'s chain, lost or not: static ones first, then those that joined.
   std::vector<int> members(int shard) const {
     std::vector<int> m;

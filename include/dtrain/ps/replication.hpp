@@ -68,7 +68,9 @@ class shard_chain {
       : layout_(&layout), shard_(shard), me_(me), tag_(tag), timeout_(timeout), stats_(&stats),
         was_head_(layout.head(shard) == me) {}
 
-  bool replicating() const noexcept { return layout_->replicas() > 1; }
+  /// Whether updates go down a chain: k > 1, or a server joined this shard's (a standby taking
+  /// a leaving server's place, with one copy).
+  bool replicating() const noexcept { return layout_->replicas() > 1 || layout_->has_joined(shard_); }
   bool heads() const noexcept { return layout_->head(shard_) == me_; }
   int shard() const noexcept { return shard_; }
 
@@ -138,7 +140,7 @@ class shard_chain {
   /// state was lost first) gets a new membership update, and so a state from the copy before
   /// it now. @returns true when that copy is this head: the caller sends the state itself.
   bool add_member(Transport& t, int joiner) {
-    if (!replicating() || layout_->lost(joiner)) return false;
+    if (layout_->lost(joiner)) return false;
     layout_->join(shard_, joiner);
     const int next = layout_->successor(shard_, me_);
     if (!holding()) last_progress_ = clock::now();

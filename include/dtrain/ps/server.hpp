@@ -121,8 +121,8 @@ class server {
   /// others take its place as for a lost server (fail-over), once its transport is closed.
   /// With a standby to spare, the standby first joins every chain this server is in, so each
   /// shard keeps its k copies (the keys this server held move to it); this server stops once it
-  /// has (or after `timeout`). Needs more than one copy of each shard. Thread-safe (a signal
-  /// handler's thread, say).
+  /// has (or after `timeout`). Needs more than one copy of each shard, or a standby. Thread-safe
+  /// (a signal handler's thread, say).
   void leave() noexcept { leaving_.store(true); }
 
   /// Whether this is a standby server (it holds copies only once it joined chains).
@@ -415,6 +415,7 @@ class server {
   bool safe_to_leave() {
     for (auto& [s, held] : shards_) {
       if (held.heading() && (held.chain().holding() || ctx_.layout.chain(s).size() < 2)) return false;
+      if (held.heading() && ctx_.layout.has_joined(s) && !held.workers_know_joined()) return false;
     }
     return replacing_.handed_over(ctx_.layout, held_shards(), ctx_.options.timeout);
   }

@@ -170,6 +170,15 @@ class shard_replica {
     progress();
   }
 
+  /// Whether every live worker has had a reply naming the servers that joined the chain, so
+  /// that it finds them once the copies before them are gone (a server leaving waits for it).
+  bool workers_know_joined() const {
+    for (std::size_t w = 0; w < told_.size(); ++w) {
+      if (workers_.is_live(w) && !told_[w]) return false;
+    }
+    return true;
+  }
+
   /// Whether this copy is done: as the head, every worker left and the chain holds everything.
   bool finished() {
     return chain().finished(ctx_->transport, heading_ && workers_.live() == 0) && (!heading_ || workers_.live() == 0);
@@ -184,13 +193,16 @@ class shard_replica {
   }
 
  private:
-  response_header reply_to(const request_header& h) const {
+  // The reply's header; it names the live servers that joined the chain, and notes the worker
+  // as one that knows them.
+  response_header reply_to(const request_header& h) {
     response_header r{h.what, 0, h.id, updates_.version(), workers_.slowest(), 0, static_cast<std::uint32_t>(ctx_->me())};
     r.shard = static_cast<std::uint32_t>(shard_);
     std::size_t n = 0;
     for (int s : ctx_->layout.joined(shard_)) {
       if (n < r.joined.size() && !ctx_->layout.lost(s)) r.joined[n++] = static_cast<std::uint32_t>(s) + 1;
     }
+    if (n > 0 && h.worker < told_.size()) told_[h.worker] = true;
     return r;
   }
 
@@ -448,6 +460,7 @@ class shard_replica {
   kept_key_lists key_cache_;
   shard_checkpoints checkpoints_;
   std::vector<std::byte> frame_;  // a request taken from where it arrived
+  std::vector<bool> told_ = std::vector<bool>(workers_.workers(), false);  // workers that know who joined
 };
 
 }  // namespace dtrain::ps

@@ -359,13 +359,14 @@ class worker {
   const std::array<std::uint64_t, 7> config_ =
       job_configuration{roles_, Consistency::name, sizeof(T), options_.replicas}.words();
   worker_stats stats_;
-  // Fail-over with more than one copy, except under soft sync (its groups span clocks); under a
-  // barrier model pushes are kept until their round is answered. After transport_: its receives
-  // go first.
+  // Fail-over with more than one copy or a standby (a server leaving hands its place to one),
+  // except under soft sync (its groups span clocks); under a barrier model pushes are kept until
+  // their round is answered. After transport_: its receives go first.
+  bool may_fail_over_ = options_.replicas > 1 || roles_.standby > 0;
   worker_requests<Transport, T> requests_{
       transport_, roles_, options_, static_cast<std::uint32_t>(roles_.worker_of(transport_.rank())),
-      options_.replicas > 1 && !(Consistency{}.staleness_bound() != 0 && Consistency{}.pushes_to_apply(roles_.workers) > 1),
-      options_.replicas > 1 && Consistency{}.staleness_bound() == 0, stats_};
+      may_fail_over_ && !(Consistency{}.staleness_bound() != 0 && Consistency{}.pushes_to_apply(roles_.workers) > 1),
+      may_fail_over_ && Consistency{}.staleness_bound() == 0, stats_};
   bool finished_ = false, broken_ = false;
   std::optional<heartbeat<Transport, T>> heartbeat_;  // last: stopped first
 };

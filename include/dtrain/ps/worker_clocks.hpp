@@ -76,6 +76,9 @@ class worker_clocks {
     ++clocks_[w];
   }
 
+  /// Whether worker `w` is present, neither finished nor dropped.
+  bool is_live(std::size_t w) const noexcept { return !finished_[w] && !dead_[w] && !absent_[w]; }
+
   /// Workers present, neither finished nor dropped.
   int live() const noexcept {
     int n = 0;
@@ -118,7 +121,6 @@ class worker_clocks {
   }
 
  private:
-  bool is_live(std::size_t w) const noexcept { return !finished_[w] && !dead_[w] && !absent_[w]; }
 
   std::vector<std::int64_t> clocks_;
   std::vector<bool> finished_, dead_, greeted_, absent_;
