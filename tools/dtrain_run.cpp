@@ -1,6 +1,6 @@
 // dtrain-run: starts N local processes of one dtrain job.
 //
-//   dtrain-run -n 4 [--timeout-ms T] [--] prog args...
+//   dtrain-run -n 4 [--servers S] [--standby B] [--late-workers L --join-after-ms T] [--keep-going] prog args...
 //
 // It serves the job's rendezvous store, generates a job token (unless DTRAIN_TOKEN or
 // DTRAIN_TOKEN_FILE is set), gives each child DTRAIN_RANK, DTRAIN_WORLD_SIZE,
@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <map>
@@ -36,9 +37,45 @@ struct child {
   int out = -1;  // read ends of its stdout and stderr pipes
   int err = -1;
   std::string pending_out, pending_err;
-  bool running = true;
+  bool running = false;
   int status = 0;
+  std::chrono::steady_clock::time_point start_at;  // a late worker starts later than the others
 };
+
+// Starts `c` running `command` with environment `env`, its output into pipes. @returns 0, or
+// the error posix_spawnp or pipe2 gave.
+int spawn(child& c, std::vector<std::string> command, std::vector<std::string> env) {
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return errno;
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    const int e = errno;
+    ::close(out[0]);
+    ::close(out[1]);
+    return e;
+  }
+  std::vector<char*> envp, args;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  for (auto& s : command) args.push_back(s.data());
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
+  const int rc = posix_spawnp(&c.pid, args[0], &fa, nullptr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(out[1]);
+  ::close(err[1]);
+  if (rc != 0) {
+    ::close(out[0]);
+    ::close(err[0]);
+    return rc;
+  }
+  c.out = out[0];
+  c.err = err[0];
+  c.running = true;
+  return 0;
+}
 
 std::string describe_status(int status) {
   if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
@@ -92,6 +129,13 @@ int main(int argc, char** argv) {
                  "parameter-server jobs: the last N ranks are standby servers, which take lost servers' places "
                  "(sets DTRAIN_PS_STANDBY)")
       ->check(CLI::Range(0, 4095));
+  int late_workers = 0, join_after_ms = 0;
+  app.add_option("--late-workers", late_workers,
+                 "parameter-server jobs: the last N workers join the running job (sets DTRAIN_PS_LATE_WORKERS, and "
+                 "DTRAIN_LATE_RANKS to them and the standby servers)")
+      ->check(CLI::Range(0, 4095));
+  app.add_option("--join-after-ms", join_after_ms, "with --late-workers: start their processes this long after the others")
+      ->check(CLI::Range(0, 86400000));
   app.add_option("program", program, "the program; everything after it is its arguments")->required();
   app.prefix_command();  // options after the program belong to the program
   CLI11_PARSE(app, argc, argv);
@@ -104,16 +148,22 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> env_text;
   for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
+  if (late_workers > 0 && servers + standby + late_workers >= n) {
+    std::fprintf(stderr, "dtrain-run: %d servers, %d standby and %d late workers leave no worker to start the job\n", servers,
+                 standby, late_workers);
+    return 2;
+  }
+  const int first_late = n - standby - late_workers;  // late workers: [first_late, n - standby)
+  const auto began = std::chrono::steady_clock::now();
   std::vector<child> children(static_cast<std::size_t>(n));
+  std::vector<std::vector<std::string>> envs(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     child& c = children[static_cast<std::size_t>(r)];
     c.rank = r;
-    int out[2], err[2];
-    if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
-      std::perror("dtrain-run: pipe");
-      return 1;
-    }
-    std::vector<std::string> env = env_text;
+    const bool late = late_workers > 0 && r >= first_late && r < n - standby;
+    c.start_at = began + std::chrono::milliseconds(late ? join_after_ms : 0);
+    std::vector<std::string>& env = envs[static_cast<std::size_t>(r)];
+    env = env_text;
     env.push_back(fmt::format("DTRAIN_RANK={}", r));
     env.push_back(fmt::format("DTRAIN_WORLD_SIZE={}", n));
     env.push_back(fmt::format("DTRAIN_LOCAL_RANK={}", r));
@@ -122,27 +172,24 @@ int main(int argc, char** argv) {
     env.push_back("DTRAIN_TOKEN=" + token);
     if (servers > 0) env.push_back(fmt::format("DTRAIN_PS_SERVERS={}", servers));
     if (standby > 0) env.push_back(fmt::format("DTRAIN_PS_STANDBY={}", standby));
-    std::vector<char*> envp, args;
-    for (auto& s : env) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    for (auto& s : command) args.push_back(s.data());
-    args.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, out[1], STDOUT_FILENO);
-    posix_spawn_file_actions_adddup2(&fa, err[1], STDERR_FILENO);
-    int rc = posix_spawnp(&c.pid, args[0], &fa, nullptr, args.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(out[1]);
-    ::close(err[1]);
-    if (rc != 0) {
-      std::fprintf(stderr, "dtrain-run: cannot start %s: %s\n", args[0], std::strerror(rc));
-      for (auto& o : children) if (o.pid > 0) ::kill(o.pid, SIGKILL);
-      return 127;
+    if (late_workers > 0) {
+      env.push_back(fmt::format("DTRAIN_PS_LATE_WORKERS={}", late_workers));
+      env.push_back(fmt::format("DTRAIN_LATE_RANKS={}", late_workers + standby));
     }
-    c.out = out[0];
-    c.err = err[0];
   }
+  // Starts every child whose time has come; false (the others killed) if one cannot start.
+  auto start_due = [&] {
+    for (auto& c : children) {
+      if (c.pid >= 0 || std::chrono::steady_clock::now() < c.start_at) continue;  // started, given up, or not yet
+      if (const int rc = spawn(c, command, envs[static_cast<std::size_t>(c.rank)]); rc != 0) {
+        std::fprintf(stderr, "dtrain-run: cannot start %s (rank %d): %s\n", command[0].c_str(), c.rank, std::strerror(rc));
+        for (auto& o : children) if (o.pid > 0 && o.running) ::kill(o.pid, SIGKILL);
+        return false;
+      }
+    }
+    return true;
+  };
+  if (!start_due()) return 127;
 
   std::optional<int> first_failure;
   int first_status = 0;
@@ -152,8 +199,10 @@ int main(int argc, char** argv) {
     }
   };
   auto killed_at = std::chrono::steady_clock::time_point::max();
-  int running = n;
+  int running = n;  // counting those not started yet
   while (running > 0) {
+    const bool stopping = first_failure && !keep_going;
+    if (!stopping && !start_due()) return 127;
     std::vector<pollfd> fds;
     std::vector<std::pair<child*, bool>> owners;
     for (auto& c : children) {
@@ -172,7 +221,13 @@ int main(int argc, char** argv) {
       }
     }
     for (auto& c : children) {
-      if (!c.running) continue;
+      if (!c.running) {
+        if (c.pid < 0 && stopping) {  // a late worker not started yet: the job failed before it came
+          c.pid = 0;
+          --running;
+        }
+        continue;
+      }
       int status = 0;
       if (::waitpid(c.pid, &status, WNOHANG) != c.pid) continue;
       c.running = false;

@@ -63,5 +63,21 @@ launch -n 2 /nonexistent/program
 expect "a missing program gives 127 (got $status)" test "$status" -eq 127
 expect "and says which" has_err "cannot start /nonexistent/program"
 
+# Late workers of a parameter-server job: the last workers before the standby servers start
+# --join-after-ms after the others, and every rank is told who is late.
+launch -n 5 --servers 1 --standby 1 --late-workers 1 --join-after-ms 600 \
+  sh -c 'echo "rank $DTRAIN_RANK late=$DTRAIN_PS_LATE_WORKERS ranks=$DTRAIN_LATE_RANKS at $(date +%s%3N)"'
+expect "late workers: exit 0 (got $status)" test "$status" -eq 0
+expect "every rank knows the late workers and late ranks" test "$(grep -c 'late=1 ranks=2 at' "$out")" -eq 5
+at() { sed -n "s/^\[$1\] .* at \([0-9]*\)$/\1/p" "$out"; }
+expect "the late worker (rank 3) starts 600 ms after the others ($(at 0) -> $(at 3))" test $(($(at 3) - $(at 0))) -ge 550
+expect "the standby (rank 4) starts with them ($(at 0) -> $(at 4))" test $(($(at 4) - $(at 0))) -lt 550
+
+# A job that fails before its late worker's time: the worker is never started.
+launch -n 3 --servers 1 --late-workers 1 --join-after-ms 5000 sh -c 'if [ "$DTRAIN_RANK" = 0 ]; then exit 3; fi; echo "rank $DTRAIN_RANK started"; exec sleep 60'
+expect "the failure's status is dtrain-run's (got $status)" test "$status" -eq 3
+expect "the late worker never started" test "$(grep -c 'rank 2 started' "$out")" -eq 0
+expect "and is not waited for (${elapsed_ms} ms)" test "$elapsed_ms" -lt 4000
+
 echo "dtrain-run: $failures check(s) failed"
 [ "$failures" -eq 0 ]

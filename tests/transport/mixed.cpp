@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -133,4 +134,53 @@ TEST_CASE("mixed: collectives on 2 to 6 ranks over 1 to 3 hosts match the serial
     INFO(p << " ranks");
     CHECK(wrong == 0);
   }
+}
+
+TEST_CASE("mixed: a late rank joins over TCP after the shared-memory group formed, nobody waiting for it", "[mixed]") {
+  // Ranks 0 and 1 share host "a" and form their group; rank 2, late (also on "a"), comes once
+  // they have exchanged a message, and reaches both over TCP.
+  tcp_store_server server("127.0.0.1", 0, token);
+  std::promise<void> formed;
+  std::shared_future<void> early_done = formed.get_future().share();
+  std::atomic<int> early_exchanges{0};
+  std::vector<std::string> errors(3), got(3);
+  auto rank = [&](int r) {
+    if (r == 2) early_done.wait();
+    tcp_store store("127.0.0.1", server.port(), deadline::after(10s), token);
+    mixed_options o;
+    o.tcp.token = o.shm.token = token;
+    o.tcp.timeout = o.shm.timeout = 20s;
+    o.tcp.late_ranks = 1;
+    o.host_id = "a";
+    auto t = mixed_transport::connect(store, r, 3, o, "127.0.0.1");
+    if (r < 2) {
+      TCHECK(t.through_shm(1 - r));
+      TCHECK_FALSE(t.through_shm(2));
+      int v = r, w = -1;
+      auto s = t.isend(1 - r, 1, signature{}, std::as_bytes(std::span(&v, 1)));
+      t.irecv(1 - r, 1, std::as_writable_bytes(std::span(&w, 1))).wait(deadline::after(10s));
+      s.wait(deadline::after(10s));
+      if (w == 1 - r && ++early_exchanges == 2) formed.set_value();
+    }
+    // Everyone sends its rank to the next and receives from the one before.
+    const std::string mine = "from rank " + std::to_string(r);
+    auto sent = t.isend((r + 1) % 3, 2, signature{}, std::as_bytes(std::span(mine)));
+    std::vector<std::byte> in;
+    t.irecv((r + 2) % 3, 2, in).wait(deadline::after(10s));
+    sent.wait(deadline::after(10s));
+    got[static_cast<std::size_t>(r)].assign(reinterpret_cast<const char*>(in.data()), in.size());
+  };
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r) {
+    ts.emplace_back([&, r] {
+      try {
+        rank(r);
+      } catch (const error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  for (const auto& e : errors) CHECK(e.empty());
+  for (int r = 0; r < 3; ++r) CHECK(got[static_cast<std::size_t>(r)] == "from rank " + std::to_string((r + 2) % 3));
 }

@@ -90,9 +90,15 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
                                        std::string route_hint = {}) {
     const deadline d = deadline::after(options.tcp.timeout);
     auto host_key = [&](int r) { return epoch_key(options.tcp.epoch, "host/" + std::to_string(r)); };
+    // Late ranks (`tcp_options::late_ranks`) come after the shared-memory groups formed: they
+    // talk TCP to everyone, and nobody waits for their host.
+    const int formed = size - std::max(options.tcp.late_ranks, 0);
+    auto alone = [&](int r) { return r >= formed || rank >= formed; };
     store.set(host_key(rank), as_value(options.host_id.empty() ? this_host_id() : options.host_id), d);
     std::vector<std::string> host(static_cast<std::size_t>(size));
-    for (int r = 0; r < size; ++r) host[static_cast<std::size_t>(r)] = value_text(store.get(host_key(r), d));
+    for (int r = 0; r < size; ++r) {
+      if (r == rank || (!alone(r) && options.path != peer_path::tcp)) host[static_cast<std::size_t>(r)] = value_text(store.get(host_key(r), d));
+    }
     const std::string& mine = host[static_cast<std::size_t>(rank)];
     basic_mixed_transport t;
     t.rank_ = rank;
@@ -101,7 +107,7 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
     int local_rank = 0, local_size = 0;
     auto world = std::make_shared<std::vector<int>>();  // this host's ranks, by local rank
     for (int r = 0; r < size; ++r) {
-      if (host[static_cast<std::size_t>(r)] != mine || options.path == peer_path::tcp) continue;
+      if (host[static_cast<std::size_t>(r)] != mine || options.path == peer_path::tcp || (r != rank && alone(r))) continue;
       if (r == rank) local_rank = local_size;
       t.local_of_[static_cast<std::size_t>(r)] = local_size++;
       world->push_back(r);
