@@ -25,8 +25,8 @@
 #include <deque>
 #include <map>
 #include <optional>
-#include <set>
 #include <ranges>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>

@@ -33,9 +33,7 @@ class worker_clocks {
         greeted_(clocks_.size(), false),
         absent_(clocks_.size(), false),
         last_seen_(clocks_.size(), clock::now()) {
-    for (std::size_t w = clocks_.size() - std::min(clocks_.size(), static_cast<std::size_t>(std::max(late, 0))); w < clocks_.size(); ++w) {
-      absent_[w] = true;
-    }
+    for (int w = std::max(workers - late, 0); w < workers; ++w) absent_[static_cast<std::size_t>(w)] = true;
   }
 
   std::size_t workers() const noexcept { return clocks_.size(); }
@@ -121,7 +119,6 @@ class worker_clocks {
   }
 
  private:
-
   std::vector<std::int64_t> clocks_;
   std::vector<bool> finished_, dead_, greeted_, absent_;
   std::vector<clock::time_point> last_seen_;
