@@ -46,6 +46,19 @@ void run_thread_ranks(int n, const std::string& token, Connect connect, Body bod
   if (first) std::rethrow_exception(first);
 }
 
+// A thread running `body`, the text of a dtrain::error it throws kept in `error` (for tests that
+// check what each rank was told).
+template <class Body>
+std::thread thread_keeping_error(std::string& error, Body body) {
+  return std::thread([&error, body = std::move(body)]() mutable {
+    try {
+      body();
+    } catch (const dtrain::error& e) {
+      error = e.what();
+    }
+  });
+}
+
 inline std::span<std::byte> bytes_of(std::vector<int>& v) { return std::as_writable_bytes(std::span(v)); }
 
 inline signature sig_for(std::uint64_t count) {

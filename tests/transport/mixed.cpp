@@ -172,13 +172,7 @@ TEST_CASE("mixed: a late rank joins over TCP after the shared-memory group forme
   };
   std::vector<std::thread> ts;
   for (int r = 0; r < 3; ++r) {
-    ts.emplace_back([&, r] {
-      try {
-        rank(r);
-      } catch (const error& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
+    ts.push_back(testing::thread_keeping_error(errors[static_cast<std::size_t>(r)], [&, r] { rank(r); }));
   }
   for (auto& t : ts) t.join();
   for (const auto& e : errors) CHECK(e.empty());

@@ -259,14 +259,10 @@ std::vector<std::string> try_forming(int joining, int size, OptionsOf options_of
   std::vector<std::string> errors(static_cast<std::size_t>(joining));
   std::vector<std::thread> ts;
   for (int r = 0; r < joining; ++r) {
-    ts.emplace_back([&, r] {
-      try {
-        tcp_store store("127.0.0.1", server.port(), deadline::after(5s), token);
-        tcp_transport::connect(store, r, size, options_of(r), "127.0.0.1");
-      } catch (const error& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
+    ts.push_back(testing::thread_keeping_error(errors[static_cast<std::size_t>(r)], [&, r] {
+      tcp_store store("127.0.0.1", server.port(), deadline::after(5s), token);
+      tcp_transport::connect(store, r, size, options_of(r), "127.0.0.1");
+    }));
   }
   for (auto& t : ts) t.join();
   return errors;
@@ -355,13 +351,7 @@ TEST_CASE("tcp: a late rank joins a running group, gets what was sent to it mean
   std::vector<std::string> errors(4);
   std::vector<std::thread> ts;
   for (int r = 0; r < 4; ++r) {
-    ts.emplace_back([&, r] {
-      try {
-        rank(r);
-      } catch (const error& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
+    ts.push_back(testing::thread_keeping_error(errors[static_cast<std::size_t>(r)], [&, r] { rank(r); }));
   }
   ts[2].join();
   rank_2_gone.set_value();
@@ -403,13 +393,7 @@ TEST_CASE("tcp: a second process for a rank that already joined is refused throu
   std::vector<std::thread> ts;
   std::vector<std::string> errors(3);
   for (int r = 0; r < 3; ++r) {
-    ts.emplace_back([&, r] {
-      try {
-        rank(r);
-      } catch (const error& e) {
-        errors[static_cast<std::size_t>(r)] = e.what();
-      }
-    });
+    ts.push_back(testing::thread_keeping_error(errors[static_cast<std::size_t>(r)], [&, r] { rank(r); }));
   }
   in.wait();
   tcp_store reader("127.0.0.1", server.port(), deadline::after(10s), token);
