@@ -124,12 +124,28 @@ std::vector<std::pair<int, unsigned long long>> counts_in(const std::string& tex
 // `killed_later` (if any) is SIGKILLed too, a second later. With `late`, the standby is a
 // process that joins the TCP group 600 ms after it formed (server 0 dead by then), and the
 // later kill comes at 2 s.
-group_run failover_run(const std::string& mode, int replicas, int killed, bool leaves = false, bool standby = false,
-                       int killed_later = -1, bool late = false) {
+// With `shards` > 3 the keys are cut into that many shards, and the model into 6 slices.
+struct failover_case {
+  std::string mode;
+  int replicas = 2;
+  int killed = 0;
+  bool leaves = false;
+  bool standby = false;
+  int killed_later = -1;
+  bool late = false;
+  int shards = 0;
+};
+
+group_run failover_run(const failover_case& c) {
+  const auto [mode, replicas, killed, leaves, standby, killed_later, late, shards] = c;
   return run_ps(standby ? 6 : 5, mode, [=](int) {
     std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas),
                                  "DTRAIN_TEST_TIMEOUT_MS=10000", "DTRAIN_PS_STANDBY=" + std::to_string(standby ? 1 : 0),
                                  "DTRAIN_TEST_KILL_LATER_RANK=" + std::to_string(killed_later)};
+    if (shards > 0) {
+      env.push_back("DTRAIN_PS_SHARDS=" + std::to_string(shards));
+      env.emplace_back("DTRAIN_TEST_SLICE_BYTES=8");
+    }
     if (late) {
       for (const char* e : {"DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=600", "DTRAIN_TEST_KILL_LATER_MS=2000"}) env.emplace_back(e);
     }
@@ -150,6 +166,31 @@ group_run failover_run(const std::string& mode, int replicas, int killed, bool l
   });
 }
 
+// The pushes every worker saw acknowledged by each of `shards` shards, against the updates each
+// shard's copies applied (as every surviving server saw them): fewer would be a lost push, more
+// one applied twice.
+void check_exactly_once(const group_run& g, int killed, int shards) {
+  std::map<int, unsigned long long> acknowledged;
+  for (int w : {3, 4}) {
+    for (auto [shard, n] : counts_in(g.ranks[static_cast<std::size_t>(w)].output, "acknowledged %d %llu")) acknowledged[shard] += n;
+  }
+  REQUIRE(acknowledged.size() == static_cast<std::size_t>(shards));
+  std::map<int, std::vector<unsigned long long>> versions;
+  for (int s = 0; s < 3; ++s) {
+    if (s == killed) continue;
+    for (auto [shard, v] : counts_in(g.ranks[static_cast<std::size_t>(s)].output, "shard %d version %llu")) versions[shard].push_back(v);
+  }
+  int pushed_to = 0;
+  for (const auto& [shard, pushes] : acknowledged) {
+    INFO("shard " << shard);
+    pushed_to += pushes > 0;
+    if (pushes == 0) continue;
+    REQUIRE(!versions[shard].empty());
+    for (auto v : versions[shard]) CHECK(v == pushes);
+  }
+  CHECK(pushed_to >= 2);
+}
+
 void check_survivors(const group_run& g, int killed, int killed_later = -1) {
   REQUIRE(g.ranks[static_cast<std::size_t>(killed)].status == 128 + SIGKILL);
   if (killed_later >= 0) REQUIRE(g.ranks[static_cast<std::size_t>(killed_later)].status == 128 + SIGKILL);
@@ -166,7 +207,7 @@ TEST_CASE("ps fail-over: a server SIGKILLed under BSP, the job ends bit for bit 
   // middle of shard 2's chain and the tail of shard 1's (k = 3); server 2 heads shard 2.
   const int replicas = GENERATE(2, 3);
   const int killed = GENERATE(0, 2);
-  auto g = failover_run("bsp", replicas, killed);
+  auto g = failover_run({.mode = "bsp", .replicas = replicas, .killed = killed});
   INFO(replicas << " replicas, server " << killed << " killed\n" << dump(g));
   check_survivors(g, killed);
   for (int w : {3, 4}) {
@@ -179,26 +220,24 @@ TEST_CASE("ps fail-over: a server SIGKILLed under BSP, the job ends bit for bit 
 TEST_CASE("ps fail-over: a server SIGKILLed under ASP, every acknowledged push applied exactly once", "[ps][faults][failover]") {
   const int replicas = GENERATE(2, 3);
   const int killed = GENERATE(0, 2);
-  auto g = failover_run("asp", replicas, killed);
+  auto g = failover_run({.mode = "asp", .replicas = replicas, .killed = killed});
   INFO(replicas << " replicas, server " << killed << " killed\n" << dump(g));
   check_survivors(g, killed);
-  // The pushes every worker saw acknowledged by each shard, against the updates each shard's
-  // copies applied: fewer would be a lost push, more one applied twice.
-  std::map<int, unsigned long long> acknowledged;
+  check_exactly_once(g, killed, 3);
+  CHECK(has(g.ranks[static_cast<std::size_t>(killed + 1) % 3].output, "heads shard " + std::to_string(killed) + " now"));
+}
+
+TEST_CASE("ps fail-over: with more shards than servers (7 on 3), a server SIGKILLed takes every shard it headed to the next "
+          "copies, bit for bit under BSP, exactly once under ASP",
+          "[ps][faults][failover]") {
+  const std::string mode = GENERATE("bsp", "asp");
+  auto g = failover_run({.mode = mode, .killed = 0, .shards = 7});
+  INFO(mode << "\n" << dump(g));
+  check_survivors(g, 0);
+  for (int shard : {0, 3, 6}) CHECK(has(g.ranks[1].output, "heads shard " + std::to_string(shard) + " now"));
+  if (mode == "asp") return check_exactly_once(g, 0, 7);
   for (int w : {3, 4}) {
-    for (auto [shard, n] : counts_in(g.ranks[static_cast<std::size_t>(w)].output, "acknowledged %d %llu")) acknowledged[shard] += n;
-  }
-  REQUIRE(acknowledged.size() == 3);
-  std::map<int, std::vector<unsigned long long>> versions;  // as every surviving server saw them
-  for (int s = 0; s < 3; ++s) {
-    if (s == killed) continue;
-    for (auto [shard, v] : counts_in(g.ranks[static_cast<std::size_t>(s)].output, "shard %d version %llu")) versions[shard].push_back(v);
-  }
-  for (const auto& [shard, pushes] : acknowledged) {
-    INFO("shard " << shard);
-    if (shard != 1) CHECK(pushes > 0);
-    REQUIRE(!versions[shard].empty());
-    for (auto v : versions[shard]) CHECK(v == pushes);
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
   }
 }
 
@@ -216,7 +255,7 @@ void check_server_0_left(const group_run& g, std::size_t heir = 1) {
 
 TEST_CASE("ps fail-over: a server that leaves cleanly mid-job under BSP, the job ends bit for bit as the serial simulation",
           "[ps][faults][failover]") {
-  auto g = failover_run("bsp", 2, 0, true);
+  auto g = failover_run({.mode = "bsp", .leaves = true});
   INFO(dump(g));
   check_server_0_left(g);
 }
@@ -231,7 +270,7 @@ TEST_CASE("ps membership: a server that leaves cleanly hands its place to a stan
   // goes. k = 2: server 0 heads shard 0 and is the tail of shard 2, and server 1 heads shard 0
   // after it. k = 1: server 0 holds shard 0 alone, which moves to the standby.
   const int replicas = GENERATE(1, 2);
-  auto g = failover_run("bsp", replicas, 0, true, true);
+  auto g = failover_run({.mode = "bsp", .replicas = replicas, .leaves = true, .standby = true});
   INFO(replicas << " replicas\n" << dump(g));
   check_server_0_left(g, replicas == 1 ? 5 : 1);
   const std::string& standby = g.ranks[5].output;
@@ -276,7 +315,7 @@ TEST_CASE("ps fail-over: a standby server, started with the job or joining the r
   // Late: the standby is a process that joins the running TCP group after server 0 is dead.
   const auto [killed, killed_later, late] =
       GENERATE(std::tuple{0, -1, false}, std::tuple{2, -1, false}, std::tuple{0, 1, false}, std::tuple{0, 1, true});
-  auto g = failover_run("bsp", 2, killed, false, true, killed_later, late);
+  auto g = failover_run({.mode = "bsp", .killed = killed, .standby = true, .killed_later = killed_later, .late = late});
   INFO("server " << killed << " killed, then server " << killed_later << (late ? ", the standby joining late" : "") << "\n" << dump(g));
   check_survivors(g, killed, killed_later);
   for (int w : {3, 4}) {

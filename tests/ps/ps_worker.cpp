@@ -67,7 +67,8 @@ ps_options options() {
   ps_options o;
   o.timeout = std::chrono::milliseconds(env_int("DTRAIN_TEST_TIMEOUT_MS", 30000));
   o.heartbeat_interval = std::chrono::milliseconds(100);
-  o.dense_slice_bytes = 16;  // 4 values a slice: the 12-value model spreads over every server
+  // 4 values a slice by default: the 12-value model spreads over every server
+  o.dense_slice_bytes = static_cast<std::size_t>(env_int("DTRAIN_TEST_SLICE_BYTES", 16));
   o.heartbeat_timeout = std::chrono::milliseconds(env_int("DTRAIN_TEST_HEARTBEAT_MS", 5000));
   o.replicas = env_int("DTRAIN_TEST_REPLICAS", 1);
   if (const char* p = std::getenv("DTRAIN_TEST_POLICY"); p != nullptr && std::string(p) == "drop") {
@@ -124,7 +125,7 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
     std::printf("server %d: %llu updates, %llu pushes, %llu pulls\n", rank, static_cast<unsigned long long>(st.version),
                 static_cast<unsigned long long>(st.pushes), static_cast<unsigned long long>(st.pulls));
     auto& server = job.server_endpoint();
-    for (int s = 0; s < r.servers; ++s) {
+    for (int s = 0; s < r.shard_count(); ++s) {
       if (server.heads(s)) std::printf("shard %d version %llu\n", s, static_cast<unsigned long long>(server.version_of(s)));
     }
     for (int s : left ? std::vector<int>{} : server.held_shards()) {  // one that left holds none

@@ -48,6 +48,31 @@ TEST_CASE("chain layout: shard s lives on s, s+1, ..., s+k-1, each server heads 
   CHECK_THROWS_WITH(chain_layout(2, 0), Catch::Contains("need 1 <= replicas <= servers"));
 }
 
+TEST_CASE("chain layout: with more shards than servers, server s heads s, s+S, s+2S, ... and holds the k-1 chains before each",
+          "[ps][replication]") {
+  chain_layout c(3, 2, 7);  // shards 0-6 on servers 0-2
+  CHECK(c.shards() == 7);
+  CHECK(c.chain(4) == std::vector<int>{1, 2});
+  CHECK(c.chain(6) == std::vector<int>{0, 1});
+  CHECK(c.chain(5) == std::vector<int>{2, 0});
+  CHECK(c.held_by(0) == std::vector<int>{0, 3, 6, 2, 5});
+  CHECK(c.held_by(2) == std::vector<int>{2, 5, 1, 4});
+  // Every shard has k copies on distinct servers, and the heads differ by at most one shard.
+  std::vector<int> heads(3, 0), copies(7, 0);
+  for (int server = 0; server < 3; ++server) {
+    for (int shard : c.held_by(server)) ++copies[static_cast<std::size_t>(shard)];
+  }
+  for (int shard = 0; shard < 7; ++shard) ++heads[static_cast<std::size_t>(c.head(shard))];
+  CHECK(copies == std::vector<int>(7, 2));
+  CHECK(heads == std::vector<int>{3, 2, 2});
+  c.lose(1);
+  CHECK(c.chain(4) == std::vector<int>{2});  // shard 4's head lost: its copy on 2 heads it
+  CHECK(c.head(6) == 0);
+  CHECK(chain_layout(3, 1).held_by(1) == chain_layout(3, 1, 3).held_by(1));
+  CHECK_THROWS_WITH(chain_layout(3, 1, 2), Catch::Contains("2 shards on 3 servers; need at least one shard per server"));
+  CHECK_THROWS_WITH(roles::of(5, 3, 0, 0, 2), Catch::Contains("each server heads at least one (DTRAIN_PS_SHARDS >= DTRAIN_PS_SERVERS)"));
+}
+
 TEST_CASE("chain layout: lost servers leave the chains, the next copy heads, the one before tails", "[ps][replication]") {
   chain_layout c(4, 3);  // shard 0: 0 1 2, shard 1: 1 2 3, shard 2: 2 3 0, shard 3: 3 0 1
   c.lose(2);
@@ -133,9 +158,9 @@ ps_options replicated(int replicas) {
 // `workers` workers train `clocks` clocks on sparse keys of every shard and a dense tensor,
 // through momentum (an updater with state), pulling and pushing separately or fused.
 template <class Consistency>
-std::vector<server_view> train(int servers, int workers, int replicas, int clocks, bool fused) {
+std::vector<server_view> train(int servers, int workers, int replicas, int clocks, bool fused, int shards = 0) {
   std::vector<server_view> views(static_cast<std::size_t>(servers));
-  const roles r = roles::of(servers + workers, servers);
+  const roles r = roles::of(servers + workers, servers, 0, 0, shards);
   const ps_options o = replicated(replicas);
   constexpr key_type key_space = 1 << 20;
   run_inproc(servers + workers, [&](int rank, inproc_transport t) {
@@ -151,7 +176,7 @@ std::vector<server_view> train(int servers, int workers, int replicas, int clock
       }
       return;
     }
-    worker<inproc_transport, Consistency, float> w(std::move(t), r, range_sharding(servers, key_space), o);
+    worker<inproc_transport, Consistency, float> w(std::move(t), r, range_sharding(r.shard_count(), key_space), o);
     std::vector<key_type> keys;
     for (key_type k = 0; k < 60; ++k) keys.push_back(k * (key_space / 60) + 7);
     const std::size_t dense = w.add_dense(1000);
@@ -243,6 +268,21 @@ TEST_CASE("replication under BSP: every copy equals its head, and the result doe
       CHECK(views[s].replication.forwarded <= 3 * static_cast<std::uint64_t>(clocks));
       CHECK(views[s].version == one[s].version);
     }
+  }
+}
+
+TEST_CASE("more shards than servers: the keys cut finer give the same BSP result, with every shard's k copies equal",
+          "[ps][replication]") {
+  constexpr int servers = 3, workers = 2, clocks = 6;
+  const auto one = train<bsp>(servers, workers, 1, clocks, true);
+  const snapshot sparse = check_copies(one, 1, false), dense = check_copies(one, 1, true);
+  for (int k : {1, 2}) {
+    INFO(k << " replicas");
+    const auto views = train<bsp>(servers, workers, k, clocks, true, 7);
+    CHECK(check_copies(views, k, false) == sparse);
+    CHECK(check_copies(views, k, true) == dense);
+    check_traffic(views, k);
+    for (const auto& v : views) CHECK(v.version > 0);  // every server heads a shard that saw updates
   }
 }
 

@@ -3,11 +3,13 @@
 /// `ps::chain_layout`: where the replicas of each key range live under chain replication (van
 /// Renesse and Schneider, OSDI 2004; the Parameter Server paper, OSDI 2014, section 4.3).
 ///
-/// Shard s (the key range that `range_sharding` or the dense layout gives server s) is held by
-/// the k servers s, s+1, ..., s+k-1 (mod S), in that order: s is the chain's head, which takes the
-/// workers' requests and applies them; each server passes what it applied on to the next; the
-/// last, the tail, acknowledges to the head. So every server heads one shard and holds k-1 others,
-/// and the load stays even. k = 1 is a chain of one: the head is its own tail.
+/// Shard j (the j-th key range of `range_sharding`, or of the dense layout) is held by the k
+/// servers j, j+1, ..., j+k-1 (mod S), in that order: the first is the chain's head, which takes
+/// the workers' requests and applies them; each server passes what it applied on to the next; the
+/// last, the tail, acknowledges to the head. k = 1 is a chain of one: the head is its own tail.
+/// With one shard per server (the default) every server heads one shard and holds k-1 others;
+/// with J > S shards server s heads shards s, s+S, s+2S, ..., so the load stays even when S
+/// divides J.
 ///
 /// A server that joins a shard (a standby taking a lost server's place, ps/server.hpp) is added
 /// after the chain's static members, as its new tail, as chain replication adds servers.
@@ -23,24 +25,31 @@
 
 namespace dtrain::ps {
 
-/// The chains of `servers` shards with `replicas` copies each, the servers that joined them,
+/// The chains of the shards with `replicas` copies each on `servers` servers, the servers that joined them,
 /// and which servers are lost. Servers are named by rank. A chain is its members (static, then
 /// joined) minus the lost ones, in order: when a head dies the next copy heads the shard, when a
 /// tail dies the one before it is the tail. Every process computes the same chains from the same
 /// lost and joined sets (a pure function of them), so no one elects anyone.
 class chain_layout {
  public:
-  /// @throws dtrain::error `invalid_argument` unless 1 <= replicas <= servers
-  chain_layout(int servers, int replicas) : servers_(servers), replicas_(replicas) {
+  /// @param shards key ranges (0: one per server)
+  /// @throws dtrain::error `invalid_argument` unless 1 <= replicas <= servers <= shards
+  chain_layout(int servers, int replicas, int shards = 0)
+      : servers_(servers), replicas_(replicas), shards_(shards == 0 ? servers : shards) {
     if (servers < 1 || replicas < 1 || replicas > servers) {
       throw error(errc::invalid_argument, "ps: " + std::to_string(replicas) + " replicas of each shard on " +
                                               std::to_string(servers) +
                                               " servers; need 1 <= replicas <= servers (each copy on its own server)");
     }
+    if (shards_ < servers) {
+      throw error(errc::invalid_argument, "ps: " + std::to_string(shards_) + " shards on " + std::to_string(servers) +
+                                              " servers; need at least one shard per server");
+    }
   }
 
   int servers() const noexcept { return servers_; }
   int replicas() const noexcept { return replicas_; }
+  int shards() const noexcept { return shards_; }
 
   /// Server `server` is gone: the chains close over it.
   void lose(int server) { lost_.insert(server); }
@@ -100,12 +109,14 @@ class chain_layout {
   /// The live server `server` receives `shard`'s updates from, or -1 if it is the head.
   int predecessor(int shard, int server) const { return neighbour(shard, server, -1); }
 
-  /// The shards `server` holds a copy of: for a static server its own first, then the k-1
-  /// before it; then those it joined.
+  /// The shards `server` holds a copy of: for a static server those it heads first, then those
+  /// it is the p-th copy of (p = 1, ..., k-1); then those it joined.
   std::vector<int> held_by(int server) const {
     std::vector<int> shards;
     if (server >= 0 && server < servers_) {
-      for (int p = 0; p < replicas_; ++p) shards.push_back((server - p + servers_) % servers_);
+      for (int p = 0; p < replicas_; ++p) {
+        for (int j = (server - p + servers_) % servers_; j < shards_; j += servers_) shards.push_back(j);
+      }
     }
     for (const auto& [shard, joined] : joined_) {
       if (std::find(joined.begin(), joined.end(), server) != joined.end()) shards.push_back(shard);
@@ -127,6 +138,7 @@ class chain_layout {
 
   int servers_;
   int replicas_;
+  int shards_;
   std::set<int> lost_;
   std::map<int, std::vector<int>> joined_;
 };

@@ -25,11 +25,11 @@ struct job_configuration {
   int replicas = 1;
 
   /// The words a hello carries: servers, workers, the consistency's name digest, value bytes,
-  /// replicas, standby servers, late workers.
-  std::array<std::uint64_t, 7> words() const noexcept {
+  /// replicas, standby servers, late workers, shards.
+  std::array<std::uint64_t, 8> words() const noexcept {
     return {static_cast<std::uint64_t>(group.servers), static_cast<std::uint64_t>(group.workers), name_digest(consistency),
             value_bytes, static_cast<std::uint64_t>(replicas), static_cast<std::uint64_t>(group.standby),
-            static_cast<std::uint64_t>(group.late_workers)};
+            static_cast<std::uint64_t>(group.late_workers), static_cast<std::uint64_t>(group.shard_count())};
   }
 
   /// Checks the words of worker `worker`'s hello against this (server `server`'s) configuration.
@@ -41,14 +41,15 @@ struct job_configuration {
                                             std::to_string(server) + " (" + describe() + ")");
   }
 
-  /// "2 servers, 3 workers, bsp, 4-byte values, 2 replicas" (and ", 1 standby", ", 1 late" with
-  /// standbys and late workers)
+  /// "2 servers, 3 workers, bsp, 4-byte values, 2 replicas" (and ", 1 standby", ", 1 late",
+  /// ", 6 shards" with standbys, late workers and more shards than servers)
   std::string describe() const {
     return std::to_string(group.servers) + " servers, " + std::to_string(group.workers) + " workers, " +
            std::string(consistency) + ", " + std::to_string(value_bytes) + "-byte values, " + std::to_string(replicas) +
            (replicas == 1 ? " replica" : " replicas") +
            (group.standby > 0 ? ", " + std::to_string(group.standby) + " standby" : std::string()) +
-           (group.late_workers > 0 ? ", " + std::to_string(group.late_workers) + " late" : std::string());
+           (group.late_workers > 0 ? ", " + std::to_string(group.late_workers) + " late" : std::string()) +
+           (group.shard_count() != group.servers ? ", " + std::to_string(group.shard_count()) + " shards" : std::string());
   }
 };
 

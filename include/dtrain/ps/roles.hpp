@@ -9,6 +9,10 @@
 /// The last `late_workers` workers join the running job: the servers do not wait for them, and
 /// each enters at a clock every shard agrees on (ps/worker.hpp). With the TCP transport they are
 /// late ranks too (`tcp_options::late_ranks`), connecting after the group formed.
+///
+/// The keys are cut into `shards` key ranges (by default one per server). More shards than
+/// servers spreads each server's keys over several shards (ps/chain.hpp places them), so that
+/// whole shards can later move between servers.
 
 #include <cstdint>
 #include <cstdlib>
@@ -23,25 +27,34 @@ struct roles {
   int workers = 1;
   int standby = 0;
   int late_workers = 0;
+  int shards = 0;  ///< key ranges; 0: one per server
 
+  /// @param shards key ranges (0: one per server)
   /// @throws dtrain::error `invalid_argument` unless there is at least one server and one
-  ///   worker that starts with the job
-  static roles of(int group_size, int servers, int standby = 0, int late_workers = 0) {
+  ///   worker that starts with the job, and at least one shard per server
+  static roles of(int group_size, int servers, int standby = 0, int late_workers = 0, int shards = 0) {
     if (servers < 1 || standby < 0 || late_workers < 0 || servers + standby + late_workers >= group_size) {
       throw error(errc::invalid_argument, "ps::roles: " + std::to_string(servers) + " servers, " + std::to_string(standby) +
                                               " standby servers and " + std::to_string(late_workers) +
                                               " late workers in a group of " + std::to_string(group_size) +
                                               "; need at least one server and one worker that starts with the job");
     }
-    return {servers, group_size - servers - standby, standby, late_workers};
+    if (shards != 0 && shards < servers) {
+      throw error(errc::invalid_argument, "ps::roles: " + std::to_string(shards) + " shards on " + std::to_string(servers) +
+                                              " servers; each server heads at least one (DTRAIN_PS_SHARDS >= DTRAIN_PS_SERVERS)");
+    }
+    return {servers, group_size - servers - standby, standby, late_workers, shards == servers ? 0 : shards};
   }
 
-  /// The counts from DTRAIN_PS_SERVERS (default 1), DTRAIN_PS_STANDBY and DTRAIN_PS_LATE_WORKERS
-  /// (default 0).
+  /// The counts from DTRAIN_PS_SERVERS (default 1), DTRAIN_PS_STANDBY, DTRAIN_PS_LATE_WORKERS
+  /// (default 0) and DTRAIN_PS_SHARDS (default: one per server).
   static roles from_environment(int group_size) {
     return of(group_size, count_from("DTRAIN_PS_SERVERS", 1), count_from("DTRAIN_PS_STANDBY", 0),
-              count_from("DTRAIN_PS_LATE_WORKERS", 0));
+              count_from("DTRAIN_PS_LATE_WORKERS", 0), count_from("DTRAIN_PS_SHARDS", 0));
   }
+
+  /// The key ranges the keys are cut into.
+  int shard_count() const noexcept { return shards > 0 ? shards : servers; }
 
   bool is_server(int rank) const noexcept { return rank < servers || rank >= servers + workers; }
   bool is_standby(int rank) const noexcept { return rank >= servers + workers; }

@@ -229,7 +229,7 @@ class server {
     }
     const auto it = shards_.find(static_cast<int>(h.shard));
     if (it == shards_.end() || !it->second.heading()) {
-      const int head = h.shard < static_cast<std::uint32_t>(ctx_.group.servers) ? ctx_.layout.head(static_cast<int>(h.shard)) : -1;
+      const int head = h.shard < static_cast<std::uint32_t>(ctx_.layout.shards()) ? ctx_.layout.head(static_cast<int>(h.shard)) : -1;
       return refuse(errc::invalid_argument, "ps::server " + std::to_string(me()) + " does not head shard " + std::to_string(h.shard) +
                                                 (head >= 0 ? " (server " + std::to_string(head) + " does)" : ""));
     }

@@ -14,14 +14,14 @@
 
 namespace dtrain::ps {
 
-/// Shard `shard` of `servers` writes `<prefix>.shard<s>.c<clock>.sparse` and `.dense` and keeps
+/// Shard `shard` of `shards` writes `<prefix>.shard<s>.c<clock>.sparse` and `.dense` and keeps
 /// the two newest clocks: a shard that died may not have written the newest one, so the newest
 /// clock every shard has may be the one before.
 class shard_checkpoints {
  public:
   /// @param every write one every `every` clocks (0: only when asked)
-  shard_checkpoints(std::string prefix, int shard, int servers, std::int64_t every = 0)
-      : prefix_(std::move(prefix)), shard_(shard), servers_(servers), every_(every) {}
+  shard_checkpoints(std::string prefix, int shard, int shards, std::int64_t every = 0)
+      : prefix_(std::move(prefix)), shard_(shard), shards_(shards), every_(every) {}
 
   bool enabled() const noexcept { return !prefix_.empty(); }
 
@@ -57,16 +57,16 @@ class shard_checkpoints {
   shard_state restore(Table& sparse, Table& dense, std::int64_t at, std::size_t workers) const {
     if (!enabled()) throw error(errc::invalid_argument, "ps::server: resume asked without a checkpoint prefix");
     if (at < 0) {
-      const auto common = latest_common_checkpoint(prefix_, servers_);
+      const auto common = latest_common_checkpoint(prefix_, shards_);
       if (!common) {
         throw error(errc::bad_data, who() + ": no clock has a checkpoint of every one of the " +
-                                        std::to_string(servers_) + " shards at " + prefix_);
+                                        std::to_string(shards_) + " shards at " + prefix_);
       }
       at = *common;
     }
-    const auto shard = static_cast<std::uint32_t>(shard_), servers = static_cast<std::uint32_t>(servers_);
-    auto s = load_checkpoint(path(at, "sparse"), sparse, shard, servers);
-    const auto d = load_checkpoint(path(at, "dense"), dense, shard, servers);
+    const auto shard = static_cast<std::uint32_t>(shard_), shards = static_cast<std::uint32_t>(shards_);
+    auto s = load_checkpoint(path(at, "sparse"), sparse, shard, shards);
+    const auto d = load_checkpoint(path(at, "dense"), dense, shard, shards);
     if (s.version != d.version || s.clocks != d.clocks) {
       throw error(errc::bad_data, who() + ": the sparse and dense checkpoints at " + prefix_ + " are from different moments");
     }
@@ -83,7 +83,7 @@ class shard_checkpoints {
 
   std::string prefix_;
   int shard_;
-  int servers_;
+  int shards_;
   std::int64_t every_;
   std::int64_t next_ = 0;
   std::vector<std::int64_t> written_;  // clocks of the checkpoints on disk, oldest first

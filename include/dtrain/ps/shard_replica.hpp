@@ -70,7 +70,7 @@ class shard_replica {
         heading_(ctx.layout.head(shard) == ctx.me()),
         workers_(ctx.group.workers, ctx.group.late_workers),
         key_cache_(ctx.group.workers),
-        checkpoints_(ctx.options.checkpoint_prefix, shard, ctx.group.servers, ctx.options.checkpoint_every) {}
+        checkpoints_(ctx.options.checkpoint_prefix, shard, ctx.group.shard_count(), ctx.options.checkpoint_every) {}
 
   int shard() const noexcept { return shard_; }
   bool heading() const noexcept { return heading_; }
@@ -434,7 +434,7 @@ class shard_replica {
   }
 
   void save() {
-    const shard_state st{static_cast<std::uint32_t>(shard_), static_cast<std::uint32_t>(ctx_->group.servers),
+    const shard_state st{static_cast<std::uint32_t>(shard_), static_cast<std::uint32_t>(ctx_->group.shard_count()),
                          updates_.version(), workers_.clocks()};
     checkpoints_.save(updates_.sparse(), updates_.dense(), st, std::min(workers_.slowest(), workers_.fastest()));
   }

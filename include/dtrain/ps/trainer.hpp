@@ -49,7 +49,7 @@ class trainer {
     if (r.is_server(t.rank())) {
       server_.emplace(std::move(t), r, Consistency{}, std::move(u), std::move(init), o, Algorithm::server_mode);
     } else {
-      worker_.emplace(std::move(t), r, range_sharding(r.servers), o);
+      worker_.emplace(std::move(t), r, range_sharding(r.shard_count()), o);
     }
   }
 

@@ -84,14 +84,15 @@ class worker {
         roles_(r),
         sharding_(std::move(shards)),
         options_(o),
-        dense_sharding_(r.servers),
+        dense_sharding_(r.shard_count()),
         dense_layout_(o.dense_slice_bytes, sizeof(T)) {
     if (roles_.is_server(transport_.rank())) {
       throw error(errc::invalid_argument, "ps::worker on rank " + std::to_string(transport_.rank()) + ", a server rank");
     }
-    if (sharding_.servers() != roles_.servers) {
-      throw error(errc::invalid_argument, "ps::worker: the sharding has " + std::to_string(sharding_.servers()) +
-                                              " servers but the group has " + std::to_string(roles_.servers));
+    if (sharding_.servers() != roles_.shard_count()) {
+      throw error(errc::invalid_argument, "ps::worker: the sharding cuts the keys into " + std::to_string(sharding_.servers()) +
+                                              " shards but the group has " + std::to_string(roles_.shard_count()) +
+                                              " (DTRAIN_PS_SHARDS, else one per server)");
     }
     id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
     request hello;
@@ -183,7 +184,7 @@ class worker {
   /// consistency model holds this worker back (BSP: until every worker finished the clock).
   request clock() {
     request r;
-    for (int s = 0; s < roles_.servers; ++s) {
+    for (int s = 0; s < roles_.shard_count(); ++s) {
       r.ids_.push_back(send(s, op::clock, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
     }
     ++clock_;
@@ -213,7 +214,7 @@ class worker {
     if (finished_) return;
     finished_ = true;
     request r;
-    for (int s = 0; s < roles_.servers; ++s) {
+    for (int s = 0; s < roles_.shard_count(); ++s) {
       r.ids_.push_back(send(s, op::goodbye, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
     }
     wait(r);
@@ -328,7 +329,7 @@ class worker {
   void enter_running_job() {
     auto to_every_shard = [this] {
       request r;
-      for (int s = 0; s < roles_.servers; ++s) {
+      for (int s = 0; s < roles_.shard_count(); ++s) {
         r.ids_.push_back(send(s, op::enter, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
       }
       wait(r);
@@ -356,7 +357,7 @@ class worker {
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
   // What a hello carries (as keys), checked by every server.
-  const std::array<std::uint64_t, 7> config_ =
+  const std::array<std::uint64_t, 8> config_ =
       job_configuration{roles_, Consistency::name, sizeof(T), options_.replicas}.words();
   worker_stats stats_;
   // Fail-over with more than one copy or a standby (a server leaving hands its place to one),

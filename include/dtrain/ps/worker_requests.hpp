@@ -82,9 +82,9 @@ class worker_requests {
   worker_requests(Transport& t, roles r, const ps_options& o, std::uint32_t worker, bool fails_over, bool keeps_pushes,
                   worker_stats& stats)
       : transport_(t), roles_(r), options_(o), id_(worker), fails_over_(fails_over), keeps_pushes_(keeps_pushes),
-        chains_(r.servers, o.replicas), basis_(static_cast<std::size_t>(r.servers), 0),
-        key_cache_(r.servers, o.key_cache_lists), stats_(stats) {
-    stats_.pushes_acknowledged.assign(static_cast<std::size_t>(r.servers), 0);
+        chains_(r.servers, o.replicas, r.shard_count()), basis_(static_cast<std::size_t>(r.shard_count()), 0),
+        key_cache_(r.shard_count(), o.key_cache_lists), stats_(stats) {
+    stats_.pushes_acknowledged.assign(static_cast<std::size_t>(r.shard_count()), 0);
   }
 
   /// Waits for the replies of `ids` under `d`, in order.
