@@ -1,6 +1,7 @@
 // dtrain-run: starts N local processes of one dtrain job.
 //
-//   dtrain-run -n 4 [--servers S] [--standby B] [--late-workers L --join-after-ms T] [--keep-going] prog args...
+//   dtrain-run -n 4 [--servers S] [--standby B] [--shards J] [--growing G] [--late-workers L]
+//              [--join-after-ms T] [--keep-going] prog args...
 //
 // It serves the job's rendezvous store, generates a job token (unless DTRAIN_TOKEN or
 // DTRAIN_TOKEN_FILE is set), gives each child DTRAIN_RANK, DTRAIN_WORLD_SIZE,
@@ -129,12 +130,20 @@ int main(int argc, char** argv) {
                  "parameter-server jobs: the last N ranks are standby servers, which take lost servers' places "
                  "(sets DTRAIN_PS_STANDBY)")
       ->check(CLI::Range(0, 4095));
+  int shards = 0, growing = 0;
+  app.add_option("--shards", shards, "parameter-server jobs: cut the keys into N shards, N >= servers (sets DTRAIN_PS_SHARDS)")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--growing", growing,
+                 "parameter-server jobs: the first N standby servers add capacity, taking their share of the shards when "
+                 "they come; their processes start --join-after-ms later (sets DTRAIN_PS_GROWING)")
+      ->check(CLI::Range(0, 4095));
   int late_workers = 0, join_after_ms = 0;
   app.add_option("--late-workers", late_workers,
                  "parameter-server jobs: the last N workers join the running job (sets DTRAIN_PS_LATE_WORKERS, and "
                  "DTRAIN_LATE_RANKS to them and the standby servers)")
       ->check(CLI::Range(0, 4095));
-  app.add_option("--join-after-ms", join_after_ms, "with --late-workers: start their processes this long after the others")
+  app.add_option("--join-after-ms", join_after_ms,
+                 "with --late-workers or --growing: start their processes this long after the others")
       ->check(CLI::Range(0, 86400000));
   app.add_option("program", program, "the program; everything after it is its arguments")->required();
   app.prefix_command();  // options after the program belong to the program
@@ -154,13 +163,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   const int first_late = n - standby - late_workers;  // late workers: [first_late, n - standby)
+  const int first_standby = n - standby;              // growing servers: [first_standby, first_standby + growing)
   const auto began = std::chrono::steady_clock::now();
   std::vector<child> children(static_cast<std::size_t>(n));
   std::vector<std::vector<std::string>> envs(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
     child& c = children[static_cast<std::size_t>(r)];
     c.rank = r;
-    const bool late = late_workers > 0 && r >= first_late && r < n - standby;
+    const bool late = (late_workers > 0 && r >= first_late && r < first_standby) ||
+                      (r >= first_standby && r < first_standby + growing);
     c.start_at = began + std::chrono::milliseconds(late ? join_after_ms : 0);
     std::vector<std::string>& env = envs[static_cast<std::size_t>(r)];
     env = env_text;
@@ -172,10 +183,10 @@ int main(int argc, char** argv) {
     env.push_back("DTRAIN_TOKEN=" + token);
     if (servers > 0) env.push_back(fmt::format("DTRAIN_PS_SERVERS={}", servers));
     if (standby > 0) env.push_back(fmt::format("DTRAIN_PS_STANDBY={}", standby));
-    if (late_workers > 0) {
-      env.push_back(fmt::format("DTRAIN_PS_LATE_WORKERS={}", late_workers));
-      env.push_back(fmt::format("DTRAIN_LATE_RANKS={}", late_workers + standby));
-    }
+    if (shards > 0) env.push_back(fmt::format("DTRAIN_PS_SHARDS={}", shards));
+    if (growing > 0) env.push_back(fmt::format("DTRAIN_PS_GROWING={}", growing));
+    if (late_workers > 0) env.push_back(fmt::format("DTRAIN_PS_LATE_WORKERS={}", late_workers));
+    if (late_workers > 0 || growing > 0) env.push_back(fmt::format("DTRAIN_LATE_RANKS={}", late_workers + standby));
   }
   // Starts every child whose time has come; false (the others killed) if one cannot start.
   auto start_due = [&] {

@@ -64,6 +64,7 @@ struct settings {
   double rho = 0.5;          // EASGD's elasticity (alpha = lr * rho)
   double time_budget = 0;    // > 0: stop training after this many seconds (equal-time comparisons)
   int replicas = 1;          // copies of each parameter shard (chain replication over the servers)
+  std::size_t slice_kib = 4096;  // the parameters travel and are sharded in slices of this size
 };
 
 using clock_type = std::chrono::steady_clock;
@@ -246,6 +247,7 @@ int run_ps_with(const settings& s, dtrain::mixed_transport transport, Updater up
   }
   dtrain::ps::ps_options o;
   o.replicas = s.replicas;
+  o.dense_slice_bytes = s.slice_kib * 1024;
   // The servers create the parameters: uniform in +-0.05, near PyTorch's +-1/sqrt(fan_in) for
   // these layers (0.036 to 0.088), and the same on every run.
   dtrain::ps::trainer<dtrain::mixed_transport, Consistency, Updater, Algorithm, float, dtrain::ps::uniform_initializer> job(
@@ -416,6 +418,9 @@ int main(int argc, char** argv) {
   app.add_option("--rho", s.rho, "parameter server: EASGD's elasticity (alpha = lr * rho)")->capture_default_str();
   app.add_option("--replicas", s.replicas, "parameter server: copies of each shard, on as many servers")
       ->check(CLI::Range(1, 64))->capture_default_str();
+  app.add_option("--slice-kib", s.slice_kib,
+                 "parameter server: the parameters are cut into slices of this size, spread over the shards")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))->capture_default_str();
   app.add_option("--time-budget", s.time_budget, "stop training after this many seconds")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {

@@ -5,6 +5,7 @@
 # twice (chain replication), and the same with server 0 (the head of the shard every slice of
 # this model lives on) SIGKILLed mid-run: server 1 takes over, a standby server (rank 5) joins the
 # chains server 0 was in, and the job goes on without a restart.
+# A job started with more shards than servers that grows by a server mid-run ends as without.
 # The digest is FNV-1a over the bits.
 #   fashion_mnist_ps_reproducible.sh <dtrain-run binary> <fashion_mnist binary>
 set -u
@@ -63,5 +64,24 @@ long=$(digest 3 5 tcp 2 49152) || exit 1
 if [ "$failed_over" != "$long" ]; then
   echo "FAIL: with server 0 killed mid-run the job ends at '$failed_over', without at $long: $out"; exit 1
 fi
-echo "ok: every layout ends at parameters digest $one; with server 0 killed mid-run (a standby taking its place) at $long, as without"
+# Growing: 2 servers and 6 shards (64 KiB slices, so every shard holds some), and a growing
+# standby (rank 4) that comes 1 s later: shards 2 and 5 move to it, and the job ends where the
+# same job ends without it.
+grow_run() {  # [dtrain-run options...]
+  timeout 240 "$RUN" --servers 2 --standby 1 --shards 6 "$@" -n 5 "$EXAMPLE" --trainer ps --consistency bsp \
+    --transport tcp --epochs 1 --limit-train 49152 --slice-kib 64 --log-every 0 2>&1
+}
+out=$(grow_run --growing 1 --join-after-ms 1000) || { echo "FAIL: the growing job failed: $out"; exit 1; }
+for shard in 2 5; do
+  if ! printf '%s\n' "$out" | grep -q "^\[4\] .*ps::server 4 heads shard $shard now"; then
+    echo "FAIL: shard $shard did not move to the growing server: $out"; exit 1
+  fi
+done
+grown=$(printf '%s\n' "$out" | sed -n 's/.*parameters digest \([0-9a-f]\{16\}\).*/\1/p')
+out=$(grow_run) || { echo "FAIL: the same job without growing failed: $out"; exit 1; }
+fixed=$(printf '%s\n' "$out" | sed -n 's/.*parameters digest \([0-9a-f]\{16\}\).*/\1/p')
+if [ -z "$fixed" ] || [ "$grown" != "$fixed" ]; then
+  echo "FAIL: the job that grew ends at '$grown', the same job without growing at '$fixed'"; exit 1
+fi
+echo "ok: every layout ends at parameters digest $one; with server 0 killed mid-run (a standby taking its place) at $long, as without; grown by a server mid-run at $grown, as without"
 

@@ -124,7 +124,8 @@ std::vector<std::pair<int, unsigned long long>> counts_in(const std::string& tex
 // `killed_later` (if any) is SIGKILLed too, a second later. With `late`, the standby is a
 // process that joins the TCP group 600 ms after it formed (server 0 dead by then), and the
 // later kill comes at 2 s.
-// With `shards` > 3 the keys are cut into that many shards, and the model into 6 slices.
+// With `shards` > 3 the keys are cut into that many shards, and the model into 12 slices; with
+// `growing` the standby adds capacity, taking shards j with j mod 4 = 3 when it comes.
 struct failover_case {
   std::string mode;
   int replicas = 2;
@@ -134,18 +135,20 @@ struct failover_case {
   int killed_later = -1;
   bool late = false;
   int shards = 0;
+  bool growing = false;
 };
 
 group_run failover_run(const failover_case& c) {
-  const auto [mode, replicas, killed, leaves, standby, killed_later, late, shards] = c;
+  const auto [mode, replicas, killed, leaves, standby, killed_later, late, shards, growing] = c;
   return run_ps(standby ? 6 : 5, mode, [=](int) {
     std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas),
                                  "DTRAIN_TEST_TIMEOUT_MS=10000", "DTRAIN_PS_STANDBY=" + std::to_string(standby ? 1 : 0),
                                  "DTRAIN_TEST_KILL_LATER_RANK=" + std::to_string(killed_later)};
     if (shards > 0) {
       env.push_back("DTRAIN_PS_SHARDS=" + std::to_string(shards));
-      env.emplace_back("DTRAIN_TEST_SLICE_BYTES=8");
+      env.emplace_back("DTRAIN_TEST_SLICE_BYTES=4");
     }
+    if (growing) env.emplace_back("DTRAIN_PS_GROWING=1");
     if (late) {
       for (const char* e : {"DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=600", "DTRAIN_TEST_KILL_LATER_MS=2000"}) env.emplace_back(e);
     }
@@ -176,7 +179,7 @@ void check_exactly_once(const group_run& g, int killed, int shards) {
   }
   REQUIRE(acknowledged.size() == static_cast<std::size_t>(shards));
   std::map<int, std::vector<unsigned long long>> versions;
-  for (int s = 0; s < 3; ++s) {
+  for (int s = 0; s < static_cast<int>(g.ranks.size()); ++s) {  // workers print no shard versions
     if (s == killed) continue;
     for (auto [shard, v] : counts_in(g.ranks[static_cast<std::size_t>(s)].output, "shard %d version %llu")) versions[shard].push_back(v);
   }
@@ -305,6 +308,43 @@ std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> co
   return copies;
 }
 }  // namespace
+
+TEST_CASE("ps membership: a server added to the running job takes its share of the shards from their first copies, k "
+          "copies throughout, bit for bit as the serial simulation under BSP and exactly once under ASP",
+          "[ps][faults][membership]") {
+  // 3 servers and 8 shards; the growing standby (rank 5) joins the TCP group 600 ms in and grows
+  // the job to 4 servers: shards 3 and 7 (j mod 4 = 3; one and three of the model's 12 slices)
+  // move to it from servers 0 and 1, whose first copies they were. k = 2: shard 3's chain 0 -> 1 becomes 1 -> 5, shard 7's 1 -> 2
+  // becomes 2 -> 5.
+  const int replicas = GENERATE(1, 2);
+  const std::string mode = GENERATE("bsp", "asp");
+  auto g = failover_run({.mode = mode, .replicas = replicas, .killed = -1, .standby = true, .late = true, .shards = 8, .growing = true});
+  INFO(mode << ", " << replicas << " replicas\n" << dump(g));
+  for (const auto& r : g.ranks) CHECK(r.status == 0);
+  const std::string& grown = g.ranks[5].output;
+  const int heir[] = {replicas == 1 ? 5 : 1, replicas == 1 ? 5 : 2};  // who heads shards 3 and 7 after the move
+  for (int i = 0; i < 2; ++i) {
+    const int shard = i == 0 ? 3 : 7;
+    INFO("shard " << shard);
+    CHECK(has(grown, "holds a copy of shard " + std::to_string(shard) + " now"));
+    CHECK(has(g.ranks[static_cast<std::size_t>(i)].output, "gives shard " + std::to_string(shard) + " "));
+    CHECK(!has(g.ranks[static_cast<std::size_t>(i)].output, "gives shard " + std::to_string(shard) + " (version 0)"));  // mid-job
+    CHECK(!has(g.ranks[static_cast<std::size_t>(i)].output, "copy of shard " + std::to_string(shard) + ":"));  // gave it up
+    CHECK(has(g.ranks[static_cast<std::size_t>(heir[i])].output, "heads shard " + std::to_string(shard) + " now"));
+  }
+  // Every shard has its k copies at the end, equal bit for bit, tables and updater state.
+  const auto copies = copies_in(g);
+  REQUIRE(copies.size() == 8);
+  for (const auto& [shard, held] : copies) {
+    INFO("shard " << shard);
+    CHECK(held.size() == static_cast<std::size_t>(replicas));
+    for (const auto& copy : held) CHECK(copy == held[0]);
+  }
+  if (mode == "asp") return check_exactly_once(g, -1, 8);
+  for (int w : {3, 4}) {
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
+  }
+}
 
 TEST_CASE("ps fail-over: a standby server, started with the job or joining the running group later, joins the chains of a "
           "server SIGKILLed under BSP, the job ends bit for bit as the serial simulation with k copies of every shard again",

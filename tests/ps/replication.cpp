@@ -13,6 +13,7 @@
 #include "dtrain/consistency/policies.hpp"
 #include "dtrain/ps/chain.hpp"
 #include "dtrain/ps/server.hpp"
+#include "dtrain/ps/shard_moves.hpp"
 #include "dtrain/ps/worker.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/momentum.hpp"
@@ -71,6 +72,48 @@ TEST_CASE("chain layout: with more shards than servers, server s heads s, s+S, s
   CHECK(chain_layout(3, 1).held_by(1) == chain_layout(3, 1, 3).held_by(1));
   CHECK_THROWS_WITH(chain_layout(3, 1, 2), Catch::Contains("2 shards on 3 servers; need at least one shard per server"));
   CHECK_THROWS_WITH(roles::of(5, 3, 0, 0, 2), Catch::Contains("each server heads at least one (DTRAIN_PS_SHARDS >= DTRAIN_PS_SERVERS)"));
+}
+
+TEST_CASE("chain layout: a shard moves to a growing server, which joins its chain; its first copy then leaves that chain "
+          "only", "[ps][replication]") {
+  // 3 servers, 1 growing standby (rank 5 in a group of 3 servers, 2 workers, 1 standby), 8
+  // shards: the growing server takes the shards j with j mod 4 = 3.
+  const roles r = roles::of(6, 3, 1, 0, 8, 1);
+  CHECK(r.grows_into(3) == 5);
+  CHECK(r.grows_into(7) == 5);
+  for (int j : {0, 1, 2, 4, 5, 6}) CHECK(r.grows_into(j) == -1);
+  CHECK_THROWS_WITH(roles::of(6, 3, 1, 0, 3, 1), Catch::Contains("needs a shard to take"));
+  CHECK_THROWS_WITH(roles::of(6, 3, 0, 0, 8, 1), Catch::Contains("a growing server is a standby"));
+  chain_layout c(3, 2, 8);  // shard 3: 0 -> 1
+  CHECK_FALSE(moves_away(c, r, 0, 3));  // the growing server is not in the chain yet
+  c.join(3, 5);
+  CHECK(c.chain(3) == std::vector<int>{0, 1, 5});
+  CHECK(moves_away(c, r, 0, 3));
+  CHECK_FALSE(moves_away(c, r, 1, 3));  // only the first copy gives it up
+  CHECK_FALSE(moves_away(c, r, 0, 0));  // shard 0 grows into nobody
+  c.leave(3, 0);
+  CHECK(c.chain(3) == std::vector<int>{1, 5});  // 1 heads it, 5 is its tail: still two copies
+  CHECK(c.head(0) == 0);                        // server 0 still heads its other shards
+  CHECK(c.held_by(0) == std::vector<int>{0, 6, 2, 5});
+  CHECK(c.gone(3, 0));
+  CHECK_FALSE(c.gone(0, 0));
+  CHECK(c.successor(3, 1) == 5);
+  CHECK_FALSE(moves_away(c, r, 1, 3));  // once moved, the shard stays
+  // With a copy lost, the first copy keeps the shard: it would be left with fewer than k.
+  chain_layout lossy(3, 2, 8);
+  lossy.join(7, 5);  // shard 7: 1 -> 2 -> 5
+  lossy.lose(2);
+  CHECK_FALSE(moves_away(lossy, r, 1, 7));
+  // Workers asking server 0 for shard 3 now are told where it went.
+  response_header h{op::push, 0, 42, 0, 0, 0, 0};
+  h.shard = 3;
+  const message m = moved_reply(c, r, h);
+  const response_header back = decode_response(m.bytes(), 0);
+  CHECK(back.status == shard_moved);
+  CHECK(back.joined[0] == 5 + 1);
+  CHECK(back.id == 42);
+  CHECK(std::string(reinterpret_cast<const char*>(m.bytes().data()) + header_bytes, m.bytes().size() - header_bytes) ==
+        "shard 3 moved to server 5");
 }
 
 TEST_CASE("chain layout: lost servers leave the chains, the next copy heads, the one before tails", "[ps][replication]") {

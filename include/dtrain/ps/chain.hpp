@@ -12,13 +12,16 @@
 /// divides J.
 ///
 /// A server that joins a shard (a standby taking a lost server's place, ps/server.hpp) is added
-/// after the chain's static members, as its new tail, as chain replication adds servers.
+/// after the chain's static members, as its new tail, as chain replication adds servers. A
+/// server that gives up its copy of one shard (the shard moved to a server added to the job)
+/// leaves that chain only: the chain closes over it as over a lost server.
 
 #include <algorithm>
 #include <cstddef>
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -55,6 +58,13 @@ class chain_layout {
   void lose(int server) { lost_.insert(server); }
   bool lost(int server) const noexcept { return lost_.count(server) != 0; }
 
+  /// Server `server` gives up its copy of `shard`: that chain closes over it.
+  void leave(int shard, int server) { left_.insert({shard, server}); }
+  /// Whether `server` gave up its copy of `shard`.
+  bool left(int shard, int server) const noexcept { return left_.count({shard, server}) != 0; }
+  /// Whether `server` is out of `shard`'s chain: lost, or left it.
+  bool gone(int shard, int server) const noexcept { return lost(server) || left(shard, server); }
+
   /// Server `server` joins `shard`'s chain as its tail (no-op if it is a member already).
   void join(int shard, int server) {
     if (position(shard, server) < 0) joined_[shard].push_back(server);
@@ -67,7 +77,7 @@ class chain_layout {
 
   bool has_joined(int shard) const { return joined_.find(shard) != joined_.end(); }
 
-  /// The members of `shard`'s chain, lost or not: static ones first, then those that joined.
+  /// The members of `shard`'s chain, lost (or left) or not: static ones first, then those that joined.
   std::vector<int> members(int shard) const {
     std::vector<int> m;
     for (int p = 0; p < replicas_; ++p) m.push_back((shard + p) % servers_);
@@ -79,7 +89,7 @@ class chain_layout {
   std::vector<int> chain(int shard) const {
     std::vector<int> c;
     for (int s : members(shard)) {
-      if (!lost(s)) c.push_back(s);
+      if (!gone(shard, s)) c.push_back(s);
     }
     return c;
   }
@@ -110,7 +120,7 @@ class chain_layout {
   int predecessor(int shard, int server) const { return neighbour(shard, server, -1); }
 
   /// The shards `server` holds a copy of: for a static server those it heads first, then those
-  /// it is the p-th copy of (p = 1, ..., k-1); then those it joined.
+  /// it is the p-th copy of (p = 1, ..., k-1); then those it joined; less those it left.
   std::vector<int> held_by(int server) const {
     std::vector<int> shards;
     if (server >= 0 && server < servers_) {
@@ -121,6 +131,7 @@ class chain_layout {
     for (const auto& [shard, joined] : joined_) {
       if (std::find(joined.begin(), joined.end(), server) != joined.end()) shards.push_back(shard);
     }
+    std::erase_if(shards, [&](int j) { return left(j, server); });
     return shards;
   }
 
@@ -131,7 +142,7 @@ class chain_layout {
     const auto it = std::find(m.begin(), m.end(), server);
     if (it == m.end()) return -1;
     for (auto p = static_cast<std::ptrdiff_t>(it - m.begin()) + step; p >= 0 && p < static_cast<std::ptrdiff_t>(m.size()); p += step) {
-      if (!lost(m[static_cast<std::size_t>(p)])) return m[static_cast<std::size_t>(p)];
+      if (!gone(shard, m[static_cast<std::size_t>(p)])) return m[static_cast<std::size_t>(p)];
     }
     return -1;
   }
@@ -140,6 +151,7 @@ class chain_layout {
   int replicas_;
   int shards_;
   std::set<int> lost_;
+  std::set<std::pair<int, int>> left_;  // (shard, server)
   std::map<int, std::vector<int>> joined_;
 };
 

@@ -25,11 +25,12 @@ struct job_configuration {
   int replicas = 1;
 
   /// The words a hello carries: servers, workers, the consistency's name digest, value bytes,
-  /// replicas, standby servers, late workers, shards.
-  std::array<std::uint64_t, 8> words() const noexcept {
+  /// replicas, standby servers, late workers, shards, growing servers.
+  std::array<std::uint64_t, 9> words() const noexcept {
     return {static_cast<std::uint64_t>(group.servers), static_cast<std::uint64_t>(group.workers), name_digest(consistency),
             value_bytes, static_cast<std::uint64_t>(replicas), static_cast<std::uint64_t>(group.standby),
-            static_cast<std::uint64_t>(group.late_workers), static_cast<std::uint64_t>(group.shard_count())};
+            static_cast<std::uint64_t>(group.late_workers), static_cast<std::uint64_t>(group.shard_count()),
+            static_cast<std::uint64_t>(group.growing)};
   }
 
   /// Checks the words of worker `worker`'s hello against this (server `server`'s) configuration.
@@ -49,7 +50,8 @@ struct job_configuration {
            (replicas == 1 ? " replica" : " replicas") +
            (group.standby > 0 ? ", " + std::to_string(group.standby) + " standby" : std::string()) +
            (group.late_workers > 0 ? ", " + std::to_string(group.late_workers) + " late" : std::string()) +
-           (group.shard_count() != group.servers ? ", " + std::to_string(group.shard_count()) + " shards" : std::string());
+           (group.shard_count() != group.servers ? ", " + std::to_string(group.shard_count()) + " shards" : std::string()) +
+           (group.growing > 0 ? ", " + std::to_string(group.growing) + " growing" : std::string());
   }
 };
 

@@ -28,6 +28,8 @@
 /// is that push's request id, or the round's clock: what a new head deduplicates re-sends by.
 /// A standby joining a chain sends `join` to the head; the copy before it answers with `state`
 /// (ps/shard_transfer.hpp); a `replicate` flagged `membership` carries the join down the chain.
+/// A server that gives up its copy of a shard (it moved) tells the chain's other members with
+/// `leave`, and answers the workers' requests for it with status `shard_moved`.
 
 #include <array>
 #include <bit>
@@ -67,6 +69,7 @@ enum class op : std::uint8_t {
   enter = 13,      ///< a late worker joins the running job: clock 0 asks where (the reply's slowest
                    ///< names a clock the shard holds for it), clock c > 0 enters at c
   hand_over = 14,  ///< a server about to leave asks a standby to take its place in its chains
+  leave = 15,      ///< a server gives up its copy of a shard (it moved): that chain closes over it
 };
 
 /// The name of `o`, for messages.
@@ -86,6 +89,7 @@ constexpr const char* op_name(op o) noexcept {
     case op::state: return "state";
     case op::enter: return "enter";
     case op::hand_over: return "hand_over";
+    case op::leave: return "leave";
   }
   return "request";
 }
@@ -130,7 +134,7 @@ enum request_flags : std::uint32_t {
 
 struct response_header {
   op what = op::heartbeat;
-  std::uint8_t status = 0;  ///< 0, or an `errc` value; the payload is then the error text
+  std::uint8_t status = 0;  ///< 0, `shard_moved`, or an `errc` value; the payload is then the error text
   std::uint64_t id = 0;
   std::uint64_t version = 0;
   std::int64_t slowest = 0;
@@ -143,6 +147,10 @@ struct response_header {
 };
 
 inline constexpr std::size_t header_bytes = 56;
+/// `response_header::status` of a request for a shard the server gave up (it moved to a server
+/// added to the job, which `joined` names): not an error; the worker sends it to the shard's
+/// head now, with the requests the server had not answered.
+inline constexpr std::uint8_t shard_moved = 128;
 /// `request_header::worker` of an update between servers that is a mean, not one worker's push.
 inline constexpr std::uint32_t no_worker = 0xffffffff;
 inline constexpr std::uint32_t protocol_magic = 0x53505444;  // "DTPS"
@@ -158,7 +166,7 @@ inline void put_common(std::byte* b, op what, std::uint8_t byte5) {
   put(b + 6, std::uint16_t{0});
 }
 
-inline bool known(op o) { return o >= op::hello && o <= op::hand_over; }
+inline bool known(op o) { return o >= op::hello && o <= op::leave; }
 }  // namespace detail
 
 /// FNV-1a of a name (a consistency model's), for the hello's configuration check.

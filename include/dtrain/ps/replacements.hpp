@@ -54,6 +54,15 @@ class replacements {
 
   int replacing() const noexcept { return replacing_; }
 
+  /// A growing server joins every shard it grows into (`roles::grows_into`) and holds no copy
+  /// of. @returns whether there is one
+  bool grow(const chain_layout& layout) {
+    for (int s = 0; s < layout.shards(); ++s) {
+      if (group_.grows_into(s) == me_ && layout.position(s, me_) < 0) joining_.insert(s);
+    }
+    return !joining_.empty();
+  }
+
   /// The shards this standby asks to join, their state not here yet; those whose every copy is
   /// lost are given up first.
   const std::set<int>& to_join(const chain_layout& layout) {

@@ -140,7 +140,7 @@ class shard_chain {
   /// state was lost first) gets a new membership update, and so a state from the copy before
   /// it now. @returns true when that copy is this head: the caller sends the state itself.
   bool add_member(Transport& t, int joiner) {
-    if (layout_->lost(joiner)) return false;
+    if (layout_->gone(shard_, joiner)) return false;
     layout_->join(shard_, joiner);
     const int next = layout_->successor(shard_, me_);
     if (!holding()) last_progress_ = clock::now();
@@ -234,13 +234,13 @@ class shard_chain {
     // An acknowledgement may come from any copy after the head: from one that was the tail
     // before a server joined after it, it still says that every copy but the joiner holds it.
     const bool now = what == op::replicate   ? layout_->predecessor(shard_, me_) == from
-                     : what == op::replicated ? heads() && pf > 0 && !layout_->lost(from)
+                     : what == op::replicated ? heads() && pf > 0 && !layout_->gone(shard_, from)
                      : what == op::goodbye    ? layout_->head(shard_) == from && from != me_
                      : what == op::join       ? heads()
                                               : false;
     if (now) return fit::yes;
-    if (what == op::join) return pm >= 0 && !layout_->lost(from) ? fit::later : fit::no;
-    if (pf < 0 || pm < 0 || layout_->lost(from)) return fit::no;
+    if (what == op::join) return pm >= 0 && !layout_->gone(shard_, from) ? fit::later : fit::no;
+    if (pf < 0 || pm < 0 || layout_->gone(shard_, from)) return fit::no;
     const bool before_me = what == op::replicate || what == op::goodbye;
     return (before_me ? pf < pm : pf > pm) ? fit::later : fit::no;
   }

@@ -15,18 +15,18 @@
 /// A standby server (`roles::standby`) holds nothing at first. Standby i waits for the i-th
 /// server lost (or one leaving that hands its place over) and then joins every chain that server
 /// was in, as the tail, starting from the state the tail before it sends: the shards have k
-/// copies again (ps/replacements.hpp decides who takes whose place).
+/// copies again (ps/replacements.hpp decides who takes whose place). A growing standby joins the
+/// shards it grows into when it comes, and their first copies give them up (ps/shard_moves.hpp);
+/// ps/server_membership.hpp makes these changes.
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <optional>
 #include <ranges>
-#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -40,9 +40,10 @@
 #include "dtrain/detail/log.hpp"
 #include "dtrain/detail/receive_ring.hpp"
 #include "dtrain/ps/configuration.hpp"
+#include "dtrain/ps/kept_requests.hpp"
 #include "dtrain/ps/options.hpp"
 #include "dtrain/ps/protocol.hpp"
-#include "dtrain/ps/replacements.hpp"
+#include "dtrain/ps/server_membership.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/server_context.hpp"
 #include "dtrain/ps/shard_replica.hpp"
@@ -63,8 +64,7 @@ class server {
   /// @param t this rank's endpoint; its rank must be a server rank of `r`
   server(Transport t, roles r, Consistency c, Updater u, Initializer init = {}, ps_options o = {},
          apply_mode mode = apply_mode::update)
-      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers, r.late_workers), consistency_(c), updater_(u), init_(init), mode_(mode),
-        replacing_(r, ctx_.me()) {
+      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers, r.late_workers), consistency_(c), updater_(u), init_(init), mode_(mode) {
     if (!r.is_server(me())) {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(me()) + ", which is a worker rank");
     }
@@ -91,6 +91,7 @@ class server {
     requests.start(ctx_.transport, any_peer, ctx_.options.tag, ctx_.options.posted_requests);
     ctx_.ring = &requests;
     watch_servers();
+    membership_.start();
     for (;;) {
       std::error_code ec;
       if (requests.wait_current(ctx_.options.spin, std::chrono::milliseconds(20), ec)) {
@@ -100,12 +101,13 @@ class server {
       }
       reap_sends();
       notice_losses(requests);
+      membership_.move_shards();
       retry_kept();
       check_liveness(start);
       for (auto& [s, held] : shards_) {
         if (const std::string late = held.heading() ? held.chain().overdue() : std::string(); !late.empty()) fail(errc::timeout, late);
       }
-      if (leaving_.load() && !replacing_.handing_over()) hand_over();
+      if (leaving_.load() && !replacing().handing_over()) membership_.hand_over();
       if (finished() || (leaving_.load() && safe_to_leave())) break;
     }
     requests.cancel();
@@ -156,14 +158,9 @@ class server {
   using watch_handle = decltype(std::declval<Transport&>().irecv(0, 0, std::span<std::byte>{}));
   using fit = typename shard_chain<Transport, T>::fit;
 
-  struct kept_request {
-    int from;
-    std::vector<std::byte> bytes;
-    clock::time_point since;
-  };
-
   int me() const noexcept { return ctx_.me(); }
   replica& own() { return shards_.at(me()); }
+  replacements& replacing() noexcept { return membership_.replacing(); }
 
   // --- requests ---------------------------------------------------------------------------------
 
@@ -184,11 +181,11 @@ class server {
       return;
     }
     // A state is never kept: what its sender sent before it is older, and waits for it.
-    if (r.header.what != op::state && (kept_from(from) || waits_for_news(from, r.header))) {
+    if (r.header.what != op::state && (kept_.holds_from(from) || waits_for_news(from, r.header))) {
       dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": keeping a " +
                                                                 op_name(r.header.what) + " of shard " + std::to_string(r.header.shard) +
                                                                 " from rank " + std::to_string(from) + " until it sees a loss");
-      kept_.push_back({from, ctx_.take_message({}), clock::now()});
+      kept_.keep(from, ctx_.take_message({}));
       return;
     }
     dispatch(from, r);
@@ -228,6 +225,9 @@ class server {
       return;
     }
     const auto it = shards_.find(static_cast<int>(h.shard));
+    if (it == shards_.end() && ctx_.layout.left(static_cast<int>(h.shard), me())) {
+      return ctx_.send_now(from, moved_reply(ctx_.layout, ctx_.group, reply));
+    }
     if (it == shards_.end() || !it->second.heading()) {
       const int head = h.shard < static_cast<std::uint32_t>(ctx_.layout.shards()) ? ctx_.layout.head(static_cast<int>(h.shard)) : -1;
       return refuse(errc::invalid_argument, "ps::server " + std::to_string(me()) + " does not head shard " + std::to_string(h.shard) +
@@ -240,13 +240,15 @@ class server {
   // An update, acknowledgement or goodbye from another server, for the shard it names.
   void on_server_message(int from, const request_view<T>& r) {
     if (r.header.what == op::state) return install(from, r);
-    if (r.header.what == op::hand_over) return take_place_of(from);
+    if (r.header.what == op::hand_over) return membership_.take_place_of(from);
+    if (r.header.what == op::leave) return membership_.on_left(from, static_cast<int>(r.header.shard));
     const auto it = shards_.find(static_cast<int>(r.header.shard));
     const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
+    if (it == shards_.end() && ctx_.layout.left(static_cast<int>(r.header.shard), me())) return;  // it moved: news of it is moot
     if (it == shards_.end()) fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
                                                             " sent a " + what + ", which this server holds no copy of");
     const bool fits = it->second.chain().fits(r.header.what, from) == fit::yes;
-    if (!fits && ctx_.layout.lost(from)) {
+    if (!fits && ctx_.layout.gone(static_cast<int>(r.header.shard), from)) {
       // Kept back until news of a loss, and its sender lost since: what it said no longer
       // applies (the chain closed over it, and what it had not passed on is sent again).
       dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": dropping a " + what +
@@ -279,7 +281,7 @@ class server {
       if (held->second.chain().state_again(ctx_.transport, r.header.id) != again::reinstall) return;
       held->second.chain().flush(deadline::after(ctx_.options.timeout));  // its sends hold its buffers
       shards_.erase(held);
-    } else if (!replacing_.joined(s)) {
+    } else if (!replacing().joined(s)) {
       fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
                                      " sent the state of shard " + std::to_string(s) + ", which this server did not ask to join");
     }
@@ -293,73 +295,35 @@ class server {
     dtrain::detail::log(dtrain::detail::log_level::warn,
                         "ps::server " + std::to_string(me()) + " holds a copy of shard " + std::to_string(s) + " now (version " +
                             std::to_string(held.updates().version()) + ", " + std::to_string(r.values.size()) +
-                            " bytes of state, " + std::to_string(replacing_.still_to_join()) + " more to come, from server " +
+                            " bytes of state, " + std::to_string(replacing().still_to_join()) + " more to come, from server " +
                             std::to_string(from) + ")");
-  }
-
-  // Standby i takes the place of the i-th server lost: it asks the head of every chain that
-  // server was in to add it; and again after each loss until the state is here (the copy that
-  // was to send it may be the one lost).
-  void replace_lost() {
-    if (const auto lost = replacing_.due()) return take_place_of(*lost);
-    ask_to_join();
-  }
-
-  // This standby takes server `s`'s place in every chain `s` is in: lost, or leaving (it handed
-  // its place over, `hand_over`).
-  void take_place_of(int s) {
-    if (replacing_.take_place_of(s, ctx_.layout, [&](int shard) { return shards_.count(shard) != 0; })) return ask_to_join();
-    dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " cannot take server " +
-                                                             std::to_string(s) + "'s place: it takes server " +
-                                                             std::to_string(replacing_.replacing()) + "'s, or is no standby");
-  }
-
-  void ask_to_join() {
-    for (int s : replacing_.to_join(ctx_.layout)) {
-      const int head = ctx_.layout.head(s);
-      ctx_.template ask_server<T>(head, op::join, static_cast<std::uint32_t>(s));
-      dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " takes server " +
-                                                               std::to_string(replacing_.replacing()) + "'s place in shard " + std::to_string(s) +
-                                                               "'s chain (head: server " + std::to_string(head) + ")");
-    }
   }
 
   // Whether a message must wait for news of a loss this server has not seen yet: a worker's
   // request for a shard this server holds but does not head, or a server's message that would
   // fit its chain once servers between are lost; or for the state of a shard it joins.
   bool waits_for_news(int from, const request_header& h) {
-    if (replacing_.joins(static_cast<int>(h.shard)) && ctx_.group.is_server(from)) return true;  // until its state
+    if (replacing().joins(static_cast<int>(h.shard)) && ctx_.group.is_server(from)) return true;  // until its state
     const auto it = shards_.find(static_cast<int>(h.shard));
     if (it == shards_.end()) return false;
     if (ctx_.group.is_server(from)) return it->second.chain().fits(h.what, from) == fit::later;
+    if (carries_shard(h.what) && membership_.moves_away(it->first)) return true;  // answered `shard_moved` once it is gone
     return carries_shard(h.what) && !it->second.heading() && ctx_.layout.head(static_cast<int>(h.shard)) != me();
   }
 
   static bool carries_shard(op o) noexcept { return o != op::hello && o != op::heartbeat; }
 
-  bool kept_from(int from) const {
-    return std::any_of(kept_.begin(), kept_.end(), [&](const kept_request& k) { return k.from == from; });
-  }
-
   // Handles what was kept back once it no longer waits (or has waited past the timeout: it is
   // then refused), in order per sender.
   void retry_kept() {
-    if (kept_.empty()) return;
-    std::deque<kept_request> again;
-    again.swap(kept_);
-    std::set<int> blocked;
-    for (kept_request& k : again) {
-      request_view<T> r = decode_request<T>(k.bytes, k.from);  // decoded once before: well formed
-      if (blocked.count(k.from) != 0 ||
-          (waits_for_news(k.from, r.header) && clock::now() - k.since < ctx_.options.timeout)) {
-        blocked.insert(k.from);
-        kept_.push_back(std::move(k));
-        continue;
-      }
-      ctx_.kept_message = &k.bytes;
-      dispatch(k.from, r);
+    kept_.retry(ctx_.options.timeout, [&](int from, std::vector<std::byte>& bytes, bool overdue) {
+      request_view<T> r = decode_request<T>(bytes, from);  // decoded once before: well formed
+      if (!overdue && waits_for_news(from, r.header)) return false;
+      ctx_.kept_message = &bytes;
+      dispatch(from, r);
       ctx_.kept_message = nullptr;
-    }
+      return true;
+    });
   }
 
   // --- other servers ------------------------------------------------------------------------------
@@ -393,21 +357,11 @@ class server {
       std::error_code ec;
       watches_[static_cast<std::size_t>(s)]->wait(deadline::after(std::chrono::milliseconds(0)), ec);
       watches_[static_cast<std::size_t>(s)].reset();
-      ctx_.layout.lose(s);
-      replacing_.lost(s);
+      membership_.lose(s);
       dtrain::detail::log(level, "ps::server " + std::to_string(me()) + ": server " + std::to_string(s) + " is lost (" +
                                      ec.message() + "); its chains close over it");
     }
-    const std::vector<std::int64_t> clocks = shards_.count(me()) != 0 && own().heading() ? own().workers().clocks()
-                                                                                        : std::vector<std::int64_t>(liveness_.workers(), 0);
-    for (auto& [s, held] : shards_) {
-      held.chain_changed();
-      if (!held.heading() && ctx_.layout.head(s) == me()) {
-        dtrain::detail::log(level, "ps::server " + std::to_string(me()) + " heads shard " + std::to_string(s) + " now");
-        held.take_over(clocks, liveness_);
-      }
-    }
-    if (liveness_.live() > 0) replace_lost();
+    membership_.after_losses(level);
   }
 
   // Nothing this server answered is missing from any chain's tail, another copy of each shard
@@ -417,23 +371,11 @@ class server {
       if (held.heading() && (held.chain().holding() || ctx_.layout.chain(s).size() < 2)) return false;
       if (held.heading() && ctx_.layout.has_joined(s) && !held.workers_know_joined()) return false;
     }
-    return replacing_.handed_over(ctx_.layout, held_shards(), ctx_.options.timeout);
-  }
-
-  // A server leaving hands its place to the standby that would take it were it lost (the next
-  // one, in the order of losses), which joins its chains at once: no shard is ever short of a
-  // copy, and the order of losses every process sees stays the order of replacements.
-  void hand_over() {
-    const auto to = replacing_.hand_over(ctx_.layout);
-    if (!to) return;
-    ctx_.template ask_server<T>(*to, op::hand_over, no_worker);  // names no shard
-    dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + " leaves: standby server " +
-                                                             std::to_string(*to) + " takes its place in " +
-                                                             std::to_string(shards_.size()) + " chains first");
+    return replacing().handed_over(ctx_.layout, held_shards(), ctx_.options.timeout);
   }
 
   bool finished() {
-    if (!kept_.empty() || liveness_.live() > 0 || replacing_.joining()) return false;
+    if (!kept_.empty() || liveness_.live() > 0 || replacing().joining()) return false;
     bool done = true;
     for (auto& [s, held] : shards_) done = held.finished() && done;
     return done;
@@ -486,7 +428,7 @@ class server {
   worker_clocks liveness_;  // hello, heartbeats and goodbyes, whatever shard they name
   std::map<int, replica> shards_;
   std::vector<std::optional<watch_handle>> watches_;
-  std::deque<kept_request> kept_;
+  kept_requests kept_;
   std::string failure_;
   std::atomic<bool> leaving_{false};
   // What a copy of a shard this server joins is made of.
@@ -494,7 +436,8 @@ class server {
   Updater updater_;
   Initializer init_;
   apply_mode mode_;
-  replacements replacing_;  // who takes whose place: losses, this standby's joins, a hand-over
+  // Who holds which shard as the servers change; after shards_ and liveness_, which it works on.
+  server_membership<Transport, T, replica> membership_{ctx_, shards_, liveness_};
 };
 
 }  // namespace dtrain::ps

@@ -200,7 +200,7 @@ class shard_replica {
     r.shard = static_cast<std::uint32_t>(shard_);
     std::size_t n = 0;
     for (int s : ctx_->layout.joined(shard_)) {
-      if (n < r.joined.size() && !ctx_->layout.lost(s)) r.joined[n++] = static_cast<std::uint32_t>(s) + 1;
+      if (n < r.joined.size() && !ctx_->layout.gone(shard_, s)) r.joined[n++] = static_cast<std::uint32_t>(s) + 1;
     }
     if (n > 0 && h.worker < told_.size()) told_[h.worker] = true;
     return r;

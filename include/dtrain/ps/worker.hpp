@@ -357,7 +357,7 @@ class worker {
   std::uint32_t id_ = 0;
   std::int64_t clock_ = 0;
   // What a hello carries (as keys), checked by every server.
-  const std::array<std::uint64_t, 8> config_ =
+  const std::array<std::uint64_t, 9> config_ =
       job_configuration{roles_, Consistency::name, sizeof(T), options_.replicas}.words();
   worker_stats stats_;
   // Fail-over with more than one copy or a standby (a server leaving hands its place to one),

@@ -204,9 +204,30 @@ class worker_requests {
       dtrain::detail::log(dtrain::detail::log_level::warn, "ps::worker " + std::to_string(id_) + ": server " + std::to_string(server) +
                                                                " is lost; its shards go to the next copies");
     }
+    send_again(server, -1);
+  }
+
+  // Server `server` gave up its copy of `shard` (it moved, `shard_moved`): that chain closes
+  // over it, and what it had not answered for the shard, or answered `shard_moved`, goes to the
+  // new head as after a loss.
+  void moved(int server, int shard) {
+    if (chains_.left(shard, server)) return;
+    chains_.leave(shard, server);
+    dtrain::detail::log(dtrain::detail::log_level::info, "ps::worker " + std::to_string(id_) + ": shard " + std::to_string(shard) +
+                                                             " moved from server " + std::to_string(server) + " to server " +
+                                                             std::to_string(head_of(shard)));
+    send_again(server, shard);
+  }
+
+  // Sends the requests `server` had not answered (or answered `shard_moved`) for `shard` (-1:
+  // any) to their shards' heads now, and waits for the kept pushes among them.
+  void send_again(int server, int shard) {
     std::vector<pending*> again;
     for (auto& [id, p] : pending_) {
-      if (p.server == server && p.what != op::hello && (p.waited || !answered(p))) again.push_back(&p);
+      if (p.server == server && (shard < 0 || p.shard == shard) && p.what != op::hello &&
+          (p.waited || !answered(p) || answered_moved(p))) {
+        again.push_back(&p);
+      }
     }
     for (pending* p : again) {
       key_cache_.forget(p->shard);
@@ -231,6 +252,14 @@ class worker_requests {
     return p.answer->wait(deadline::after(std::chrono::milliseconds(0)), ec);
   }
 
+  // Whether `p`'s reply arrived and says its shard moved. @pre answered(p)
+  static bool answered_moved(const pending& p) {
+    const std::size_t bytes = p.answer->info().bytes;
+    const bool whole = bytes > header_bytes + p.reply_values.size();
+    const std::span<const std::byte> header = whole ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
+    return bytes >= header_bytes && header.size() >= header_bytes && static_cast<std::uint8_t>(header[5]) == shard_moved;
+  }
+
   // Shard `shard`'s head answered the clock `clock`: its chain holds that round, and the pushes
   // kept for it (and before) are no longer needed.
   void forget_committed(int shard, std::int64_t clock) {
@@ -244,6 +273,11 @@ class worker_requests {
   // lost and the shard has another copy) and reads it: a refusal becomes `p.failure`; a pull's
   // values are already in place (a run of keys) or are copied to their positions.
   void take_reply(pending& p, deadline d) {
+    while (!take_answer(p, d)) moved(p.server, p.shard);  // sends `p` (and the rest) to the new head
+  }
+
+  // take_reply for one answer: @returns false if it says the shard moved.
+  bool take_answer(pending& p, deadline d) {
     for (std::error_code ec; !p.answer->wait(d, ec);) {
       if (ec != errc::peer_lost || !fails_over_ || p.what == op::hello) {
         throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " + std::to_string(p.server) +
@@ -263,29 +297,30 @@ class worker_requests {
     const std::string from = "ps::worker " + std::to_string(id_) + ": server " + std::to_string(server);
     if (h.id != p.id) {
       p.failure = from + " answered request " + std::to_string(h.id) + " on the tag of another";
-      return;
+      return true;
     }
     if (p.what == op::hello && h.status == 0) {
       hello_clocks_.resize(static_cast<std::size_t>(roles_.servers), 0);
       hello_clocks_[static_cast<std::size_t>(p.server)] = h.slowest;
     }
     if (p.what == op::enter && h.status == 0) entry_clock_ = std::max(entry_clock_, h.slowest);
+    for (std::uint32_t j : h.joined) {  // servers that joined the shard's chain, in order
+      if (j != 0) chains_.join(p.shard, static_cast<int>(j) - 1);
+    }
+    if (h.status == shard_moved) return false;
     if (h.status != 0) {
       p.code = static_cast<errc>(h.status);
       p.failure = from + " refused a " + op_name(p.what) + ": " +
                   std::string(reinterpret_cast<const char*>(payload.data()), payload.size());
-      return;
-    }
-    for (std::uint32_t j : h.joined) {  // servers that joined the shard's chain, in order
-      if (j != 0) chains_.join(p.shard, static_cast<int>(j) - 1);
+      return true;
     }
     if (p.what == op::clock) forget_committed(p.shard, p.header.clock);
     if (!p.waited && (p.what == op::push || p.what == op::push_pull)) ++stats_.pushes_acknowledged[static_cast<std::size_t>(p.shard)];
-    if (!p.into) return;
+    if (!p.into) return true;
     const destination& dst = *p.into;
     if (payload.size() != dst.keys() * dst.length * sizeof(T)) {
       p.failure = from + " sent " + std::to_string(payload.size()) + " bytes for a pull of " + std::to_string(dst.keys()) + " keys";
-      return;
+      return true;
     }
     for (std::size_t j = 0; j < dst.positions.size(); ++j) {  // scattered keys; a run is in place
       std::memcpy(dst.out + static_cast<std::size_t>(dst.positions[j]) * dst.length,
@@ -294,6 +329,7 @@ class worker_requests {
     auto& basis = basis_[static_cast<std::size_t>(p.shard)];
     ++stats_.pull_advance_histogram[std::min<std::size_t>(h.version - std::min(h.version, basis), 32)];
     basis = std::max(basis, h.version);
+    return true;
   }
 
 
