@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  worker_t w(std::move(t), r, range_sharding(r.servers, std::uint64_t{1} << 24), o);
+  worker_t w(std::move(t), r, range_sharding(r.shard_count(), std::uint64_t{1} << 24), o);
   std::vector<result> results;
   for (std::size_t bytes : sizes) {
     if (only == "sparse") break;

@@ -93,7 +93,7 @@ int run(const settings& s) {
     return 0;
   }
   dtrain::ps::worker<dtrain::tcp_transport, Consistency, float> w(
-      std::move(t), roles, dtrain::ps::range_sharding(roles.servers, ctr::key_space + 1), o);
+      std::move(t), roles, dtrain::ps::range_sharding(roles.shard_count(), ctr::key_space + 1), o);
   const ctr::true_model truth;
   std::vector<ctr::sample> train, test;
   std::vector<double> true_p;

@@ -264,8 +264,32 @@ TEST_CASE("ps fail-over: a server that leaves cleanly mid-job under BSP, the job
 }
 
 namespace {
-std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies_in(const group_run& g);
+// Every "copy of shard s: version v digest d" line of every rank, as shard -> [(version, digest)].
+std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies_in(const group_run& g) {
+  std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies;
+  for (const auto& r : g.ranks) {
+    for (std::size_t at = 0; (at = r.output.find("copy of shard ", at)) != std::string::npos; ++at) {
+      int shard = 0;
+      unsigned long long version = 0, digest = 0;
+      if (std::sscanf(r.output.c_str() + at, "copy of shard %d: version %llu digest %llx", &shard, &version, &digest) == 3) {
+        copies[shard].emplace_back(version, digest);
+      }
+    }
+  }
+  return copies;
 }
+
+// At the end each of `shards` shards has its k copies, equal bit for bit (tables and updater state).
+void check_k_copies(const group_run& g, std::size_t shards, int replicas) {
+  const auto copies = copies_in(g);
+  REQUIRE(copies.size() == shards);
+  for (const auto& [shard, held] : copies) {
+    INFO("shard " << shard);
+    CHECK(held.size() == static_cast<std::size_t>(replicas));
+    for (const auto& copy : held) CHECK(copy == held[0]);
+  }
+}
+}  // namespace
 
 TEST_CASE("ps membership: a server that leaves cleanly hands its place to a standby first: its keys move there, every "
           "shard keeps its k copies, bit for bit as the serial simulation", "[ps][faults][membership]") {
@@ -282,32 +306,9 @@ TEST_CASE("ps membership: a server that leaves cleanly hands its place to a stan
   // standby joined.
   if (replicas == 2) CHECK(has(standby, "holds a copy of shard 2 now"));
   CHECK(has(standby, "from server 0)"));
-  // At the end every shard has its k copies again, equal bit for bit.
-  const auto copies = copies_in(g);
-  REQUIRE(copies.size() == 3);
-  for (const auto& [shard, held] : copies) {
-    INFO("shard " << shard);
-    CHECK(held.size() == static_cast<std::size_t>(replicas));
-    for (const auto& copy : held) CHECK(copy == held[0]);
-  }
+  check_k_copies(g, 3, replicas);  // every shard has its k copies again
 }
 
-namespace {
-// Every "copy of shard s: version v digest d" line of every rank, as shard -> [(version, digest)].
-std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies_in(const group_run& g) {
-  std::map<int, std::vector<std::pair<unsigned long long, unsigned long long>>> copies;
-  for (const auto& r : g.ranks) {
-    for (std::size_t at = 0; (at = r.output.find("copy of shard ", at)) != std::string::npos; ++at) {
-      int shard = 0;
-      unsigned long long version = 0, digest = 0;
-      if (std::sscanf(r.output.c_str() + at, "copy of shard %d: version %llu digest %llx", &shard, &version, &digest) == 3) {
-        copies[shard].emplace_back(version, digest);
-      }
-    }
-  }
-  return copies;
-}
-}  // namespace
 
 TEST_CASE("ps membership: a server added to the running job takes its share of the shards from their first copies, k "
           "copies throughout, bit for bit as the serial simulation under BSP and exactly once under ASP",
@@ -332,14 +333,7 @@ TEST_CASE("ps membership: a server added to the running job takes its share of t
     CHECK(!has(g.ranks[static_cast<std::size_t>(i)].output, "copy of shard " + std::to_string(shard) + ":"));  // gave it up
     CHECK(has(g.ranks[static_cast<std::size_t>(heir[i])].output, "heads shard " + std::to_string(shard) + " now"));
   }
-  // Every shard has its k copies at the end, equal bit for bit, tables and updater state.
-  const auto copies = copies_in(g);
-  REQUIRE(copies.size() == 8);
-  for (const auto& [shard, held] : copies) {
-    INFO("shard " << shard);
-    CHECK(held.size() == static_cast<std::size_t>(replicas));
-    for (const auto& copy : held) CHECK(copy == held[0]);
-  }
+  check_k_copies(g, 8, replicas);
   if (mode == "asp") return check_exactly_once(g, -1, 8);
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));

@@ -74,7 +74,7 @@ TEST_CASE("chain layout: with more shards than servers, server s heads s, s+S, s
   CHECK_THROWS_WITH(roles::of(5, 3, 0, 0, 2), Catch::Contains("each server heads at least one (DTRAIN_PS_SHARDS >= DTRAIN_PS_SERVERS)"));
 }
 
-TEST_CASE("chain layout: a shard moves to a growing server, which joins its chain; its first copy then leaves that chain "
+TEST_CASE("chain layout: a shard moves to a growing server, which joins its chain, and its first copy then leaves that chain "
           "only", "[ps][replication]") {
   // 3 servers, 1 growing standby (rank 5 in a group of 3 servers, 2 workers, 1 standby), 8
   // shards: the growing server takes the shards j with j mod 4 = 3.

@@ -205,13 +205,14 @@ class server {
     liveness_.heard_from(w);
     if (liveness_.dead(w)) return refuse(errc::broken, "worker " + std::to_string(w) + " was dropped as dead; restart it");
     if (!failure_.empty()) return refuse(errc::peer_lost, failure_);
-    if (h.what == op::heartbeat && (h.flags & worker_done) != 0) {
+    if (h.what == op::heartbeat) {
+      if ((h.flags & worker_done) == 0) return;
       liveness_.finished(w);
       for (auto& [s, held] : shards_) {
         if (held.heading()) held.worker_done(h.worker);
       }
+      return;
     }
-    if (h.what == op::heartbeat) return;
     if (h.what == op::hello) {
       try {
         job_configuration{ctx_.group, Consistency::name, sizeof(T), ctx_.options.replicas}.check_hello(r.keys, h.worker, me());
@@ -387,8 +388,9 @@ class server {
   void check_liveness(clock::time_point start) {
     while (auto silent = liveness_.overdue(start, ctx_.options.timeout, ctx_.options.heartbeat_timeout)) {
       const std::size_t w = silent->worker;
-      const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(ctx_.group.worker_rank(static_cast<int>(w))) + ")",
-                        lead = "ps::server " + std::to_string(me()) + ": ", ms = std::to_string(silent->silent_for.count()) + " ms";
+      const std::string lead = "ps::server " + std::to_string(me()) + ": ";
+      const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(ctx_.group.worker_rank(static_cast<int>(w))) + ")";
+      const std::string ms = std::to_string(silent->silent_for.count()) + " ms";
       if (silent->never_greeted) fail(errc::timeout, lead + who + " never said hello within " + ms);
       if (ctx_.options.on_dead_worker == dead_worker_policy::abort) {
         fail(errc::peer_lost, lead + who + " sent nothing for " + ms + " (heartbeat timeout); aborting");

@@ -6,7 +6,7 @@
 /// tells the servers the worker is alive.
 ///
 /// @code
-/// ps::worker<tcp_transport, ssp<2>> w(std::move(t), roles, ps::range_sharding(servers, 1 << 24));
+/// ps::worker<tcp_transport, ssp<2>> w(std::move(t), roles, ps::range_sharding(roles.shard_count(), 1 << 24));
 /// auto pulled = w.pull(keys, std::span(weights), 1);   // sorted, unique keys
 /// w.wait(pulled);                                        // waits while SSP says this clock must
 /// ... compute gradients ...
@@ -217,20 +217,14 @@ class worker {
     for (int s = 0; s < roles_.shard_count(); ++s) {
       r.ids_.push_back(send(s, op::goodbye, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
     }
+    // Standby servers get no goodbye unless they head a shard (it went first, on the same
+    // connection): a heartbeat tells them this worker is done, so one that heads a shard later
+    // does not wait for it. It goes before the goodbyes are answered: a server that ends once
+    // every worker said goodbye is then the end of the job to a standby, not a loss whose place
+    // it should take.
+    tell_standbys_done();
     wait(r);
     heartbeat_.reset();
-    // Standby servers get no goodbye (they head no shard this worker started with): a last
-    // heartbeat tells them this worker is done, so one that heads a shard later does not wait for it.
-    request_header done{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
-    done.flags = worker_done;
-    const message bytes = encode_request<T>(done, std::span<const key_type>{}, std::span<const T>{});
-    // Best effort: one that finished is gone, and one that never came (a late rank) never reads it.
-    const deadline d = deadline::after(std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::milliseconds(1000)));
-    for (int i = 0; i < roles_.standby; ++i) {
-      std::error_code ignored;
-      auto sent = transport_.isend(roles_.standby_rank(i), options_.tag, signature{}, bytes.bytes());
-      if (!sent.wait(d, ignored)) sent.cancel();
-    }
   }
 
   /// Clocks this worker has finished (where a resumed job continues from, right after joining).
@@ -242,6 +236,20 @@ class worker {
 
  private:
   using destination = typename worker_requests<Transport, T>::destination;
+
+  // A heartbeat flagged `worker_done` to every standby server. Best effort: one that finished is
+  // gone, and one that never came (a late rank) never reads it.
+  void tell_standbys_done() {
+    request_header done{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
+    done.flags = worker_done;
+    const message bytes = encode_request<T>(done, std::span<const key_type>{}, std::span<const T>{});
+    const deadline d = deadline::after(std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::milliseconds(1000)));
+    for (int i = 0; i < roles_.standby; ++i) {
+      std::error_code ignored;
+      auto sent = transport_.isend(roles_.standby_rank(i), options_.tag, signature{}, bytes.bytes());
+      if (!sent.wait(d, ignored)) sent.cancel();
+    }
+  }
 
   // A push (values), pull (out) or push_pull (both) of sorted, unique keys, split by server.
   request sparse_request(op what, std::span<const key_type> keys, std::span<const T> values, std::span<T> out,
