@@ -211,12 +211,13 @@ class worker_requests {
   // over it, and what it had not answered for the shard, or answered `shard_moved`, goes to the
   // new head as after a loss.
   void moved(int server, int shard) {
-    if (chains_.left(shard, server)) return;
-    chains_.leave(shard, server);
-    dtrain::detail::log(dtrain::detail::log_level::info, "ps::worker " + std::to_string(id_) + ": shard " + std::to_string(shard) +
-                                                             " moved from server " + std::to_string(server) + " to server " +
-                                                             std::to_string(head_of(shard)));
-    send_again(server, shard);
+    if (!chains_.left(shard, server)) {
+      chains_.leave(shard, server);
+      dtrain::detail::log(dtrain::detail::log_level::info, "ps::worker " + std::to_string(id_) + ": shard " + std::to_string(shard) +
+                                                               " moved from server " + std::to_string(server) + " to server " +
+                                                               std::to_string(head_of(shard)));
+    }
+    send_again(server, shard);  // every time: what it answered `shard_moved` since goes too
   }
 
   // Sends the requests `server` had not answered (or answered `shard_moved`) for `shard` (-1:
