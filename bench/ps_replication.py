@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 
-from ps_throughput import commit, machine, run_json
+from ps_throughput import commit, machine, ratio_cells, run_json
 
 
 def main():
@@ -43,11 +43,8 @@ def main():
     for workers in args.workers:
         for op in ops:
             for size in args.sizes:
-                one, two = samples.get((workers, 1, op, size), []), samples.get((workers, 2, op, size), [])
-                ratios = sorted(b / a for a, b in zip(one, two) if a > 0)
-                median = f"{ratios[len(ratios) // 2]:.2f}x" if ratios else "-"
-                cell = lambda v: f"{min(v):.2f}-{max(v):.2f}" if v else "-"
-                print(f"| {workers} | {op.split(' ', 1)[1]} | {size >> 20} MiB | {cell(one)} | {cell(two)} | {median} |")
+                one, two, median = ratio_cells(samples.get((workers, 1, op, size), []), samples.get((workers, 2, op, size), []))
+                print(f"| {workers} | {op.split(' ', 1)[1]} | {size >> 20} MiB | {one} | {two} | {median} |")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import argparse
 import os
 import sys
 
-from ps_throughput import commit, machine, run_json
+from ps_throughput import commit, machine, ratio_cells, run_json
 
 
 def main():
@@ -42,11 +42,8 @@ def main():
     print(f"| op | unit | 2 shards | {args.shards} shards | {args.shards} / 2 (median) |")
     print("|---|---|---|---|---|")
     for op, unit in wanted.items():
-        one, more = samples.get((2, op), []), samples.get((args.shards, op), [])
-        ratios = sorted(b / a for a, b in zip(one, more) if a > 0)
-        median = f"{ratios[len(ratios) // 2]:.2f}x" if ratios else "-"
-        cell = lambda v: f"{min(v):.2f}-{max(v):.2f}" if v else "-"
-        print(f"| {op} | {unit.replace('_per_s', '/s').replace('GBps', 'GB/s')} | {cell(one)} | {cell(more)} | {median} |")
+        one, more, median = ratio_cells(samples.get((2, op), []), samples.get((args.shards, op), []))
+        print(f"| {op} | {unit.replace('_per_s', '/s').replace('GBps', 'GB/s')} | {one} | {more} | {median} |")
 
 
 if __name__ == "__main__":

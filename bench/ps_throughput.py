@@ -46,6 +46,15 @@ def commit(source):
     return out.stdout.strip() or "unknown"
 
 
+def ratio_cells(base, other):
+    """Table cells for two series measured round by round: each as low-high, and the median over
+    rounds of other / base (each pair from the same round)."""
+    ratios = sorted(b / a for a, b in zip(base, other) if a > 0)
+    median = f"{ratios[len(ratios) // 2]:.2f}x" if ratios else "-"
+    cell = lambda v: f"{min(v):.2f}-{max(v):.2f}" if v else "-"
+    return cell(base), cell(other), median
+
+
 def run_json(cmd, env=None):
     """Runs `cmd` with `--json FILE` appended; returns the rows it wrote."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:

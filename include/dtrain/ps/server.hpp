@@ -194,8 +194,7 @@ class server {
   void dispatch(int from, request_view<T>& r) {
     const request_header& h = r.header;
     if (ctx_.group.is_server(from)) return on_server_message(from, r);
-    response_header reply{h.what, 0, h.id, 0, 0, 0, static_cast<std::uint32_t>(me())};
-    reply.shard = h.shard;
+    response_header reply = ctx_.answer_to(h.what, h.id, h.shard);
     auto refuse = [&](errc code, const std::string& why) { ctx_.send_now(from, encode_error(reply, code, why)); };
     if (static_cast<int>(h.worker) != ctx_.group.worker_of(from)) {
       return refuse(errc::protocol_error, "rank " + std::to_string(from) + " sent a request as worker " + std::to_string(h.worker));
@@ -406,9 +405,7 @@ class server {
   [[noreturn]] void fail(errc code, const std::string& why) {
     failure_ = why;
     auto refuse = [&](int to, op what, std::uint64_t id, int shard) {  // now: the chain will not release anything
-      response_header h{what, 0, id, 0, 0, 0, static_cast<std::uint32_t>(me())};
-      h.shard = static_cast<std::uint32_t>(shard);
-      ctx_.send_now(to, encode_error(h, code, why));
+      ctx_.send_now(to, encode_error(ctx_.answer_to(what, id, static_cast<std::uint32_t>(shard)), code, why));
     };
     for (auto& [s, held] : shards_) held.abandon(refuse);
     flush_sends();

@@ -39,6 +39,13 @@ struct server_context {
 
   int me() const noexcept { return transport.rank(); }
 
+  /// The header of this server's answer to request `id` (of kind `what`) for `shard`.
+  response_header answer_to(op what, std::uint64_t id, std::uint32_t shard) const {
+    response_header h{what, 0, id, 0, 0, 0, static_cast<std::uint32_t>(me())};
+    h.shard = shard;
+    return h;
+  }
+
   /// Sends a reply now (a shard holds it first while its chain's tail lacks an update).
   void send_now(int to, message bytes) { stats.bytes_out += replies.send(transport, to, std::move(bytes)); }
 

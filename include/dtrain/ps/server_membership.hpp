@@ -73,8 +73,9 @@ class server_membership {
 
   /// Whether this server gives up shard `s` once its chain holds everything (`move_shards`).
   bool moves_away(int s) const {
+    if (!ps::moves_away(ctx_->layout, ctx_->group, ctx_->me(), s)) return false;  // first: no lookup unless the job grows
     const auto it = shards_->find(s);
-    return it != shards_->end() && it->second.heading() && ps::moves_away(ctx_->layout, ctx_->group, ctx_->me(), s);
+    return it != shards_->end() && it->second.heading();
   }
 
   /// Gives up each shard that moves away once everything this server applied to it is at its
@@ -92,9 +93,7 @@ class server_membership {
       }
       ctx_->layout.leave(s, ctx_->me());
       it->second.abandon([&](int to, op what, std::uint64_t id, int shard) {
-        response_header h{what, 0, id, 0, 0, 0, static_cast<std::uint32_t>(ctx_->me())};
-        h.shard = static_cast<std::uint32_t>(shard);
-        ctx_->send_now(to, moved_reply(ctx_->layout, ctx_->group, h));
+        ctx_->send_now(to, moved_reply(ctx_->layout, ctx_->group, ctx_->answer_to(what, id, static_cast<std::uint32_t>(shard))));
       });
       say(log_level::warn, " gives shard " + std::to_string(s) + " (version " + std::to_string(it->second.updates().version()) +
                                ") to server " + std::to_string(ctx_->group.grows_into(s)) +

@@ -183,10 +183,7 @@ class worker {
   /// Finishes this worker's current clock on every shard. Waiting on it blocks while the
   /// consistency model holds this worker back (BSP: until every worker finished the clock).
   request clock() {
-    request r;
-    for (int s = 0; s < roles_.shard_count(); ++s) {
-      r.ids_.push_back(send(s, op::clock, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
-    }
+    request r = to_every_shard(op::clock);
     ++clock_;
     ++stats_.clocks;
     return r;
@@ -213,10 +210,7 @@ class worker {
   void finish() {
     if (finished_) return;
     finished_ = true;
-    request r;
-    for (int s = 0; s < roles_.shard_count(); ++s) {
-      r.ids_.push_back(send(s, op::goodbye, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
-    }
+    request r = to_every_shard(op::goodbye);
     // Standby servers get no goodbye unless they head a shard (it went first, on the same
     // connection): a heartbeat tells them this worker is done, so one that heads a shard later
     // does not wait for it. It goes before the goodbyes are answered: a server that ends once
@@ -236,6 +230,15 @@ class worker {
 
  private:
   using destination = typename worker_requests<Transport, T>::destination;
+
+  // A request of kind `what` carrying nothing but this worker's clock, to every shard's head.
+  request to_every_shard(op what) {
+    request r;
+    for (int s = 0; s < roles_.shard_count(); ++s) {
+      r.ids_.push_back(send(s, what, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
+    }
+    return r;
+  }
 
   // A heartbeat flagged `worker_done` to every standby server. Best effort: one that finished is
   // gone, and one that never came (a late rank) never reads it.
@@ -335,17 +338,12 @@ class worker {
   // (each holds a clock past its rounds in progress for it), then enters at the latest one named
   // (ps/shard_replica.hpp, `on_enter`). The rounds before it complete without this worker.
   void enter_running_job() {
-    auto to_every_shard = [this] {
-      request r;
-      for (int s = 0; s < roles_.shard_count(); ++s) {
-        r.ids_.push_back(send(s, op::enter, table_id::sparse, std::span<const key_type>{}, std::span<const T>{}, 0, nullptr));
-      }
-      wait(r);
-    };
     clock_ = 0;  // asks
-    to_every_shard();
+    request asked = to_every_shard(op::enter);
+    wait(asked);
     clock_ = requests_.entry_clock();
-    to_every_shard();
+    request entered = to_every_shard(op::enter);
+    wait(entered);
     dtrain::detail::log(dtrain::detail::log_level::info,
                         "ps::worker " + std::to_string(id_) + " joins the running job at clock " + std::to_string(clock_));
   }

@@ -253,12 +253,14 @@ class worker_requests {
     return p.answer->wait(deadline::after(std::chrono::milliseconds(0)), ec);
   }
 
+  // Whether `p`'s reply came whole into the overflow (an error's text, a pull of scattered keys),
+  // rather than its header into `reply` and its values in place. @pre answered(p)
+  static bool came_whole(const pending& p) { return p.answer->info().bytes > header_bytes + p.reply_values.size(); }
+
   // Whether `p`'s reply arrived and says its shard moved. @pre answered(p)
   static bool answered_moved(const pending& p) {
-    const std::size_t bytes = p.answer->info().bytes;
-    const bool whole = bytes > header_bytes + p.reply_values.size();
-    const std::span<const std::byte> header = whole ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
-    return bytes >= header_bytes && header.size() >= header_bytes && static_cast<std::uint8_t>(header[5]) == shard_moved;
+    const std::span<const std::byte> header = came_whole(p) ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
+    return p.answer->info().bytes >= header_bytes && header.size() >= header_bytes && static_cast<std::uint8_t>(header[5]) == shard_moved;
   }
 
   // Shard `shard`'s head answered the clock `clock`: its chain holds that round, and the pushes
@@ -290,7 +292,7 @@ class worker_requests {
     p.sent->wait(d);  // written before the server could answer; this only collects its status
     const std::size_t bytes = p.answer->info().bytes;
     stats_.bytes_in += bytes;
-    const bool whole = bytes > header_bytes + p.reply_values.size();  // it came into the overflow
+    const bool whole = came_whole(p);
     const std::span<const std::byte> message = whole ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
     const response_header h = decode_response(message.first(std::min(bytes, message.size())), server);
     const std::span<const std::byte> payload =
