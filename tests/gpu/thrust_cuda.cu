@@ -31,22 +31,27 @@ void check_all_ops(bool on_stream) {
   dtrain::cuda::device_buffer<T> da(n), db(n);
   dtrain::cuda::stream s;
   for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max}) {
-    dtrain::cuda::check(cudaMemcpy(da.data(), a.data(), n * sizeof(T), cudaMemcpyHostToDevice), "H2D");
-    dtrain::cuda::check(cudaMemcpy(db.data(), b.data(), n * sizeof(T), cudaMemcpyHostToDevice), "H2D");
+    // The inputs go up on `s`: a pageable cudaMemcpy may return before its copy lands, and `s`
+    // is not ordered with the legacy default stream it would use.
+    dtrain::cuda::check(cudaMemcpyAsync(da.data(), a.data(), n * sizeof(T), cudaMemcpyHostToDevice, s.get()), "H2D");
+    dtrain::cuda::check(cudaMemcpyAsync(db.data(), b.data(), n * sizeof(T), cudaMemcpyHostToDevice, s.get()), "H2D");
     if (on_stream) {
       stream_reduction(s.get())(da.span(), device_span<const T>(db.span()), op);
       s.synchronize();
     } else {
+      s.synchronize();
       thrust_reduction<>{}(da.span(), device_span<const T>(db.span()), op);
     }
     std::vector<T> got(n);
     dtrain::cuda::check(cudaMemcpy(got.data(), da.data(), n * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-    std::size_t wrong = 0;
+    std::size_t wrong = 0, first = n;
     for (std::size_t i = 0; i < n; ++i) {
       const T want = op == reduce_op::sum ? a[i] + b[i] : op == reduce_op::prod ? a[i] * b[i]
                    : op == reduce_op::min ? std::min(a[i], b[i]) : std::max(a[i], b[i]);
-      wrong += got[i] != want;
+      if (got[i] != want && wrong++ == 0) first = i;
     }
+    INFO(reduce_op_name(op) << " on " << sizeof(T) * 8 << "-bit floats, " << (on_stream ? "stream-ordered" : "synchronising")
+                            << ": first wrong element " << first);
     CHECK(wrong == 0);
   }
 }

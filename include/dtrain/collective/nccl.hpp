@@ -16,7 +16,10 @@
 ///   the others read it. The communicator is created non-blocking, so joining is bounded by the
 ///   deadline too (an error names the ranks' count and what never arrived).
 /// - Every operation is enqueued on the communicator's CUDA stream. The blocking forms wait for
-///   it; the `i*` forms return a `request` that `test`s and `wait`s on a CUDA event.
+///   it; the `i*` forms return a `request` that `test`s and `wait`s on a CUDA event. The stream
+///   is ordered after the legacy default stream: a buffer written there (a pageable `cudaMemcpy`
+///   that returned before its copy landed, a kernel on stream 0) is complete before NCCL reads
+///   it. Work on other streams must be complete, or ordered with events on `stream()`.
 /// - Waiting polls `ncclCommGetAsyncError` under the same deadline model as the host
 ///   collectives. A failure or a timeout aborts the communicator (`ncclCommAbort`) and raises a
 ///   `dtrain::error` naming the operation, its sequence number and the group; later calls raise
@@ -45,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/collective/nccl_types.hpp"
 #include "dtrain/concepts/element.hpp"
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
@@ -63,48 +67,6 @@ struct nccl_options {
   /// Store key of the NCCL unique id; groups formed through one store need different keys.
   std::string key = "nccl/unique_id";
 };
-
-namespace detail::nccl {
-
-template <class T>
-constexpr ncclDataType_t type_of() {
-  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
-  else if constexpr (std::is_same_v<T, float16>) return ncclFloat16;
-  else if constexpr (std::is_same_v<T, bfloat16>) return ncclBfloat16;
-  else if constexpr (std::is_same_v<T, std::int8_t>) return ncclInt8;
-  // bool and raw bytes travel as uint8; bool's reductions are mapped onto max and min (op_of).
-  else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, bool> || std::is_same_v<T, std::byte>) return ncclUint8;
-  else static_assert(sizeof(T) == 0, "no NCCL type for this element");
-}
-
-/// NCCL's operator for `op` on `T`. On bool, "or" is max and "and" is min (a byte of 2 is not a
-/// bool). @throws dtrain::error (invalid_argument) for `custom` (NCCL runs only its own
-/// operators) and for avg of bool.
-template <class T>
-ncclRedOp_t op_of(reduce_op op) {
-  static_assert(reducible_v<T>, "raw bytes move but do not reduce");
-  if (const char* why = refused_reduction<T>(op)) throw error(errc::invalid_argument, std::string("dtrain: ") + why);
-  if constexpr (std::is_same_v<T, bool>) {
-    if (op == reduce_op::sum) return ncclMax;
-    if (op == reduce_op::prod) return ncclMin;
-  }
-  switch (op) {
-    case reduce_op::sum: return ncclSum;
-    case reduce_op::prod: return ncclProd;
-    case reduce_op::min: return ncclMin;
-    case reduce_op::max: return ncclMax;
-    case reduce_op::avg: return ncclAvg;
-    case reduce_op::custom: break;
-  }
-  return ncclSum;  // not reached: refused above
-}
-
-inline std::string text(ncclResult_t r) { return ncclGetErrorString(r); }
-
-}  // namespace detail::nccl
 
 class nccl_communicator : public detail::error_code_forms<nccl_communicator, device_span> {
   using error_code_forms = detail::error_code_forms<nccl_communicator, device_span>;
@@ -187,7 +149,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
         stream_(std::move(o.stream_)),
         scratch_(std::move(o.scratch_)),
         sequence_(o.sequence_),
-        broken_(std::move(o.broken_)) {}
+        broken_(std::move(o.broken_)),
+        events_(std::move(o.events_)) {}
   nccl_communicator& operator=(nccl_communicator&&) = delete;
   ~nccl_communicator() {
     if (comm_ != nullptr) {
@@ -336,7 +299,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // joining, and every call, then return at once; we wait under deadlines
     check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
-    settle("joining the group of " + std::to_string(size) + " ranks (every rank must call connect)", d);
+    settle("joining the group of " + std::to_string(size) + " ranks (every rank must call connect)", d, true);
   }
 
   static void check(ncclResult_t r, const char* what) {
@@ -360,12 +323,20 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   }
 
   // Waits until the communicator leaves ncclInProgress (non-blocking mode) or `d` passes.
-  void settle(const std::string& what, deadline d) {
+  void settle(const std::string& what, deadline d, bool joining = false) {
     for (;;) {
       ncclResult_t state = ncclSuccess;
       check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
       if (state == ncclSuccess) return;
-      if (state != ncclInProgress) fail(errc::device_error, "nccl: " + what + ": " + detail::nccl::text(state) + "; communicator aborted");
+      if (state != ncclInProgress) {
+        // Seen on one GPU shared by two ranks: NCCL says only "invalid usage".
+        const std::string hint = joining && state == ncclInvalidUsage
+                                     ? " (NCCL refuses two ranks of one group on the same GPU, this rank's is device " +
+                                           std::to_string(device_) + ": give each rank its own GPU, or share one "
+                                           "through staged_communicator)"
+                                     : "";
+        fail(errc::device_error, "nccl: " + what + ": " + detail::nccl::text(state) + hint + "; communicator aborted");
+      }
       if (d.expired()) fail(errc::timeout, "nccl: " + what + ": not done within the deadline; communicator aborted");
       std::this_thread::yield();
     }
@@ -380,15 +351,19 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
     }
   }
 
+  // Polls `e` and NCCL's error state: spinning for the first 2 ms, so that the end of an
+  // operation is seen within microseconds, then every 20 us, so that a long wait does not hold a
+  // core (a sleep overshoots by tens of microseconds: a few percent of a wait that long).
   void wait_for(const cuda::event& e, const std::string& what, deadline d) {
-    for (int polls = 0;; ++polls) {
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
+    for (;;) {
       if (e.ready()) return;
       check_async(what);
       if (d.expired()) {
         fail(errc::timeout, what + ": not complete within the deadline; a peer is lost, slow, or not calling the same "
                                    "operation; communicator aborted");
       }
-      if (polls > 1000) std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (std::chrono::steady_clock::now() > spin_until) std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
 
@@ -403,10 +378,21 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
     settle(full, deadline::after(options_.timeout));
     request q;
     q.owner_ = this;
-    q.event_ = std::make_shared<cuda::event>();
+    q.event_ = free_event();
     q.event_->record(stream());
     q.what_ = full;
     return q;
+  }
+
+  // A completion event no request holds any more, else a new one: creating a CUDA event costs
+  // microseconds, a noticeable share of a blocking call on a few MiB.
+  std::shared_ptr<cuda::event> free_event() {
+    for (const auto& e : events_) {
+      if (e.use_count() == 1) return e;
+    }
+    auto e = std::make_shared<cuda::event>();
+    if (events_.size() < 16) events_.push_back(e);
+    return e;
   }
 
   // Calls f(p) for every rank p inside one NCCL group.
@@ -486,10 +472,11 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   ncclComm_t comm_ = nullptr;
   int rank_ = 0, size_ = 1, device_ = 0;
   nccl_options options_;
-  cuda::stream stream_;
+  cuda::stream stream_ = cuda::stream::ordered_with_default();  // after the caller's stream-0 work
   cuda::device_buffer<std::byte> scratch_;
   std::uint64_t sequence_ = 0;
   std::shared_ptr<std::string> broken_;
+  std::vector<std::shared_ptr<cuda::event>> events_;  // completion events, reused
 };
 
 }  // namespace dtrain

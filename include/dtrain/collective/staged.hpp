@@ -43,6 +43,8 @@ namespace dtrain {
 namespace detail::staging {
 
 // Pinned host blocks and device scratch; copies on one stream, waited for before the host reads.
+// The stream is ordered after the legacy default stream, so a caller's buffer written there (a
+// pageable cudaMemcpy, a kernel on stream 0) is complete before it is staged out.
 // Under Thrust's host systems "device" memory is host memory and staging is a copy.
 class memory {
  public:
@@ -67,7 +69,7 @@ class memory {
   auto reduction() const { return thrust_space::reduction_on(stream_.get()); }
 
  private:
-  thrust_space::owned_stream stream_;
+  thrust_space::owned_stream stream_ = thrust_space::ordered_with_default();
 };
 
 }  // namespace detail::staging

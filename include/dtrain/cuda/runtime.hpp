@@ -34,10 +34,16 @@ inline int device_count() noexcept {
   return n;
 }
 
-/// An owned, non-blocking CUDA stream on the current device.
+/// An owned CUDA stream on the current device: non-blocking (unordered with the legacy default
+/// stream) unless made by `ordered_with_default`.
 class stream {
  public:
-  stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  stream() : stream(cudaStreamNonBlocking) {}
+  /// A stream whose work waits for what the legacy default stream had enqueued before it (and
+  /// the other way round), as `cudaStreamCreate` makes. A communicator that reads a caller's
+  /// buffer uses one: a pageable `cudaMemcpy` into that buffer, or a kernel on stream 0, may
+  /// still be in flight when the host call returns.
+  static stream ordered_with_default() { return stream(cudaStreamDefault); }
   stream(stream&& o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
   stream& operator=(stream&& o) noexcept {
     std::swap(s_, o.s_);
@@ -50,6 +56,7 @@ class stream {
   void synchronize() const { check(cudaStreamSynchronize(s_), "cudaStreamSynchronize"); }
 
  private:
+  explicit stream(unsigned flags) { check(cudaStreamCreateWithFlags(&s_, flags), "cudaStreamCreate"); }
   cudaStream_t s_ = nullptr;
 };
 

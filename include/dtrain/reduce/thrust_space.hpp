@@ -35,6 +35,8 @@ using buffer = cuda::device_buffer<T>;
 template <class T>
 using pinned = cuda::pinned_buffer<T>;
 
+/// A stream ordered after the legacy default stream's earlier work (`cuda::stream`).
+inline owned_stream ordered_with_default() { return owned_stream::ordered_with_default(); }
 /// The execution policy that enqueues on `s` without synchronising.
 inline auto on(stream_handle s) { return thrust::cuda::par_nosync.on(s); }
 /// The Thrust reduction that enqueues on `s`.
@@ -70,6 +72,7 @@ struct owned_stream {
   stream_handle get() const noexcept { return {}; }
   void synchronize() const noexcept {}
 };
+inline owned_stream ordered_with_default() noexcept { return {}; }
 struct event {
   void record(stream_handle) noexcept {}
   void make_wait(stream_handle) const noexcept {}

@@ -1,0 +1,61 @@
+#pragma once
+/// @file
+/// dtrain's elements and reduction operators in NCCL's terms, for `nccl_communicator`
+/// (nccl.hpp). Link `dtrain::nccl`.
+
+#include <nccl.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "dtrain/core/element.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/reduce_op.hpp"
+
+namespace dtrain {
+
+namespace detail::nccl {
+
+template <class T>
+constexpr ncclDataType_t type_of() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
+  else if constexpr (std::is_same_v<T, float16>) return ncclFloat16;
+  else if constexpr (std::is_same_v<T, bfloat16>) return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, std::int8_t>) return ncclInt8;
+  // bool and raw bytes travel as uint8; bool's reductions are mapped onto max and min (op_of).
+  else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, bool> || std::is_same_v<T, std::byte>) return ncclUint8;
+  else static_assert(sizeof(T) == 0, "no NCCL type for this element");
+}
+
+/// NCCL's operator for `op` on `T`. On bool, "or" is max and "and" is min (a byte of 2 is not a
+/// bool). @throws dtrain::error (invalid_argument) for `custom` (NCCL runs only its own
+/// operators) and for avg of bool.
+template <class T>
+ncclRedOp_t op_of(reduce_op op) {
+  static_assert(reducible_v<T>, "raw bytes move but do not reduce");
+  if (const char* why = refused_reduction<T>(op)) throw error(errc::invalid_argument, std::string("dtrain: ") + why);
+  if constexpr (std::is_same_v<T, bool>) {
+    if (op == reduce_op::sum) return ncclMax;
+    if (op == reduce_op::prod) return ncclMin;
+  }
+  switch (op) {
+    case reduce_op::sum: return ncclSum;
+    case reduce_op::prod: return ncclProd;
+    case reduce_op::min: return ncclMin;
+    case reduce_op::max: return ncclMax;
+    case reduce_op::avg: return ncclAvg;
+    case reduce_op::custom: break;
+  }
+  return ncclSum;  // not reached: refused above
+}
+
+inline std::string text(ncclResult_t r) { return ncclGetErrorString(r); }
+
+}  // namespace detail::nccl
+
+}  // namespace dtrain
