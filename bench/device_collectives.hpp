@@ -27,6 +27,7 @@ struct device_point {
   std::size_t bytes = 0;  ///< bytes of the larger buffer, as nccl-tests counts them
   double seconds = 0;     ///< mean per call, the slowest rank's
   long wrong = 0;         ///< wrong elements on this rank
+  std::string algo;       ///< what ran, where one op has several rows (empty: the collective's name)
 };
 
 /// What the staged path runs (device_collectives_staged.cu): every op, every size.
@@ -43,6 +44,19 @@ namespace detail {
 
 inline float input_of(int rank, std::size_t i) { return static_cast<float>(rank + 1 + static_cast<int>(i % 7)); }
 
+// The last request of calls left in flight (collectives with `i*` forms): waiting for it, under
+// the communicator's deadline, waits for every earlier one on the same stream.
+template <class Comm>
+struct last_request {
+  void wait() {}
+};
+template <class Comm>
+  requires requires { typename Comm::request; }
+struct last_request<Comm> {
+  typename Comm::request request;
+  void wait() { request.wait(); }
+};
+
 inline std::vector<float> download(const cuda::device_buffer<float>& d) {
   std::vector<float> h(d.size());
   cuda::check(cudaMemcpy(h.data(), d.data(), d.size() * sizeof(float), cudaMemcpyDeviceToHost), "D2H");
@@ -52,8 +66,10 @@ inline std::vector<float> download(const cuda::device_buffer<float>& d) {
 }  // namespace detail
 
 /// Times `op` on `bytes` of floats with collective `c` (device buffers), checks the result.
+/// `in_flight`: allreduce through `iallreduce`, every call enqueued before the last is waited for
+/// (as nccl-tests times), instead of one blocking call after another.
 template <class Comm>
-device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, int iterations) {
+device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, int iterations, bool in_flight = false) {
   const int p = c.size(), r = c.rank();
   const auto P = static_cast<std::size_t>(p);
   const bool blocks = op == coll_op::allgather || op == coll_op::reduce_scatter || op == coll_op::alltoall;
@@ -66,7 +82,14 @@ device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, 
   for (std::size_t i = 0; i < in_n; ++i) host_in[i] = detail::input_of(r, i);
   cuda::device_buffer<float> in(in_n), out(out_n);
   cuda::check(cudaMemcpy(in.data(), host_in.data(), in_n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+  detail::last_request<Comm> last;
   auto call = [&] {
+    if constexpr (requires { last.request = c.iallreduce(device_span<const float>(in.span()), out.span(), reduce_op::sum); }) {
+      if (in_flight && op == coll_op::allreduce) {
+        last.request = c.iallreduce(device_span<const float>(in.span()), out.span(), reduce_op::sum);
+        return;
+      }
+    }
     switch (op) {
       case coll_op::allreduce: c.allreduce(device_span<const float>(in.span()), out.span(), reduce_op::sum); break;
       case coll_op::allgather: c.allgather(device_span<const float>(in.span()), out.span()); break;
@@ -80,9 +103,11 @@ device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, 
     }
   };
   for (int k = 0; k < warmup; ++k) call();
+  last.wait();
   cuda::check(cudaDeviceSynchronize(), "sync");
   const auto t0 = std::chrono::steady_clock::now();
   for (int k = 0; k < iterations; ++k) call();
+  last.wait();
   cuda::check(cudaDeviceSynchronize(), "sync");
   double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations;
 
@@ -111,7 +136,7 @@ device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, 
   c.allreduce(slowest.span(), reduce_op::max);
   float all = 0;
   cuda::check(cudaMemcpy(&all, slowest.data(), sizeof all, cudaMemcpyDeviceToHost), "D2H");
-  return {count, std::max(in_n, out_n) * sizeof(float), static_cast<double>(all), wrong};
+  return {count, std::max(in_n, out_n) * sizeof(float), static_cast<double>(all), wrong, {}};
 }
 
 }  // namespace dtrain::bench

@@ -6,6 +6,7 @@ process, data from Debian's dataset-fashion-mnist. Uses only Debian packages (py
 Prints per-epoch lines and writes a JSON summary like dtrain's example (--json).
 
   /usr/bin/python3 bench/peers/ddp_fashion_mnist.py --ranks 2 --epochs 5
+  python3 bench/peers/ddp_fashion_mnist.py --device cuda --backend nccl --epochs 10   # the peer of fashion_mnist_gpu
 """
 import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per process, BLAS included
@@ -41,12 +42,18 @@ def worker(rank, args, port):
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    dist.init_process_group(args.backend, rank=rank, world_size=args.ranks)
     torch.manual_seed(args.seed)
-    x_train, y_train = load(args.data, "train")
-    x_test, y_test = load(args.data, "t10k")
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
-    ddp = nn.parallel.DistributedDataParallel(model)
+    gpu = args.device == "cuda"
+    device = torch.device(f"cuda:{rank % torch.cuda.device_count()}" if gpu else "cpu")
+    x_train, y_train = (t.to(device) for t in load(args.data, "train"))
+    x_test, y_test = (t.to(device) for t in load(args.data, "t10k"))
+    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10)).to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if gpu else None)
+
+    def synchronize():  # the GPU's queued work belongs to the time it took
+        if gpu:
+            torch.cuda.synchronize(device)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     local_batch = args.batch // args.ranks
@@ -77,11 +84,13 @@ def worker(rank, args, port):
     epoch_seconds, curve, train_seconds = [], [], 0.0
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)
-        order = torch.tensor(list(iter(sampler)))
+        order = torch.tensor(list(iter(sampler)), device=device)
         dist.barrier()
+        synchronize()
         start = time.perf_counter()
         for s in range(steps):
             step(order[s * local_batch:(s + 1) * local_batch])
+        synchronize()
         seconds = time.perf_counter() - start
         train_seconds += seconds
         epoch_seconds.append(seconds)
@@ -92,18 +101,21 @@ def worker(rank, args, port):
                   f"{steps * args.batch / seconds:.0f} samples/s", flush=True)
 
     # The communication share: a step with gradient sync against the same step without it.
-    order = torch.tensor(list(iter(sampler)))
+    order = torch.tensor(list(iter(sampler)), device=device)
     calib = min(steps, 200)
     timings = {}
     for sync in (False, True, False, True):
         dist.barrier()
+        synchronize()
         start = time.perf_counter()
         for s in range(calib):
             step(order[s * local_batch:(s + 1) * local_batch], sync)
+        synchronize()
         timings.setdefault(sync, []).append(time.perf_counter() - start)
     share = max(0.0, 1.0 - min(timings[False]) / min(timings[True])) if args.ranks > 1 else 0.0
     if rank == 0:
-        result = {"framework": "pytorch-ddp", "torch": torch.__version__, "ranks": args.ranks, "epochs": args.epochs,
+        result = {"framework": "pytorch-ddp", "torch": torch.__version__, "backend": args.backend,
+                  "device": torch.cuda.get_device_name(device) if gpu else "cpu", "ranks": args.ranks, "epochs": args.epochs,
                   "global_batch": args.batch, "samples_per_second": steps * args.batch * args.epochs / train_seconds,
                   "epoch_seconds": epoch_seconds, "communication_share": share, "test_accuracy": curve[-1][1],
                   "curve": curve}
@@ -124,6 +136,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--json", default="")
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend (gloo; nccl with --device cuda)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and the data live")
     args = p.parse_args()
     with socket.socket() as s:  # a free port for the rendezvous
         s.bind(("127.0.0.1", 0))
