@@ -70,6 +70,7 @@ enum class op : std::uint8_t {
                    ///< names a clock the shard holds for it), clock c > 0 enters at c
   hand_over = 14,  ///< a server about to leave asks a standby to take its place in its chains
   leave = 15,      ///< a server gives up its copy of a shard (it moved): that chain closes over it
+  done = 16,       ///< a server ended its job, every worker having said goodbye (to the standbys)
 };
 
 /// The name of `o`, for messages.
@@ -90,6 +91,7 @@ constexpr const char* op_name(op o) noexcept {
     case op::enter: return "enter";
     case op::hand_over: return "hand_over";
     case op::leave: return "leave";
+    case op::done: return "done";
   }
   return "request";
 }
@@ -166,7 +168,7 @@ inline void put_common(std::byte* b, op what, std::uint8_t byte5) {
   put(b + 6, std::uint16_t{0});
 }
 
-inline bool known(op o) { return o >= op::hello && o <= op::leave; }
+inline bool known(op o) { return o >= op::hello && o <= op::done; }
 }  // namespace detail
 
 /// FNV-1a of a name (a consistency model's), for the hello's configuration check.

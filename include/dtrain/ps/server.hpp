@@ -108,7 +108,11 @@ class server {
         if (const std::string late = held.heading() ? held.chain().overdue() : std::string(); !late.empty()) fail(errc::timeout, late);
       }
       if (leaving_.load() && !replacing().handing_over()) membership_.hand_over();
-      if (finished() || (leaving_.load() && safe_to_leave())) break;
+      if (finished()) {
+        tell_standbys_done();
+        break;
+      }
+      if (leaving_.load() && safe_to_leave()) break;
     }
     requests.cancel();
     ctx_.ring = nullptr;
@@ -242,6 +246,7 @@ class server {
     if (r.header.what == op::state) return install(from, r);
     if (r.header.what == op::hand_over) return membership_.take_place_of(from);
     if (r.header.what == op::leave) return membership_.on_left(from, static_cast<int>(r.header.shard));
+    if (r.header.what == op::done) return on_server_done();
     const auto it = shards_.find(static_cast<int>(r.header.shard));
     const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
     if (it == shards_.end() && ctx_.layout.left(static_cast<int>(r.header.shard), me())) return;  // it moved: news of it is moot
@@ -336,6 +341,34 @@ class server {
         watches_[static_cast<std::size_t>(s)].emplace(ctx_.transport.irecv(s, ctx_.options.tag - 1, std::span<std::byte>{}));
       }
     }
+  }
+
+  // This server ended its job: every worker said goodbye to it, so every worker is done. The
+  // standbys hear it before this server's connection ends, so they do not take that end for a
+  // loss (a worker's own `worker_done` may still be on its way to them).
+  // Best effort, as the workers' message: a standby that finished is gone, and a late one that
+  // never came never reads it.
+  void tell_standbys_done() {
+    const request_header h{op::done, table_id::sparse, 0, 0, 0, 0, 0, 0};
+    const message bytes = encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{});
+    const deadline d = deadline::after(std::min<std::chrono::milliseconds>(ctx_.options.timeout, std::chrono::milliseconds(1000)));
+    for (int s = 0; s < ctx_.group.size(); ++s) {
+      if (s == me() || !ctx_.group.is_standby(s) || ctx_.layout.lost(s)) continue;
+      std::error_code ignored;
+      auto sent = ctx_.transport.isend(s, ctx_.options.tag, signature{}, bytes.bytes());
+      if (!sent.wait(d, ignored)) sent.cancel();
+    }
+  }
+
+  // A server ended its job. A standby that heads no shard takes it as every worker's
+  // `worker_done` (no goodbye comes to it); one that heads shards waits for the workers'
+  // goodbyes to them, as any head does.
+  void on_server_done() {
+    if (replacing().joining()) return;
+    for (auto& [s, held] : shards_) {
+      if (held.heading()) return;
+    }
+    for (std::size_t w = 0; w < liveness_.workers(); ++w) liveness_.finished(w);
   }
 
   // Closes the chains over every server found lost, taking over the shards this server now
