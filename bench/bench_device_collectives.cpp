@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -74,13 +75,27 @@ std::vector<bench::device_point> allreduce_against_raw(nccl_communicator& nccl, 
     raw_in_flight.push_back(raw_allreduce_seconds(raw, host, bytes, plan.warmup, plan.iterations, false));
     blocking.push_back(pb.seconds);
     in_flight.push_back(pf.seconds);
-    b = {pb.count, pb.bytes, 0, b.wrong + pb.wrong, "nccl"};
-    f = {pf.count, pf.bytes, 0, f.wrong + pf.wrong, "nccl-inflight"};
+    b = {pb.op, pb.count, pb.bytes, 0, b.wrong + pb.wrong, "nccl"};
+    f = {pf.op, pf.count, pf.bytes, 0, f.wrong + pf.wrong, "nccl-inflight"};
   }
   b.seconds = median(blocking);
   f.seconds = median(in_flight);
-  return {b, {b.count, b.bytes, median(raw_blocking), 0, "raw-nccl-sync"}, f,
-          {b.count, b.bytes, median(raw_in_flight), 0, "raw-nccl"}};
+  return {b, {b.op, b.count, b.bytes, median(raw_blocking), 0, "raw-nccl-sync"}, f,
+          {b.op, b.count, b.bytes, median(raw_in_flight), 0, "raw-nccl"}};
+}
+
+// For each size measured against raw NCCL (--peer), dtrain's time over raw NCCL's: one call at a
+// time, and in flight.
+void print_ratios_to_raw(const std::vector<bench::row>& rows) {
+  auto seconds_of = [&](std::size_t bytes, std::string_view algo) {
+    auto it = std::ranges::find_if(rows, [&](const bench::row& r) { return r.bytes == bytes && r.algo == algo; });
+    return it == rows.end() ? 0.0 : it->seconds;
+  };
+  for (const auto& r : rows) {
+    if (r.algo != "raw-nccl") continue;
+    fmt::print("# {:>12} bytes: dtrain / raw NCCL throughput: one call at a time {:.3f}, in flight {:.3f}\n", r.bytes,
+               seconds_of(r.bytes, "raw-nccl-sync") / seconds_of(r.bytes, "nccl"), r.seconds / seconds_of(r.bytes, "nccl-inflight"));
+  }
 }
 
 }  // namespace
@@ -142,36 +157,25 @@ int main(int argc, char** argv) {
                "root", "time(us)", "algbw", "busbw", "#wrong", "op algorithm");
     std::vector<bench::row> rows;
     long wrong = 0;
-    std::size_t k = 0;
-    for (coll_op op : plan.ops) {
-      for (std::size_t i = 0; i < plan.sizes.size(); ++i) {
-        const std::size_t rows_here = peer && collective == "nccl" && op == coll_op::allreduce ? 4 : 1;
-        for (std::size_t j = 0; j < rows_here; ++j, ++k) {
-          const auto& p = points[k];
-          bench::row r;
-          r.op = std::string(coll_op_name(op));
-          r.algo = p.algo.empty() ? collective : p.algo;
-          r.type = "float32";
-          r.redop = op == coll_op::allreduce || op == coll_op::reduce_scatter ? "sum" : "none";
-          r.ranks = size;
-          r.bytes = p.bytes;
-          r.count = p.count;
-          r.seconds = p.seconds;
-          r.algbw = static_cast<double>(p.bytes) / p.seconds / 1e9;
-          r.busbw = r.algbw * bench::busbw_factor(op, size);
-          r.wrong = p.wrong;
-          wrong += p.wrong;
-          fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>5} | {:>10.1f} {:>9.2f} {:>9.2f} {:>7}  {} {}\n", r.bytes, r.count, r.type,
-                     r.redop, op == coll_op::broadcast ? "0" : "-", r.seconds * 1e6, r.algbw, r.busbw, r.wrong, r.op, r.algo);
-          rows.push_back(r);
-        }
-        if (rows_here == 4) {  // dtrain, raw, dtrain in flight, raw in flight
-          const auto* q = &rows[rows.size() - 4];
-          fmt::print("# {:>12} bytes: dtrain / raw NCCL throughput: one call at a time {:.3f}, in flight {:.3f}\n",
-                     q[0].bytes, q[1].seconds / q[0].seconds, q[3].seconds / q[2].seconds);
-        }
-      }
+    for (const auto& p : points) {
+      bench::row r;
+      r.op = std::string(coll_op_name(p.op));
+      r.algo = p.algo.empty() ? collective : p.algo;
+      r.type = "float32";
+      r.redop = p.op == coll_op::allreduce || p.op == coll_op::reduce_scatter ? "sum" : "none";
+      r.ranks = size;
+      r.bytes = p.bytes;
+      r.count = p.count;
+      r.seconds = p.seconds;
+      r.algbw = static_cast<double>(p.bytes) / p.seconds / 1e9;
+      r.busbw = r.algbw * bench::busbw_factor(p.op, size);
+      r.wrong = p.wrong;
+      wrong += p.wrong;
+      fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>5} | {:>10.1f} {:>9.2f} {:>9.2f} {:>7}  {} {}\n", r.bytes, r.count, r.type,
+                 r.redop, p.op == coll_op::broadcast ? "0" : "-", r.seconds * 1e6, r.algbw, r.busbw, r.wrong, r.op, r.algo);
+      rows.push_back(r);
     }
+    print_ratios_to_raw(rows);
     bench::write_file(json, bench::json_of(rows));
     fmt::print("# {} points, {} wrong elements (rank 0)\n", rows.size(), wrong);
     return wrong == 0 ? 0 : 1;

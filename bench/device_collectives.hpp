@@ -23,6 +23,7 @@ namespace dtrain::bench {
 
 /// The result of one point on this rank.
 struct device_point {
+  coll_op op = coll_op::allreduce;
   std::size_t count = 0;  ///< elements per call (per rank's block for block collectives)
   std::size_t bytes = 0;  ///< bytes of the larger buffer, as nccl-tests counts them
   double seconds = 0;     ///< mean per call, the slowest rank's
@@ -136,7 +137,7 @@ device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, 
   c.allreduce(slowest.span(), reduce_op::max);
   float all = 0;
   cuda::check(cudaMemcpy(&all, slowest.data(), sizeof all, cudaMemcpyDeviceToHost), "D2H");
-  return {count, std::max(in_n, out_n) * sizeof(float), static_cast<double>(all), wrong, {}};
+  return {op, count, std::max(in_n, out_n) * sizeof(float), static_cast<double>(all), wrong, {}};
 }
 
 }  // namespace dtrain::bench

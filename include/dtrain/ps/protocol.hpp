@@ -31,8 +31,10 @@
 /// A server that gives up its copy of a shard (it moved) tells the chain's other members with
 /// `leave`, and answers the workers' requests for it with status `shard_moved`.
 
+#include <algorithm>
 #include <array>
 #include <bit>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -48,6 +50,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
 #include "dtrain/core/hash.hpp"
+#include "dtrain/core/signature.hpp"
 
 namespace dtrain::ps {
 
@@ -216,6 +219,21 @@ void wait_all_sent(Sends& sends, deadline d) noexcept {
     s.handle->wait(d, ec);
   }
   sends.clear();
+}
+
+/// Sends the notice `bytes` on `tag` to every rank in `ranks` (ints), all within one deadline of
+/// at most a second (less if the job's `timeout` is shorter), and withdraws what has not left by
+/// then: a notice (a worker's end, a server's) goes to peers that may be gone already, and must
+/// never hold up the one leaving.
+template <class Transport, class Ranks>
+void send_notice(Transport& t, Ranks&& ranks, std::uint64_t tag, const message& bytes,
+                 std::chrono::milliseconds timeout) {
+  const deadline d = deadline::after(std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(1)));
+  for (int r : ranks) {
+    std::error_code ignored;
+    auto sent = t.isend(r, tag, signature{}, bytes.bytes());
+    if (!sent.wait(d, ignored)) sent.cancel();
+  }
 }
 
 /// The tag the reply to request `id` travels on, when requests use `request_tag`. Each request

@@ -350,14 +350,11 @@ class server {
   // never came never reads it.
   void tell_standbys_done() {
     const request_header h{op::done, table_id::sparse, 0, 0, 0, 0, 0, 0};
-    const message bytes = encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{});
-    const deadline d = deadline::after(std::min<std::chrono::milliseconds>(ctx_.options.timeout, std::chrono::milliseconds(1000)));
-    for (int s = 0; s < ctx_.group.size(); ++s) {
-      if (s == me() || !ctx_.group.is_standby(s) || ctx_.layout.lost(s)) continue;
-      std::error_code ignored;
-      auto sent = ctx_.transport.isend(s, ctx_.options.tag, signature{}, bytes.bytes());
-      if (!sent.wait(d, ignored)) sent.cancel();
-    }
+    auto standbys = std::views::iota(0, ctx_.group.size()) | std::views::filter([this](int s) {
+                      return s != me() && ctx_.group.is_standby(s) && !ctx_.layout.lost(s);
+                    });
+    send_notice(ctx_.transport, standbys, ctx_.options.tag,
+                encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{}), ctx_.options.timeout);
   }
 
   // A server ended its job. A standby that heads no shard takes it as every worker's

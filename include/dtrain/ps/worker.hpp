@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <ranges>
 #include <span>
 #include <string>
 #include <utility>
@@ -245,13 +246,9 @@ class worker {
   void tell_standbys_done() {
     request_header done{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
     done.flags = worker_done;
-    const message bytes = encode_request<T>(done, std::span<const key_type>{}, std::span<const T>{});
-    const deadline d = deadline::after(std::min<std::chrono::milliseconds>(options_.timeout, std::chrono::milliseconds(1000)));
-    for (int i = 0; i < roles_.standby; ++i) {
-      std::error_code ignored;
-      auto sent = transport_.isend(roles_.standby_rank(i), options_.tag, signature{}, bytes.bytes());
-      if (!sent.wait(d, ignored)) sent.cancel();
-    }
+    auto standbys = std::views::iota(0, roles_.standby) | std::views::transform([this](int i) { return roles_.standby_rank(i); });
+    send_notice(transport_, standbys, options_.tag, encode_request<T>(done, std::span<const key_type>{}, std::span<const T>{}),
+                options_.timeout);
   }
 
   // A push (values), pull (out) or push_pull (both) of sorted, unique keys, split by server.
