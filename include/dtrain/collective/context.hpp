@@ -203,16 +203,18 @@ class call_context {
     if (ok) return;
     std::string what = p.is_send ? "send to " : "receive from ";
     what += peer_name(p.peer);
-    // Transports that know more (which rank was lost, and how) say so.
-    if constexpr (requires { req.detail(); }) {
-      if (!req.detail().empty()) what += ": " + std::string(req.detail());
-    }
+    // Transports that know more (which rank was lost, and how) say so. The rank lost may not be
+    // this operation's peer: a transport fails the whole group when any rank is lost.
+    std::string detail;
+    if constexpr (requires { req.detail(); }) detail = std::string(req.detail());
+    if (!detail.empty()) what += ": " + detail;
     if (ec == errc::timeout) {
       fail(errc::timeout, "timed out after " + std::to_string(timeout_.count()) +
                               " ms waiting for " + peer_name(p.peer) + " (" + what + ")");
     }
     if (ec == errc::peer_lost) {
-      fail(errc::peer_lost, peer_name(p.peer) + " left the group during " + what);
+      fail(errc::peer_lost, (detail.empty() ? peer_name(p.peer) + " left the group" : std::string("the group lost a rank")) +
+                                " during " + what);
     }
     fail(ec, what + " failed: " + ec.message());
   }
