@@ -7,6 +7,8 @@ above lower ones) and every `#include "dtrain/..."` under include/, and fails wh
   - a header includes one from a higher layer (the same layer is fine),
   - a header is in no layer of the ladder,
   - the includes form a cycle,
+  - a header includes PyTorch, pybind11 or Python (those belong to extensions/torch_backend, a
+    separate target; the header-only library stays free of them),
   - a header is longer than MAX_LINES and not in LARGE_HEADERS below, or is listed there but no
     longer needs to be (so the list stays short and true).
 
@@ -23,6 +25,7 @@ MAX_LINES = 500
 LARGE_HEADERS = {}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](dtrain/[^">]+)[">]', re.MULTILINE)
+FOREIGN = re.compile(r'^\s*#\s*include\s*[<"]((?:torch|ATen|c10|pybind11)/[^">]*|Python\.h)[">]', re.MULTILINE)
 
 
 def read_ladder(architecture):
@@ -59,7 +62,7 @@ def main():
     include_dir = os.path.join(args.root, "include")
     layers = read_ladder(os.path.join(args.root, "docs", "architecture.md"))
 
-    headers = {}
+    headers, foreign = {}, []
     for folder, _, files in os.walk(include_dir):
         for f in files:
             if f.endswith((".hpp", ".cuh", ".h")):
@@ -67,8 +70,10 @@ def main():
                 rel = os.path.relpath(path, include_dir).replace(os.sep, "/")
                 text = open(path, encoding="utf-8").read()
                 headers[rel] = (text.count("\n"), INCLUDE.findall(text))
+                foreign.extend(f"{rel}: includes <{inc}>: PyTorch and Python stay in extensions/torch_backend"
+                               for inc in FOREIGN.findall(text))
 
-    problems = []
+    problems = list(foreign)
     for header, (_, includes) in sorted(headers.items()):
         mine = layer_of(header, layers)
         if mine is None:

@@ -2,8 +2,9 @@
 # Installs what dtrain's build, tests, examples and benchmarks need, from Debian's repository:
 # Boost.Asio and OpenSSL's libcrypto for the TCP transport; Open MPI (mpirun tests, peer bench),
 # Gloo and ZeroMQ (peer benches); iproute2 for the network-namespace test; clang's libFuzzer; Python
-# for the layering check; Eigen, zlib and the Fashion-MNIST data for the example.
-#   --bench  also the Python side of the benchmarks: PyTorch (the DDP peer) with OpenBLAS, and
+# for the layering check; Eigen, zlib and the Fashion-MNIST data for the example; libtorch, PyTorch
+# and Python's headers for the torch.distributed backend (extensions/torch_backend) and its tests.
+#   --bench  also the Python side of the benchmarks: OpenBLAS for PyTorch (the DDP peer), and
 #            matplotlib for the plots.
 set -euo pipefail
 sudo=""
@@ -17,9 +18,10 @@ $sudo apt-get install -y -qq --no-install-recommends \
   libboost-dev libssl-dev \
   openmpi-bin libopenmpi-dev libgloo-dev libzmq3-dev pkg-config \
   iproute2 clang-14 libclang-rt-14-dev python3 \
-  libeigen3-dev zlib1g-dev dataset-fashion-mnist gzip >/dev/null
+  libeigen3-dev zlib1g-dev dataset-fashion-mnist gzip \
+  libtorch-dev python3-torch python3-dev pybind11-dev >/dev/null
 if [ "${1:-}" = "--bench" ]; then
   $sudo apt-get install -y -qq --no-install-recommends \
-    python3 python3-torch libopenblas0-pthread python3-matplotlib >/dev/null
+    libopenblas0-pthread python3-matplotlib >/dev/null
 fi
 echo "dtrain: dependencies installed"

@@ -7,6 +7,7 @@ Prints per-epoch lines and writes a JSON summary like dtrain's example (--json).
 
   /usr/bin/python3 bench/peers/ddp_fashion_mnist.py --ranks 2 --epochs 5
   python3 bench/peers/ddp_fashion_mnist.py --device cuda --backend nccl --epochs 10   # the peer of fashion_mnist_gpu
+  /usr/bin/python3 bench/peers/ddp_fashion_mnist.py --ranks 2 --backend dtrain --module-dir build/extensions/torch_backend
 """
 import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per process, BLAS included
@@ -17,6 +18,7 @@ import gzip
 import json
 import os
 import socket
+import sys
 import time
 
 import numpy as np
@@ -40,6 +42,10 @@ def load(directory, prefix):
 
 def worker(rank, args, port):
     torch.set_num_threads(1)
+    if args.backend == "dtrain":  # dtrain's torch.distributed backend (extensions/torch_backend)
+        if args.module_dir:
+            sys.path.insert(0, args.module_dir)
+        import dtrain_torch  # noqa: F401  (registers "dtrain")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group(args.backend, rank=rank, world_size=args.ranks)
@@ -136,7 +142,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--json", default="")
-    p.add_argument("--backend", default="gloo", help="torch.distributed backend (gloo; nccl with --device cuda)")
+    p.add_argument("--backend", default="gloo", help="torch.distributed backend: gloo, dtrain (CPU); nccl with --device cuda")
+    p.add_argument("--module-dir", default="", help="with --backend dtrain: where dtrain_torch was built "
+                   "(build/extensions/torch_backend)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and the data live")
     args = p.parse_args()
     with socket.socket() as s:  # a free port for the rendezvous

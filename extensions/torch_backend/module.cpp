@@ -1,0 +1,17 @@
+// The Python module `dtrain_torch`: importing it registers the torch.distributed backend
+// "dtrain", so `torch.distributed.init_process_group("dtrain", ...)` and `new_group(backend=
+// "dtrain")` build dtrain process groups.
+
+#include <pybind11/chrono.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include "process_group.hpp"
+
+PYBIND11_MODULE(dtrain_torch, m) {
+  m.doc() = "dtrain as a torch.distributed backend: import it, then init_process_group(\"dtrain\", ...)";
+  m.def("create_process_group", &dtrain::torch_backend::dtrain_process_group::create, pybind11::arg("store"),
+        pybind11::arg("rank"), pybind11::arg("world_size"), pybind11::arg("timeout"),
+        "The creator torch.distributed calls for the \"dtrain\" backend");
+  auto backend = pybind11::module_::import("torch.distributed").attr("Backend");
+  if (!pybind11::hasattr(backend, "DTRAIN")) backend.attr("register_backend")("dtrain", m.attr("create_process_group"));
+}

@@ -1,0 +1,488 @@
+#include "process_group.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "dtrain/core/element.hpp"
+#include "dtrain/core/reduce_op.hpp"
+#include "store_adapter.hpp"
+
+namespace dtrain::torch_backend {
+namespace {
+
+// Calls f(T{}) with the dtrain element of `t`'s dtype.
+template <class F>
+void with_element(const at::Tensor& t, const char* op, F&& f) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return f(float{});
+    case at::kDouble:
+      return f(double{});
+    case at::kInt:
+      return f(std::int32_t{});
+    case at::kLong:
+      return f(std::int64_t{});
+    case at::kHalf:
+      return f(dtrain::float16{});
+    case at::kBFloat16:
+      return f(dtrain::bfloat16{});
+    case at::kByte:
+      return f(std::uint8_t{});
+    case at::kChar:
+      return f(std::int8_t{});
+    case at::kBool:
+      return f(bool{});
+    default:
+      TORCH_CHECK(false, "dtrain: ", op, " of a ", t.scalar_type(),
+                  " tensor: dtrain moves float32, float64, float16, bfloat16, int32, int64, int8, uint8 and bool");
+  }
+}
+
+reduce_op reduction_of(const ::c10d::ReduceOp& op, const char* what) {
+  switch (op.op_) {
+    case ::c10d::ReduceOp::SUM:
+      return reduce_op::sum;
+    case ::c10d::ReduceOp::AVG:
+      return reduce_op::avg;
+    case ::c10d::ReduceOp::PRODUCT:
+      return reduce_op::prod;
+    case ::c10d::ReduceOp::MIN:
+      return reduce_op::min;
+    case ::c10d::ReduceOp::MAX:
+      return reduce_op::max;
+    default:
+      TORCH_CHECK(false, "dtrain: ", what, " with reduce op ", static_cast<int>(op.op_),
+                  ": dtrain reduces with SUM, AVG, PRODUCT, MIN and MAX (no bitwise or pre-multiplied ops)");
+  }
+}
+
+void check_tensor(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined(), "dtrain: ", what, ": an undefined tensor");
+  TORCH_CHECK(t.device().is_cpu(), "dtrain: ", what, ": a tensor on ", t.device(),
+              "; the dtrain backend moves CPU tensors (move it with .cpu(), or use the NCCL backend for CUDA tensors)");
+  TORCH_CHECK(t.layout() == at::kStrided, "dtrain: ", what, ": sparse tensors are not supported");
+}
+
+void check_one(const std::vector<at::Tensor>& t, const char* what) {
+  TORCH_CHECK(t.size() == 1, "dtrain: ", what, " takes one tensor per call, got ", t.size());
+  check_tensor(t[0], what);
+}
+
+void check_same(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "dtrain: ", what, ": tensors of ", a.scalar_type(), " and ",
+              b.scalar_type());
+}
+
+// The one list of `size` tensors a call takes beside `one` (allgather's and gather's outputs,
+// scatter's and reduce_scatter's inputs): each of one's dtype and element count.
+void check_list(const std::vector<std::vector<at::Tensor>>& lists, int size, const at::Tensor& one, const char* what,
+                const char* role) {
+  TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "dtrain: ", what, " needs one list of ",
+              size, " ", role, " tensors");
+  for (const auto& t : lists[0]) {
+    check_tensor(t, what);
+    check_same(one, t, what);
+    TORCH_CHECK(t.numel() == one.numel(), "dtrain: ", what, ": ", role, " tensors of ", t.numel(),
+                " elements beside one of ", one.numel());
+  }
+}
+
+// The root's list for gather (outputs) and scatter (inputs), checked; other ranks pass none.
+std::vector<at::Tensor> root_list(const std::vector<std::vector<at::Tensor>>& lists, int rank, int root, int size,
+                                  const at::Tensor& one, const char* what, const char* role) {
+  if (rank != root) {
+    TORCH_CHECK(lists.empty() || lists[0].empty(), "dtrain: ", what, ": only the root (rank ", root, ") passes ", role,
+                " tensors");
+    return {};
+  }
+  check_list(lists, size, one, what, role);
+  return lists[0];
+}
+
+// A contiguous tensor holding `t`'s data: `t` itself when it is contiguous, else a copy that
+// `write_back` copies into `t` once the collective has filled it.
+struct dense {
+  explicit dense(const at::Tensor& t) : original(t), data(t.contiguous()) {}
+  void write_back() {
+    if (!data.is_same(original)) original.copy_(data);
+  }
+  at::Tensor original, data;
+};
+
+template <class T>
+std::span<T> span_of(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), static_cast<std::size_t>(t.numel())};
+}
+
+// The tensors of `list`, flattened and joined in order (one contiguous buffer).
+at::Tensor joined(const std::vector<at::Tensor>& list) {
+  std::vector<at::Tensor> flat;
+  flat.reserve(list.size());
+  for (const auto& t : list) flat.push_back(t.reshape({-1}));
+  return at::cat(flat);
+}
+
+// Copies consecutive pieces of `flat` into the tensors of `list`.
+void split_into(const at::Tensor& flat, std::vector<at::Tensor>& list) {
+  std::int64_t at = 0;
+  for (auto& t : list) {
+    t.copy_(flat.narrow(0, at, t.numel()).view(t.sizes()));
+    at += t.numel();
+  }
+}
+
+std::vector<std::size_t> counts_of(const std::vector<at::Tensor>& list) {
+  std::vector<std::size_t> c;
+  for (const auto& t : list) c.push_back(static_cast<std::size_t>(t.numel()));
+  return c;
+}
+
+// Elements per rank of an alltoall_base buffer: `splits` rows each (empty: equal shares).
+std::vector<std::size_t> split_counts(const at::Tensor& t, const std::vector<std::int64_t>& splits, int size,
+                                      const char* side) {
+  const std::int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+  const std::int64_t row = rows == 0 ? 0 : t.numel() / rows;
+  std::vector<std::size_t> c;
+  if (splits.empty()) {
+    TORCH_CHECK(rows % size == 0, "dtrain: alltoall: the ", side, " tensor's ", rows, " rows do not split evenly over ",
+                size, " ranks");
+    c.assign(static_cast<std::size_t>(size), static_cast<std::size_t>(rows / size * row));
+    return c;
+  }
+  TORCH_CHECK(static_cast<int>(splits.size()) == size, "dtrain: alltoall: ", splits.size(), " ", side, " splits for ",
+              size, " ranks");
+  TORCH_CHECK(std::accumulate(splits.begin(), splits.end(), std::int64_t{0}) == rows, "dtrain: alltoall: the ", side,
+              " splits do not add up to the tensor's ", rows, " rows");
+  for (auto s : splits) c.push_back(static_cast<std::size_t>(s * row));
+  return c;
+}
+
+// The tag point-to-point messages travel on: apart from the communicator's collectives.
+constexpr std::uint64_t p2p_tag(int tag) noexcept {
+  return 0x7470'0000'0000'0000ull + static_cast<std::uint32_t>(tag);  // "tp"
+}
+
+// Without a token of the user's, rank 0 draws one and shares it through the store: connections
+// then prove they belong to this group (a stray process from another job is refused), as safe
+// as the store itself, which is all c10d's own backends rely on.
+std::string job_token(c10d_store& store, int rank, std::chrono::milliseconds timeout) {
+  const std::string key = "dtrain_torch/token";
+  const deadline d = deadline::after(timeout);
+  if (rank == 0) {
+    std::random_device entropy;
+    std::string token;
+    for (int i = 0; i < 4; ++i) token += std::to_string(entropy()) + ".";
+    store.set(key, std::as_bytes(std::span(token)), d);
+    return token;
+  }
+  const auto bytes = store.get(key, d);
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+}  // namespace
+
+dtrain_work::dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs)
+    : Work(rank, type),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+void dtrain_work::complete(std::exception_ptr failure, int source_rank) {
+  source_rank_ = source_rank;
+  finish(failure);
+  if (failure) {
+    future_->setError(failure);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                                           std::chrono::milliseconds timeout)
+    : ProcessGroup(rank, size), timeout_(timeout), comm_([&] {
+        c10d_store meeting(store);
+        tcp_options o;
+        o.timeout = timeout;
+        if (std::getenv("DTRAIN_TOKEN") == nullptr && std::getenv("DTRAIN_TOKEN_FILE") == nullptr) {
+          o.token = job_token(meeting, rank, timeout);
+        }
+        const char* master = std::getenv("MASTER_ADDR");  // a route to it names this host's address
+        return tcp_transport::connect(meeting, rank, size, o.with_environment(), master != nullptr ? master : "");
+      }()) {}
+
+dtrain_process_group::~dtrain_process_group() {
+  collectives_.stop();
+  point_to_point_.stop();
+}
+
+c10::intrusive_ptr<::c10d::ProcessGroup> dtrain_process_group::create(const c10::intrusive_ptr<::c10d::Store>& store,
+                                                                      int rank, int size,
+                                                                      const std::chrono::duration<float>& timeout) {
+  return c10::make_intrusive<dtrain_process_group>(store, rank, size,
+                                                   std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+}
+
+std::chrono::milliseconds dtrain_process_group::timeout_of(std::chrono::milliseconds asked) const {
+  return asked == ::c10d::kUnsetTimeout ? timeout_ : asked;
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::enqueue(detail::call_queue& queue, ::c10d::OpType type,
+                                                             tensors outputs, std::chrono::milliseconds timeout,
+                                                             std::function<void()> body) {
+  return enqueue_from(queue, type, std::move(outputs), timeout, [body = std::move(body)] {
+    body();
+    return -1;
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_queue& queue, ::c10d::OpType type,
+                                                                  tensors outputs, std::chrono::milliseconds timeout,
+                                                                  std::function<int()> body) {
+  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs));
+  queue.submit([this, &queue, work, timeout, body = std::move(body)] {
+    std::exception_ptr failure;
+    int source = -1;
+    try {
+      if (&queue == &collectives_) comm_.set_timeout(timeout);  // the p2p thread leaves it alone
+      source = body();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+    work->complete(failure, source);
+  });
+  return work;
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::broadcast(tensors& t, const ::c10d::BroadcastOptions& o) {
+  for (const auto& x : t) check_tensor(x, "broadcast");
+  const int root = static_cast<int>(o.rootRank);
+  return enqueue(collectives_, ::c10d::OpType::BROADCAST, t, timeout_of(o.timeout), [this, t, root] {
+    for (const auto& x : t) {
+      dense d(x);
+      with_element(x, "broadcast", [&]<class T>(T) { comm_.broadcast(span_of<T>(d.data), root); });
+      d.write_back();
+    }
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::allreduce(tensors& t, const ::c10d::AllreduceOptions& o) {
+  for (const auto& x : t) check_tensor(x, "allreduce");
+  const reduce_op op = reduction_of(o.reduceOp, "allreduce");
+  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE, t, timeout_of(o.timeout), [this, t, op] {
+    for (const auto& x : t) {
+      dense d(x);
+      with_element(x, "allreduce", [&]<class T>(T) { comm_.allreduce(span_of<T>(d.data), op); });
+      d.write_back();
+    }
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::allreduce_coalesced(tensors& t,
+                                                                         const ::c10d::AllreduceCoalescedOptions& o) {
+  return allreduce(t, o);
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::reduce(tensors& t, const ::c10d::ReduceOptions& o) {
+  check_one(t, "reduce");
+  const reduce_op op = reduction_of(o.reduceOp, "reduce");
+  const int root = static_cast<int>(o.rootRank);
+  return enqueue(collectives_, ::c10d::OpType::REDUCE, t, timeout_of(o.timeout), [this, x = t[0], op, root] {
+    dense d(x);
+    with_element(x, "reduce", [&]<class T>(T) { comm_.reduce(span_of<T>(d.data), op, root); });
+    d.write_back();
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::allgather(tensor_lists& out, tensors& in,
+                                                               const ::c10d::AllgatherOptions& o) {
+  check_one(in, "allgather");
+  check_list(out, getSize(), in[0], "allgather", "output");
+  return enqueue(
+      collectives_, ::c10d::OpType::ALLGATHER, out[0], timeout_of(o.timeout), [this, x = in[0], ys = out[0]]() mutable {
+        const at::Tensor src = x.contiguous();
+        at::Tensor flat = at::empty({src.numel() * getSize()}, src.options());
+        with_element(x, "allgather",
+                     [&]<class T>(T) { comm_.allgather(std::span<const T>(span_of<T>(src)), span_of<T>(flat)); });
+        split_into(flat, ys);
+      });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::_allgather_base(at::Tensor& out, at::Tensor& in,
+                                                                     const ::c10d::AllgatherOptions& o) {
+  check_tensor(in, "allgather");
+  check_tensor(out, "allgather");
+  check_same(in, out, "allgather");
+  TORCH_CHECK(out.numel() == in.numel() * getSize(), "dtrain: allgather into one tensor: ", out.numel(),
+              " output elements for ", getSize(), " inputs of ", in.numel());
+  return enqueue(collectives_, ::c10d::OpType::_ALLGATHER_BASE, {out}, timeout_of(o.timeout), [this, in, out] {
+    const at::Tensor src = in.contiguous();
+    dense d(out);
+    with_element(in, "allgather",
+                 [&]<class T>(T) { comm_.allgather(std::span<const T>(span_of<T>(src)), span_of<T>(d.data)); });
+    d.write_back();
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::gather(tensor_lists& out, tensors& in,
+                                                            const ::c10d::GatherOptions& o) {
+  check_one(in, "gather");
+  const int root = static_cast<int>(o.rootRank);
+  tensors ys = root_list(out, getRank(), root, getSize(), in[0], "gather", "output");
+  return enqueue(
+      collectives_, ::c10d::OpType::GATHER, ys, timeout_of(o.timeout), [this, x = in[0], ys, root]() mutable {
+        const at::Tensor src = x.contiguous();
+        at::Tensor flat =
+            ys.empty() ? at::empty({0}, src.options()) : at::empty({src.numel() * getSize()}, src.options());
+        with_element(x, "gather",
+                     [&]<class T>(T) { comm_.gather(std::span<const T>(span_of<T>(src)), span_of<T>(flat), root); });
+        if (!ys.empty()) split_into(flat, ys);
+      });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::scatter(tensors& out, tensor_lists& in,
+                                                             const ::c10d::ScatterOptions& o) {
+  check_one(out, "scatter");
+  const int root = static_cast<int>(o.rootRank);
+  const tensors xs = root_list(in, getRank(), root, getSize(), out[0], "scatter", "input");
+  return enqueue(collectives_, ::c10d::OpType::SCATTER, out, timeout_of(o.timeout), [this, xs, y = out[0], root] {
+    const at::Tensor flat = xs.empty() ? at::empty({0}, y.options()) : joined(xs);
+    dense d(y);
+    with_element(y, "scatter",
+                 [&]<class T>(T) { comm_.scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), root); });
+    d.write_back();
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter(tensors& out, tensor_lists& in,
+                                                                    const ::c10d::ReduceScatterOptions& o) {
+  check_one(out, "reduce_scatter");
+  check_list(in, getSize(), out[0], "reduce_scatter", "input");
+  const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter");
+  return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER, out, timeout_of(o.timeout),
+                 [this, xs = in[0], y = out[0], op] {
+                   const at::Tensor flat = joined(xs);
+                   dense d(y);
+                   with_element(y, "reduce_scatter", [&]<class T>(T) {
+                     comm_.reduce_scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), op);
+                   });
+                   d.write_back();
+                 });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::_reduce_scatter_base(at::Tensor& out, at::Tensor& in,
+                                                                          const ::c10d::ReduceScatterOptions& o) {
+  check_tensor(in, "reduce_scatter");
+  check_tensor(out, "reduce_scatter");
+  check_same(in, out, "reduce_scatter");
+  TORCH_CHECK(in.numel() == out.numel() * getSize(), "dtrain: reduce_scatter from one tensor: ", in.numel(),
+              " input elements for ", getSize(), " outputs of ", out.numel());
+  const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter");
+  return enqueue(collectives_, ::c10d::OpType::_REDUCE_SCATTER_BASE, {out}, timeout_of(o.timeout), [this, in, out, op] {
+    const at::Tensor src = in.contiguous();
+    dense d(out);
+    with_element(out, "reduce_scatter", [&]<class T>(T) {
+      comm_.reduce_scatter(std::span<const T>(span_of<T>(src)), span_of<T>(d.data), op);
+    });
+    d.write_back();
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::alltoall_base(at::Tensor& out, at::Tensor& in,
+                                                                   std::vector<std::int64_t>& out_splits,
+                                                                   std::vector<std::int64_t>& in_splits,
+                                                                   const ::c10d::AllToAllOptions& o) {
+  check_tensor(in, "alltoall");
+  check_tensor(out, "alltoall");
+  check_same(in, out, "alltoall");
+  const auto send = split_counts(in, in_splits, getSize(), "input");
+  const auto receive = split_counts(out, out_splits, getSize(), "output");
+  const bool even = in_splits.empty() && out_splits.empty();
+  return enqueue(collectives_, ::c10d::OpType::ALLTOALL_BASE, {out}, timeout_of(o.timeout),
+                 [this, in, out, send, receive, even] {
+                   const at::Tensor src = in.contiguous();
+                   dense d(out);
+                   with_element(in, "alltoall", [&]<class T>(T) {
+                     if (even) {
+                       comm_.alltoall(std::span<const T>(span_of<T>(src)), span_of<T>(d.data));
+                     } else {
+                       comm_.alltoallv(std::span<const T>(span_of<T>(src)), send, span_of<T>(d.data), receive);
+                     }
+                   });
+                   d.write_back();
+                 });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::alltoall(tensors& out, tensors& in,
+                                                              const ::c10d::AllToAllOptions& o) {
+  TORCH_CHECK(static_cast<int>(in.size()) == getSize() && static_cast<int>(out.size()) == getSize(),
+              "dtrain: alltoall needs ", getSize(), " input and output tensors, got ", in.size(), " and ", out.size());
+  for (const auto& x : in) check_tensor(x, "alltoall");
+  for (const auto& y : out) {
+    check_tensor(y, "alltoall");
+    check_same(in[0], y, "alltoall");
+  }
+  return enqueue(
+      collectives_, ::c10d::OpType::ALLTOALL, out, timeout_of(o.timeout), [this, xs = in, ys = out]() mutable {
+        const at::Tensor flat_in = joined(xs);
+        const auto send = counts_of(xs), receive = counts_of(ys);
+        at::Tensor flat_out =
+            at::empty({static_cast<std::int64_t>(std::accumulate(receive.begin(), receive.end(), std::size_t{0}))},
+                      flat_in.options());
+        with_element(flat_in, "alltoall", [&]<class T>(T) {
+          comm_.alltoallv(std::span<const T>(span_of<T>(flat_in)), send, span_of<T>(flat_out), receive);
+        });
+        split_into(flat_out, ys);
+      });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::barrier(const ::c10d::BarrierOptions& o) {
+  return enqueue(collectives_, ::c10d::OpType::BARRIER, {}, timeout_of(o.timeout), [this] { comm_.barrier(); });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::send(tensors& t, int dst, int tag) {
+  check_one(t, "send");
+  TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "dtrain: send to rank ", dst, " from rank ", getRank(),
+              " of ", getSize());
+  return enqueue(point_to_point_, ::c10d::OpType::SEND, t, timeout_, [this, x = t[0].contiguous(), dst, tag] {
+    const std::span<const std::byte> bytes(static_cast<const std::byte*>(x.data_ptr()), x.nbytes());
+    comm_.transport().isend(dst, p2p_tag(tag), signature{}, bytes).wait(deadline::after(timeout_));
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::recv(tensors& t, int src, int tag) {
+  check_one(t, "recv");
+  TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "dtrain: recv from rank ", src, " at rank ", getRank(),
+              " of ", getSize());
+  return enqueue_from(point_to_point_, ::c10d::OpType::RECV, t, timeout_, [this, y = t[0], src, tag] {
+    return receive(y, src, tag);
+  });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::recvAnysource(tensors& t, int tag) {
+  check_one(t, "recv");
+  return enqueue_from(point_to_point_, ::c10d::OpType::RECVANYSOURCE, t, timeout_, [this, y = t[0], tag] {
+    return receive(y, any_peer, tag);
+  });
+}
+
+int dtrain_process_group::receive(const at::Tensor& into, int src, int tag) {
+  dense d(into);
+  auto bytes = std::span(static_cast<std::byte*>(d.data.data_ptr()), d.data.nbytes());
+  auto r = comm_.transport().irecv(src, p2p_tag(tag), bytes);
+  r.wait(deadline::after(timeout_));
+  const int from = r.info().peer;
+  if (r.info().bytes != bytes.size()) {
+    throw error(errc::invalid_argument, "dtrain: recv from rank " + std::to_string(from) + " (tag " +
+                                            std::to_string(tag) + "): " + std::to_string(r.info().bytes) +
+                                            " bytes arrived for a tensor of " + std::to_string(bytes.size()));
+  }
+  d.write_back();
+  return from;
+}
+
+}  // namespace dtrain::torch_backend

@@ -1,0 +1,99 @@
+#pragma once
+// dtrain as a torch.distributed backend: a c10d::ProcessGroup whose collectives are dtrain's
+// host communicator over dtrain's TCP transport.
+//
+// Every collective is queued on the group's collective thread and runs there in the order it
+// was called (c10d's contract: every rank calls the same collectives in the same order); its
+// `Work` completes on that thread. send/recv run on a second thread, so a receive waiting for
+// its message never holds up a collective. Each call runs under the group's timeout (or the
+// call's own, where PyTorch passes one), and a failure names the peer and the operation.
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
+
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/collective/request.hpp"
+#include "dtrain/transport/tcp.hpp"
+
+namespace dtrain::torch_backend {
+
+/// A c10d `Work` that dtrain's thread completes: `wait(timeout)` as c10d's, a future of the
+/// output tensors for DDP's communication hooks.
+class dtrain_work final : public ::c10d::Work {
+ public:
+  dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs);
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override { return source_rank_; }
+
+  /// Marks the work done (`failure` null) or failed; called once, from dtrain's thread.
+  void complete(std::exception_ptr failure, int source_rank = -1);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int source_rank_ = -1;
+};
+
+class dtrain_process_group final : public ::c10d::ProcessGroup {
+ public:
+  /// Forms the group through `store` (its peers' addresses meet there), as c10d's creator does.
+  dtrain_process_group(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                       std::chrono::milliseconds timeout);
+  ~dtrain_process_group() override;
+
+  /// The creator torch.distributed calls for `init_process_group("dtrain")` and `new_group`.
+  static c10::intrusive_ptr<::c10d::ProcessGroup> create(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
+                                                         int size, const std::chrono::duration<float>& timeout);
+
+  const std::string getBackendName() const override { return "dtrain"; }
+
+  using work_ptr = c10::intrusive_ptr<::c10d::Work>;
+  using tensors = std::vector<at::Tensor>;
+  using tensor_lists = std::vector<std::vector<at::Tensor>>;
+
+  work_ptr broadcast(tensors& t, const ::c10d::BroadcastOptions& o) override;
+  work_ptr allreduce(tensors& t, const ::c10d::AllreduceOptions& o) override;
+  work_ptr allreduce_coalesced(tensors& t, const ::c10d::AllreduceCoalescedOptions& o) override;
+  work_ptr reduce(tensors& t, const ::c10d::ReduceOptions& o) override;
+  work_ptr allgather(tensor_lists& out, tensors& in, const ::c10d::AllgatherOptions& o) override;
+  work_ptr _allgather_base(at::Tensor& out, at::Tensor& in, const ::c10d::AllgatherOptions& o) override;
+  work_ptr gather(tensor_lists& out, tensors& in, const ::c10d::GatherOptions& o) override;
+  work_ptr scatter(tensors& out, tensor_lists& in, const ::c10d::ScatterOptions& o) override;
+  work_ptr reduce_scatter(tensors& out, tensor_lists& in, const ::c10d::ReduceScatterOptions& o) override;
+  work_ptr _reduce_scatter_base(at::Tensor& out, at::Tensor& in, const ::c10d::ReduceScatterOptions& o) override;
+  work_ptr alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<std::int64_t>& out_splits,
+                         std::vector<std::int64_t>& in_splits, const ::c10d::AllToAllOptions& o) override;
+  work_ptr alltoall(tensors& out, tensors& in, const ::c10d::AllToAllOptions& o) override;
+  work_ptr barrier(const ::c10d::BarrierOptions& o) override;
+  work_ptr send(tensors& t, int dst, int tag) override;
+  work_ptr recv(tensors& t, int src, int tag) override;
+  work_ptr recvAnysource(tensors& t, int tag) override;
+
+ private:
+  // Queues `body` on `queue`; the work completes when it has run (or failed).
+  work_ptr enqueue(detail::call_queue& queue, ::c10d::OpType type, tensors outputs, std::chrono::milliseconds timeout,
+                   std::function<void()> body);
+  // The same, for a body that returns the rank its message came from (`Work::sourceRank`).
+  work_ptr enqueue_from(detail::call_queue& queue, ::c10d::OpType type, tensors outputs,
+                        std::chrono::milliseconds timeout, std::function<int()> body);
+  // Receives one message on the user's `tag` into `into`, from `src` or any peer; @returns its sender.
+  int receive(const at::Tensor& into, int src, int tag);
+  std::chrono::milliseconds timeout_of(std::chrono::milliseconds asked) const;
+
+  std::chrono::milliseconds timeout_;
+  communicator<tcp_transport> comm_;
+  detail::call_queue collectives_;  // after comm_: destroyed (drained) before it
+  detail::call_queue point_to_point_;
+};
+
+}  // namespace dtrain::torch_backend

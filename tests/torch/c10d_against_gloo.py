@@ -1,0 +1,385 @@
+#!/usr/bin/env python3
+"""dtrain's torch.distributed backend against Gloo, in the style of PyTorch's c10d tests.
+
+    python3 c10d_against_gloo.py --ranks 3 [--module-dir DIR]         # every collective
+    python3 c10d_against_gloo.py --ranks 3 --kill [--module-dir DIR]  # a rank killed mid-allreduce
+    python3 c10d_against_gloo.py --ranks 3 --launcher torchrun [--module-dir DIR]  # ranks from torchrun
+
+Run without RANK in the environment, it launches --ranks processes of itself (env:// rendezvous,
+or tcp:// with --init tcp, on a free local port) and passes only if every rank reports every check
+passed; under torchrun (RANK set) each rank runs the checks and exits non-zero on any failure. Each rank joins
+the default group with backend "dtrain" and a Gloo group over the same ranks, runs each call on
+both with the same inputs, and compares: bit for bit for integers and for min/max, within float
+tolerance otherwise. Where Gloo lacks a call (reduce_scatter, list alltoall, AVG), the reference
+is composed from Gloo's allreduce or computed from the other ranks' inputs, which are known.
+"""
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+LAUNCH_DEADLINE_S = 240
+
+
+def launch_torchrun(args, port):
+    """The ranks under torchrun (static rendezvous on `port`); every rank's verdict is in its output."""
+    script = [os.path.abspath(__file__)] + (["--module-dir", args.module_dir] if args.module_dir else [])
+    # Debian's torchrun (torch 1.13) under Python 3.11 reads --redirects/--tee "0" (its default) as
+    # None and fails; "1" (stdout to a log file, and teed here) parses.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(args.ranks),
+           "--master_addr", "127.0.0.1", "--master_port", str(port), "--redirects", "1", "--tee", "1"] + script
+    try:
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LAUNCH_DEADLINE_S)
+        code, out = done.returncode, done.stdout
+    except subprocess.TimeoutExpired as e:
+        code, out = -1, (e.stdout or "") + f"\n(killed after {LAUNCH_DEADLINE_S} s)"
+    sys.stdout.write(out)
+    verdicts = sum(f"rank {r}: PASS" in out for r in range(args.ranks)) if code == 0 else 0
+    print(f"torchrun exited {code}; {verdicts} of {args.ranks} ranks passed")
+    return 0 if verdicts == args.ranks else 1
+
+
+def launch(args):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    if args.launcher == "torchrun":
+        return launch_torchrun(args, port)
+    procs = []
+    for r in range(args.ranks):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        procs.append(subprocess.Popen([sys.executable] + sys.argv, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    deadline = time.monotonic() + LAUNCH_DEADLINE_S
+    outputs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            out += f"\n(killed after {LAUNCH_DEADLINE_S} s)"
+        outputs.append((p.returncode, out))
+    verdicts = 0
+    for r, (code, out) in enumerate(outputs):
+        sys.stdout.write(f"--- rank {r} (exit {code})\n{out}")
+        victim = args.kill and r == args.ranks - 1
+        if victim:
+            verdicts += code == -signal.SIGKILL
+        else:
+            verdicts += code == 0 and f"rank {r}: PASS" in out
+    print(f"{verdicts} of {args.ranks} ranks gave the expected verdict")
+    return 0 if verdicts == args.ranks else 1
+
+
+class Checker:
+    def __init__(self, rank):
+        self.rank, self.passed, self.failed = rank, 0, []
+
+    def same(self, name, got, want, exact):
+        import torch
+        ok = torch.equal(got, want) if exact else torch.allclose(got.double(), want.double(), rtol=1e-5, atol=1e-5)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed.append(name)
+            print(f"rank {self.rank}: FAIL {name}: got {got.flatten()[:8].tolist()} want {want.flatten()[:8].tolist()}",
+                  flush=True)
+
+    def true(self, name, cond, detail=""):
+        if cond:
+            self.passed += 1
+        else:
+            self.failed.append(name)
+            print(f"rank {self.rank}: FAIL {name} {detail}", flush=True)
+
+
+def input_of(rank, shape, dtype, kind="any"):
+    """Rank `rank`'s input: deterministic, so any rank can compute another's."""
+    import torch
+    g = torch.Generator().manual_seed(1000 + rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        if kind == "prod":
+            return (torch.rand(shape, generator=g) + 0.5).to(dtype)
+        return (torch.randn(shape, generator=g) * 4).to(dtype)
+    low, high = (1, 3) if kind == "prod" else (-50 if dtype not in (torch.uint8,) else 0, 50)
+    return torch.randint(low, high, shape, generator=g).to(dtype)
+
+
+def collectives(c, dist, torch, gloo, size, rank):
+    R = dist.ReduceOp
+    floats = [torch.float32, torch.float64]
+    ints = [torch.int32, torch.int64]
+    shape = (5, 7)
+
+    def exact(dtype, op=None):
+        return not dtype.is_floating_point or (op is not None and op in (R.MIN, R.MAX))
+
+    # allreduce: every op and dtype, against Gloo's on the same input
+    for dtype in floats + ints:
+        for name, op in (("SUM", R.SUM), ("PRODUCT", R.PRODUCT), ("MIN", R.MIN), ("MAX", R.MAX)):
+            kind = "prod" if op == R.PRODUCT else "any"
+            mine, ref = input_of(rank, shape, dtype, kind), input_of(rank, shape, dtype, kind)
+            dist.all_reduce(mine, op=op)
+            dist.all_reduce(ref, op=op, group=gloo)
+            c.same(f"allreduce {dtype} {name}", mine, ref, exact(dtype, op))
+    # AVG (Gloo has none): the sum over the ranks' known inputs, divided
+    for dtype in floats:
+        mine = input_of(rank, shape, dtype)
+        dist.all_reduce(mine, op=R.AVG)
+        want = sum(input_of(r, shape, torch.float64) for r in range(size)) / size
+        c.same(f"allreduce {dtype} AVG", mine, want.to(dtype), False)
+    # half precision: against the float32 sum of the same inputs
+    for dtype in (torch.float16, torch.bfloat16):
+        mine = input_of(rank, shape, dtype)
+        dist.all_reduce(mine)
+        want = sum(input_of(r, shape, dtype).float() for r in range(size))
+        c.true(f"allreduce {dtype}", torch.allclose(mine.float(), want, rtol=2e-2, atol=0.5))
+    # a non-contiguous tensor (a transposed view) is reduced in place
+    base = input_of(rank, (6, 4), torch.float32)
+    ref = base.clone()
+    view = base.t()
+    dist.all_reduce(view)
+    dist.all_reduce(ref, group=gloo)
+    c.same("allreduce of a transposed view", base, ref, False)
+
+    root = size - 1
+    # broadcast: every dtype, including bytes and booleans (which Gloo cannot: the root's input)
+    for dtype in floats + ints + [torch.uint8, torch.int8, torch.float16, torch.bool]:
+        mine, ref = input_of(rank, shape, dtype), input_of(rank, shape, dtype)
+        dist.broadcast(mine, src=root)
+        if dtype == torch.bool:
+            ref = input_of(root, shape, dtype)
+        else:
+            dist.broadcast(ref, src=root, group=gloo)
+        c.same(f"broadcast {dtype}", mine, ref, True)
+
+    # reduce to a root
+    for dtype in (torch.float32, torch.int64):
+        mine, ref = input_of(rank, shape, dtype), input_of(rank, shape, dtype)
+        dist.reduce(mine, dst=0, op=R.MAX)
+        dist.reduce(ref, dst=0, op=R.MAX, group=gloo)
+        if rank == 0:
+            c.same(f"reduce {dtype}", mine, ref, True)
+
+    # allgather: list form and into one tensor
+    for dtype in (torch.float32, torch.int32, torch.uint8):
+        x = input_of(rank, shape, dtype)
+        mine = [torch.empty(shape, dtype=dtype) for _ in range(size)]
+        ref = [torch.empty(shape, dtype=dtype) for _ in range(size)]
+        dist.all_gather(mine, x)
+        dist.all_gather(ref, x, group=gloo)
+        c.same(f"allgather {dtype}", torch.stack(mine), torch.stack(ref), True)
+        flat = torch.empty((size * 5, 7), dtype=dtype)
+        dist.all_gather_into_tensor(flat, x)  # Gloo has no such form: its list form, joined
+        c.same(f"allgather into a tensor {dtype}", flat, torch.cat(ref), True)
+
+    # gather and scatter at a root
+    x = input_of(rank, shape, torch.float64)
+    mine = [torch.empty(shape, dtype=torch.float64) for _ in range(size)] if rank == root else None
+    ref = [torch.empty(shape, dtype=torch.float64) for _ in range(size)] if rank == root else None
+    dist.gather(x, mine, dst=root)
+    dist.gather(x, ref, dst=root, group=gloo)
+    if rank == root:
+        c.same("gather", torch.stack(mine), torch.stack(ref), True)
+    pieces = [input_of(100 + r, shape, torch.int64) for r in range(size)] if rank == 0 else None
+    mine, ref = torch.empty(shape, dtype=torch.int64), torch.empty(shape, dtype=torch.int64)
+    dist.scatter(mine, pieces, src=0)
+    dist.scatter(ref, [p.clone() for p in pieces] if pieces else None, src=0, group=gloo)
+    c.same("scatter", mine, ref, True)
+
+    # reduce_scatter (Gloo has none): Gloo's allreduce of the joined inputs, this rank's block
+    for dtype in (torch.float32, torch.int64):
+        xs = [input_of(rank * size + r, shape, dtype) for r in range(size)]
+        mine = torch.empty(shape, dtype=dtype)
+        dist.reduce_scatter(mine, xs)
+        whole = torch.cat([t.flatten() for t in xs])
+        dist.all_reduce(whole, group=gloo)
+        want = whole.view(size, -1)[rank].view(shape)
+        c.same(f"reduce_scatter {dtype}", mine, want, exact(dtype))
+        mine = torch.empty(shape, dtype=dtype)
+        dist.reduce_scatter_tensor(mine, torch.cat(xs))
+        c.same(f"reduce_scatter from a tensor {dtype}", mine, want, exact(dtype))
+
+    # alltoall: equal shares and uneven splits against Gloo's; the list form from known inputs
+    x = input_of(rank, (size * 3, 2), torch.float32)
+    mine, ref = torch.empty_like(x), torch.empty_like(x)
+    dist.all_to_all_single(mine, x)
+    dist.all_to_all_single(ref, x, group=gloo)
+    c.same("alltoall, equal", mine, ref, True)
+    # rank r sends (r + d) % 3 + 1 rows to rank d
+    send = [(rank + d) % 3 + 1 for d in range(size)]
+    recv = [(s + rank) % 3 + 1 for s in range(size)]
+    x = input_of(rank, (sum(send), 3), torch.int32)
+    mine, ref = torch.empty((sum(recv), 3), dtype=torch.int32), torch.empty((sum(recv), 3), dtype=torch.int32)
+    dist.all_to_all_single(mine, x, recv, send)
+    dist.all_to_all_single(ref, x, recv, send, group=gloo)
+    c.same("alltoall, uneven splits", mine, ref, True)
+    xs = [input_of(rank * 10 + d, (d + 1,), torch.int64) for d in range(size)]
+    ys = [torch.empty((rank + 1,), dtype=torch.int64) for _ in range(size)]
+    dist.all_to_all(ys, xs)
+    want = [input_of(s * 10 + rank, (rank + 1,), torch.int64) for s in range(size)]
+    c.same("alltoall, list of tensors", torch.cat(ys), torch.cat(want), True)
+
+    # send and recv around a ring, asynchronous
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+    out = input_of(rank, (33,), torch.float64)
+    into = torch.empty(33, dtype=torch.float64)
+    works = [dist.isend(out, nxt, tag=7), dist.irecv(into, prv, tag=7)]
+    for w in works:
+        w.wait()
+    c.same("send/recv around a ring", into, input_of(prv, (33,), torch.float64), True)
+    # a receive from any source names its sender
+    if rank == 0:
+        got = {}
+        for _ in range(size - 1):
+            t = torch.empty(2, dtype=torch.int64)
+            sender = dist.recv(t, tag=11)
+            got[sender] = t.tolist()
+        c.true("recv from any source", got == {r: [r, r * r] for r in range(1, size)}, str(got))
+    else:
+        dist.send(torch.tensor([rank, rank * rank]), 0, tag=11)
+
+    # asynchronous work: wait with a timeout, and the future DDP's hooks use
+    x = input_of(rank, shape, torch.float32)
+    ref = x.clone()
+    work = dist.all_reduce(x, async_op=True)
+    c.true("async allreduce wait", work.wait(timeout=timedelta(seconds=30)))
+    dist.all_reduce(ref, group=gloo)
+    c.same("async allreduce result", x, ref, False)
+    y = input_of(rank, shape, torch.float32)
+    fut = dist.all_reduce(y, async_op=True).get_future()
+    c.same("async allreduce future", fut.wait()[0], ref, False)
+
+    # a sub-group: the first and last ranks
+    members = [0, size - 1]
+    sub = dist.new_group(members, backend="dtrain")
+    sub_gloo = dist.new_group(members, backend="gloo")
+    if rank in members:
+        mine, ref = input_of(rank, shape, torch.int64), input_of(rank, shape, torch.int64)
+        dist.all_reduce(mine, group=sub)
+        dist.all_reduce(ref, group=sub_gloo)
+        c.same("allreduce in a sub-group", mine, ref, True)
+
+    dist.barrier()
+    c.true("barrier", True)
+
+    # a receive nobody sends to: wait(timeout) raises in time; then the message comes
+    if rank == 0:
+        late = torch.empty(4)
+        work = dist.irecv(late, src=1, tag=99)
+        t0 = time.monotonic()
+        try:
+            work.wait(timeout=timedelta(milliseconds=300))
+            c.true("wait with a timeout raises", False, "(returned)")
+        except RuntimeError as e:
+            took = time.monotonic() - t0
+            c.true("wait with a timeout raises in time", took < 2.0, f"({took:.2f} s: {e})")
+        dist.barrier(group=gloo)
+        work.wait()
+        c.same("the late message", late, torch.arange(4.0), True)
+    else:
+        dist.barrier(group=gloo)
+        if rank == 1:
+            dist.send(torch.arange(4.0), 0, tag=99)
+
+    # a collective one rank never joins: the others' deadline names what they waited for
+    short = dist.new_group(list(range(size)), backend="dtrain", timeout=timedelta(seconds=1))
+    if rank != size - 1:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(8), group=short)
+            c.true("a collective past its deadline raises", False, "(returned)")
+        except RuntimeError as e:
+            took = time.monotonic() - t0
+            c.true("a collective past its deadline raises, naming the operation", took < 5.0 and "allreduce" in str(e),
+                   f"({took:.2f} s: {e})")
+    dist.barrier(group=gloo)
+
+    # bad input: a clear error, raised at the call
+    try:
+        dist.all_reduce(torch.ones(3, dtype=torch.int16))
+        c.true("int16 tensors are refused", False)
+    except RuntimeError as e:
+        c.true("int16 tensors are refused, naming the dtype", "Short" in str(e), str(e))
+
+
+def killed(c, dist, torch, size, rank):
+    """The last rank dies (SIGKILL) mid-allreduce; the others must raise within a second, naming it."""
+    store = dist.distributed_c10d._get_default_store()
+    victim = size - 1
+    x = torch.ones(1 << 22)  # 16 MiB: each allreduce takes a while
+    for i in range(1000):
+        if rank == victim and i == 5:
+            store.set("killed_at", repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            dist.all_reduce(x)
+        except RuntimeError as e:
+            now = time.time()
+            at = float(store.get("killed_at").decode())
+            took = now - at
+            print(f"rank {rank}: allreduce #{i} raised {took * 1000:.0f} ms after the kill: {e}", flush=True)
+            c.true("the survivors raise within a second", took < 1.0, f"({took:.2f} s)")
+            c.true("the error names the lost rank", f"rank {victim}" in str(e), str(e))
+            break
+    else:
+        c.true("an allreduce raised", False)
+    # Rank 0 serves the store: it stays until every survivor has read from it.
+    store.add("survivors_done", 1)
+    deadline = time.monotonic() + 30
+    while rank == 0 and store.add("survivors_done", 0) < size - 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def rank_main(args):
+    if args.module_dir:
+        sys.path.insert(0, args.module_dir)
+    import torch
+    import torch.distributed as dist
+    import dtrain_torch  # noqa: F401  (registers the backend)
+
+    rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.init == "tcp":
+        where = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        dist.init_process_group("dtrain", init_method=where, rank=rank, world_size=size, timeout=timedelta(seconds=30))
+    else:  # env://, as torchrun and this launcher set it
+        dist.init_process_group("dtrain", init_method="env://", timeout=timedelta(seconds=30))
+    c = Checker(rank)
+    if args.kill:
+        killed(c, dist, torch, size, rank)
+        print(f"rank {rank}: {'PASS' if not c.failed else 'FAIL'} ({c.passed} checks passed, {len(c.failed)} failed)",
+              flush=True)
+        os._exit(0 if not c.failed else 1)  # the group is broken: no orderly goodbye to wait for
+    gloo = dist.new_group(list(range(size)), backend="gloo")
+    collectives(c, dist, torch, gloo, size, rank)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+    verdict = "PASS" if not c.failed and c.passed > 0 else "FAIL"
+    print(f"rank {rank}: {verdict} ({c.passed} checks passed, {len(c.failed)} failed: {c.failed})", flush=True)
+    return 0 if verdict == "PASS" else 1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=3)
+    p.add_argument("--kill", action="store_true", help="kill the last rank mid-allreduce")
+    p.add_argument("--module-dir", help="where dtrain_torch's module was built")
+    p.add_argument("--init", choices=["env", "tcp"], default="env", help="init_method: env:// or tcp://host:port")
+    p.add_argument("--launcher", choices=["self", "torchrun"], default="self", help="who starts the ranks")
+    args = p.parse_args()
+    if "RANK" not in os.environ:
+        return launch(args)
+    return rank_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
