@@ -20,24 +20,15 @@ namespace {
 template <class F>
 void with_element(const at::Tensor& t, const char* op, F&& f) {
   switch (t.scalar_type()) {
-    case at::kFloat:
-      return f(float{});
-    case at::kDouble:
-      return f(double{});
-    case at::kInt:
-      return f(std::int32_t{});
-    case at::kLong:
-      return f(std::int64_t{});
-    case at::kHalf:
-      return f(dtrain::float16{});
-    case at::kBFloat16:
-      return f(dtrain::bfloat16{});
-    case at::kByte:
-      return f(std::uint8_t{});
-    case at::kChar:
-      return f(std::int8_t{});
-    case at::kBool:
-      return f(bool{});
+    case at::kFloat: return f(float{});
+    case at::kDouble: return f(double{});
+    case at::kInt: return f(std::int32_t{});
+    case at::kLong: return f(std::int64_t{});
+    case at::kHalf: return f(dtrain::float16{});
+    case at::kBFloat16: return f(dtrain::bfloat16{});
+    case at::kByte: return f(std::uint8_t{});
+    case at::kChar: return f(std::int8_t{});
+    case at::kBool: return f(bool{});
     default:
       TORCH_CHECK(false, "dtrain: ", op, " of a ", t.scalar_type(),
                   " tensor: dtrain moves float32, float64, float16, bfloat16, int32, int64, int8, uint8 and bool");
@@ -46,16 +37,11 @@ void with_element(const at::Tensor& t, const char* op, F&& f) {
 
 reduce_op reduction_of(const ::c10d::ReduceOp& op, const char* what) {
   switch (op.op_) {
-    case ::c10d::ReduceOp::SUM:
-      return reduce_op::sum;
-    case ::c10d::ReduceOp::AVG:
-      return reduce_op::avg;
-    case ::c10d::ReduceOp::PRODUCT:
-      return reduce_op::prod;
-    case ::c10d::ReduceOp::MIN:
-      return reduce_op::min;
-    case ::c10d::ReduceOp::MAX:
-      return reduce_op::max;
+    case ::c10d::ReduceOp::SUM: return reduce_op::sum;
+    case ::c10d::ReduceOp::AVG: return reduce_op::avg;
+    case ::c10d::ReduceOp::PRODUCT: return reduce_op::prod;
+    case ::c10d::ReduceOp::MIN: return reduce_op::min;
+    case ::c10d::ReduceOp::MAX: return reduce_op::max;
     default:
       TORCH_CHECK(false, "dtrain: ", what, " with reduce op ", static_cast<int>(op.op_),
                   ": dtrain reduces with SUM, AVG, PRODUCT, MIN and MAX (no bitwise or pre-multiplied ops)");
@@ -458,16 +444,14 @@ dtrain_process_group::work_ptr dtrain_process_group::recv(tensors& t, int src, i
   check_one(t, "recv");
   TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "dtrain: recv from rank ", src, " at rank ", getRank(),
               " of ", getSize());
-  return enqueue_from(point_to_point_, ::c10d::OpType::RECV, t, timeout_, [this, y = t[0], src, tag] {
-    return receive(y, src, tag);
-  });
+  return enqueue_from(point_to_point_, ::c10d::OpType::RECV, t, timeout_,
+                      [this, y = t[0], src, tag] { return receive(y, src, tag); });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::recvAnysource(tensors& t, int tag) {
   check_one(t, "recv");
-  return enqueue_from(point_to_point_, ::c10d::OpType::RECVANYSOURCE, t, timeout_, [this, y = t[0], tag] {
-    return receive(y, any_peer, tag);
-  });
+  return enqueue_from(point_to_point_, ::c10d::OpType::RECVANYSOURCE, t, timeout_,
+                      [this, y = t[0], tag] { return receive(y, any_peer, tag); });
 }
 
 int dtrain_process_group::receive(const at::Tensor& into, int src, int tag) {
