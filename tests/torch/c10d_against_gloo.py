@@ -15,6 +15,7 @@ is composed from Gloo's allreduce or computed from the other ranks' inputs, whic
 """
 import argparse
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -23,6 +24,21 @@ import time
 from datetime import timedelta
 
 LAUNCH_DEADLINE_S = 240
+
+
+def free_port():
+    """A free port below Linux's ephemeral range (32768 up): one picked from that range could be
+    handed to another process's socket between this check and the rendezvous binding it."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        port = rng.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    sys.exit("no free port in 20000-32767")
 
 
 def launch_torchrun(args, port):
@@ -36,7 +52,8 @@ def launch_torchrun(args, port):
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=LAUNCH_DEADLINE_S)
         code, out = done.returncode, done.stdout
     except subprocess.TimeoutExpired as e:
-        code, out = -1, (e.stdout or "") + f"\n(killed after {LAUNCH_DEADLINE_S} s)"
+        partial = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        code, out = -1, partial + f"\n(killed after {LAUNCH_DEADLINE_S} s)"
     sys.stdout.write(out)
     verdicts = sum(f"rank {r}: PASS" in out for r in range(args.ranks)) if code == 0 else 0
     print(f"torchrun exited {code}; {verdicts} of {args.ranks} ranks passed")
@@ -44,9 +61,7 @@ def launch_torchrun(args, port):
 
 
 def launch(args):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     if args.launcher == "torchrun":
         return launch_torchrun(args, port)
     procs = []
