@@ -79,6 +79,25 @@ void check_list(const std::vector<std::vector<at::Tensor>>& lists, int size, con
   }
 }
 
+// `whole` holds `size` blocks the shape of `block` (allgather's output, reduce_scatter's input).
+void check_blocks(const at::Tensor& whole, const at::Tensor& block, int size, const char* what) {
+  check_tensor(whole, what);
+  check_tensor(block, what);
+  check_same(whole, block, what);
+  TORCH_CHECK(whole.numel() == block.numel() * size, "dtrain: ", what, ": a tensor of ", whole.numel(),
+              " elements for ", size, " blocks of ", block.numel());
+}
+
+// The coalesced calls join their tensors into one buffer, so every tensor has the first's dtype
+// (as Gloo and NCCL require).
+void check_coalesced(const std::vector<at::Tensor>& list, const char* what) {
+  TORCH_CHECK(!list.empty(), "dtrain: ", what, ": no tensors");
+  for (const auto& t : list) {
+    check_tensor(t, what);
+    check_same(list[0], t, what);
+  }
+}
+
 // The root's list for gather (outputs) and scatter (inputs), checked; other ranks pass none.
 std::vector<at::Tensor> root_list(const std::vector<std::vector<at::Tensor>>& lists, int rank, int root, int size,
                                   const at::Tensor& one, const char* what, const char* role) {
@@ -154,6 +173,19 @@ constexpr std::uint64_t p2p_tag(int tag) noexcept {
   return 0x7470'0000'0000'0000ull + static_cast<std::uint32_t>(tag);  // "tp"
 }
 
+// Waits for a send or receive on the user's `tag`; a failure names the call, the peer and the
+// tag as the user wrote them.
+template <class Request>
+void wait_for(Request& r, deadline d, const char* what, int peer, int tag, int rank) {
+  std::error_code ec;
+  if (r.wait(d, ec)) return;
+  std::string text = std::string("dtrain: ") + what + (peer == any_peer ? std::string(" any rank") :
+                     " rank " + std::to_string(peer)) + " (tag " + std::to_string(tag) + ") at rank " +
+                     std::to_string(rank) + ": " + ec.message();
+  if (!r.detail().empty()) text += " (" + r.detail() + ")";
+  throw error(ec, text);
+}
+
 // Without a token of the user's, rank 0 draws one and shares it through the store: connections
 // then prove they belong to this group (a stray process from another job is refused), as safe
 // as the store itself, which is all c10d's own backends rely on.
@@ -190,7 +222,7 @@ void dtrain_work::complete(std::exception_ptr failure, int source_rank) {
 
 dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                                            std::chrono::milliseconds timeout)
-    : ProcessGroup(rank, size), timeout_(timeout), comm_([&] {
+    : c10d_backend(rank, size), timeout_(timeout), comm_(std::in_place, [&] {
         c10d_store meeting(store);
         tcp_options o;
         o.timeout = timeout;
@@ -201,14 +233,21 @@ dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Stor
         return tcp_transport::connect(meeting, rank, size, o.with_environment(), master != nullptr ? master : "");
       }()) {}
 
-dtrain_process_group::~dtrain_process_group() {
+dtrain_process_group::~dtrain_process_group() { close(); }
+
+void dtrain_process_group::close() noexcept {
+  {
+    std::lock_guard lock(receiving_);
+    closing_ = true;
+    if (cancel_receive_) cancel_receive_();
+  }
   collectives_.stop();
   point_to_point_.stop();
+  comm_.reset();
 }
 
-c10::intrusive_ptr<::c10d::ProcessGroup> dtrain_process_group::create(const c10::intrusive_ptr<::c10d::Store>& store,
-                                                                      int rank, int size,
-                                                                      const std::chrono::duration<float>& timeout) {
+c10::intrusive_ptr<c10d_backend> dtrain_process_group::create(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
+                                                              int size, const std::chrono::duration<float>& timeout) {
   return c10::make_intrusive<dtrain_process_group>(store, rank, size,
                                                    std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
 }
@@ -229,12 +268,13 @@ dtrain_process_group::work_ptr dtrain_process_group::enqueue(detail::call_queue&
 dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_queue& queue, ::c10d::OpType type,
                                                                   tensors outputs, std::chrono::milliseconds timeout,
                                                                   std::function<int()> body) {
+  TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
   auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs));
   queue.submit([this, &queue, work, timeout, body = std::move(body)] {
     std::exception_ptr failure;
     int source = -1;
     try {
-      if (&queue == &collectives_) comm_.set_timeout(timeout);  // the p2p thread leaves it alone
+      if (&queue == &collectives_) comm_->set_timeout(timeout);  // the p2p thread leaves it alone
       source = body();
     } catch (...) {
       failure = std::current_exception();
@@ -250,7 +290,7 @@ dtrain_process_group::work_ptr dtrain_process_group::broadcast(tensors& t, const
   return enqueue(collectives_, ::c10d::OpType::BROADCAST, t, timeout_of(o.timeout), [this, t, root] {
     for (const auto& x : t) {
       dense d(x);
-      with_element(x, "broadcast", [&]<class T>(T) { comm_.broadcast(span_of<T>(d.data), root); });
+      with_element(x, "broadcast", [&]<class T>(T) { comm_->broadcast(span_of<T>(d.data), root); });
       d.write_back();
     }
   });
@@ -262,7 +302,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allreduce(tensors& t, const
   return enqueue(collectives_, ::c10d::OpType::ALLREDUCE, t, timeout_of(o.timeout), [this, t, op] {
     for (const auto& x : t) {
       dense d(x);
-      with_element(x, "allreduce", [&]<class T>(T) { comm_.allreduce(span_of<T>(d.data), op); });
+      with_element(x, "allreduce", [&]<class T>(T) { comm_->allreduce(span_of<T>(d.data), op); });
       d.write_back();
     }
   });
@@ -270,7 +310,14 @@ dtrain_process_group::work_ptr dtrain_process_group::allreduce(tensors& t, const
 
 dtrain_process_group::work_ptr dtrain_process_group::allreduce_coalesced(tensors& t,
                                                                          const ::c10d::AllreduceCoalescedOptions& o) {
-  return allreduce(t, o);
+  check_coalesced(t, "allreduce_coalesced");
+  const reduce_op op = reduction_of(o.reduceOp, "allreduce_coalesced");
+  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE_COALESCED, t, timeout_of(o.timeout),
+                 [this, xs = t, op]() mutable {
+                   at::Tensor flat = joined(xs);
+                   with_element(flat, "allreduce_coalesced", [&]<class T>(T) { comm_->allreduce(span_of<T>(flat), op); });
+                   split_into(flat, xs);
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::reduce(tensors& t, const ::c10d::ReduceOptions& o) {
@@ -279,7 +326,7 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce(tensors& t, const ::
   const int root = static_cast<int>(o.rootRank);
   return enqueue(collectives_, ::c10d::OpType::REDUCE, t, timeout_of(o.timeout), [this, x = t[0], op, root] {
     dense d(x);
-    with_element(x, "reduce", [&]<class T>(T) { comm_.reduce(span_of<T>(d.data), op, root); });
+    with_element(x, "reduce", [&]<class T>(T) { comm_->reduce(span_of<T>(d.data), op, root); });
     d.write_back();
   });
 }
@@ -293,26 +340,90 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather(tensor_lists& out
         const at::Tensor src = x.contiguous();
         at::Tensor flat = at::empty({src.numel() * getSize()}, src.options());
         with_element(x, "allgather",
-                     [&]<class T>(T) { comm_.allgather(std::span<const T>(span_of<T>(src)), span_of<T>(flat)); });
+                     [&]<class T>(T) { comm_->allgather(std::span<const T>(span_of<T>(src)), span_of<T>(flat)); });
         split_into(flat, ys);
       });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::_allgather_base(at::Tensor& out, at::Tensor& in,
                                                                      const ::c10d::AllgatherOptions& o) {
-  check_tensor(in, "allgather");
-  check_tensor(out, "allgather");
-  check_same(in, out, "allgather");
-  TORCH_CHECK(out.numel() == in.numel() * getSize(), "dtrain: allgather into one tensor: ", out.numel(),
-              " output elements for ", getSize(), " inputs of ", in.numel());
+  check_blocks(out, in, getSize(), "allgather into one tensor");
   return enqueue(collectives_, ::c10d::OpType::_ALLGATHER_BASE, {out}, timeout_of(o.timeout), [this, in, out] {
     const at::Tensor src = in.contiguous();
     dense d(out);
     with_element(in, "allgather",
-                 [&]<class T>(T) { comm_.allgather(std::span<const T>(span_of<T>(src)), span_of<T>(d.data)); });
+                 [&]<class T>(T) { comm_->allgather(std::span<const T>(span_of<T>(src)), span_of<T>(d.data)); });
     d.write_back();
   });
 }
+
+at::Tensor dtrain_process_group::allgather_joined(const tensors& in) {
+  const at::Tensor flat_in = joined(in);
+  at::Tensor flat_out = at::empty({getSize(), flat_in.numel()}, flat_in.options());
+  with_element(flat_in, "allgather_coalesced",
+               [&]<class T>(T) { comm_->allgather(std::span<const T>(span_of<T>(flat_in)), span_of<T>(flat_out)); });
+  return flat_out;
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::allgather_coalesced(tensor_lists& out, tensors& in,
+                                                                         const ::c10d::AllgatherOptions& o) {
+  // out[r][i] receives rank r's in[i]
+  check_coalesced(in, "allgather_coalesced");
+  TORCH_CHECK(static_cast<int>(out.size()) == getSize(), "dtrain: allgather_coalesced: ", out.size(),
+              " output lists for ", getSize(), " ranks");
+  tensors outputs;
+  for (const auto& from_rank : out) {
+    TORCH_CHECK(from_rank.size() == in.size(), "dtrain: allgather_coalesced: output lists of ", from_rank.size(),
+                " tensors for ", in.size(), " inputs");
+    for (std::size_t i = 0; i < in.size(); ++i) check_blocks(from_rank[i], in[i], 1, "allgather_coalesced");
+    outputs.insert(outputs.end(), from_rank.begin(), from_rank.end());
+  }
+  return enqueue(collectives_, ::c10d::OpType::ALLGATHER_COALESCED, outputs, timeout_of(o.timeout),
+                 [this, in, out]() mutable {
+                   const at::Tensor rows = allgather_joined(in);
+                   for (int r = 0; r < getSize(); ++r) split_into(rows[r], out[static_cast<std::size_t>(r)]);
+                 });
+}
+
+#if DTRAIN_TORCH_AT_LEAST(2, 2)
+dtrain_process_group::work_ptr dtrain_process_group::allgather_into_tensor_coalesced(
+    tensors& out, tensors& in, const ::c10d::AllgatherOptions& o) {
+  check_coalesced(in, "allgather_into_tensor_coalesced");
+  TORCH_CHECK(out.size() == in.size(), "dtrain: allgather_into_tensor_coalesced: ", out.size(), " outputs for ",
+              in.size(), " inputs");
+  for (std::size_t i = 0; i < in.size(); ++i) check_blocks(out[i], in[i], getSize(), "allgather_into_tensor_coalesced");
+  return enqueue(collectives_, ::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, out, timeout_of(o.timeout),
+                 [this, in, out]() mutable {
+                   const at::Tensor rows = allgather_joined(in);
+                   std::int64_t at = 0;
+                   for (std::size_t i = 0; i < in.size(); ++i) {
+                     out[i].copy_(rows.narrow(1, at, in[i].numel()).reshape(out[i].sizes()));
+                     at += in[i].numel();
+                   }
+                 });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter_tensor_coalesced(
+    tensors& out, tensors& in, const ::c10d::ReduceScatterOptions& o) {
+  check_coalesced(in, "reduce_scatter_tensor_coalesced");
+  TORCH_CHECK(out.size() == in.size(), "dtrain: reduce_scatter_tensor_coalesced: ", out.size(), " outputs for ",
+              in.size(), " inputs");
+  for (std::size_t i = 0; i < in.size(); ++i) check_blocks(in[i], out[i], getSize(), "reduce_scatter_tensor_coalesced");
+  const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter_tensor_coalesced");
+  return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, out, timeout_of(o.timeout),
+                 [this, in, out, op]() mutable {
+                   // Rank r's blocks of every input, side by side in row r: one reduce_scatter for all.
+                   tensors rows;
+                   for (const auto& x : in) rows.push_back(x.reshape({getSize(), x.numel() / getSize()}));
+                   const at::Tensor send = at::cat(rows, 1);
+                   at::Tensor mine = at::empty({send.size(1)}, send.options());
+                   with_element(send, "reduce_scatter_tensor_coalesced", [&]<class T>(T) {
+                     comm_->reduce_scatter(std::span<const T>(span_of<T>(send)), span_of<T>(mine), op);
+                   });
+                   split_into(mine, out);
+                 });
+}
+#endif
 
 dtrain_process_group::work_ptr dtrain_process_group::gather(tensor_lists& out, tensors& in,
                                                             const ::c10d::GatherOptions& o) {
@@ -325,7 +436,7 @@ dtrain_process_group::work_ptr dtrain_process_group::gather(tensor_lists& out, t
         at::Tensor flat =
             ys.empty() ? at::empty({0}, src.options()) : at::empty({src.numel() * getSize()}, src.options());
         with_element(x, "gather",
-                     [&]<class T>(T) { comm_.gather(std::span<const T>(span_of<T>(src)), span_of<T>(flat), root); });
+                     [&]<class T>(T) { comm_->gather(std::span<const T>(span_of<T>(src)), span_of<T>(flat), root); });
         if (!ys.empty()) split_into(flat, ys);
       });
 }
@@ -339,7 +450,7 @@ dtrain_process_group::work_ptr dtrain_process_group::scatter(tensors& out, tenso
     const at::Tensor flat = xs.empty() ? at::empty({0}, y.options()) : joined(xs);
     dense d(y);
     with_element(y, "scatter",
-                 [&]<class T>(T) { comm_.scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), root); });
+                 [&]<class T>(T) { comm_->scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), root); });
     d.write_back();
   });
 }
@@ -354,7 +465,7 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter(tensors& out
                    const at::Tensor flat = joined(xs);
                    dense d(y);
                    with_element(y, "reduce_scatter", [&]<class T>(T) {
-                     comm_.reduce_scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), op);
+                     comm_->reduce_scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), op);
                    });
                    d.write_back();
                  });
@@ -362,17 +473,13 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter(tensors& out
 
 dtrain_process_group::work_ptr dtrain_process_group::_reduce_scatter_base(at::Tensor& out, at::Tensor& in,
                                                                           const ::c10d::ReduceScatterOptions& o) {
-  check_tensor(in, "reduce_scatter");
-  check_tensor(out, "reduce_scatter");
-  check_same(in, out, "reduce_scatter");
-  TORCH_CHECK(in.numel() == out.numel() * getSize(), "dtrain: reduce_scatter from one tensor: ", in.numel(),
-              " input elements for ", getSize(), " outputs of ", out.numel());
+  check_blocks(in, out, getSize(), "reduce_scatter from one tensor");
   const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter");
   return enqueue(collectives_, ::c10d::OpType::_REDUCE_SCATTER_BASE, {out}, timeout_of(o.timeout), [this, in, out, op] {
     const at::Tensor src = in.contiguous();
     dense d(out);
     with_element(out, "reduce_scatter", [&]<class T>(T) {
-      comm_.reduce_scatter(std::span<const T>(span_of<T>(src)), span_of<T>(d.data), op);
+      comm_->reduce_scatter(std::span<const T>(span_of<T>(src)), span_of<T>(d.data), op);
     });
     d.write_back();
   });
@@ -394,9 +501,9 @@ dtrain_process_group::work_ptr dtrain_process_group::alltoall_base(at::Tensor& o
                    dense d(out);
                    with_element(in, "alltoall", [&]<class T>(T) {
                      if (even) {
-                       comm_.alltoall(std::span<const T>(span_of<T>(src)), span_of<T>(d.data));
+                       comm_->alltoall(std::span<const T>(span_of<T>(src)), span_of<T>(d.data));
                      } else {
-                       comm_.alltoallv(std::span<const T>(span_of<T>(src)), send, span_of<T>(d.data), receive);
+                       comm_->alltoallv(std::span<const T>(span_of<T>(src)), send, span_of<T>(d.data), receive);
                      }
                    });
                    d.write_back();
@@ -420,14 +527,14 @@ dtrain_process_group::work_ptr dtrain_process_group::alltoall(tensors& out, tens
             at::empty({static_cast<std::int64_t>(std::accumulate(receive.begin(), receive.end(), std::size_t{0}))},
                       flat_in.options());
         with_element(flat_in, "alltoall", [&]<class T>(T) {
-          comm_.alltoallv(std::span<const T>(span_of<T>(flat_in)), send, span_of<T>(flat_out), receive);
+          comm_->alltoallv(std::span<const T>(span_of<T>(flat_in)), send, span_of<T>(flat_out), receive);
         });
         split_into(flat_out, ys);
       });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::barrier(const ::c10d::BarrierOptions& o) {
-  return enqueue(collectives_, ::c10d::OpType::BARRIER, {}, timeout_of(o.timeout), [this] { comm_.barrier(); });
+  return enqueue(collectives_, ::c10d::OpType::BARRIER, {}, timeout_of(o.timeout), [this] { comm_->barrier(); });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::send(tensors& t, int dst, int tag) {
@@ -436,7 +543,8 @@ dtrain_process_group::work_ptr dtrain_process_group::send(tensors& t, int dst, i
               " of ", getSize());
   return enqueue(point_to_point_, ::c10d::OpType::SEND, t, timeout_, [this, x = t[0].contiguous(), dst, tag] {
     const std::span<const std::byte> bytes(static_cast<const std::byte*>(x.data_ptr()), x.nbytes());
-    comm_.transport().isend(dst, p2p_tag(tag), signature{}, bytes).wait(deadline::after(timeout_));
+    auto r = comm_->transport().isend(dst, p2p_tag(tag), signature{}, bytes);
+    wait_for(r, deadline::after(timeout_), "send to", dst, tag, getRank());
   });
 }
 
@@ -457,8 +565,20 @@ dtrain_process_group::work_ptr dtrain_process_group::recvAnysource(tensors& t, i
 int dtrain_process_group::receive(const at::Tensor& into, int src, int tag) {
   dense d(into);
   auto bytes = std::span(static_cast<std::byte*>(d.data.data_ptr()), d.data.nbytes());
-  auto r = comm_.transport().irecv(src, p2p_tag(tag), bytes);
-  r.wait(deadline::after(timeout_));
+  auto r = comm_->transport().irecv(src, p2p_tag(tag), bytes);
+  {
+    std::lock_guard lock(receiving_);
+    if (closing_) r.cancel();
+    cancel_receive_ = [&r] { r.cancel(); };
+  }
+  struct forget {
+    dtrain_process_group& group;
+    ~forget() {
+      std::lock_guard lock(group.receiving_);
+      group.cancel_receive_ = nullptr;
+    }
+  } forget_it_before_r_goes{*this};
+  wait_for(r, deadline::after(timeout_), "recv from", src, tag, getRank());
   const int from = r.info().peer;
   if (r.info().bytes != bytes.size()) {
     throw error(errc::invalid_argument, "dtrain: recv from rank " + std::to_string(from) + " (tag " +

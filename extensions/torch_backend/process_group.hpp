@@ -1,6 +1,8 @@
 #pragma once
-// dtrain as a torch.distributed backend: a c10d::ProcessGroup whose collectives are dtrain's
-// host communicator over dtrain's TCP transport.
+// dtrain as a torch.distributed backend: a c10d backend whose collectives are dtrain's host
+// communicator over dtrain's TCP transport. torch 2 splits the group users hold (ProcessGroup)
+// from the backend that runs its collectives (c10d::Backend), and this class is the latter;
+// torch 1.13 has the one class, ProcessGroup, and this class derives from that instead.
 //
 // Every collective is queued on the group's collective thread and runs there in the order it
 // was called (c10d's contract: every rank calls the same collectives in the same order); its
@@ -12,18 +14,33 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/version.h>
 #include <vector>
+#if TORCH_VERSION_MAJOR >= 2
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#endif
+
+#define DTRAIN_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/request.hpp"
 #include "dtrain/transport/tcp.hpp"
 
 namespace dtrain::torch_backend {
+
+#if TORCH_VERSION_MAJOR >= 2
+using c10d_backend = ::c10d::Backend;
+#else
+using c10d_backend = ::c10d::ProcessGroup;
+#endif
 
 /// A c10d `Work` that dtrain's thread completes: `wait(timeout)` as c10d's, a future of the
 /// output tensors for DDP's communication hooks.
@@ -44,7 +61,7 @@ class dtrain_work final : public ::c10d::Work {
   int source_rank_ = -1;
 };
 
-class dtrain_process_group final : public ::c10d::ProcessGroup {
+class dtrain_process_group final : public c10d_backend {
  public:
   /// Forms the group through `store` (its peers' addresses meet there), as c10d's creator does.
   dtrain_process_group(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
@@ -52,8 +69,8 @@ class dtrain_process_group final : public ::c10d::ProcessGroup {
   ~dtrain_process_group() override;
 
   /// The creator torch.distributed calls for `init_process_group("dtrain")` and `new_group`.
-  static c10::intrusive_ptr<::c10d::ProcessGroup> create(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
-                                                         int size, const std::chrono::duration<float>& timeout);
+  static c10::intrusive_ptr<c10d_backend> create(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
+                                                 const std::chrono::duration<float>& timeout);
 
   const std::string getBackendName() const override { return "dtrain"; }
 
@@ -67,6 +84,11 @@ class dtrain_process_group final : public ::c10d::ProcessGroup {
   work_ptr reduce(tensors& t, const ::c10d::ReduceOptions& o) override;
   work_ptr allgather(tensor_lists& out, tensors& in, const ::c10d::AllgatherOptions& o) override;
   work_ptr _allgather_base(at::Tensor& out, at::Tensor& in, const ::c10d::AllgatherOptions& o) override;
+  work_ptr allgather_coalesced(tensor_lists& out, tensors& in, const ::c10d::AllgatherOptions& o) override;
+#if DTRAIN_TORCH_AT_LEAST(2, 2)  // the coalesced into-tensor calls FSDP and DTensor make
+  work_ptr allgather_into_tensor_coalesced(tensors& out, tensors& in, const ::c10d::AllgatherOptions& o) override;
+  work_ptr reduce_scatter_tensor_coalesced(tensors& out, tensors& in, const ::c10d::ReduceScatterOptions& o) override;
+#endif
   work_ptr gather(tensor_lists& out, tensors& in, const ::c10d::GatherOptions& o) override;
   work_ptr scatter(tensors& out, tensor_lists& in, const ::c10d::ScatterOptions& o) override;
   work_ptr reduce_scatter(tensors& out, tensor_lists& in, const ::c10d::ReduceScatterOptions& o) override;
@@ -79,6 +101,11 @@ class dtrain_process_group final : public ::c10d::ProcessGroup {
   work_ptr recv(tensors& t, int src, int tag) override;
   work_ptr recvAnysource(tensors& t, int tag) override;
 
+#if DTRAIN_TORCH_AT_LEAST(2, 4)
+  /// `destroy_process_group`: ends the group now (Python may hold this object past it).
+  void shutdown() override { close(); }
+#endif
+
  private:
   // Queues `body` on `queue`; the work completes when it has run (or failed).
   work_ptr enqueue(detail::call_queue& queue, ::c10d::OpType type, tensors outputs, std::chrono::milliseconds timeout,
@@ -89,11 +116,20 @@ class dtrain_process_group final : public ::c10d::ProcessGroup {
   // Receives one message on the user's `tag` into `into`, from `src` or any peer; @returns its sender.
   int receive(const at::Tensor& into, int src, int tag);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds asked) const;
+  // Allgathers the tensors of `in` joined into one buffer: one collective for all of them.
+  // @returns the gathered buffer as [size, total elements of `in`], rank r's inputs in row r.
+  at::Tensor allgather_joined(const tensors& in);
+
+  // Finishes the queued calls (a waiting receive is cancelled), then says goodbye to the peers.
+  void close() noexcept;
 
   std::chrono::milliseconds timeout_;
-  communicator<tcp_transport> comm_;
+  std::optional<communicator<tcp_transport>> comm_;  // empty once closed
   detail::call_queue collectives_;  // after comm_: destroyed (drained) before it
   detail::call_queue point_to_point_;
+  std::mutex receiving_;                   // guards the two below
+  std::function<void()> cancel_receive_;   // cancels the receive now waiting, if any
+  bool closing_ = false;
 };
 
 }  // namespace dtrain::torch_backend

@@ -224,6 +224,8 @@ def collectives(c, dist, torch, gloo, size, rank):
         dist.reduce_scatter_tensor(mine, torch.cat(xs))
         c.same(f"reduce_scatter from a tensor {dtype}", mine, want, exact(dtype))
 
+    coalesced(c, dist, torch, gloo, size, rank)
+
     # alltoall: equal shares and uneven splits against Gloo's; the list form from known inputs
     x = input_of(rank, (size * 3, 2), torch.float32)
     mine, ref = torch.empty_like(x), torch.empty_like(x)
@@ -306,6 +308,27 @@ def collectives(c, dist, torch, gloo, size, rank):
         if rank == 1:
             dist.send(torch.arange(4.0), 0, tag=99)
 
+    # destroying a group ends a receive that waits on it at once, not at its 60 s deadline (rank
+    # 0 destroys it first: the others' goodbyes would end the receive too)
+    lonely = dist.new_group(list(range(size)), backend="dtrain", timeout=timedelta(seconds=60))
+    if rank == 0:
+        work = dist.irecv(torch.empty(2), src=1, tag=5, group=lonely)
+        time.sleep(0.2)  # the receive is posted and waiting
+        t0 = time.monotonic()
+        dist.destroy_process_group(lonely)
+        del lonely
+        took = time.monotonic() - t0
+        c.true("destroying a group ends its waiting receive", took < 5.0, f"({took:.2f} s)")
+        try:
+            work.wait()
+            c.true("the ended receive raises", False, "(returned)")
+        except RuntimeError as e:
+            c.true("the ended receive raises, saying it was cancelled", "cancel" in str(e), str(e))
+    dist.barrier(group=gloo)
+    if rank != 0:
+        dist.destroy_process_group(lonely)
+        del lonely
+
     # a collective one rank never joins: the others' deadline names what they waited for
     short = dist.new_group(list(range(size)), backend="dtrain", timeout=timedelta(seconds=1))
     if rank != size - 1:
@@ -325,6 +348,45 @@ def collectives(c, dist, torch, gloo, size, rank):
         c.true("int16 tensors are refused", False)
     except RuntimeError as e:
         c.true("int16 tensors are refused, naming the dtype", "Short" in str(e), str(e))
+
+
+def coalesced(c, dist, torch, gloo, size, rank):
+    """The coalesced calls, one collective for several tensors of different shapes."""
+    shapes = [(3,), (2, 5), (4, 1)]
+    xs = [input_of(rank * 3 + i, s, torch.float32) for i, s in enumerate(shapes)]
+    mine, ref = [x.clone() for x in xs], [x.clone() for x in xs]
+    dist.all_reduce_coalesced(mine)
+    dist.all_reduce_coalesced(ref, group=gloo)
+    c.same("allreduce_coalesced", torch.cat([t.flatten() for t in mine]), torch.cat([t.flatten() for t in ref]), False)
+    mine = [[torch.empty(s) for s in shapes] for _ in range(size)]  # [rank][input]
+    ref = [[torch.empty(s) for s in shapes] for _ in range(size)]
+    dist.all_gather_coalesced(mine, xs)
+    dist.all_gather_coalesced(ref, xs, group=gloo)
+    c.same("allgather_coalesced", torch.cat([t.flatten() for ts in mine for t in ts]),
+           torch.cat([t.flatten() for ts in ref for t in ts]), True)
+    if int(torch.__version__.split(".")[0]) < 2:
+        return
+    # torch 2's fast path, as FSDP and DTensor use it: into-tensor calls under a coalescing
+    # manager become one allgather_into_tensor_coalesced / reduce_scatter_tensor_coalesced
+    ints = [input_of(rank * 3 + i, s, torch.int64) for i, s in enumerate(shapes)]
+    gathered = [torch.empty((size * s[0],) + s[1:], dtype=torch.int64) for s in shapes]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for y, x in zip(gathered, ints):
+            dist.all_gather_into_tensor(y, x)
+    cm.wait()
+    want = [torch.cat([input_of(r * 3 + i, s, torch.int64) for r in range(size)]) for i, s in enumerate(shapes)]
+    c.same("allgather into tensors, coalesced", torch.cat([t.flatten() for t in gathered]),
+           torch.cat([t.flatten() for t in want]), True)
+    wholes = [input_of(rank * 3 + i, (size * s[0],) + s[1:], torch.int64) for i, s in enumerate(shapes)]
+    scattered = [torch.empty(s, dtype=torch.int64) for s in shapes]
+    with dist._coalescing_manager(async_ops=True) as cm:
+        for y, x in zip(scattered, wholes):
+            dist.reduce_scatter_tensor(y, x)
+    cm.wait()
+    for i, (y, x) in enumerate(zip(scattered, wholes)):
+        total = x.clone()
+        dist.all_reduce(total, group=gloo)
+        c.same(f"reduce_scatter from tensors, coalesced, #{i}", y, total.view(size, -1)[rank].view(y.shape), True)
 
 
 def killed(c, dist, torch, size, rank):
