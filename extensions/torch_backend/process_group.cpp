@@ -186,6 +186,20 @@ void wait_for(Request& r, deadline d, const char* what, int peer, int tag, int r
   throw error(ec, text);
 }
 
+// A collective that failed in dtrain reaches Python, under torch 2, as torch.distributed's
+// DistBackendError (a RuntimeError), as Gloo's and NCCL's failures do; elastic code catches it.
+std::exception_ptr as_torch_error(std::exception_ptr failure) {
+#if DTRAIN_TORCH_AT_LEAST(2, 2)
+  try {
+    std::rethrow_exception(failure);
+  } catch (const error& e) {
+    return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, __LINE__}, e.what()));
+  } catch (...) {
+  }
+#endif
+  return failure;
+}
+
 // Without a token of the user's, rank 0 draws one and shares it through the store: connections
 // then prove they belong to this group (a stray process from another job is refused), as safe
 // as the store itself, which is all c10d's own backends rely on.
@@ -277,7 +291,7 @@ dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_q
       if (&queue == &collectives_) comm_->set_timeout(timeout);  // the p2p thread leaves it alone
       source = body();
     } catch (...) {
-      failure = std::current_exception();
+      failure = as_torch_error(std::current_exception());
     }
     work->complete(failure, source);
   });

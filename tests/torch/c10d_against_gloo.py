@@ -407,6 +407,8 @@ def killed(c, dist, torch, size, rank):
             print(f"rank {rank}: allreduce #{i} raised {took * 1000:.0f} ms after the kill: {e}", flush=True)
             c.true("the survivors raise within a second", took < 1.0, f"({took:.2f} s)")
             c.true("the error names the lost rank", f"rank {victim}" in str(e), str(e))
+            if hasattr(dist, "DistBackendError"):  # torch 2: the type its own backends raise
+                c.true("the error is a DistBackendError", isinstance(e, dist.DistBackendError), type(e).__name__)
             break
     else:
         c.true("an allreduce raised", False)
