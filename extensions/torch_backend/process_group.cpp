@@ -1,6 +1,7 @@
 #include "process_group.hpp"
 
 #include <ATen/ATen.h>
+#include <pybind11/pybind11.h>
 
 #include <cstdlib>
 #include <numeric>
@@ -250,6 +251,10 @@ dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Stor
 dtrain_process_group::~dtrain_process_group() { close(); }
 
 void dtrain_process_group::close() noexcept {
+  // Python's destroy calls this holding the GIL, and a call's last reference to a tensor, freed
+  // on a queue's thread, can need the GIL: let go of it while those threads finish.
+  std::optional<pybind11::gil_scoped_release> without_gil;
+  if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) without_gil.emplace();
   {
     std::lock_guard lock(receiving_);
     closing_ = true;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <thread>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -145,3 +146,37 @@ template <class C>
 concept reduces_bytes = requires(C c, std::span<std::byte> b) { c.template allreduce<std::byte>(b, reduce_op::sum); };
 static_assert(!reduces_bytes<communicator<inproc_transport>>);
 static_assert(element<std::byte> && element<bool> && element<std::uint8_t> && element<std::int8_t> && !element<char>);
+
+// A job's captures are freed once it has run, outside the queue's lock: a capture's destructor
+// may wait for a thread that is queueing the next job (a PyTorch tensor freed on the queue's
+// thread needs Python's GIL, held by the thread calling submit). Before this held, the torch
+// backend deadlocked now and then.
+TEST_CASE("call_queue frees a finished job's captures outside its lock", "[collective][api]") {
+  struct verdict {
+    std::atomic<bool> took_lock{false};  // the other thread got the queue's lock
+    std::atomic<bool> in_time{false};    // ... while the capture was being destroyed
+  };
+  struct lock_probe {
+    dtrain::detail::call_queue* queue;
+    std::shared_ptr<verdict> seen;
+    ~lock_probe() {
+      // Another thread takes the queue's lock (busy() does); wait up to 2 s for it to get it.
+      std::thread([q = queue, v = seen] {
+        (void)q->busy();
+        v->took_lock.store(true);
+      }).detach();
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (!seen->took_lock.load() && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      seen->in_time.store(seen->took_lock.load());
+    }
+  };
+  auto seen = std::make_shared<verdict>();
+  {
+    dtrain::detail::call_queue queue;
+    auto probe = std::make_shared<lock_probe>(&queue, seen);
+    queue.submit([probe = std::move(probe)] {}).wait();  // the job holds the only reference
+    queue.stop();
+    while (!seen->took_lock.load()) std::this_thread::yield();  // the helper is done with the queue
+  }
+  CHECK(seen->in_time.load());
+}

@@ -152,6 +152,10 @@ class call_queue {
         next.state->failure = failure;
       }
       next.state->finished.notify_all();
+      // The job's captures go before the lock is taken again: their destructors may wait for a
+      // thread that waits for this lock (a tensor freed here can need Python's GIL, held by a
+      // thread that is queueing the next call).
+      next.body = nullptr;
       lock.lock();
       running_ = false;
     }
