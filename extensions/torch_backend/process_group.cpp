@@ -99,6 +99,17 @@ void check_coalesced(const std::vector<at::Tensor>& list, const char* what) {
   }
 }
 
+#if DTRAIN_TORCH_AT_LEAST(2, 2)
+// The coalesced into-tensor calls: wholes[i] holds `size` blocks the shape of blocks[i].
+void check_coalesced_blocks(const std::vector<at::Tensor>& wholes, const std::vector<at::Tensor>& blocks, int size,
+                            const char* what) {
+  check_coalesced(blocks, what);
+  TORCH_CHECK(wholes.size() == blocks.size(), "dtrain: ", what, ": ", wholes.size(), " whole tensors for ",
+              blocks.size(), " blocks");
+  for (std::size_t i = 0; i < blocks.size(); ++i) check_blocks(wholes[i], blocks[i], size, what);
+}
+#endif
+
 // The root's list for gather (outputs) and scatter (inputs), checked; other ranks pass none.
 std::vector<at::Tensor> root_list(const std::vector<std::vector<at::Tensor>>& lists, int rank, int root, int size,
                                   const at::Tensor& one, const char* what, const char* role) {
@@ -407,10 +418,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather_coalesced(tensor_
 #if DTRAIN_TORCH_AT_LEAST(2, 2)
 dtrain_process_group::work_ptr dtrain_process_group::allgather_into_tensor_coalesced(
     tensors& out, tensors& in, const ::c10d::AllgatherOptions& o) {
-  check_coalesced(in, "allgather_into_tensor_coalesced");
-  TORCH_CHECK(out.size() == in.size(), "dtrain: allgather_into_tensor_coalesced: ", out.size(), " outputs for ",
-              in.size(), " inputs");
-  for (std::size_t i = 0; i < in.size(); ++i) check_blocks(out[i], in[i], getSize(), "allgather_into_tensor_coalesced");
+  check_coalesced_blocks(out, in, getSize(), "allgather_into_tensor_coalesced");
   return enqueue(collectives_, ::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, out, timeout_of(o.timeout),
                  [this, in, out]() mutable {
                    const at::Tensor rows = allgather_joined(in);
@@ -424,10 +432,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather_into_tensor_coale
 
 dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter_tensor_coalesced(
     tensors& out, tensors& in, const ::c10d::ReduceScatterOptions& o) {
-  check_coalesced(in, "reduce_scatter_tensor_coalesced");
-  TORCH_CHECK(out.size() == in.size(), "dtrain: reduce_scatter_tensor_coalesced: ", out.size(), " outputs for ",
-              in.size(), " inputs");
-  for (std::size_t i = 0; i < in.size(); ++i) check_blocks(in[i], out[i], getSize(), "reduce_scatter_tensor_coalesced");
+  check_coalesced_blocks(in, out, getSize(), "reduce_scatter_tensor_coalesced");
   const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter_tensor_coalesced");
   return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, out, timeout_of(o.timeout),
                  [this, in, out, op]() mutable {
