@@ -9,8 +9,10 @@
 
 PYBIND11_MODULE(dtrain_torch, m) {
   m.doc() = "dtrain as a torch.distributed backend: import it, then init_process_group(\"dtrain\", ...)";
+  // Forming the group waits for every rank: other Python threads run meanwhile, as with Gloo.
   m.def("create_process_group", &dtrain::torch_backend::dtrain_process_group::create, pybind11::arg("store"),
         pybind11::arg("rank"), pybind11::arg("world_size"), pybind11::arg("timeout"),
+        pybind11::call_guard<pybind11::gil_scoped_release>(),
         "The creator torch.distributed calls for the \"dtrain\" backend");
   auto backend = pybind11::module_::import("torch.distributed").attr("Backend");
   if (pybind11::hasattr(backend, "DTRAIN")) return;

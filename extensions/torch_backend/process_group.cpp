@@ -419,7 +419,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather_coalesced(tensor_
 dtrain_process_group::work_ptr dtrain_process_group::allgather_into_tensor_coalesced(
     tensors& out, tensors& in, const ::c10d::AllgatherOptions& o) {
   check_coalesced_blocks(out, in, getSize(), "allgather_into_tensor_coalesced");
-  return enqueue(collectives_, ::c10d::OpType::ALLGATHER_INTO_TENSOR_COALESCED, out, timeout_of(o.timeout),
+  return enqueue(collectives_, ::c10d::OpType::COALESCED, out, timeout_of(o.timeout),
                  [this, in, out]() mutable {
                    const at::Tensor rows = allgather_joined(in);
                    std::int64_t at = 0;
@@ -434,7 +434,7 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter_tensor_coale
     tensors& out, tensors& in, const ::c10d::ReduceScatterOptions& o) {
   check_coalesced_blocks(in, out, getSize(), "reduce_scatter_tensor_coalesced");
   const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter_tensor_coalesced");
-  return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, out, timeout_of(o.timeout),
+  return enqueue(collectives_, ::c10d::OpType::COALESCED, out, timeout_of(o.timeout),
                  [this, in, out, op]() mutable {
                    // Rank r's blocks of every input, side by side in row r: one reduce_scatter for all.
                    tensors rows;

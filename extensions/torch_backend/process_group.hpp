@@ -101,7 +101,7 @@ class dtrain_process_group final : public c10d_backend {
   work_ptr recv(tensors& t, int src, int tag) override;
   work_ptr recvAnysource(tensors& t, int tag) override;
 
-#if DTRAIN_TORCH_AT_LEAST(2, 4)
+#if DTRAIN_TORCH_AT_LEAST(2, 7)
   /// `destroy_process_group`: ends the group now (Python may hold this object past it).
   void shutdown() override { close(); }
 #endif

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -275,6 +276,25 @@ def collectives(c, dist, torch, gloo, size, rank):
     y = input_of(rank, shape, torch.float32)
     fut = dist.all_reduce(y, async_op=True).get_future()
     c.same("async allreduce future", fut.wait()[0], ref, False)
+
+    # forming a group waits for the last rank to come; other Python threads run meanwhile
+    ticks, done = [0], threading.Event()
+
+    def ticker():
+        while not done.is_set():
+            ticks[0] += 1
+            time.sleep(0.01)
+
+    if rank == 0:
+        threading.Thread(target=ticker, daemon=True).start()
+    if rank == size - 1:
+        time.sleep(1.0)
+    late = dist.new_group(list(range(size)), backend="dtrain")
+    done.set()
+    if rank == 0:
+        c.true("Python threads run while a group forms", ticks[0] > 30, f"({ticks[0]} ticks of 10 ms in 1 s)")
+    dist.destroy_process_group(late)
+    del late
 
     # a sub-group: the first and last ranks
     members = [0, size - 1]
