@@ -372,18 +372,20 @@ def collectives(c, dist, torch, gloo, size, rank):
 
 def coalesced(c, dist, torch, gloo, size, rank):
     """The coalesced calls, one collective for several tensors of different shapes."""
+    def flat(ts):
+        return torch.cat([t.flatten() for t in ts])
+
     shapes = [(3,), (2, 5), (4, 1)]
     xs = [input_of(rank * 3 + i, s, torch.float32) for i, s in enumerate(shapes)]
     mine, ref = [x.clone() for x in xs], [x.clone() for x in xs]
     dist.all_reduce_coalesced(mine)
     dist.all_reduce_coalesced(ref, group=gloo)
-    c.same("allreduce_coalesced", torch.cat([t.flatten() for t in mine]), torch.cat([t.flatten() for t in ref]), False)
+    c.same("allreduce_coalesced", flat(mine), flat(ref), False)
     mine = [[torch.empty(s) for s in shapes] for _ in range(size)]  # [rank][input]
     ref = [[torch.empty(s) for s in shapes] for _ in range(size)]
     dist.all_gather_coalesced(mine, xs)
     dist.all_gather_coalesced(ref, xs, group=gloo)
-    c.same("allgather_coalesced", torch.cat([t.flatten() for ts in mine for t in ts]),
-           torch.cat([t.flatten() for ts in ref for t in ts]), True)
+    c.same("allgather_coalesced", flat(t for ts in mine for t in ts), flat(t for ts in ref for t in ts), True)
     if int(torch.__version__.split(".")[0]) < 2:
         return
     # torch 2's fast path, as FSDP and DTensor use it: into-tensor calls under a coalescing
@@ -395,8 +397,7 @@ def coalesced(c, dist, torch, gloo, size, rank):
             dist.all_gather_into_tensor(y, x)
     cm.wait()
     want = [torch.cat([input_of(r * 3 + i, s, torch.int64) for r in range(size)]) for i, s in enumerate(shapes)]
-    c.same("allgather into tensors, coalesced", torch.cat([t.flatten() for t in gathered]),
-           torch.cat([t.flatten() for t in want]), True)
+    c.same("allgather into tensors, coalesced", flat(gathered), flat(want), True)
     wholes = [input_of(rank * 3 + i, (size * s[0],) + s[1:], torch.int64) for i, s in enumerate(shapes)]
     scattered = [torch.empty(s, dtype=torch.int64) for s in shapes]
     with dist._coalescing_manager(async_ops=True) as cm:
