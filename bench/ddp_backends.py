@@ -8,6 +8,7 @@ dtrain's samples/s over Gloo's from the same round, each backend's final test ac
 share of a step spent in DDP's gradient sync (a step with it against the same step without).
 
   /usr/bin/python3 bench/ddp_backends.py --build build [--ranks 2 4] [--rounds 3] [--epochs 2]
+  python3 bench/ddp_backends.py --device cuda --module-dir DIR --ranks 2   # CUDA tensors (staged by dtrain and by Gloo)
 """
 import argparse
 import json
@@ -23,9 +24,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def run(args, backend, ranks):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        module_dir = args.module_dir or os.path.join(os.path.abspath(args.build), "extensions", "torch_backend")
         cmd = [sys.executable, os.path.join(HERE, "peers", "ddp_fashion_mnist.py"), "--ranks", str(ranks), "--epochs",
-               str(args.epochs), "--backend", backend, "--json", out.name,
-               "--module-dir", os.path.join(os.path.abspath(args.build), "extensions", "torch_backend")]
+               str(args.epochs), "--backend", backend, "--json", out.name, "--module-dir", module_dir,
+               "--device", args.device] + (["--data", args.data] if args.data else [])
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=1800)
         with open(out.name) as f:
             return json.load(f)
@@ -49,6 +51,9 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--json", default="", help="write every run's summary here")
+    p.add_argument("--module-dir", default="", help="where dtrain_torch was built (default: under --build)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and the data live")
+    p.add_argument("--data", default="", help="the Fashion-MNIST folder (default: the peer script's)")
     args = p.parse_args()
     results = {}
     for r in range(args.rounds):
@@ -59,7 +64,9 @@ def main():
     commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     import torch
     print(f"# DDP Fashion-MNIST, {args.epochs} epochs, global batch 128, seed 1; {args.rounds} alternated rounds")
-    print(f"# machine: {os.cpu_count()} CPUs, {cpu_name()}; torch {torch.__version__}; dtrain {commit}")
+    gpu = f", GPU {torch.cuda.get_device_name()}" if args.device == "cuda" else ""
+    print(f"# machine: {os.cpu_count()} CPUs, {cpu_name()}{gpu}; tensors on {args.device}; torch {torch.__version__}; "
+          f"dtrain {commit}")
     print("| ranks | backend | samples/s (low-high) | dtrain / gloo (median) | final test accuracy | gradient sync share of a step |")
     print("|---|---|---|---|---|---|")
     for ranks in args.ranks:

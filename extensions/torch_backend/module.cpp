@@ -16,10 +16,12 @@ PYBIND11_MODULE(dtrain_torch, m) {
         "The creator torch.distributed calls for the \"dtrain\" backend");
   auto backend = pybind11::module_::import("torch.distributed").attr("Backend");
   if (pybind11::hasattr(backend, "DTRAIN")) return;
-  // torch 2 asks which devices a backend serves (dtrain's: CPU tensors); 1.13 takes no such argument.
+  // torch 2 asks which devices a backend serves: CPU tensors, and CUDA tensors staged through the
+  // host (one dtrain group serves both); 1.13 takes no such argument.
   try {
     using namespace pybind11::literals;
-    backend.attr("register_backend")("dtrain", m.attr("create_process_group"), "devices"_a = std::vector{"cpu"});
+    backend.attr("register_backend")("dtrain", m.attr("create_process_group"),
+                                     "devices"_a = std::vector{"cpu", "cuda"});
   } catch (const pybind11::error_already_set& e) {
     if (!e.matches(PyExc_TypeError)) throw;
     backend.attr("register_backend")("dtrain", m.attr("create_process_group"));

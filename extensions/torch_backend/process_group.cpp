@@ -67,18 +67,20 @@ std::string job_token(c10d_store& store, int rank, std::chrono::milliseconds tim
 
 }  // namespace
 
-dtrain_work::dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs)
+dtrain_work::dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, host_staging staging)
     : Work(rank, type),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+      staging_(std::move(staging)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       staging_.devices())) {}
 
 void dtrain_work::complete(std::exception_ptr failure, int source_rank) {
   source_rank_ = source_rank;
   finish(failure);
   if (failure) {
     future_->setError(failure);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
+  } else {  // a CUDA-aware future records its event on the current stream: the copies' stream
+    staging_.on_side_stream([&] { future_->markCompleted(c10::IValue(outputs_)); });
   }
 }
 
@@ -124,8 +126,8 @@ std::chrono::milliseconds dtrain_process_group::timeout_of(std::chrono::millisec
 
 dtrain_process_group::work_ptr dtrain_process_group::enqueue(detail::call_queue& queue, ::c10d::OpType type,
                                                              tensors outputs, std::chrono::milliseconds timeout,
-                                                             std::function<void()> body) {
-  return enqueue_from(queue, type, std::move(outputs), timeout, [body = std::move(body)] {
+                                                             host_staging staging, std::function<void()> body) {
+  return enqueue_from(queue, type, std::move(outputs), timeout, std::move(staging), [body = std::move(body)] {
     body();
     return -1;
   });
@@ -133,15 +135,17 @@ dtrain_process_group::work_ptr dtrain_process_group::enqueue(detail::call_queue&
 
 dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_queue& queue, ::c10d::OpType type,
                                                                   tensors outputs, std::chrono::milliseconds timeout,
-                                                                  std::function<int()> body) {
+                                                                  host_staging staging, std::function<int()> body) {
   TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
-  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs));
+  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging));
   queue.submit([this, &queue, work, timeout, body = std::move(body)] {
     std::exception_ptr failure;
     int source = -1;
     try {
       if (&queue == &collectives_) comm_->set_timeout(timeout);  // the p2p thread leaves it alone
+      work->staging().await_host_copies();
       source = body();
+      work->staging().copy_back();
     } catch (...) {
       failure = as_torch_error(std::current_exception());
     }
@@ -150,38 +154,51 @@ dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_q
   return work;
 }
 
+// Each call checks its tensors, then asks `host_staging` for the host tensors its body uses:
+// the ones it reads, the ones it fills, and the ones it does both to. On CPU tensors those are
+// the tensors themselves.
+
 dtrain_process_group::work_ptr dtrain_process_group::broadcast(tensors& t, const ::c10d::BroadcastOptions& o) {
   for (const auto& x : t) check_tensor(x, "broadcast");
   const int root = static_cast<int>(o.rootRank);
-  return enqueue(collectives_, ::c10d::OpType::BROADCAST, t, timeout_of(o.timeout), [this, t, root] {
-    for (const auto& x : t) {
-      dense d(x);
-      with_element(x, "broadcast", [&]<class T>(T) { comm_->broadcast(span_of<T>(d.data), root); });
-      d.write_back();
-    }
-  });
+  host_staging staging(host_staging::device_of(t), "broadcast");
+  tensors hosts = staging.read_write(t);
+  return enqueue(collectives_, ::c10d::OpType::BROADCAST, t, timeout_of(o.timeout), std::move(staging),
+                 [this, hosts, root] {
+                   for (const auto& x : hosts) {
+                     dense d(x);
+                     with_element(x, "broadcast", [&]<class T>(T) { comm_->broadcast(span_of<T>(d.data), root); });
+                     d.write_back();
+                   }
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::allreduce(tensors& t, const ::c10d::AllreduceOptions& o) {
   for (const auto& x : t) check_tensor(x, "allreduce");
   const reduce_op op = reduction_of(o.reduceOp, "allreduce");
-  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE, t, timeout_of(o.timeout), [this, t, op] {
-    for (const auto& x : t) {
-      dense d(x);
-      with_element(x, "allreduce", [&]<class T>(T) { comm_->allreduce(span_of<T>(d.data), op); });
-      d.write_back();
-    }
-  });
+  host_staging staging(host_staging::device_of(t), "allreduce");
+  tensors hosts = staging.read_write(t);
+  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE, t, timeout_of(o.timeout), std::move(staging),
+                 [this, hosts, op] {
+                   for (const auto& x : hosts) {
+                     dense d(x);
+                     with_element(x, "allreduce", [&]<class T>(T) { comm_->allreduce(span_of<T>(d.data), op); });
+                     d.write_back();
+                   }
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::allreduce_coalesced(tensors& t,
                                                                          const ::c10d::AllreduceCoalescedOptions& o) {
   check_coalesced(t, "allreduce_coalesced");
   const reduce_op op = reduction_of(o.reduceOp, "allreduce_coalesced");
-  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE_COALESCED, t, timeout_of(o.timeout),
-                 [this, xs = t, op]() mutable {
+  host_staging staging(host_staging::device_of(t), "allreduce_coalesced");
+  tensors hosts = staging.read_write(t);
+  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE_COALESCED, t, timeout_of(o.timeout), std::move(staging),
+                 [this, xs = hosts, op]() mutable {
                    at::Tensor flat = joined(xs);
-                   with_element(flat, "allreduce_coalesced", [&]<class T>(T) { comm_->allreduce(span_of<T>(flat), op); });
+                   with_element(flat, "allreduce_coalesced",
+                                [&]<class T>(T) { comm_->allreduce(span_of<T>(flat), op); });
                    split_into(flat, xs);
                  });
 }
@@ -190,37 +207,49 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce(tensors& t, const ::
   check_one(t, "reduce");
   const reduce_op op = reduction_of(o.reduceOp, "reduce");
   const int root = static_cast<int>(o.rootRank);
-  return enqueue(collectives_, ::c10d::OpType::REDUCE, t, timeout_of(o.timeout), [this, x = t[0], op, root] {
-    dense d(x);
-    with_element(x, "reduce", [&]<class T>(T) { comm_->reduce(span_of<T>(d.data), op, root); });
-    d.write_back();
-  });
+  host_staging staging(t[0].device(), "reduce");
+  at::Tensor host = staging.read_write(t[0]);
+  return enqueue(collectives_, ::c10d::OpType::REDUCE, t, timeout_of(o.timeout), std::move(staging),
+                 [this, x = host, op, root] {
+                   dense d(x);
+                   with_element(x, "reduce", [&]<class T>(T) { comm_->reduce(span_of<T>(d.data), op, root); });
+                   d.write_back();
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::allgather(tensor_lists& out, tensors& in,
                                                                const ::c10d::AllgatherOptions& o) {
   check_one(in, "allgather");
   check_list(out, getSize(), in[0], "allgather", "output");
-  return enqueue(
-      collectives_, ::c10d::OpType::ALLGATHER, out[0], timeout_of(o.timeout), [this, x = in[0], ys = out[0]]() mutable {
-        const at::Tensor src = x.contiguous();
-        at::Tensor flat = at::empty({src.numel() * getSize()}, src.options());
-        with_element(x, "allgather",
-                     [&]<class T>(T) { comm_->allgather(std::span<const T>(span_of<T>(src)), span_of<T>(flat)); });
-        split_into(flat, ys);
-      });
+  host_staging staging(in[0].device(), "allgather");
+  at::Tensor x = staging.read(in[0]);
+  tensors ys = staging.write(out[0]);
+  return enqueue(collectives_, ::c10d::OpType::ALLGATHER, out[0], timeout_of(o.timeout), std::move(staging),
+                 [this, x, ys]() mutable {
+                   const at::Tensor src = x.contiguous();
+                   at::Tensor flat = at::empty({src.numel() * getSize()}, src.options());
+                   with_element(x, "allgather", [&]<class T>(T) {
+                     comm_->allgather(std::span<const T>(span_of<T>(src)), span_of<T>(flat));
+                   });
+                   split_into(flat, ys);
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::_allgather_base(at::Tensor& out, at::Tensor& in,
                                                                      const ::c10d::AllgatherOptions& o) {
   check_blocks(out, in, getSize(), "allgather into one tensor");
-  return enqueue(collectives_, ::c10d::OpType::_ALLGATHER_BASE, {out}, timeout_of(o.timeout), [this, in, out] {
-    const at::Tensor src = in.contiguous();
-    dense d(out);
-    with_element(in, "allgather",
-                 [&]<class T>(T) { comm_->allgather(std::span<const T>(span_of<T>(src)), span_of<T>(d.data)); });
-    d.write_back();
-  });
+  host_staging staging(in.device(), "allgather into one tensor");
+  at::Tensor x = staging.read(in);
+  at::Tensor y = staging.write(out);
+  return enqueue(collectives_, ::c10d::OpType::_ALLGATHER_BASE, {out}, timeout_of(o.timeout), std::move(staging),
+                 [this, x, y] {
+                   const at::Tensor src = x.contiguous();
+                   dense d(y);
+                   with_element(x, "allgather", [&]<class T>(T) {
+                     comm_->allgather(std::span<const T>(span_of<T>(src)), span_of<T>(d.data));
+                   });
+                   d.write_back();
+                 });
 }
 
 at::Tensor dtrain_process_group::allgather_joined(const tensors& in) {
@@ -244,10 +273,14 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather_coalesced(tensor_
     for (std::size_t i = 0; i < in.size(); ++i) check_blocks(from_rank[i], in[i], 1, "allgather_coalesced");
     outputs.insert(outputs.end(), from_rank.begin(), from_rank.end());
   }
+  host_staging staging(in[0].device(), "allgather_coalesced");
+  tensors xs = staging.read(in);
+  tensor_lists ys;
+  for (const auto& from_rank : out) ys.push_back(staging.write(from_rank));
   return enqueue(collectives_, ::c10d::OpType::ALLGATHER_COALESCED, outputs, timeout_of(o.timeout),
-                 [this, in, out]() mutable {
-                   const at::Tensor rows = allgather_joined(in);
-                   for (int r = 0; r < getSize(); ++r) split_into(rows[r], out[static_cast<std::size_t>(r)]);
+                 std::move(staging), [this, xs, ys]() mutable {
+                   const at::Tensor rows = allgather_joined(xs);
+                   for (int r = 0; r < getSize(); ++r) split_into(rows[r], ys[static_cast<std::size_t>(r)]);
                  });
 }
 
@@ -255,13 +288,16 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather_coalesced(tensor_
 dtrain_process_group::work_ptr dtrain_process_group::allgather_into_tensor_coalesced(
     tensors& out, tensors& in, const ::c10d::AllgatherOptions& o) {
   check_coalesced_blocks(out, in, getSize(), "allgather_into_tensor_coalesced");
-  return enqueue(collectives_, ::c10d::OpType::COALESCED, out, timeout_of(o.timeout),
-                 [this, in, out]() mutable {
-                   const at::Tensor rows = allgather_joined(in);
+  host_staging staging(in[0].device(), "allgather_into_tensor_coalesced");
+  tensors xs = staging.read(in);
+  tensors ys = staging.write(out);
+  return enqueue(collectives_, ::c10d::OpType::COALESCED, out, timeout_of(o.timeout), std::move(staging),
+                 [this, xs, ys]() mutable {
+                   const at::Tensor rows = allgather_joined(xs);
                    std::int64_t at = 0;
-                   for (std::size_t i = 0; i < in.size(); ++i) {
-                     out[i].copy_(rows.narrow(1, at, in[i].numel()).reshape(out[i].sizes()));
-                     at += in[i].numel();
+                   for (std::size_t i = 0; i < xs.size(); ++i) {
+                     ys[i].copy_(rows.narrow(1, at, xs[i].numel()).reshape(ys[i].sizes()));
+                     at += xs[i].numel();
                    }
                  });
 }
@@ -270,17 +306,20 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter_tensor_coale
     tensors& out, tensors& in, const ::c10d::ReduceScatterOptions& o) {
   check_coalesced_blocks(in, out, getSize(), "reduce_scatter_tensor_coalesced");
   const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter_tensor_coalesced");
-  return enqueue(collectives_, ::c10d::OpType::COALESCED, out, timeout_of(o.timeout),
-                 [this, in, out, op]() mutable {
+  host_staging staging(in[0].device(), "reduce_scatter_tensor_coalesced");
+  tensors xs = staging.read(in);
+  tensors ys = staging.write(out);
+  return enqueue(collectives_, ::c10d::OpType::COALESCED, out, timeout_of(o.timeout), std::move(staging),
+                 [this, xs, ys, op]() mutable {
                    // Rank r's blocks of every input, side by side in row r: one reduce_scatter for all.
                    tensors rows;
-                   for (const auto& x : in) rows.push_back(x.reshape({getSize(), x.numel() / getSize()}));
+                   for (const auto& x : xs) rows.push_back(x.reshape({getSize(), x.numel() / getSize()}));
                    const at::Tensor send = at::cat(rows, 1);
                    at::Tensor mine = at::empty({send.size(1)}, send.options());
                    with_element(send, "reduce_scatter_tensor_coalesced", [&]<class T>(T) {
                      comm_->reduce_scatter(std::span<const T>(span_of<T>(send)), span_of<T>(mine), op);
                    });
-                   split_into(mine, out);
+                   split_into(mine, ys);
                  });
 }
 #endif
@@ -289,30 +328,39 @@ dtrain_process_group::work_ptr dtrain_process_group::gather(tensor_lists& out, t
                                                             const ::c10d::GatherOptions& o) {
   check_one(in, "gather");
   const int root = static_cast<int>(o.rootRank);
-  tensors ys = root_list(out, getRank(), root, getSize(), in[0], "gather", "output");
-  return enqueue(
-      collectives_, ::c10d::OpType::GATHER, ys, timeout_of(o.timeout), [this, x = in[0], ys, root]() mutable {
-        const at::Tensor src = x.contiguous();
-        at::Tensor flat =
-            ys.empty() ? at::empty({0}, src.options()) : at::empty({src.numel() * getSize()}, src.options());
-        with_element(x, "gather",
-                     [&]<class T>(T) { comm_->gather(std::span<const T>(span_of<T>(src)), span_of<T>(flat), root); });
-        if (!ys.empty()) split_into(flat, ys);
-      });
+  const tensors outputs = root_list(out, getRank(), root, getSize(), in[0], "gather", "output");
+  host_staging staging(in[0].device(), "gather");
+  at::Tensor x = staging.read(in[0]);
+  tensors ys = staging.write(outputs);
+  return enqueue(collectives_, ::c10d::OpType::GATHER, outputs, timeout_of(o.timeout), std::move(staging),
+                 [this, x, ys, root]() mutable {
+                   const at::Tensor src = x.contiguous();
+                   at::Tensor flat = ys.empty() ? at::empty({0}, src.options())
+                                                : at::empty({src.numel() * getSize()}, src.options());
+                   with_element(x, "gather", [&]<class T>(T) {
+                     comm_->gather(std::span<const T>(span_of<T>(src)), span_of<T>(flat), root);
+                   });
+                   if (!ys.empty()) split_into(flat, ys);
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::scatter(tensors& out, tensor_lists& in,
                                                              const ::c10d::ScatterOptions& o) {
   check_one(out, "scatter");
   const int root = static_cast<int>(o.rootRank);
-  const tensors xs = root_list(in, getRank(), root, getSize(), out[0], "scatter", "input");
-  return enqueue(collectives_, ::c10d::OpType::SCATTER, out, timeout_of(o.timeout), [this, xs, y = out[0], root] {
-    const at::Tensor flat = xs.empty() ? at::empty({0}, y.options()) : joined(xs);
-    dense d(y);
-    with_element(y, "scatter",
-                 [&]<class T>(T) { comm_->scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), root); });
-    d.write_back();
-  });
+  const tensors inputs = root_list(in, getRank(), root, getSize(), out[0], "scatter", "input");
+  host_staging staging(out[0].device(), "scatter");
+  tensors xs = staging.read(inputs);
+  at::Tensor y = staging.write(out[0]);
+  return enqueue(collectives_, ::c10d::OpType::SCATTER, out, timeout_of(o.timeout), std::move(staging),
+                 [this, xs, y, root] {
+                   const at::Tensor flat = xs.empty() ? at::empty({0}, y.options()) : joined(xs);
+                   dense d(y);
+                   with_element(y, "scatter", [&]<class T>(T) {
+                     comm_->scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), root);
+                   });
+                   d.write_back();
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter(tensors& out, tensor_lists& in,
@@ -320,8 +368,11 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter(tensors& out
   check_one(out, "reduce_scatter");
   check_list(in, getSize(), out[0], "reduce_scatter", "input");
   const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter");
-  return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER, out, timeout_of(o.timeout),
-                 [this, xs = in[0], y = out[0], op] {
+  host_staging staging(out[0].device(), "reduce_scatter");
+  tensors xs = staging.read(in[0]);
+  at::Tensor y = staging.write(out[0]);
+  return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER, out, timeout_of(o.timeout), std::move(staging),
+                 [this, xs, y, op] {
                    const at::Tensor flat = joined(xs);
                    dense d(y);
                    with_element(y, "reduce_scatter", [&]<class T>(T) {
@@ -335,14 +386,18 @@ dtrain_process_group::work_ptr dtrain_process_group::_reduce_scatter_base(at::Te
                                                                           const ::c10d::ReduceScatterOptions& o) {
   check_blocks(in, out, getSize(), "reduce_scatter from one tensor");
   const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter");
-  return enqueue(collectives_, ::c10d::OpType::_REDUCE_SCATTER_BASE, {out}, timeout_of(o.timeout), [this, in, out, op] {
-    const at::Tensor src = in.contiguous();
-    dense d(out);
-    with_element(out, "reduce_scatter", [&]<class T>(T) {
-      comm_->reduce_scatter(std::span<const T>(span_of<T>(src)), span_of<T>(d.data), op);
-    });
-    d.write_back();
-  });
+  host_staging staging(in.device(), "reduce_scatter from one tensor");
+  at::Tensor x = staging.read(in);
+  at::Tensor y = staging.write(out);
+  return enqueue(collectives_, ::c10d::OpType::_REDUCE_SCATTER_BASE, {out}, timeout_of(o.timeout), std::move(staging),
+                 [this, x, y, op] {
+                   const at::Tensor src = x.contiguous();
+                   dense d(y);
+                   with_element(y, "reduce_scatter", [&]<class T>(T) {
+                     comm_->reduce_scatter(std::span<const T>(span_of<T>(src)), span_of<T>(d.data), op);
+                   });
+                   d.write_back();
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::alltoall_base(at::Tensor& out, at::Tensor& in,
@@ -355,11 +410,14 @@ dtrain_process_group::work_ptr dtrain_process_group::alltoall_base(at::Tensor& o
   const auto send = split_counts(in, in_splits, getSize(), "input");
   const auto receive = split_counts(out, out_splits, getSize(), "output");
   const bool even = in_splits.empty() && out_splits.empty();
-  return enqueue(collectives_, ::c10d::OpType::ALLTOALL_BASE, {out}, timeout_of(o.timeout),
-                 [this, in, out, send, receive, even] {
-                   const at::Tensor src = in.contiguous();
-                   dense d(out);
-                   with_element(in, "alltoall", [&]<class T>(T) {
+  host_staging staging(in.device(), "alltoall");
+  at::Tensor x = staging.read(in);
+  at::Tensor y = staging.write(out);
+  return enqueue(collectives_, ::c10d::OpType::ALLTOALL_BASE, {out}, timeout_of(o.timeout), std::move(staging),
+                 [this, x, y, send, receive, even] {
+                   const at::Tensor src = x.contiguous();
+                   dense d(y);
+                   with_element(x, "alltoall", [&]<class T>(T) {
                      if (even) {
                        comm_->alltoall(std::span<const T>(span_of<T>(src)), span_of<T>(d.data));
                      } else {
@@ -379,29 +437,34 @@ dtrain_process_group::work_ptr dtrain_process_group::alltoall(tensors& out, tens
     check_tensor(y, "alltoall");
     check_same(in[0], y, "alltoall");
   }
-  return enqueue(
-      collectives_, ::c10d::OpType::ALLTOALL, out, timeout_of(o.timeout), [this, xs = in, ys = out]() mutable {
-        const at::Tensor flat_in = joined(xs);
-        const auto send = counts_of(xs), receive = counts_of(ys);
-        at::Tensor flat_out =
-            at::empty({static_cast<std::int64_t>(std::accumulate(receive.begin(), receive.end(), std::size_t{0}))},
-                      flat_in.options());
-        with_element(flat_in, "alltoall", [&]<class T>(T) {
-          comm_->alltoallv(std::span<const T>(span_of<T>(flat_in)), send, span_of<T>(flat_out), receive);
-        });
-        split_into(flat_out, ys);
-      });
+  host_staging staging(in[0].device(), "alltoall");
+  tensors xs = staging.read(in);
+  tensors ys = staging.write(out);
+  return enqueue(collectives_, ::c10d::OpType::ALLTOALL, out, timeout_of(o.timeout), std::move(staging),
+                 [this, xs, ys]() mutable {
+                   const at::Tensor flat_in = joined(xs);
+                   const auto send = counts_of(xs), receive = counts_of(ys);
+                   const auto received = std::accumulate(receive.begin(), receive.end(), std::size_t{0});
+                   at::Tensor flat_out = at::empty({static_cast<std::int64_t>(received)}, flat_in.options());
+                   with_element(flat_in, "alltoall", [&]<class T>(T) {
+                     comm_->alltoallv(std::span<const T>(span_of<T>(flat_in)), send, span_of<T>(flat_out), receive);
+                   });
+                   split_into(flat_out, ys);
+                 });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::barrier(const ::c10d::BarrierOptions& o) {
-  return enqueue(collectives_, ::c10d::OpType::BARRIER, {}, timeout_of(o.timeout), [this] { comm_->barrier(); });
+  return enqueue(collectives_, ::c10d::OpType::BARRIER, {}, timeout_of(o.timeout), host_staging(c10::kCPU, "barrier"),
+                 [this] { comm_->barrier(); });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::send(tensors& t, int dst, int tag) {
   check_one(t, "send");
   TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "dtrain: send to rank ", dst, " from rank ", getRank(),
               " of ", getSize());
-  return enqueue(point_to_point_, ::c10d::OpType::SEND, t, timeout_, [this, x = t[0].contiguous(), dst, tag] {
+  host_staging staging(t[0].device(), "send");
+  at::Tensor x = staging.read(t[0]).contiguous();
+  return enqueue(point_to_point_, ::c10d::OpType::SEND, t, timeout_, std::move(staging), [this, x, dst, tag] {
     const std::span<const std::byte> bytes(static_cast<const std::byte*>(x.data_ptr()), x.nbytes());
     auto r = comm_->transport().isend(dst, p2p_tag(tag), signature{}, bytes);
     wait_for(r, deadline::after(timeout_), "send to", dst, tag, getRank());
@@ -412,14 +475,18 @@ dtrain_process_group::work_ptr dtrain_process_group::recv(tensors& t, int src, i
   check_one(t, "recv");
   TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "dtrain: recv from rank ", src, " at rank ", getRank(),
               " of ", getSize());
-  return enqueue_from(point_to_point_, ::c10d::OpType::RECV, t, timeout_,
-                      [this, y = t[0], src, tag] { return receive(y, src, tag); });
+  host_staging staging(t[0].device(), "recv");
+  at::Tensor y = staging.write(t[0]);
+  return enqueue_from(point_to_point_, ::c10d::OpType::RECV, t, timeout_, std::move(staging),
+                      [this, y, src, tag] { return receive(y, src, tag); });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::recvAnysource(tensors& t, int tag) {
   check_one(t, "recv");
-  return enqueue_from(point_to_point_, ::c10d::OpType::RECVANYSOURCE, t, timeout_,
-                      [this, y = t[0], tag] { return receive(y, any_peer, tag); });
+  host_staging staging(t[0].device(), "recv");
+  at::Tensor y = staging.write(t[0]);
+  return enqueue_from(point_to_point_, ::c10d::OpType::RECVANYSOURCE, t, timeout_, std::move(staging),
+                      [this, y, tag] { return receive(y, any_peer, tag); });
 }
 
 int dtrain_process_group::receive(const at::Tensor& into, int src, int tag) {

@@ -33,6 +33,7 @@
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/request.hpp"
 #include "dtrain/transport/tcp.hpp"
+#include "host_staging.hpp"
 
 namespace dtrain::torch_backend {
 
@@ -43,21 +44,26 @@ using c10d_backend = ::c10d::ProcessGroup;
 #endif
 
 /// A c10d `Work` that dtrain's thread completes: `wait(timeout)` as c10d's, a future of the
-/// output tensors for DDP's communication hooks.
+/// output tensors for DDP's communication hooks. For CUDA tensors both order the waiting
+/// thread's current stream after the copies back from the host (`host_staging`).
 class dtrain_work final : public ::c10d::Work {
  public:
-  dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs);
+  dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, host_staging staging);
 
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   int sourceRank() const override { return source_rank_; }
+  /// Called by `wait()` once the work is done.
+  void synchronize() override { staging_.order_current_stream(); }
 
+  host_staging& staging() { return staging_; }
   /// Marks the work done (`failure` null) or failed; called once, from dtrain's thread.
   void complete(std::exception_ptr failure, int source_rank = -1);
 
  private:
   std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  host_staging staging_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // CUDA-aware where the tensors are on a GPU
   int source_rank_ = -1;
 };
 
@@ -107,12 +113,13 @@ class dtrain_process_group final : public c10d_backend {
 #endif
 
  private:
-  // Queues `body` on `queue`; the work completes when it has run (or failed).
+  // Queues `body` on `queue`; the work completes when it has run (or failed). `body` works on
+  // the host tensors `staging` gave out; `outputs` are the caller's.
   work_ptr enqueue(detail::call_queue& queue, ::c10d::OpType type, tensors outputs, std::chrono::milliseconds timeout,
-                   std::function<void()> body);
+                   host_staging staging, std::function<void()> body);
   // The same, for a body that returns the rank its message came from (`Work::sourceRank`).
   work_ptr enqueue_from(detail::call_queue& queue, ::c10d::OpType type, tensors outputs,
-                        std::chrono::milliseconds timeout, std::function<int()> body);
+                        std::chrono::milliseconds timeout, host_staging staging, std::function<int()> body);
   // Receives one message on the user's `tag` into `into`, from `src` or any peer; @returns its sender.
   int receive(const at::Tensor& into, int src, int tag);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds asked) const;

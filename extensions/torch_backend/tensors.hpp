@@ -51,8 +51,8 @@ inline reduce_op reduction_of(const ::c10d::ReduceOp& op, const char* what) {
 
 inline void check_tensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined(), "dtrain: ", what, ": an undefined tensor");
-  TORCH_CHECK(t.device().is_cpu(), "dtrain: ", what, ": a tensor on ", t.device(),
-              "; the dtrain backend moves CPU tensors (move it with .cpu(), or use the NCCL backend for CUDA tensors)");
+  TORCH_CHECK(t.device().is_cpu() || t.device().is_cuda(), "dtrain: ", what, ": a tensor on ", t.device(),
+              "; the dtrain backend moves CPU and CUDA tensors");
   TORCH_CHECK(t.layout() == at::kStrided, "dtrain: ", what, ": sparse tensors are not supported");
 }
 
