@@ -14,6 +14,9 @@ PYBIND11_MODULE(dtrain_torch, m) {
         pybind11::arg("rank"), pybind11::arg("world_size"), pybind11::arg("timeout"),
         pybind11::call_guard<pybind11::gil_scoped_release>(),
         "The creator torch.distributed calls for the \"dtrain\" backend");
+  // Groups left alive end while Python still runs (close_all says why).
+  pybind11::module_::import("atexit").attr("register")(
+      pybind11::cpp_function([] { dtrain::torch_backend::dtrain_process_group::close_all(); }));
   auto backend = pybind11::module_::import("torch.distributed").attr("Backend");
   if (pybind11::hasattr(backend, "DTRAIN")) return;
   // torch 2 asks which devices a backend serves: CPU tensors, and CUDA tensors staged through the

@@ -8,6 +8,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "store_adapter.hpp"
@@ -65,6 +66,17 @@ std::string job_token(c10d_store& store, int rank, std::chrono::milliseconds tim
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
+// Every group alive in this process, for close_all. Never freed: a group may outlive the
+// static destructors that run at exit.
+std::mutex& live_groups_mutex() {
+  static auto* m = new std::mutex;
+  return *m;
+}
+std::unordered_set<dtrain_process_group*>& live_groups() {
+  static auto* groups = new std::unordered_set<dtrain_process_group*>;
+  return *groups;
+}
+
 }  // namespace
 
 dtrain_work::dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, host_staging staging)
@@ -95,9 +107,23 @@ dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Stor
         }
         const char* master = std::getenv("MASTER_ADDR");  // a route to it names this host's address
         return tcp_transport::connect(meeting, rank, size, o.with_environment(), master != nullptr ? master : "");
-      }()) {}
+      }()) {
+  std::lock_guard lock(live_groups_mutex());
+  live_groups().insert(this);
+}
 
-dtrain_process_group::~dtrain_process_group() { close(); }
+dtrain_process_group::~dtrain_process_group() {
+  {
+    std::lock_guard lock(live_groups_mutex());
+    live_groups().erase(this);
+  }
+  close();
+}
+
+void dtrain_process_group::close_all() noexcept {
+  std::lock_guard lock(live_groups_mutex());
+  for (auto* group : live_groups()) group->close();
+}
 
 void dtrain_process_group::close() noexcept {
   // Python's destroy calls this holding the GIL, and a call's last reference to a tensor, freed

@@ -80,6 +80,12 @@ class dtrain_process_group final : public c10d_backend {
 
   const std::string getBackendName() const override { return "dtrain"; }
 
+  /// Closes every group alive in this process. The module runs it at interpreter exit (atexit),
+  /// while Python still works: a group never destroyed would otherwise end during finalization,
+  /// and a thread of its that dropped a tensor's last reference then needs the GIL Python no
+  /// longer hands out (it ends such a thread, which aborted the process).
+  static void close_all() noexcept;
+
   using work_ptr = c10::intrusive_ptr<::c10d::Work>;
   using tensors = std::vector<at::Tensor>;
   using tensor_lists = std::vector<std::vector<at::Tensor>>;

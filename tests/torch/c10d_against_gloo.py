@@ -4,6 +4,7 @@
     python3 c10d_against_gloo.py --ranks 3 [--module-dir DIR]         # every collective
     python3 c10d_against_gloo.py --ranks 3 --kill [--module-dir DIR]  # a rank killed mid-allreduce
     python3 c10d_against_gloo.py --ranks 3 --launcher torchrun [--module-dir DIR]  # ranks from torchrun
+    python3 c10d_against_gloo.py --ranks 2 --exit-without-destroy [--module-dir DIR]  # the group ends with Python
 
 Run without RANK in the environment, it launches --ranks processes of itself (env:// rendezvous,
 or tcp:// with --init tcp, on a free local port) and passes only if every rank reports every check
@@ -440,6 +441,16 @@ def killed(c, dist, torch, size, rank):
         time.sleep(0.01)
 
 
+def exit_without_destroy(c, dist, torch, size, rank):
+    """Many scripts never call destroy_process_group: the group ends as the interpreter does, with
+    a collective still in flight. The launcher wants every rank to exit 0 within its deadline."""
+    x = torch.ones(1000)
+    dist.all_reduce(x)
+    c.same("an allreduce before exit", x, torch.full((1000,), float(size)), True)
+    dist.all_reduce(torch.ones(10), async_op=True)  # never waited for
+    print(f"rank {rank}: {'PASS' if not c.failed else 'FAIL'} ({c.passed} checks passed); exiting", flush=True)
+
+
 def rank_main(args):
     if args.module_dir:
         sys.path.insert(0, args.module_dir)
@@ -454,6 +465,9 @@ def rank_main(args):
     else:  # env://, as torchrun and this launcher set it
         dist.init_process_group("dtrain", init_method="env://", timeout=timedelta(seconds=30))
     c = Checker(rank)
+    if args.exit_without_destroy:
+        exit_without_destroy(c, dist, torch, size, rank)
+        return 0 if not c.failed else 1  # the interpreter's exit must end the group, and soon
     if args.kill:
         killed(c, dist, torch, size, rank)
         print(f"rank {rank}: {'PASS' if not c.failed else 'FAIL'} ({c.passed} checks passed, {len(c.failed)} failed)",
@@ -472,6 +486,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=3)
     p.add_argument("--kill", action="store_true", help="kill the last rank mid-allreduce")
+    p.add_argument("--exit-without-destroy", action="store_true",
+                   help="exit with the group alive and a collective in flight (no destroy_process_group)")
     p.add_argument("--module-dir", help="where dtrain_torch's module was built")
     p.add_argument("--init", choices=["env", "tcp"], default="env", help="init_method: env:// or tcp://host:port")
     p.add_argument("--launcher", choices=["self", "torchrun"], default="self", help="who starts the ranks")

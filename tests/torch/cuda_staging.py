@@ -187,7 +187,7 @@ def main():
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--module-dir", help="where dtrain_torch's module was built")
     args = p.parse_args()
-    args.kill, args.launcher = False, "self"  # what the shared launcher asks
+    args.kill, args.launcher = False, "self"  # what the shared launcher asks of its caller
     if "RANK" in os.environ:
         return rank_main(args)
     import torch
