@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The PyTorch backend's CUDA checks (docs/pytorch.md, "CUDA tensors"), for a host with a GPU and a
+# CUDA build of torch, which CI never has. Two steps:
+#
+#   scripts/torch-gpu-check.sh pack DIR         # here: what the build needs beyond torch and g++
+#   scripts/torch-gpu-check.sh run LOG_DIR DIR  # on the GPU host, DIR copied there
+#
+# `pack` copies into DIR the Boost headers dtrain_torch includes (found by the compiler, not
+# guessed), OpenSSL's headers and libcrypto, for a GPU host that has Python, torch, g++ and
+# ninja but no Debian packages. `run` builds dtrain_torch there with torch's own cpp_extension
+# (torch's flags and ABI, no CMake needed), then runs, each under a deadline with its log in
+# LOG_DIR: the CUDA staging test with 2 and 3 ranks sharing the GPU, the CPU test against Gloo,
+# and DDP Fashion-MNIST on CUDA tensors over dtrain against Gloo (when $FASHION_MNIST, default
+# .dev/fashion-mnist, holds the data). LOG_DIR/summary.txt lists each step's status and seconds.
+set -u
+here=$(cd "$(dirname "$0")/.." && pwd)
+sources=(module.cpp process_group.cpp host_staging.cpp)
+
+pack() {
+  local dir python=${PYTHON:-python3}
+  dir=$(mkdir -p "$1" && cd "$1" && pwd)
+  mkdir -p "$dir/include" "$dir/lib"
+  local flags
+  flags=$("$python" -c "import sysconfig, torch.utils.cpp_extension as e
+print(' '.join(['-I' + p for p in e.include_paths()] + ['-I' + sysconfig.get_paths()['include']]))") || exit 1
+  # The headers under /usr/include/boost that g++ and clang read for the module, and Boost's
+  # config headers (which pick files by compiler).
+  local cxx
+  for cxx in g++ clang++; do
+    command -v $cxx > /dev/null || continue
+    (cd "$here/extensions/torch_backend" && $cxx -std=gnu++20 -DBOOST_ALL_NO_LIB $flags -I"$here/include" -M \
+      "${sources[@]}" 2> /dev/null)
+  done | tr ' \\' '\n\n' | grep '^/usr/include/boost/' > "$dir/boost-files.txt"
+  find /usr/include/boost/config -type f >> "$dir/boost-files.txt"
+  sort -u -o "$dir/boost-files.txt" "$dir/boost-files.txt"
+  sed 's|^/usr/include/||' "$dir/boost-files.txt" | (cd /usr/include && xargs cp --parents -t "$dir/include")
+  mkdir -p "$dir/include/openssl"
+  cp /usr/include/openssl/*.h /usr/include/x86_64-linux-gnu/openssl/*.h "$dir/include/openssl/"
+  cp -L /usr/lib/x86_64-linux-gnu/libcrypto.so.3 "$dir/lib/"
+  du -sh "$dir"
+}
+
+# step NAME SECONDS COMMAND...: runs COMMAND under a deadline, logs it, records its status.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  echo "\$ $*" > "$logs/$name.log"
+  PYTHONUNBUFFERED=1 timeout --kill-after=10 "$limit" "$@" >> "$logs/$name.log" 2>&1
+  local rc=$?
+  printf '%-26s rc=%-4s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$logs/summary.txt"
+}
+
+run() {
+  logs=$1
+  local bundle module=/tmp/dtrain_torch_build
+  bundle=$(cd "$2" && pwd)
+  mkdir -p "$logs" && : > "$logs/summary.txt"
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+    python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.is_available())"
+    g++ --version | head -1
+  } > "$logs/machine.log" 2>&1
+  rm -rf "$module" && mkdir -p "$module"
+  cd "$here" || exit 1
+  step build 400 env MAX_JOBS=16 python3 - "$bundle" "$module" "${sources[@]}" <<'EOF'
+import os, sys
+import torch.utils.cpp_extension as ext
+bundle, module, sources = sys.argv[1], sys.argv[2], sys.argv[3:]
+ext.load("dtrain_torch", [os.path.join("extensions/torch_backend", s) for s in sources],
+         extra_cflags=["-O2", "-std=gnu++20", "-DBOOST_ALL_NO_LIB"],
+         extra_include_paths=[os.path.abspath("include"), os.path.join(bundle, "include")],
+         extra_ldflags=[os.path.join(bundle, "lib", "libcrypto.so.3"), "-Wl,-rpath," + os.path.join(bundle, "lib")],
+         build_directory=module)
+print("built", module)
+EOF
+  step cuda_staging_2 240 python3 tests/torch/cuda_staging.py --ranks 2 --module-dir "$module"
+  step cuda_staging_3 240 python3 tests/torch/cuda_staging.py --ranks 3 --module-dir "$module"
+  step c10d_against_gloo_2 200 python3 tests/torch/c10d_against_gloo.py --ranks 2 --module-dir "$module"
+  local data=${FASHION_MNIST:-.dev/fashion-mnist}
+  if [ -d "$data" ]; then
+    step ddp_cuda 300 python3 bench/ddp_backends.py --device cuda --module-dir "$module" --data "$data" --ranks 2 4 \
+      --rounds 2 --epochs 2 --json "$logs/ddp_cuda.json"
+  fi
+  echo done >> "$logs/summary.txt"
+}
+
+case "${1:-}" in
+  pack) pack "$2" ;;
+  run) run "$2" "$3" ;;
+  *) sed -n 2,14p "$0"; exit 2 ;;
+esac
