@@ -12,7 +12,8 @@ reports as skipped. Each rank checks:
     the future's wait() the current stream sees the results, with no device synchronisation;
   - DDP on a CUDA model over dtrain and over Gloo: the same parameters after some steps;
   - a call mixing CPU and CUDA tensors is refused, naming both devices.
-The launcher passes only if every rank reports every check passed.
+The launcher passes only if every rank reports every check passed. With --device cpu the harness
+checks itself where there is no GPU: the same calls and DDP, the "GPU" tensors on the CPU.
 """
 import argparse
 import os
@@ -45,7 +46,7 @@ def calls_on_gpu(c, dist, torch, size, rank, dev):
         call(on_cpu)
         call(on_gpu)
         got, want = leaves(on_gpu), leaves(on_cpu)
-        c.true(name, all(g.is_cuda for g in got) and
+        c.true(name, all(g.device.type == dev.type for g in got) and
                all(torch.equal(g.cpu(), w) for g, w in zip(got, want)), "(differs from the CPU call)")
 
     R = dist.ReduceOp
@@ -134,7 +135,8 @@ def ddp_on_gpu(c, dist, torch, gloo, rank, dev):
     def trained(group):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(dev)
-        ddp = DDP(model, device_ids=[dev.index], process_group=group, bucket_cap_mb=0.01)  # several buckets
+        ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None, process_group=group,
+                  bucket_cap_mb=0.01)  # several buckets
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         g = torch.Generator().manual_seed(rank)
         for _ in range(5):
@@ -166,15 +168,19 @@ def rank_main(args):
     import dtrain_torch  # noqa: F401  (registers the backend)
 
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    dev = torch.device("cuda", rank % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
+    if args.device == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    else:  # the harness checking itself on a machine without a GPU
+        dev = torch.device("cpu")
     dist.init_process_group("dtrain", init_method="env://", timeout=timedelta(seconds=60))
     gloo = dist.new_group(list(range(size)), backend="gloo")
     c = Checker(rank)
     calls_on_gpu(c, dist, torch, size, rank, dev)
-    stream_order(c, dist, torch, size, rank, dev)
     ddp_on_gpu(c, dist, torch, gloo, rank, dev)
-    refusals(c, dist, torch, size, dev)
+    if dev.type == "cuda":
+        stream_order(c, dist, torch, size, rank, dev)
+        refusals(c, dist, torch, size, dev)
     dist.barrier(group=gloo)
     dist.destroy_process_group()
     verdict = "PASS" if not c.failed and c.passed > 0 else "FAIL"
@@ -186,12 +192,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--module-dir", help="where dtrain_torch's module was built")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: the harness checks itself, the 'GPU' tensors on the CPU (no stream checks)")
     args = p.parse_args()
     args.kill, args.launcher = False, "self"  # what the shared launcher asks of its caller
     if "RANK" in os.environ:
         return rank_main(args)
     import torch
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print(f"no CUDA device (torch {torch.__version__}, CUDA build: {torch.version.cuda}): skipped")
         return SKIPPED
     return launch(args)
