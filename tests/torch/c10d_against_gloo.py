@@ -267,6 +267,14 @@ def collectives(c, dist, torch, gloo, size, rank):
     else:
         dist.send(torch.tensor([rank, rank * rank]), 0, tag=11)
 
+    # object collectives (pickles through uint8 allgather and broadcast), as scripts use for metrics
+    objects = [None] * size
+    dist.all_gather_object(objects, {"rank": rank, "name": "r" * (rank + 1)})
+    c.true("all_gather_object", objects == [{"rank": r, "name": "r" * (r + 1)} for r in range(size)], str(objects))
+    sent = [{"step": 7, "from": root}, list(range(rank + 3))] if rank == root else [None, None]
+    dist.broadcast_object_list(sent, src=root)
+    c.true("broadcast_object_list", sent == [{"step": 7, "from": root}, list(range(root + 3))], str(sent))
+
     # asynchronous work: wait with a timeout, and the future DDP's hooks use
     x = input_of(rank, shape, torch.float32)
     ref = x.clone()
