@@ -117,6 +117,16 @@ class Checker:
             print(f"rank {self.rank}: FAIL {name} {detail}", flush=True)
 
 
+def finish(c, dist, gloo, rank):
+    """Every rank past its checks, the group destroyed, then this rank's verdict, which the
+    launcher counts. @returns the rank's exit status."""
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+    verdict = "PASS" if not c.failed and c.passed > 0 else "FAIL"
+    print(f"rank {rank}: {verdict} ({c.passed} checks passed, {len(c.failed)} failed: {c.failed})", flush=True)
+    return 0 if verdict == "PASS" else 1
+
+
 def input_of(rank, shape, dtype, kind="any"):
     """Rank `rank`'s input: deterministic, so any rank can compute another's."""
     import torch
@@ -483,11 +493,7 @@ def rank_main(args):
         os._exit(0 if not c.failed else 1)  # the group is broken: no orderly goodbye to wait for
     gloo = dist.new_group(list(range(size)), backend="gloo")
     collectives(c, dist, torch, gloo, size, rank)
-    dist.barrier(group=gloo)
-    dist.destroy_process_group()
-    verdict = "PASS" if not c.failed and c.passed > 0 else "FAIL"
-    print(f"rank {rank}: {verdict} ({c.passed} checks passed, {len(c.failed)} failed: {c.failed})", flush=True)
-    return 0 if verdict == "PASS" else 1
+    return finish(c, dist, gloo, rank)
 
 
 def main():

@@ -21,7 +21,7 @@ import sys
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, input_of, launch  # noqa: E402
+from c10d_against_gloo import Checker, finish, input_of, launch  # noqa: E402
 
 SKIPPED = 77
 
@@ -181,11 +181,7 @@ def rank_main(args):
     if dev.type == "cuda":
         stream_order(c, dist, torch, size, rank, dev)
         refusals(c, dist, torch, size, dev)
-    dist.barrier(group=gloo)
-    dist.destroy_process_group()
-    verdict = "PASS" if not c.failed and c.passed > 0 else "FAIL"
-    print(f"rank {rank}: {verdict} ({c.passed} checks passed, {len(c.failed)} failed: {c.failed})", flush=True)
-    return 0 if verdict == "PASS" else 1
+    return finish(c, dist, gloo, rank)
 
 
 def main():

@@ -16,7 +16,7 @@ import sys
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, launch  # noqa: E402
+from c10d_against_gloo import Checker, finish, launch  # noqa: E402
 
 STEPS = 6
 
@@ -67,11 +67,7 @@ def rank_main(args):
     c.same("the parameters after training", params, ref_params, False)
     start = torch.cat([p.detach().flatten() for p in new_model(torch).parameters()])
     c.true("training moved the parameters", not torch.allclose(params, start))
-    dist.barrier(group=gloo)
-    dist.destroy_process_group()
-    verdict = "PASS" if not c.failed else "FAIL"
-    print(f"rank {rank}: {verdict} ({c.passed} checks passed, {len(c.failed)} failed: {c.failed})", flush=True)
-    return 0 if verdict == "PASS" else 1
+    return finish(c, dist, gloo, rank)
 
 
 def main():
