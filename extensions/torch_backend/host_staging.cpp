@@ -1,5 +1,7 @@
 #include "host_staging.hpp"
 
+#include <c10/core/Event.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 namespace dtrain::torch_backend {
@@ -39,6 +41,7 @@ at::Tensor host_staging::read(const at::Tensor& t) {
   if (!staged()) return t;
   at::Tensor host = host_twin(t);
   const c10::OptionalStreamGuard on_side(*side_);
+  const c10::NoGradGuard no_autograd;  // a copy for the collective, not part of any graph
   host.copy_(t, /*non_blocking=*/true);
   keep_for_side_stream(t);
   return host;
@@ -87,19 +90,11 @@ void host_staging::await_host_copies() const {
 
 void host_staging::copy_back() {
   if (!staged()) return;
-  {
-    const c10::OptionalStreamGuard on_side(*side_);
-    // From pinned memory, asynchronously: the host allocator keeps each twin's block until its
-    // copy has run, even once the twin is freed.
-    for (auto& [mine, host] : copies_back_) mine.copy_(host, /*non_blocking=*/true);
-  }
-  copied_back_.emplace(device_.type());
-  copied_back_->record(*side_);
+  const c10::OptionalStreamGuard on_side(*side_);
+  // From pinned memory, asynchronously: the host allocator keeps each twin's block until its
+  // copy has run, even once the twin is freed.
+  for (auto& [mine, host] : copies_back_) mine.copy_(host, /*non_blocking=*/true);
   copies_back_.clear();  // the work may live on in Python: its pinned twins need not
-}
-
-void host_staging::order_current_stream() const {
-  if (copied_back_) copied_back_->block(c10::impl::VirtualGuardImpl(device_.type()).getStream(device_));
 }
 
 std::vector<c10::Device> host_staging::devices() const {

@@ -3,9 +3,10 @@
 // caller's thread, the tensors the call reads are copied into pinned host memory on a side stream
 // that first waits for the caller's current stream, so the copies see every kernel queued before
 // the call. dtrain's thread waits for those copies, runs the collective on the host tensors, then
-// queues the copies back on the side stream and records an event; `Work::wait()` and the work's
-// future make the waiting thread's current stream wait for that event. The caller's stream is
-// never blocked by the host, as with NCCL. A call on CPU tensors stages nothing.
+// queues the copies back on the side stream and completes the work's CUDA-aware future there;
+// `Work::wait()` and the future's wait make the waiting thread's current stream wait for the
+// future's events. The caller's stream is never blocked by the host, as with NCCL. A call on
+// CPU tensors stages nothing.
 //
 // The CUDA calls go through c10's device-generic interfaces (streams, events, the caching
 // allocator's stream tracking), so the module itself compiles no CUDA code and builds against a
@@ -13,7 +14,6 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
-#include <c10/core/Event.h>
 #include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
 
@@ -48,15 +48,13 @@ class host_staging {
 
   /// Before the collective: waits until the copies to the host have landed.
   void await_host_copies() const;
-  /// After it: queues the copies back to the device and records the event waiters order after.
+  /// After it: queues the copies back to the device, on the side stream.
   void copy_back();
-  /// Runs `f` with the side stream current on its device (a CUDA-aware future records its
-  /// completion events on the current streams).
+  /// Runs `f` with the side stream current on its device. Completing the call's CUDA-aware
+  /// future there records its events after the copies back, and every wait on the future or
+  /// the work then orders the waiting thread's current stream after them.
   template <class F>
   void on_side_stream(F&& f) const;
-
-  /// On a waiting thread: its current stream waits for the copies back (none for the CPU).
-  void order_current_stream() const;
 
   /// The devices a CUDA-aware future of this call's outputs spans: none for the CPU.
   std::vector<c10::Device> devices() const;
@@ -71,8 +69,7 @@ class host_staging {
 
   c10::Device device_;
   const char* what_;
-  std::optional<c10::Stream> side_;           // set when the call's tensors are on a GPU
-  std::optional<c10::Event> copied_back_;     // recorded by copy_back
+  std::optional<c10::Stream> side_;  // set when the call's tensors are on a GPU
   std::vector<std::pair<at::Tensor, at::Tensor>> copies_back_;  // (the caller's tensor, its host twin)
 };
 

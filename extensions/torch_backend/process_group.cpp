@@ -1,6 +1,7 @@
 #include "process_group.hpp"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <pybind11/pybind11.h>
 
 #include <cstdlib>
@@ -88,12 +89,13 @@ dtrain_work::dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> 
 
 void dtrain_work::complete(std::exception_ptr failure, int source_rank) {
   source_rank_ = source_rank;
-  finish(failure);
+  // The future first, as Gloo does: whoever wait() wakes finds it complete too.
   if (failure) {
     future_->setError(failure);
-  } else {  // a CUDA-aware future records its event on the current stream: the copies' stream
+  } else {  // a CUDA-aware future records its events on the current stream: the copies' stream
     staging_.on_side_stream([&] { future_->markCompleted(c10::IValue(outputs_)); });
   }
+  finish(failure);
 }
 
 dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
@@ -165,6 +167,9 @@ dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_q
   TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
   auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging));
   queue.submit([this, &queue, work, timeout, body = std::move(body)] {
+    // c10d's calls are not differentiable: they write their tensors as NCCL does, without
+    // autograd's in-place checks (a leaf that requires grad may be a call's output).
+    const c10::NoGradGuard no_autograd;
     std::exception_ptr failure;
     int source = -1;
     try {

@@ -44,8 +44,8 @@ using c10d_backend = ::c10d::ProcessGroup;
 #endif
 
 /// A c10d `Work` that dtrain's thread completes: `wait(timeout)` as c10d's, a future of the
-/// output tensors for DDP's communication hooks. For CUDA tensors both order the waiting
-/// thread's current stream after the copies back from the host (`host_staging`).
+/// output tensors for DDP's communication hooks. For CUDA tensors the future is CUDA-aware, and
+/// both order the waiting thread's current stream after the copies back (`host_staging`).
 class dtrain_work final : public ::c10d::Work {
  public:
   dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, host_staging staging);
@@ -53,8 +53,9 @@ class dtrain_work final : public ::c10d::Work {
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   int sourceRank() const override { return source_rank_; }
-  /// Called by `wait()` once the work is done.
-  void synchronize() override { staging_.order_current_stream(); }
+  /// The current stream waits for the work's results (c10d's `wait()` calls this once the work
+  /// is done): the future's wait does that, where the work's tensors are on a GPU.
+  void synchronize() override { future_->wait(); }
 
   host_staging& staging() { return staging_; }
   /// Marks the work done (`failure` null) or failed; called once, from dtrain's thread.

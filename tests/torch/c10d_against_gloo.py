@@ -189,6 +189,17 @@ def collectives(c, dist, torch, gloo, size, rank):
             dist.broadcast(ref, src=root, group=gloo)
         c.same(f"broadcast {dtype}", mine, ref, True)
 
+    # outputs that are leaves requiring grad: written as NCCL writes them, outside autograd (Gloo
+    # refuses the allgather: "a leaf Variable that requires grad is being used in an in-place operation")
+    leaf = input_of(rank, (4, 6), torch.float32).t().requires_grad_()  # non-contiguous, too
+    dist.broadcast(leaf, src=root)
+    c.same("broadcast into a non-contiguous leaf that requires grad", leaf.detach(),
+           input_of(root, (4, 6), torch.float32).t(), True)
+    leaves = [torch.zeros(shape, requires_grad=True) for _ in range(size)]
+    dist.all_gather(leaves, input_of(rank, shape, torch.float32))
+    c.same("allgather into leaves that require grad", torch.stack([t.detach() for t in leaves]),
+           torch.stack([input_of(r, shape, torch.float32) for r in range(size)]), True)
+
     # reduce to a root
     for dtype in (torch.float32, torch.int64):
         mine, ref = input_of(rank, shape, dtype), input_of(rank, shape, dtype)
