@@ -277,6 +277,15 @@ def collectives(c, dist, torch, gloo, size, rank):
     for w in works:
         w.wait()
     c.same("send/recv around a ring", into, input_of(prv, (33,), torch.float64), True)
+    # batch_isend_irecv, as pipeline parallelism sends activations: both directions at once
+    fwd, bwd = input_of(rank, (17,), torch.float32), input_of(rank + 50, (5,), torch.int64)
+    from_prv, from_nxt = torch.empty(17), torch.empty(5, dtype=torch.int64)
+    ops = [dist.P2POp(dist.isend, fwd, nxt), dist.P2POp(dist.irecv, from_prv, prv),
+           dist.P2POp(dist.isend, bwd, prv), dist.P2POp(dist.irecv, from_nxt, nxt)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    c.same("batch_isend_irecv, forward", from_prv, input_of(prv, (17,), torch.float32), True)
+    c.same("batch_isend_irecv, backward", from_nxt, input_of(nxt + 50, (5,), torch.int64), True)
     # a receive from any source names its sender
     if rank == 0:
         got = {}
