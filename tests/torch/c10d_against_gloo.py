@@ -63,8 +63,10 @@ def launch_torchrun(args, port):
 
 
 def launch(args):
+    """Starts --ranks processes of the running script and counts their verdicts. The other test
+    files share it: their `args` need only `ranks` (no --launcher, no --kill)."""
     port = free_port()
-    if args.launcher == "torchrun":
+    if getattr(args, "launcher", "self") == "torchrun":
         return launch_torchrun(args, port)
     procs = []
     for r in range(args.ranks):
@@ -86,7 +88,7 @@ def launch(args):
     verdicts = 0
     for r, (code, out) in enumerate(outputs):
         sys.stdout.write(f"--- rank {r} (exit {code})\n{out}")
-        victim = args.kill and r == args.ranks - 1
+        victim = getattr(args, "kill", False) and r == args.ranks - 1
         if victim:
             verdicts += code == -signal.SIGKILL
         else:

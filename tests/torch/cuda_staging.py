@@ -191,7 +191,6 @@ def main():
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
                    help="cpu: the harness checks itself, the 'GPU' tensors on the CPU (no stream checks)")
     args = p.parse_args()
-    args.kill, args.launcher = False, "self"  # what the shared launcher asks of its caller
     if "RANK" in os.environ:
         return rank_main(args)
     import torch

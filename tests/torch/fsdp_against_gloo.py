@@ -76,7 +76,6 @@ def main():
     p.add_argument("--module-dir", help="where dtrain_torch's module was built")
     args = p.parse_args()
     if "RANK" not in os.environ:
-        args.kill, args.launcher = False, "self"
         return launch(args)
     return rank_main(args)
 
