@@ -175,6 +175,36 @@ TEST_CASE("roles: late workers are the last ones, and at least one worker starts
   CHECK(clocks.slowest() == 2);  // round 2 waits for the worker that arrived
 }
 
+TEST_CASE("a standby's tables: it holds no shard until it takes a place, and asking for one is refused, naming it",
+          "[ps][membership]") {
+  const roles r = roles::of(3, 1, 1);  // server 0, worker 0 (rank 1), standby rank 2
+  std::vector<std::string> refusals(3);
+  std::vector<std::size_t> held(3, 99);
+  run_inproc(3, [&](int rank, inproc_transport t) {
+    const auto at = static_cast<std::size_t>(rank);
+    if (r.is_server(rank)) {
+      server<inproc_transport, bsp, float, sgd<float>> s(std::move(t), r, bsp{}, sgd<float>(0.1f), {}, quick());
+      s.run();
+      held[at] = s.held_shards().size();
+      try {
+        refusals[at] = std::to_string(s.sparse_table().size()) + " keys";
+      } catch (const dtrain::error& e) {
+        refusals[at] = e.what();
+      }
+      return;
+    }
+    worker<inproc_transport, bsp, float> w(std::move(t), r, range_sharding(1, 1 << 20), quick());
+    const std::vector<key_type> keys{1, 2, 3};
+    std::vector<float> weights(keys.size()), grads(keys.size());
+    sync_step(w, keys, weights, grads, 0);
+    w.finish();
+  });
+  CHECK(held[0] == 1);
+  CHECK(refusals[0] == "3 keys");
+  CHECK(held[2] == 0);
+  CHECK_THAT(refusals[2], Catch::Contains("ps::server 2 holds no copy of shard 2") && Catch::Contains("standby"));
+}
+
 TEST_CASE("SSP(1): a worker never runs more than one clock ahead, and sees what it must", "[ps]") {
   constexpr int clocks = 8;
   std::atomic<int> slow_sent{0};  // clocks the slow worker has sent: never behind the server's view

@@ -143,10 +143,12 @@ class server {
     return ctx_.stats;
   }
   const replication_stats& replication() const noexcept { return ctx_.replication; }
-  /// The tables of this server's own shard; `shard_tables(s)` those of any shard it holds.
-  auto& sparse_table() noexcept { return own().updates().sparse(); }
-  auto& dense_table() noexcept { return own().updates().dense(); }
-  auto& shard_tables(int s) { return shards_.at(s).updates(); }
+  /// The tables of this server's own shard; `shard_tables(s)` those of any shard it holds
+  /// (`held_shards()`). @throws dtrain::error `invalid_argument` for a shard it holds no copy of
+  /// (a standby's own, until it takes a place)
+  auto& sparse_table() { return own().updates().sparse(); }
+  auto& dense_table() { return own().updates().dense(); }
+  auto& shard_tables(int s) { return held(s).updates(); }
   std::vector<int> held_shards() const {
     const auto held = std::views::keys(shards_);
     return {held.begin(), held.end()};
@@ -154,7 +156,7 @@ class server {
   /// Whether this server heads shard `s` (its own, or one it took over).
   bool heads(int s) const { return shards_.count(s) != 0 && shards_.at(s).heading(); }
   /// The updates applied to shard `s` (which this server holds).
-  std::uint64_t version_of(int s) { return shards_.at(s).updates().version(); }
+  std::uint64_t version_of(int s) { return held(s).updates().version(); }
   int shard() const noexcept { return me(); }
 
  private:
@@ -163,7 +165,14 @@ class server {
   using fit = typename shard_chain<Transport, T>::fit;
 
   int me() const noexcept { return ctx_.me(); }
-  replica& own() { return shards_.at(me()); }
+  replica& own() { return held(me()); }
+  replica& held(int s) {
+    const auto it = shards_.find(s);
+    if (it != shards_.end()) return it->second;
+    throw error(errc::invalid_argument, "ps::server " + std::to_string(me()) + " holds no copy of shard " + std::to_string(s) +
+                                            (standby() ? " (a standby holds copies only of the shards it joined)" : "") +
+                                            "; held_shards() lists those it holds");
+  }
   replacements& replacing() noexcept { return membership_.replacing(); }
 
   // --- requests ---------------------------------------------------------------------------------
