@@ -43,9 +43,12 @@ inline reduce_op reduction_of(const ::c10d::ReduceOp& op, const char* what) {
     case ::c10d::ReduceOp::PRODUCT: return reduce_op::prod;
     case ::c10d::ReduceOp::MIN: return reduce_op::min;
     case ::c10d::ReduceOp::MAX: return reduce_op::max;
+    case ::c10d::ReduceOp::BAND: return reduce_op::band;
+    case ::c10d::ReduceOp::BOR: return reduce_op::bor;
+    case ::c10d::ReduceOp::BXOR: return reduce_op::bxor;
     default:
       TORCH_CHECK(false, "dtrain: ", what, " with reduce op ", static_cast<int>(op.op_),
-                  ": dtrain reduces with SUM, AVG, PRODUCT, MIN and MAX (no bitwise or pre-multiplied ops)");
+                  ": dtrain reduces with SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR and BXOR (no pre-multiplied sum)");
   }
 }
 

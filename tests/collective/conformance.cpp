@@ -82,6 +82,9 @@ void run_matrix(coll_op op) {
         if (roots.size() == 2 && roots[0] == roots[1]) roots.pop_back();
         std::vector<reduce_op> ops = reducing ? std::vector<reduce_op>{reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}
                                               : std::vector<reduce_op>{reduce_op::sum};
+        // The bitwise operators, on the integer types: each algorithm's combining is the same
+        // code for every operator, so the small counts show they are wired through.
+        if (reducing && !large) ops.insert(ops.end(), {reduce_op::band, reduce_op::bor, reduce_op::bxor});
         // Large: out of place on 2, 3, 6 and 7 ranks (a power of two among them: halving-doubling
         // then sends its first step straight from `in`), in place on the others.
         std::vector<bool> places = has_in_place ? (large ? std::vector<bool>{(p / 2) % 2 == 0} : std::vector<bool>{false, true})
@@ -90,8 +93,11 @@ void run_matrix(coll_op op) {
           for (reduce_op rop : ops) {
             for (bool in_place : places) {
               spec s{op, a, p, n, rop, root, in_place};
-              for_each_type([&]<class T>() { run_case<T>(s); });
-              cases += 6;
+              for_each_type([&]<class T>() {
+                if (is_bitwise(rop) && !bitwise_reducible_v<T>) return;
+                run_case<T>(s);
+                ++cases;
+              });
             }
           }
         }

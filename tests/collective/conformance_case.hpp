@@ -48,6 +48,9 @@ T reference_reduce(coll_op op, reduce_op rop, int p, std::size_t i) {
       case reduce_op::prod: acc *= v; break;
       case reduce_op::min: acc = std::min(acc, v); break;
       case reduce_op::max: acc = std::max(acc, v); break;
+      case reduce_op::band: acc &= v; break;
+      case reduce_op::bor: acc |= v; break;
+      case reduce_op::bxor: acc ^= v; break;
       case reduce_op::custom: break;  // user operators: api_case.hpp
     }
   }

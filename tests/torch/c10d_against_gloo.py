@@ -166,6 +166,28 @@ def collectives(c, dist, torch, gloo, size, rank):
         dist.all_reduce(mine, op=R.AVG)
         want = sum(input_of(r, shape, torch.float64) for r in range(size)) / size
         c.same(f"allreduce {dtype} AVG", mine, want.to(dtype), False)
+    # bitwise ops: on int32 and int64 against Gloo's; on bool and uint8 against the fold of the
+    # ranks' known inputs; on floats refused, as Gloo refuses them
+    bitwise = (("BAND", R.BAND, torch.bitwise_and), ("BOR", R.BOR, torch.bitwise_or), ("BXOR", R.BXOR, torch.bitwise_xor))
+    for dtype in ints:
+        for name, op, _ in bitwise:
+            mine, ref = input_of(rank, shape, dtype), input_of(rank, shape, dtype)
+            dist.all_reduce(mine, op=op)
+            dist.all_reduce(ref, op=op, group=gloo)
+            c.same(f"allreduce {dtype} {name}", mine, ref, True)
+    for dtype in (torch.bool, torch.uint8):
+        for name, op, fold in bitwise:
+            mine = input_of(rank, shape, dtype)
+            dist.all_reduce(mine, op=op)
+            want = input_of(0, shape, dtype)
+            for r in range(1, size):
+                want = fold(want, input_of(r, shape, dtype))
+            c.same(f"allreduce {dtype} {name}", mine, want, True)
+    try:
+        dist.all_reduce(torch.ones(3), op=R.BXOR)
+        c.true("BXOR of floats refused", False, "no error")
+    except RuntimeError as e:
+        c.true("BXOR of floats refused", "bitwise and, or and xor reduce integers and bools" in str(e), str(e))
     # half precision: against the float32 sum of the same inputs
     for dtype in (torch.float16, torch.bfloat16):
         mine = input_of(rank, shape, dtype)

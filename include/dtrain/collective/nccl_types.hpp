@@ -32,16 +32,17 @@ constexpr ncclDataType_t type_of() {
   else static_assert(sizeof(T) == 0, "no NCCL type for this element");
 }
 
-/// NCCL's operator for `op` on `T`. On bool, "or" is max and "and" is min (a byte of 2 is not a
-/// bool). @throws dtrain::error (invalid_argument) for `custom` (NCCL runs only its own
-/// operators) and for avg of bool.
+/// NCCL's operator for `op` on `T`. On bool, "or" (sum, bor) is max and "and" (prod, band) is
+/// min (a byte of 2 is not a bool). @throws dtrain::error (invalid_argument) for `custom` (NCCL
+/// runs only its own operators) and for avg of bool; (unsupported) for the bitwise operators
+/// NCCL lacks.
 template <class T>
 ncclRedOp_t op_of(reduce_op op) {
   static_assert(reducible_v<T>, "raw bytes move but do not reduce");
   if (const char* why = refused_reduction<T>(op)) throw error(errc::invalid_argument, std::string("dtrain: ") + why);
   if constexpr (std::is_same_v<T, bool>) {
-    if (op == reduce_op::sum) return ncclMax;
-    if (op == reduce_op::prod) return ncclMin;
+    if (op == reduce_op::sum || op == reduce_op::bor) return ncclMax;
+    if (op == reduce_op::prod || op == reduce_op::band) return ncclMin;
   }
   switch (op) {
     case reduce_op::sum: return ncclSum;
@@ -49,6 +50,11 @@ ncclRedOp_t op_of(reduce_op op) {
     case reduce_op::min: return ncclMin;
     case reduce_op::max: return ncclMax;
     case reduce_op::avg: return ncclAvg;
+    case reduce_op::band:
+    case reduce_op::bor:
+    case reduce_op::bxor:
+      throw error(errc::unsupported, std::string("dtrain: NCCL has no bitwise reduction (") + std::string(reduce_op_name(op)) +
+                                         "); reduce on the host, or use min and max on bools for and and or");
     case reduce_op::custom: break;
   }
   return ncclSum;  // not reached: refused above

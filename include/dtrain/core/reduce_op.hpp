@@ -17,12 +17,15 @@ namespace dtrain {
 /// compute type: float for float16/bfloat16, integer division (truncating toward zero) for int32
 /// and int64. All operators are commutative and associative on integers; on floating-point types
 /// results depend on the combining order, which each algorithm fixes (see docs/algorithms.md).
-enum class reduce_op : std::uint8_t { sum, prod, min, max, avg, custom };
+///
+/// `band`, `bor` and `bxor` are bitwise and, or and xor (MPI_BAND, MPI_BOR, MPI_BXOR; Gloo's and
+/// PyTorch's BAND, BOR, BXOR), for integers and bools only.
+enum class reduce_op : std::uint8_t { sum, prod, min, max, avg, custom, band, bor, bxor };
 
 /// The highest `reduce_op` value: frames carrying a larger one are malformed.
-inline constexpr reduce_op last_reduce_op = reduce_op::custom;
+inline constexpr reduce_op last_reduce_op = reduce_op::bxor;
 
-/// @returns "sum", "prod", "min", "max", "avg" or "custom".
+/// @returns "sum", "prod", "min", "max", "avg", "custom", "band", "bor" or "bxor".
 constexpr std::string_view reduce_op_name(reduce_op op) noexcept {
   switch (op) {
     case reduce_op::sum: return "sum";
@@ -31,9 +34,21 @@ constexpr std::string_view reduce_op_name(reduce_op op) noexcept {
     case reduce_op::max: return "max";
     case reduce_op::avg: return "avg";
     case reduce_op::custom: return "custom";
+    case reduce_op::band: return "band";
+    case reduce_op::bor: return "bor";
+    case reduce_op::bxor: return "bxor";
   }
   return "unknown";
 }
+
+/// Whether `op` is one of the bitwise operators.
+constexpr bool is_bitwise(reduce_op op) noexcept {
+  return op == reduce_op::band || op == reduce_op::bor || op == reduce_op::bxor;
+}
+
+/// Whether the bitwise operators reduce elements of type `T`: integers and bools.
+template <class T>
+inline constexpr bool bitwise_reducible_v = std::is_integral_v<T>;
 
 /// The pairwise combining step of `op` in compute type `C` (`avg` combines as `sum`). 8-bit
 /// integers wrap modulo 256 as in PyTorch; on `bool`, sum is "or" and prod is "and".
@@ -49,8 +64,17 @@ DTRAIN_HOST_DEVICE constexpr C combine(C a, C b) noexcept {
     return static_cast<C>(a * b);
   } else if constexpr (Op == reduce_op::min) {
     return b < a ? b : a;
-  } else {
+  } else if constexpr (Op == reduce_op::max) {
     return a < b ? b : a;
+  } else {
+    static_assert(is_bitwise(Op) && bitwise_reducible_v<C>, "bitwise operators reduce integers and bools only");
+    if constexpr (Op == reduce_op::band) {
+      return static_cast<C>(a & b);
+    } else if constexpr (Op == reduce_op::bor) {
+      return static_cast<C>(a | b);
+    } else {
+      return static_cast<C>(a ^ b);
+    }
   }
 }
 
@@ -67,6 +91,7 @@ template <class T>
 constexpr const char* refused_reduction(reduce_op op) noexcept {
   if (op == reduce_op::custom) return "reduce_op::custom is set by a user_op, not passed as an operator";
   if (std::is_same_v<T, bool> && op == reduce_op::avg) return "avg of bool has no meaning (sum is or, prod is and)";
+  if (is_bitwise(op) && !bitwise_reducible_v<T>) return "bitwise and, or and xor reduce integers and bools only";
   return nullptr;
 }
 

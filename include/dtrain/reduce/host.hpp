@@ -107,6 +107,20 @@ struct host_reduction {
       case reduce_op::min: detail::combine_loop<reduce_op::min>(d, s, n); break;
       case reduce_op::max: detail::combine_loop<reduce_op::max>(d, s, n); break;
       case reduce_op::custom: DTRAIN_ASSERT(false, "a user's operator reduces through user_reduction"); break;
+      case reduce_op::band:
+      case reduce_op::bor:
+      case reduce_op::bxor: bitwise(d, s, n, op); break;
+    }
+  }
+
+  template <element T>
+  static void bitwise(T* d, const T* s, std::size_t n, reduce_op op) noexcept {
+    if constexpr (bitwise_reducible_v<T>) {
+      if (op == reduce_op::band) detail::combine_loop<reduce_op::band>(d, s, n);
+      if (op == reduce_op::bor) detail::combine_loop<reduce_op::bor>(d, s, n);
+      if (op == reduce_op::bxor) detail::combine_loop<reduce_op::bxor>(d, s, n);
+    } else {
+      DTRAIN_ASSERT(false, "bitwise operators on a type refused_reduction refuses");
     }
   }
 

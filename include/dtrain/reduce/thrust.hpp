@@ -86,6 +86,17 @@ class thrust_reduction {
       case reduce_op::min: run<reduce_op::min>(dst, src); break;
       case reduce_op::max: run<reduce_op::max>(dst, src); break;
       case reduce_op::custom: DTRAIN_ASSERT(false, "a user's operator reduces through user_reduction"); break;
+      case reduce_op::band:
+      case reduce_op::bor:
+      case reduce_op::bxor:
+        if constexpr (bitwise_reducible_v<T>) {
+          if (op == reduce_op::band) run<reduce_op::band>(dst, src);
+          if (op == reduce_op::bor) run<reduce_op::bor>(dst, src);
+          if (op == reduce_op::bxor) run<reduce_op::bxor>(dst, src);
+        } else {
+          DTRAIN_ASSERT(false, "bitwise operators on a type refused_reduction refuses");
+        }
+        break;
     }
   }
 
