@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <numeric>
 #include <random>
@@ -397,17 +398,22 @@ dtrain_process_group::work_ptr dtrain_process_group::scatter(tensors& out, tenso
 dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter(tensors& out, tensor_lists& in,
                                                                     const ::c10d::ReduceScatterOptions& o) {
   check_one(out, "reduce_scatter");
-  check_list(in, getSize(), out[0], "reduce_scatter", "input");
+  const std::vector<std::size_t> counts = block_counts(in, getSize(), getRank(), out[0], "reduce_scatter");
+  const bool even = std::all_of(counts.begin(), counts.end(), [&](std::size_t n) { return n == counts[0]; });
   const reduce_op op = reduction_of(o.reduceOp, "reduce_scatter");
   host_staging staging(out[0].device(), "reduce_scatter");
   tensors xs = staging.read(in[0]);
   at::Tensor y = staging.write(out[0]);
   return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER, out, timeout_of(o.timeout), std::move(staging),
-                 [this, xs, y, op] {
+                 [this, xs, y, op, counts, even] {
                    const at::Tensor flat = joined(xs);
                    dense d(y);
                    with_element(y, "reduce_scatter", [&]<class T>(T) {
-                     comm_->reduce_scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), op);
+                     if (even) {
+                       comm_->reduce_scatter(std::span<const T>(span_of<T>(flat)), span_of<T>(d.data), op);
+                     } else {  // each rank's block of its own size
+                       comm_->reduce_scatterv(std::span<const T>(span_of<T>(flat)), counts, span_of<T>(d.data), op);
+                     }
                    });
                    d.write_back();
                  });

@@ -83,6 +83,25 @@ inline void check_list(const std::vector<std::vector<at::Tensor>>& lists, int si
   }
 }
 
+// reduce_scatter's list of inputs: one per rank, of `own`'s dtype, the one for this rank of
+// `own`'s size and the others of their rank's output's size, which may differ (as Gloo takes
+// them). @returns the element count of each, the blocks of a reduce_scatterv
+inline std::vector<std::size_t> block_counts(const std::vector<std::vector<at::Tensor>>& lists, int size, int rank,
+                                             const at::Tensor& own, const char* what) {
+  TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "dtrain: ", what, " needs one list of ",
+              size, " input tensors");
+  std::vector<std::size_t> counts;
+  for (const auto& t : lists[0]) {
+    check_tensor(t, what);
+    check_same(own, t, what);
+    counts.push_back(static_cast<std::size_t>(t.numel()));
+  }
+  TORCH_CHECK(counts[static_cast<std::size_t>(rank)] == static_cast<std::size_t>(own.numel()), "dtrain: ", what,
+              ": the input for this rank (", rank, ") holds ", counts[static_cast<std::size_t>(rank)],
+              " elements but the output ", own.numel());
+  return counts;
+}
+
 // `whole` holds `size` blocks the shape of `block` (allgather's output, reduce_scatter's input).
 inline void check_blocks(const at::Tensor& whole, const at::Tensor& block, int size, const char* what) {
   check_tensor(whole, what);

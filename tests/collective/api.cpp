@@ -133,53 +133,16 @@ TEST_CASE("the new forms refuse bad arguments with invalid_argument", "[collecti
     CHECK(refused([&] { c.allgatherv<float>(std::span(buf).subspan(0, three[static_cast<std::size_t>(r)]), std::span(out).first(5), three); },
                   "sum of the counts (6 elements), not 5"));
     CHECK(refused([&] { c.alltoallv<float>(std::span(buf), three, std::span(out).first(4), three); }, "out must hold the sum"));
+    CHECK(refused([&] { c.reduce_scatterv<float>(std::span(buf).first(5), three, std::span(out), reduce_op::sum); },
+                  "in must hold the sum of the counts (6 elements), not 5"));
+    CHECK(refused([&] { c.reduce_scatterv<float>(std::span(buf), three, std::span(out).first(4), reduce_op::sum); },
+                  "counts[rank()]"));
     CHECK(refused([&] { c.scatterv<float>(std::span(buf), three, std::span(out).first(1), 3); }, "root is not a rank"));
     auto flags = std::make_unique<bool[]>(4);
     CHECK(refused([&] { c.allreduce<bool>(std::span(flags.get(), 4), reduce_op::avg); }, "avg of bool"));
     CHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::custom); }, "set by a user_op"));
     CHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::bxor); }, "bitwise and, or and xor reduce integers and bools"));
     c.barrier();  // nothing above reached the wire: the group is still in step
-  });
-}
-
-TEST_CASE("bitwise and, or and xor reduce bools and 8-bit integers bit by bit", "[collective][api]") {
-  constexpr int P = 3;
-  // Rank r sets bit r of element i where bit r of i is set: the and, or and xor over ranks of
-  // element i are then whether i has all three bits, any bit, an odd number of bits.
-  auto bit = [](int r, int i) { return ((i >> r) & 1) != 0; };
-  run_inproc(P, [&](int r, inproc_transport t) {
-    communicator<inproc_transport> c(std::move(t));
-    for (reduce_op op : {reduce_op::band, reduce_op::bor, reduce_op::bxor}) {
-      CAPTURE(reduce_op_name(op));
-      auto flags = std::make_unique<bool[]>(8);
-      std::vector<std::uint8_t> bytes(8);
-      std::vector<std::int8_t> signed_bytes(8);
-      for (int i = 0; i < 8; ++i) {
-        flags[static_cast<std::size_t>(i)] = bit(r, i);
-        bytes[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(0x80 | (bit(r, i) ? 1 << r : 0));
-        signed_bytes[static_cast<std::size_t>(i)] = static_cast<std::int8_t>(bit(r, i) ? -1 : 1 << r);
-      }
-      c.allreduce<bool>(std::span(flags.get(), 8), op);
-      c.allreduce<std::uint8_t>(std::span(bytes), op);
-      c.allreduce<std::int8_t>(std::span(signed_bytes), op);
-      for (int i = 0; i < 8; ++i) {
-        bool f = bit(0, i);
-        auto b = static_cast<std::uint8_t>(0x80 | (bit(0, i) ? 1 : 0));
-        auto sb = static_cast<std::int8_t>(bit(0, i) ? -1 : 1);
-        for (int q = 1; q < P; ++q) {
-          const bool fq = bit(q, i);
-          const auto bq = static_cast<std::uint8_t>(0x80 | (fq ? 1 << q : 0));
-          const auto sq = static_cast<std::int8_t>(fq ? -1 : 1 << q);
-          f = op == reduce_op::band ? (f && fq) : op == reduce_op::bor ? (f || fq) : (f != fq);
-          b = static_cast<std::uint8_t>(op == reduce_op::band ? (b & bq) : op == reduce_op::bor ? (b | bq) : (b ^ bq));
-          sb = static_cast<std::int8_t>(op == reduce_op::band ? (sb & sq) : op == reduce_op::bor ? (sb | sq) : (sb ^ sq));
-        }
-        CAPTURE(i);
-        CHECK(flags[static_cast<std::size_t>(i)] == f);
-        CHECK(bytes[static_cast<std::size_t>(i)] == b);
-        CHECK(signed_bytes[static_cast<std::size_t>(i)] == sb);
-      }
-    }
   });
 }
 

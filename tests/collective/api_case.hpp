@@ -51,8 +51,8 @@ inline std::vector<std::size_t> random_counts(int p, unsigned seed, std::size_t 
   return c;
 }
 
-// allgatherv, gatherv and scatterv (every root) and alltoallv (both algorithms) against the
-// packed layout computed here, on counts with zeros.
+// allgatherv, gatherv and scatterv (every root), reduce_scatterv and alltoallv (both
+// algorithms) against the packed layout computed here, on counts with zeros.
 template <class T, class Comm>
 int uneven(Comm& c, unsigned seed, std::size_t largest) {
   const int p = c.size();
@@ -90,6 +90,25 @@ int uneven(Comm& c, unsigned seed, std::size_t largest) {
     report(wrong, got == mine, "scatterv rank " + std::to_string(r) + " root " + std::to_string(root));
   }
 
+  // reduce_scatterv: block q of every rank's `in` reduces into rank q's `out`.
+  if constexpr (reducible_v<T>) {
+    std::vector<T> whole(offs.back());
+    for (std::size_t j = 0; j < whole.size(); ++j) whole[j] = as<T>(value(r, j));
+    for (reduce_op op : {reduce_op::sum, reduce_op::max}) {
+      std::vector<T> got(counts[ri]);
+      c.template reduce_scatterv<T>(whole, counts, std::span(got), op);
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        T want = as<T>(value(0, offs[ri] + i));
+        for (int q = 1; q < p; ++q) {
+          const T v = as<T>(value(q, offs[ri] + i));
+          want = op == reduce_op::sum ? static_cast<T>(want + v) : std::max(want, v);
+        }
+        report(wrong, got[i] == want, "reduce_scatterv " + std::string(reduce_op_name(op)) + " rank " + std::to_string(r) +
+                                          " index " + std::to_string(i));
+      }
+    }
+  }
+
   // alltoallv: rank s sends rank d a block of (s * 3 + d * 5 + seed) % 4 elements (some empty).
   auto pair_count = [&](int s, int d) { return static_cast<std::size_t>((s * 3 + d * 5 + static_cast<int>(seed)) % 4); };
   auto pair_value = [&](int s, int d, std::size_t i) { return as<T>(value(s * 31 + d, i)); };
@@ -116,19 +135,26 @@ int uneven(Comm& c, unsigned seed, std::size_t largest) {
 }
 
 // The serial reduction of as<T>(value(q, i)) over ranks q, under `op` as documented: 8-bit
-// integers wrap, bool's sum and max are or, prod and min are and.
+// integers wrap, bool's sum and max are or, prod and min are and, bxor is "differ".
 template <class T>
 T reference(reduce_op op, int p, std::size_t i) {
   T acc = as<T>(value(0, i));
   for (int q = 1; q < p; ++q) {
     const T v = as<T>(value(q, i));
     if constexpr (std::is_same_v<T, bool>) {
-      acc = (op == reduce_op::sum || op == reduce_op::max) ? (acc || v) : (acc && v);
+      if (op == reduce_op::bxor) {
+        acc = acc != v;
+      } else {
+        acc = (op == reduce_op::sum || op == reduce_op::max || op == reduce_op::bor) ? (acc || v) : (acc && v);
+      }
     } else {
       switch (op) {
         case reduce_op::sum: acc = static_cast<T>(acc + v); break;
         case reduce_op::prod: acc = static_cast<T>(acc * v); break;
         case reduce_op::min: acc = std::min(acc, v); break;
+        case reduce_op::band: acc = static_cast<T>(acc & v); break;
+        case reduce_op::bor: acc = static_cast<T>(acc | v); break;
+        case reduce_op::bxor: acc = static_cast<T>(acc ^ v); break;
         default: acc = std::max(acc, v); break;
       }
     }
@@ -136,15 +162,16 @@ T reference(reduce_op op, int p, std::size_t i) {
   return acc;
 }
 
-// Every allreduce algorithm and reduce on uint8, int8 and bool; broadcast and allgather of raw
-// bytes (an object's serialised form).
+// Every allreduce algorithm, with every operator but avg (the bitwise ones too), on uint8, int8
+// and bool; broadcast and allgather of raw bytes (an object's serialised form).
 template <class Comm>
 int small_types(Comm& c, std::size_t n) {
   int wrong = 0;
   const int p = c.size();
   const int r = c.rank();
   auto each_type = [&]<class T>(T) {
-    for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max}) {
+    for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::band, reduce_op::bor,
+                         reduce_op::bxor}) {
       for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::recursive_doubling,
                           algorithm::binomial_tree, algorithm::double_binary_tree}) {
         auto storage = std::make_unique<T[]>(n);  // not std::vector, which packs bools

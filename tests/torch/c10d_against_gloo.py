@@ -270,6 +270,15 @@ def collectives(c, dist, torch, gloo, size, rank):
         mine = torch.empty(shape, dtype=dtype)
         dist.reduce_scatter_tensor(mine, torch.cat(xs))
         c.same(f"reduce_scatter from a tensor {dtype}", mine, want, exact(dtype))
+    # uneven reduce_scatter: rank r's block holds r + 2 elements (Gloo's allreduce as above)
+    offsets = [sum(r + 2 for r in range(q)) for q in range(size + 1)]
+    for dtype in (torch.float64, torch.int32):
+        xs = [input_of(rank * size + r, (r + 2,), dtype) for r in range(size)]
+        mine = torch.empty(rank + 2, dtype=dtype)
+        dist.reduce_scatter(mine, xs)
+        whole = torch.cat(xs)
+        dist.all_reduce(whole, group=gloo)
+        c.same(f"uneven reduce_scatter {dtype}", mine, whole[offsets[rank]:offsets[rank + 1]], exact(dtype))
 
     coalesced(c, dist, torch, gloo, size, rank)
 

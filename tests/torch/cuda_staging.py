@@ -53,7 +53,7 @@ def calls_on_gpu(c, dist, torch, size, rank, dev):
     shape = (5, 7)
     root = size - 1
     for dtype, op in ((torch.float32, R.SUM), (torch.int64, R.MAX), (torch.float64, R.AVG), (torch.float16, R.SUM),
-                      (torch.bfloat16, R.SUM)):
+                      (torch.bfloat16, R.SUM), (torch.int32, R.BXOR)):
         same(f"allreduce {dtype} {op}", lambda ts: dist.all_reduce(ts[0], op=op), [input_of(rank, shape, dtype)])
     same("allreduce of a transposed view", lambda ts: dist.all_reduce(ts[0].t()), [input_of(rank, (6, 4), torch.float32)])
     for dtype in (torch.float64, torch.uint8, torch.bool):
@@ -72,6 +72,8 @@ def calls_on_gpu(c, dist, torch, size, rank, dev):
     same("reduce_scatter", lambda ts: dist.reduce_scatter(ts[0], ts[1]), [torch.empty(shape), xs])
     same("reduce_scatter from a tensor", lambda ts: dist.reduce_scatter_tensor(ts[0], ts[1]),
          [torch.empty(shape), torch.cat(xs)])
+    same("reduce_scatter, uneven", lambda ts: dist.reduce_scatter(ts[0], ts[1]),
+         [torch.empty(rank + 2), [input_of(rank * size + r, (r + 2,), torch.float32) for r in range(size)]])
     same("alltoall, equal", lambda ts: dist.all_to_all_single(ts[1], ts[0]),
          [input_of(rank, (size * 3, 2), torch.float32), torch.empty((size * 3, 2))])
     send = [(rank + d) % 3 + 1 for d in range(size)]

@@ -66,6 +66,11 @@ class nonblocking_forms {
                                  std::span<const std::size_t> counts) {
     return later([=, n = owned(counts)](Derived& c) { c.template allgatherv<T>(in, out, n); });
   }
+  template <element T, class Op>
+  collective_request ireduce_scatterv(std::type_identity_t<std::span<const T>> in, std::span<const std::size_t> counts,
+                                      std::span<T> out, Op op) {
+    return later([=, n = owned(counts)](Derived& c) { c.template reduce_scatterv<T>(in, n, out, op); });
+  }
   template <element T>
   collective_request ialltoallv(std::type_identity_t<std::span<const T>> in, std::span<const std::size_t> send_counts,
                                 std::span<T> out, std::span<const std::size_t> recv_counts) {

@@ -37,7 +37,8 @@ constexpr bool supports(coll_op op, algorithm a) noexcept {
     case coll_op::alltoall: return a == algorithm::pairwise || a == algorithm::linear;
     case coll_op::barrier: return a == algorithm::dissemination || a == algorithm::binomial_tree;
     case coll_op::message: return false;
-    case coll_op::allgatherv: return a == algorithm::ring;
+    case coll_op::allgatherv:
+    case coll_op::reduce_scatterv: return a == algorithm::ring;
     case coll_op::gatherv:
     case coll_op::scatterv: return a == algorithm::linear;
     case coll_op::alltoallv: return a == algorithm::pairwise || a == algorithm::linear;

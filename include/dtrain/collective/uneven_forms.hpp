@@ -1,8 +1,9 @@
 #pragma once
 /// @file
-/// The uneven (`v`) collectives of a host communicator: allgatherv, gatherv, scatterv and
-/// alltoallv, where each rank's block has its own count (MPI's v forms; PyTorch's
-/// `all_to_all_single` with split sizes). Blocks are packed: rank i's block starts where rank
+/// The uneven (`v`) collectives of a host communicator: allgatherv, gatherv, scatterv,
+/// alltoallv and reduce_scatterv, where each rank's block has its own count (MPI's v forms and
+/// `MPI_Reduce_scatter`; PyTorch's `all_to_all_single` with split sizes, and `reduce_scatter`
+/// with a list of tensors of different sizes). Blocks are packed: rank i's block starts where rank
 /// i-1's ends, so a count list is all that describes a buffer; counts may be zero.
 ///
 /// @code
@@ -22,6 +23,7 @@
 #include "dtrain/collective/pairwise.hpp"
 #include "dtrain/collective/ring.hpp"
 #include "dtrain/concepts/element.hpp"
+#include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/signature.hpp"
 
 namespace dtrain::detail {
@@ -81,6 +83,28 @@ class uneven_forms {
     if (at_root) self().check_no_overlap(in, out, coll_op::scatterv);
     self().template run<T>(coll_op::scatterv, reduce_op::sum, root, offs.back(), offs.back() * sizeof(T),
                            [&](auto& ctx, algorithm) { linear_scatter(ctx, in, out, root, offs); });
+  }
+
+  /// Rank r's `out` (`counts[r]` elements) gets the reduction over the ranks of block r of their
+  /// `in` (the sum of `counts`). `counts` is the same on every rank. Algorithm: ring.
+  template <element T, class Op>
+    requires reducible_v<T>  // raw bytes move but do not reduce
+  void reduce_scatterv(std::type_identity_t<std::span<const T>> in, std::span<const std::size_t> counts,
+                       std::span<T> out, Op op) {
+    auto& c = self();
+    const auto offs = offsets(coll_op::reduce_scatterv, counts, in.size(), "in");
+    check_own(coll_op::reduce_scatterv, counts, out.size());
+    c.check_no_overlap(in, out, coll_op::reduce_scatterv);
+    c.template with_reduction<T>(coll_op::reduce_scatterv, op, [&](reduce_op rop, const auto& combine) {
+      c.template run<T>(coll_op::reduce_scatterv, rop, 0, offs.back(), in.size_bytes(), [&](auto& ctx, algorithm) {
+        auto& work = c.template staging_for<T>();
+        work.assign(in.begin(), in.end());  // reused across calls: no page faults
+        ring_reduce_scatter(ctx, std::span<T>(work), offs, rop, combine, c.template scratch_for<T>());
+        auto mine = block_of(std::span<T>(work), offs, c.rank());
+        if (rop == reduce_op::avg) combine.finish_average(mine, c.size());
+        std::copy(mine.begin(), mine.end(), out.begin());
+      });
+    });
   }
 
   /// Block j of `in` (`send_counts[j]` elements) goes to rank j, where it is block i of `out`

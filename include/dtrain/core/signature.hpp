@@ -20,11 +20,11 @@ namespace dtrain {
 /// forms take a count per rank (uneven blocks).
 enum class coll_op : std::uint8_t {
   broadcast, reduce, allreduce, allgather, reduce_scatter, gather, scatter, alltoall, barrier,
-  message, allgatherv, gatherv, scatterv, alltoallv,
+  message, allgatherv, gatherv, scatterv, alltoallv, reduce_scatterv,
 };
 
 /// The highest `coll_op` value: frames carrying a larger one are malformed.
-inline constexpr coll_op last_coll_op = coll_op::alltoallv;
+inline constexpr coll_op last_coll_op = coll_op::reduce_scatterv;
 
 /// The uniform collective an uneven (`v`) one generalises; any other operation itself.
 constexpr coll_op uniform_kin(coll_op op) noexcept {
@@ -33,6 +33,7 @@ constexpr coll_op uniform_kin(coll_op op) noexcept {
     case coll_op::gatherv: return coll_op::gather;
     case coll_op::scatterv: return coll_op::scatter;
     case coll_op::alltoallv: return coll_op::alltoall;
+    case coll_op::reduce_scatterv: return coll_op::reduce_scatter;
     default: return op;
   }
 }
@@ -54,6 +55,7 @@ constexpr std::string_view coll_op_name(coll_op op) noexcept {
     case coll_op::gatherv: return "gatherv";
     case coll_op::scatterv: return "scatterv";
     case coll_op::alltoallv: return "alltoallv";
+    case coll_op::reduce_scatterv: return "reduce_scatterv";
   }
   return "unknown";
 }
@@ -110,7 +112,8 @@ struct signature {
 
 /// Whether the operation takes a reduction operator, i.e. whether `redop` is meaningful.
 constexpr bool takes_reduce_op(coll_op op) noexcept {
-  return op == coll_op::reduce || op == coll_op::allreduce || op == coll_op::reduce_scatter;
+  return op == coll_op::reduce || op == coll_op::allreduce || op == coll_op::reduce_scatter ||
+         op == coll_op::reduce_scatterv;
 }
 
 /// Whether the operation has a root rank.
