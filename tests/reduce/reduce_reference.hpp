@@ -26,6 +26,11 @@ wide_t<T> reference_combine(reduce_op op, wide_t<T> a, wide_t<T> b) {
     case reduce_op::prod: return a * b;
     case reduce_op::min: return std::min(a, b);
     case reduce_op::max: return std::max(a, b);
+    case reduce_op::band:
+    case reduce_op::bor:
+    case reduce_op::bxor:
+      if constexpr (std::is_integral_v<wide_t<T>>) return op == reduce_op::band ? (a & b) : op == reduce_op::bor ? (a | b) : (a ^ b);
+      break;  // refused for floating-point types
     case reduce_op::custom: break;  // not a built-in operator
   }
   return 0;
@@ -45,8 +50,9 @@ void check_reduction_for(const Reduction& reduce) {
   std::mt19937 gen(3);
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000},
                         std::size_t{65537}}) {
-    for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max,
-                         reduce_op::avg}) {
+    for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg,
+                         reduce_op::band, reduce_op::bor, reduce_op::bxor}) {
+      if (is_bitwise(op) && !bitwise_reducible_v<T>) continue;
       // Small integers: every result is exact in every type, so it must match bit for bit.
       std::uniform_int_distribution<int> dist(-50, 50);
       std::vector<T> dst(n), src(n);

@@ -254,12 +254,12 @@ TEST_CASE("tcp: an oversized frame from an authenticated peer closes only that c
 // Ranks 0..joining-1 of a group of `size` try to form it, each with options from `options_of`;
 // returns what each one's attempt threw (empty if it formed).
 template <class OptionsOf>
-std::vector<std::string> try_forming(int joining, int size, OptionsOf options_of) {
+std::vector<std::string> try_forming(int joining, int size, OptionsOf options_of, int first = 0) {
   tcp_store_server server("127.0.0.1", 0, token);
   std::vector<std::string> errors(static_cast<std::size_t>(joining));
   std::vector<std::thread> ts;
-  for (int r = 0; r < joining; ++r) {
-    ts.push_back(testing::thread_keeping_error(errors[static_cast<std::size_t>(r)], [&, r] {
+  for (int r = first; r < first + joining; ++r) {
+    ts.push_back(testing::thread_keeping_error(errors[static_cast<std::size_t>(r - first)], [&, r] {
       tcp_store store("127.0.0.1", server.port(), deadline::after(5s), token);
       tcp_transport::connect(store, r, size, options_of(r), "127.0.0.1");
     }));
@@ -277,6 +277,14 @@ TEST_CASE("tcp: a rank that never shows up is named in the timeout", "[tcp]") {
   INFO(errors[0]);
   TCHECK(errors[0].find("rank(s) 2") != std::string::npos);
   TCHECK(errors[1].find("rank(s) 2") != std::string::npos);
+  // Without rank 0, the others wait for its address in the store, and name it there.
+  errors = try_forming(2, 3, [](int) {  // ranks 1 and 2 of a group of 3
+    auto o = test_options();
+    o.timeout = 1500ms;
+    return o;
+  }, 1);
+  INFO(errors[0]);
+  for (const auto& e : errors) TCHECK(e.find("rank 0 did not join the group before the deadline") != std::string::npos);
 }
 
 TEST_CASE("tcp: a peer with another token is refused at the handshake", "[tcp]") {

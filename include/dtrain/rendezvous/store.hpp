@@ -32,6 +32,22 @@ inline std::string value_text(const std::vector<std::byte>& v) {
   return {reinterpret_cast<const char*>(v.data()), v.size()};
 }
 
+/// Waits for the value `who` ("rank 3") publishes under `key` as it joins a group: the first wait
+/// on a peer, where a launch that lost a process stops. @throws dtrain::error (timeout) naming
+/// the rank that did not come and what to check
+template <store Store>
+std::vector<std::byte> get_published_by(Store& s, const std::string& key, const std::string& who, deadline d) {
+  std::error_code ec;
+  auto v = s.get(key, d, ec);
+  if (ec == errc::timeout) {
+    throw error(errc::timeout, "dtrain: " + who + " did not join the group before the deadline (no '" + key +
+                                   "' in the store): is its process running, started against the same store, "
+                                   "epoch and world size?");
+  }
+  throw_if(ec, "dtrain: store get '" + key + "': " + ec.message());
+  return v;
+}
+
 namespace detail {
 
 inline constexpr std::size_t max_store_key = 4096;

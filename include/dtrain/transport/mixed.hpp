@@ -97,7 +97,9 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
     store.set(host_key(rank), as_value(options.host_id.empty() ? this_host_id() : options.host_id), d);
     std::vector<std::string> host(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) {
-      if (r == rank || (!alone(r) && options.path != peer_path::tcp)) host[static_cast<std::size_t>(r)] = value_text(store.get(host_key(r), d));
+      if (r == rank || (!alone(r) && options.path != peer_path::tcp)) {
+        host[static_cast<std::size_t>(r)] = value_text(get_published_by(store, host_key(r), "rank " + std::to_string(r), d));
+      }
     }
     const std::string& mine = host[static_cast<std::size_t>(rank)];
     basic_mixed_transport t;

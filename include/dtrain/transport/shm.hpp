@@ -147,7 +147,7 @@ class basic_shm_transport
     std::vector<int> pids(static_cast<std::size_t>(size), 0);
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
-      std::istringstream where(value_text(store.get(key(std::to_string(p)), d)));
+      std::istringstream where(value_text(get_published_by(store, key(std::to_string(p)), name_of(p), d)));
       std::string name;
       std::size_t their_ring = 0;
       int their_pid = 0;

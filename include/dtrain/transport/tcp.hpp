@@ -168,7 +168,8 @@ class basic_tcp_transport
     store.set(epoch_key(options.epoch, "addr/" + std::to_string(rank)),
               as_value(advertise + ":" + std::to_string(port)), d);
     for (int peer = 0; peer < rank; ++peer) {
-      auto where = value_text(store.get(epoch_key(options.epoch, "addr/" + std::to_string(peer)), d));
+      auto where = value_text(
+          get_published_by(store, epoch_key(options.epoch, "addr/" + std::to_string(peer)), "rank " + std::to_string(peer), d));
       auto colon = where.rfind(':');
       const auto peer_port = static_cast<std::uint16_t>(std::stoi(where.substr(colon + 1)));
       if (late) {
