@@ -113,6 +113,15 @@ struct host_reduction {
     }
   }
 
+  /// Divides every element of `buf` by `n`: the end of an `avg` reduction over n ranks.
+  template <element T>
+  void finish_average(std::span<T> buf, int n) const noexcept {
+    for (T& x : buf) x = average_of_sum(x, n);
+  }
+
+ private:
+  // The bitwise loops exist only for integers and bools; other types were refused before any
+  // message moved (`refused_reduction`).
   template <element T>
   static void bitwise(T* d, const T* s, std::size_t n, reduce_op op) noexcept {
     if constexpr (bitwise_reducible_v<T>) {
@@ -122,12 +131,6 @@ struct host_reduction {
     } else {
       DTRAIN_ASSERT(false, "bitwise operators on a type refused_reduction refuses");
     }
-  }
-
-  /// Divides every element of `buf` by `n`: the end of an `avg` reduction over n ranks.
-  template <element T>
-  void finish_average(std::span<T> buf, int n) const noexcept {
-    for (T& x : buf) x = average_of_sum(x, n);
   }
 };
 
