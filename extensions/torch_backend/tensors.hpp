@@ -70,32 +70,35 @@ inline void check_same(const at::Tensor& a, const at::Tensor& b, const char* wha
 }
 
 // The one list of `size` tensors a call takes beside `one` (allgather's and gather's outputs,
-// scatter's and reduce_scatter's inputs): each of one's dtype and element count.
-inline void check_list(const std::vector<std::vector<at::Tensor>>& lists, int size, const at::Tensor& one,
-                       const char* what, const char* role) {
+// scatter's and reduce_scatter's inputs), each of one's dtype. @returns their element counts
+inline std::vector<std::size_t> list_counts(const std::vector<std::vector<at::Tensor>>& lists, int size,
+                                            const at::Tensor& one, const char* what, const char* role) {
   TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "dtrain: ", what, " needs one list of ",
               size, " ", role, " tensors");
+  std::vector<std::size_t> counts;
   for (const auto& t : lists[0]) {
     check_tensor(t, what);
     check_same(one, t, what);
-    TORCH_CHECK(t.numel() == one.numel(), "dtrain: ", what, ": ", role, " tensors of ", t.numel(),
+    counts.push_back(static_cast<std::size_t>(t.numel()));
+  }
+  return counts;
+}
+
+// That list, each tensor also of one's element count.
+inline void check_list(const std::vector<std::vector<at::Tensor>>& lists, int size, const at::Tensor& one,
+                       const char* what, const char* role) {
+  for (std::size_t n : list_counts(lists, size, one, what, role)) {
+    TORCH_CHECK(n == static_cast<std::size_t>(one.numel()), "dtrain: ", what, ": ", role, " tensors of ", n,
                 " elements beside one of ", one.numel());
   }
 }
 
-// reduce_scatter's list of inputs: one per rank, of `own`'s dtype, the one for this rank of
-// `own`'s size and the others of their rank's output's size, which may differ (as Gloo takes
-// them). @returns the element count of each, the blocks of a reduce_scatterv
+// reduce_scatter's list of inputs: the one for this rank of `own`'s size, the others of their
+// rank's output's size, which may differ (as Gloo takes them). @returns the element count of
+// each, the blocks of a reduce_scatterv
 inline std::vector<std::size_t> block_counts(const std::vector<std::vector<at::Tensor>>& lists, int size, int rank,
                                              const at::Tensor& own, const char* what) {
-  TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "dtrain: ", what, " needs one list of ",
-              size, " input tensors");
-  std::vector<std::size_t> counts;
-  for (const auto& t : lists[0]) {
-    check_tensor(t, what);
-    check_same(own, t, what);
-    counts.push_back(static_cast<std::size_t>(t.numel()));
-  }
+  const std::vector<std::size_t> counts = list_counts(lists, size, own, what, "input");
   TORCH_CHECK(counts[static_cast<std::size_t>(rank)] == static_cast<std::size_t>(own.numel()), "dtrain: ", what,
               ": the input for this rank (", rank, ") holds ", counts[static_cast<std::size_t>(rank)],
               " elements but the output ", own.numel());
