@@ -385,15 +385,22 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
   template <class T, class Combine>
   void reduce_scatter_in_place(context& ctx, algorithm a, std::span<T> buf, std::size_t block,
                                reduce_op op, const Combine& combine) {
-    auto& scratch = scratch_for<T>();
     if (a == algorithm::halving_doubling) {
-      detail::halving_doubling_reduce_scatter(ctx, buf, block, op, combine, scratch);
+      detail::halving_doubling_reduce_scatter(ctx, buf, block, op, combine, scratch_for<T>());
       return;
     }
-    detail::ring_reduce_scatter(ctx, buf, detail::uniform_offsets(block, size()), op, combine, scratch);
-    if (op == reduce_op::avg) {
-      combine.finish_average(buf.subspan(static_cast<std::size_t>(rank()) * block, block), size());
-    }
+    ring_reduce_scatter_own(ctx, buf, detail::uniform_offsets(block, size()), op, combine);
+  }
+
+  // Ring reduce-scatter over the blocks at `offs` (reduce_scatterv's uneven ones too); this
+  // rank's block, finished (`avg` divided), is returned.
+  template <class T, class Combine>
+  std::span<T> ring_reduce_scatter_own(context& ctx, std::span<T> buf, const std::vector<std::size_t>& offs,
+                                       reduce_op op, const Combine& combine) {
+    detail::ring_reduce_scatter(ctx, buf, offs, op, combine, scratch_for<T>());
+    const auto mine = detail::block_of(buf, offs, rank());
+    if (op == reduce_op::avg) combine.finish_average(mine, size());
+    return mine;
   }
 
   template <class T>

@@ -99,9 +99,7 @@ class uneven_forms {
       c.template run<T>(coll_op::reduce_scatterv, rop, 0, offs.back(), in.size_bytes(), [&](auto& ctx, algorithm) {
         auto& work = c.template staging_for<T>();
         work.assign(in.begin(), in.end());  // reused across calls: no page faults
-        ring_reduce_scatter(ctx, std::span<T>(work), offs, rop, combine, c.template scratch_for<T>());
-        auto mine = block_of(std::span<T>(work), offs, c.rank());
-        if (rop == reduce_op::avg) combine.finish_average(mine, c.size());
+        const auto mine = c.ring_reduce_scatter_own(ctx, std::span<T>(work), offs, rop, combine);
         std::copy(mine.begin(), mine.end(), out.begin());
       });
     });
