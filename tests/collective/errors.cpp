@@ -88,6 +88,35 @@ TEST_CASE("errors: mismatched count, type, op and sequence are all caught",
   }
 }
 
+TEST_CASE("errors: a split that differs between ranks names both sizes, and says why once",
+          "[collective][errors]") {
+  std::vector<std::string> whats(2);
+  std::vector<std::error_code> codes(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
+    ring<inproc_transport> c(std::move(t), with_timeout(5s));
+    std::vector<float> in(3, 1.0f);
+    // Rank 0 splits 3 elements as [1, 2], rank 1 as [2, 1]: same call, same total.
+    const std::vector<std::size_t> counts = r == 0 ? std::vector<std::size_t>{1, 2} : std::vector<std::size_t>{2, 1};
+    std::vector<float> out(counts[static_cast<std::size_t>(r)]);
+    try {
+      c.reduce_scatterv<float>(std::span(in), counts, std::span(out), reduce_op::sum);
+    } catch (const error& e) {
+      codes[static_cast<std::size_t>(r)] = e.code();
+      whats[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  for (int r : {0, 1}) {
+    const std::string& what = whats[static_cast<std::size_t>(r)];
+    INFO(what);
+    CHECK(codes[static_cast<std::size_t>(r)] == errc::message_truncated);
+    CHECK(contains(what, "reduce_scatterv #0"));
+    CHECK(contains(what, "received 8 bytes from rank " + std::to_string(1 - r) + " where 4 were expected"));
+    const std::string reason = "message larger than the receive buffer";
+    CHECK(what.find(reason) != std::string::npos);
+    CHECK(what.find(reason) == what.rfind(reason));  // said once, not once by each layer
+  }
+}
+
 TEST_CASE("errors: a root mismatch where both ranks wait ends at the deadline, naming the peer",
           "[collective][errors]") {
   // Each rank thinks it is the root, so each only receives: no message flows, nothing can be

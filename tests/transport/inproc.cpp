@@ -137,7 +137,11 @@ TEST_CASE("inproc: a wait past its deadline times out, on time, and can be cance
     FAIL("expected a timeout");
   } catch (const error& e) {
     CHECK(e.code() == errc::timeout);
-    CHECK(std::string(e.what()).find("receive from rank 0 on tag 0") != std::string::npos);
+    const std::string what = e.what();
+    CHECK(what.find("receive from rank 0 on tag 0") != std::string::npos);
+    const std::string reason = make_error_code(errc::timeout).message();
+    CHECK(what.find(reason) != std::string::npos);
+    CHECK(what.find(reason) == what.rfind(reason));  // said once
   }
   r.cancel();
   CHECK(r.test());

@@ -194,10 +194,12 @@ class call_context {
     if (!p.is_send && !control && (ok || ec == errc::message_truncated)) {
       const envelope& e = req.info();
       if (!(e.sig == sig_)) mismatch(p.peer, e.sig);
-      if (ok && e.bytes != part_size(p.bytes, at)) {
-        fail(errc::protocol_error, "received " + std::to_string(e.bytes) + " bytes from " +
-                                       peer_name(p.peer) + " where " + std::to_string(part_size(p.bytes, at)) +
-                                       " were expected" + (at > 0 ? " (part at byte " + std::to_string(at) + ")" : ""));
+      // Same signature, other size: the ranks disagree on a split (a v-form's counts).
+      if (!ok || e.bytes != part_size(p.bytes, at)) {
+        fail(ok ? make_error_code(errc::protocol_error) : ec,
+             "received " + std::to_string(e.bytes) + " bytes from " + peer_name(p.peer) + " where " +
+                 std::to_string(part_size(p.bytes, at)) + " were expected" +
+                 (at > 0 ? " (part at byte " + std::to_string(at) + ")" : ""));
       }
     }
     if (ok) return;
@@ -216,7 +218,7 @@ class call_context {
       fail(errc::peer_lost, (detail.empty() ? peer_name(p.peer) + " left the group" : std::string("the group lost a rank")) +
                                 " during " + what);
     }
-    fail(ec, what + " failed: " + ec.message());
+    fail(ec, what + " failed");  // `error` appends ec.message()
   }
 
  public:

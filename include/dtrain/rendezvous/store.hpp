@@ -44,7 +44,7 @@ std::vector<std::byte> get_published_by(Store& s, const std::string& key, const 
                                    "' in the store): is its process running, started against the same store, "
                                    "epoch and world size?");
   }
-  throw_if(ec, "dtrain: store get '" + key + "': " + ec.message());
+  throw_if(ec, "dtrain: store get '" + key + "'");
   return v;
 }
 
@@ -53,26 +53,26 @@ namespace detail {
 inline constexpr std::size_t max_store_key = 4096;
 inline constexpr std::size_t max_store_value = std::size_t{64} << 20;
 
-/// The throwing forms of a store's operations, written once over its `ec` forms.
+/// The throwing forms of a store's operations, written once over its `ec` forms. (`error` appends
+/// the code's own words to each text.)
 template <class Derived>
 class store_throwing_forms {
  public:
   void set(const std::string& key, std::span<const std::byte> value, deadline d) {
     std::error_code ec;
     self().set(key, value, d, ec);
-    throw_if(ec, "dtrain: store set '" + key + "': " + ec.message());
+    throw_if(ec, "dtrain: store set '" + key + "'");
   }
   std::vector<std::byte> get(const std::string& key, deadline d) {
     std::error_code ec;
     auto v = self().get(key, d, ec);
-    throw_if(ec, "dtrain: store get '" + key + "': " +
-                     (ec == errc::timeout ? "no rank set it before the deadline" : ec.message()));
+    throw_if(ec, "dtrain: store get '" + key + "'" + (ec == errc::timeout ? ": no rank set it before the deadline" : ""));
     return v;
   }
   std::int64_t add(const std::string& key, std::int64_t delta, deadline d) {
     std::error_code ec;
     auto v = self().add(key, delta, d, ec);
-    throw_if(ec, "dtrain: store add '" + key + "': " + ec.message());
+    throw_if(ec, "dtrain: store add '" + key + "'");
     return v;
   }
 

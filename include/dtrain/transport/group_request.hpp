@@ -57,7 +57,7 @@ class group_request {
     if constexpr (requires { base_.detail(); }) why = base_.detail();
     envelope e = info();
     if (e.peer == any_peer) e.peer = peer_;
-    std::string text = detail::request_error_text(is_send_, e, ec, why);
+    std::string text = detail::request_error_text(is_send_, e, why);
     if (layout_) text += " [" + (e.peer == any_peer ? "group '" + layout_->name + "'" : layout_->describe_rank(e.peer)) + "]";
     throw error(ec, text);
   }

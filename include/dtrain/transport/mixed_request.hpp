@@ -51,7 +51,7 @@ class mixed_request {
   void wait(deadline d) {
     std::error_code ec;
     if (!wait(d, ec)) {
-      throw error(ec, detail::request_error_text(send_, info(), ec, detail()));
+      throw error(ec, detail::request_error_text(send_, info(), detail()));
     }
   }
 

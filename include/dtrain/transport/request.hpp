@@ -60,7 +60,7 @@ class transport_request {
   /// (after a failure) what went wrong, e.g. on the wire.
   void wait(deadline d) {
     std::error_code ec;
-    if (!wait(d, ec)) throw error(ec, detail::request_error_text(op_->is_send, op_->env, ec, detail()));
+    if (!wait(d, ec)) throw error(ec, detail::request_error_text(op_->is_send, op_->env, detail()));
   }
 
   /// @returns true once the operation has finished, successfully or not.
