@@ -32,9 +32,9 @@ void wait_for(Request& r, deadline d, const char* what, int peer, int tag, int r
   if (r.wait(d, ec)) return;
   std::string text = std::string("dtrain: ") + what + (peer == any_peer ? std::string(" any rank") :
                      " rank " + std::to_string(peer)) + " (tag " + std::to_string(tag) + ") at rank " +
-                     std::to_string(rank) + ": " + ec.message();
+                     std::to_string(rank);
   if (!r.detail().empty()) text += " (" + r.detail() + ")";
-  throw error(ec, text);
+  throw error(ec, text);  // which appends ec.message()
 }
 
 // A collective that failed in dtrain reaches Python, under torch 2, as torch.distributed's
@@ -150,7 +150,7 @@ c10::intrusive_ptr<c10d_backend> dtrain_process_group::create(const c10::intrusi
 }
 
 std::chrono::milliseconds dtrain_process_group::timeout_of(std::chrono::milliseconds asked) const {
-  return asked == ::c10d::kUnsetTimeout ? timeout_ : asked;
+  return asked == ::c10d::kUnsetTimeout ? timeout_.load() : asked;
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::enqueue(detail::call_queue& queue, ::c10d::OpType type,
@@ -501,10 +501,11 @@ dtrain_process_group::work_ptr dtrain_process_group::send(tensors& t, int dst, i
               " of ", getSize());
   host_staging staging(t[0].device(), "send");
   at::Tensor x = staging.read(t[0]).contiguous();
-  return enqueue(point_to_point_, ::c10d::OpType::SEND, t, timeout_, std::move(staging), [this, x, dst, tag] {
+  const std::chrono::milliseconds timeout = timeout_;
+  return enqueue(point_to_point_, ::c10d::OpType::SEND, t, timeout, std::move(staging), [this, x, dst, tag, timeout] {
     const std::span<const std::byte> bytes(static_cast<const std::byte*>(x.data_ptr()), x.nbytes());
     auto r = comm_->transport().isend(dst, p2p_tag(tag), signature{}, bytes);
-    wait_for(r, deadline::after(timeout_), "send to", dst, tag, getRank());
+    wait_for(r, deadline::after(timeout), "send to", dst, tag, getRank());
   });
 }
 
@@ -514,19 +515,21 @@ dtrain_process_group::work_ptr dtrain_process_group::recv(tensors& t, int src, i
               " of ", getSize());
   host_staging staging(t[0].device(), "recv");
   at::Tensor y = staging.write(t[0]);
-  return enqueue_from(point_to_point_, ::c10d::OpType::RECV, t, timeout_, std::move(staging),
-                      [this, y, src, tag] { return receive(y, src, tag); });
+  const std::chrono::milliseconds timeout = timeout_;
+  return enqueue_from(point_to_point_, ::c10d::OpType::RECV, t, timeout, std::move(staging),
+                      [this, y, src, tag, timeout] { return receive(y, src, tag, timeout); });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::recvAnysource(tensors& t, int tag) {
   check_one(t, "recv");
   host_staging staging(t[0].device(), "recv");
   at::Tensor y = staging.write(t[0]);
-  return enqueue_from(point_to_point_, ::c10d::OpType::RECVANYSOURCE, t, timeout_, std::move(staging),
-                      [this, y, tag] { return receive(y, any_peer, tag); });
+  const std::chrono::milliseconds timeout = timeout_;
+  return enqueue_from(point_to_point_, ::c10d::OpType::RECVANYSOURCE, t, timeout, std::move(staging),
+                      [this, y, tag, timeout] { return receive(y, any_peer, tag, timeout); });
 }
 
-int dtrain_process_group::receive(const at::Tensor& into, int src, int tag) {
+int dtrain_process_group::receive(const at::Tensor& into, int src, int tag, std::chrono::milliseconds timeout) {
   dense d(into);
   auto bytes = std::span(static_cast<std::byte*>(d.data.data_ptr()), d.data.nbytes());
   auto r = comm_->transport().irecv(src, p2p_tag(tag), bytes);
@@ -542,7 +545,7 @@ int dtrain_process_group::receive(const at::Tensor& into, int src, int tag) {
       group.cancel_receive_ = nullptr;
     }
   } forget_it_before_r_goes{*this};
-  wait_for(r, deadline::after(timeout_), "recv from", src, tag, getRank());
+  wait_for(r, deadline::after(timeout), "recv from", src, tag, getRank());
   const int from = r.info().peer;
   if (r.info().bytes != bytes.size()) {
     throw error(errc::invalid_argument, "dtrain: recv from rank " + std::to_string(from) + " (tag " +

@@ -10,6 +10,7 @@
 // its message never holds up a collective. Each call runs under the group's timeout (or the
 // call's own, where PyTorch passes one), and a failure names the peer and the operation.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -118,6 +119,10 @@ class dtrain_process_group final : public c10d_backend {
   /// `destroy_process_group`: ends the group now (Python may hold this object past it).
   void shutdown() override { close(); }
 #endif
+#if DTRAIN_TORCH_AT_LEAST(2, 9)
+  /// `group.set_timeout(t)`: the deadline of every call made from now on that names none itself.
+  void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+#endif
 
  private:
   // Queues `body` on `queue`; the work completes when it has run (or failed). `body` works on
@@ -128,7 +133,7 @@ class dtrain_process_group final : public c10d_backend {
   work_ptr enqueue_from(detail::call_queue& queue, ::c10d::OpType type, tensors outputs,
                         std::chrono::milliseconds timeout, host_staging staging, std::function<int()> body);
   // Receives one message on the user's `tag` into `into`, from `src` or any peer; @returns its sender.
-  int receive(const at::Tensor& into, int src, int tag);
+  int receive(const at::Tensor& into, int src, int tag, std::chrono::milliseconds timeout);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds asked) const;
   // Allgathers the tensors of `in` joined into one buffer: one collective for all of them.
   // @returns the gathered buffer as [size, total elements of `in`], rank r's inputs in row r.
@@ -137,7 +142,7 @@ class dtrain_process_group final : public c10d_backend {
   // Finishes the queued calls (a waiting receive is cancelled), then says goodbye to the peers.
   void close() noexcept;
 
-  std::chrono::milliseconds timeout_;
+  std::atomic<std::chrono::milliseconds> timeout_;  // set_timeout may come from any Python thread
   std::optional<communicator<tcp_transport>> comm_;  // empty once closed
   detail::call_queue collectives_;  // after comm_: destroyed (drained) before it
   detail::call_queue point_to_point_;

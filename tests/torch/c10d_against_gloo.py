@@ -434,6 +434,25 @@ def collectives(c, dist, torch, gloo, size, rank):
                    f"({took:.2f} s: {e})")
     dist.barrier(group=gloo)
 
+    # a timeout set on a group after it was made (ProcessGroup.set_timeout, torch 2.9 on) holds
+    # for its receives and its collectives alike
+    later = dist.new_group(list(range(size)), backend="dtrain", timeout=timedelta(seconds=60))
+    if hasattr(later, "set_timeout"):
+        later.set_timeout(timedelta(seconds=1))
+        for what, call in (("a receive", lambda: dist.recv(torch.empty(2), src=1, tag=7, group=later)),
+                           ("a collective", lambda: dist.all_reduce(torch.ones(8), group=later))):
+            if rank == 0:
+                t0 = time.monotonic()
+                try:
+                    call()
+                    c.true(f"{what} past the timeout set later raises", False, "(returned)")
+                except RuntimeError as e:
+                    took = time.monotonic() - t0
+                    said_once = str(e).count("deadline exceeded") == 1
+                    c.true(f"{what} past the timeout set later raises at it, saying why once", 0.9 < took < 5.0 and said_once,
+                           f"({took:.2f} s: {e})")
+            dist.barrier(group=gloo)
+
     # bad input: a clear error, raised at the call
     try:
         dist.all_reduce(torch.ones(3, dtype=torch.int16))
