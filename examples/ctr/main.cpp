@@ -86,14 +86,10 @@ int run(const settings& s) {
     const char* role = growing ? " (added capacity)" : server.standby() ? " (standby)" : "";
     const std::vector<int> held = server.held_shards();
     std::size_t keys = 0;
-    std::uint64_t updates = 0;
-    for (int shard : held) {
-      keys += server.shard_tables(shard).sparse().size();
-      if (server.heads(shard)) updates += server.version_of(shard);
-    }
-    fmt::print("server {}{}: {} keys held in {} shard(s), {} updates in the shards it heads, {} keys pushed, "
+    for (int shard : held) keys += server.shard_tables(shard).sparse().size();
+    fmt::print("server {}{}: {} keys held in {} shard(s), {} updates applied as a head, {} keys pushed, "
                "{} keys pulled, {:.1f} MB in, {:.1f} MB out, longest wait queue {}, mean staleness {:.2f}\n",
-               me, role, keys, held.size(), updates, st.keys_pushed,
+               me, role, keys, held.size(), st.head_updates, st.keys_pushed,
                st.keys_pulled, static_cast<double>(st.bytes_in) / 1e6,
                static_cast<double>(st.bytes_out) / 1e6, st.max_deferred, st.mean_staleness());
     for (std::size_t w = 0; w < st.per_worker_staleness.size(); ++w) {

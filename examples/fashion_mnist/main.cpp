@@ -254,8 +254,8 @@ int run_ps_with(const settings& s, dtrain::mixed_transport transport, Updater up
       std::move(transport), std::move(updater), std::move(algorithm), roles, o, dtrain::ps::uniform_initializer{0.05, s.seed});
   if (job.is_server()) {
     const auto& st = job.serve();
-    fmt::print("server: {} updates, {} pushes, {} pulls, {:.1f} MB in, {:.1f} MB out, longest wait queue {}, "
-               "mean staleness {:.2f}\n", st.version, st.pushes, st.pulls, static_cast<double>(st.bytes_in) / 1e6,
+    fmt::print("server: {} updates applied as a head, {} pushes, {} pulls, {:.1f} MB in, {:.1f} MB out, "
+               "longest wait queue {}, mean staleness {:.2f}\n", st.head_updates, st.pushes, st.pulls, static_cast<double>(st.bytes_in) / 1e6,
                static_cast<double>(st.bytes_out) / 1e6, st.max_deferred, st.mean_staleness());
     return 0;
   }

@@ -185,7 +185,9 @@ snapshot snapshot_of(Table& t) {
 struct server_view {
   snapshot sparse, dense;
   replication_stats replication;
-  std::uint64_t version = 0;
+  std::uint64_t version = 0;         // its own shard's
+  std::uint64_t head_updates = 0;    // those it applied as a head, to any shard
+  std::map<int, std::uint64_t> shard_versions;  // of every shard it holds
 };
 
 ps_options replicated(int replicas) {
@@ -212,8 +214,9 @@ std::vector<server_view> train(int servers, int workers, int replicas, int clock
                                                                       momentum<float>(0.05, 0.9), {}, o);
       s.run();
       auto& v = views[static_cast<std::size_t>(rank)];
-      v = {{}, {}, s.replication(), s.stats().version};
+      v = {{}, {}, s.replication(), s.stats().version, s.stats().head_updates, {}};
       for (int held : s.held_shards()) {  // its own shard and its copies of others
+        v.shard_versions[held] = s.version_of(held);
         v.sparse.merge(snapshot_of(s.shard_tables(held).sparse()));
         v.dense.merge(snapshot_of(s.shard_tables(held).dense()));
       }
@@ -326,6 +329,17 @@ TEST_CASE("more shards than servers: the keys cut finer give the same BSP result
     CHECK(check_copies(views, k, true) == dense);
     check_traffic(views, k);
     for (const auto& v : views) CHECK(v.version > 0);  // every server heads a shard that saw updates
+    // Server s heads shards s, s + 3 and s + 6: the updates it applied as a head are theirs, not
+    // its own shard's alone, and its copies of other shards add none.
+    std::map<int, std::uint64_t> version;
+    for (const auto& v : views) version.insert(v.shard_versions.begin(), v.shard_versions.end());
+    REQUIRE(version.size() == 7);
+    for (int s = 0; s < servers; ++s) {
+      std::uint64_t want = 0;
+      for (int shard = s; shard < 7; shard += servers) want += version[shard];
+      CHECK(views[static_cast<std::size_t>(s)].head_updates == want);
+      CHECK(views[static_cast<std::size_t>(s)].head_updates > views[static_cast<std::size_t>(s)].version);
+    }
   }
 }
 

@@ -58,6 +58,7 @@ class shard_updates {
       table_of(which).push(keys, values, length, {s, 1.0}, resolved);
     }
     ++version_;
+    ++stats_->head_updates;
   }
 
   /// `apply_single`, then the keys' new values into `out`, in one pass over the keys.
@@ -71,6 +72,7 @@ class shard_updates {
       table_of(which).push_pull(keys, values, out, length, {s, 1.0}, resolved);
     }
     ++version_;
+    ++stats_->head_updates;
   }
 
   /// Applies a group of pushes as one update, the mean over its `contributions` (a worker's
@@ -100,6 +102,7 @@ class shard_updates {
       table_of(m.which).push(m.keys, m.values, m.length, info);
     }
     ++version_;
+    ++stats_->head_updates;
   }
 
   /// An update of the shard from its head, as this server's copy of it.

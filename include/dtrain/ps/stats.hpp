@@ -13,7 +13,11 @@ namespace dtrain::ps {
 
 /// What a server has done, for logs and the observability of issue 6.
 struct server_stats {
-  std::uint64_t version = 0;        ///< updates applied
+  std::uint64_t version = 0;        ///< updates applied to this server's own shard
+  /// Updates this server applied as a head: to its own shard, and to those it took over from a
+  /// lost server or grew into. A copy's updates are its head's: summed over the servers, each
+  /// update of the job counts once.
+  std::uint64_t head_updates = 0;
   std::uint64_t pushes = 0, pulls = 0, clocks = 0;
   std::uint64_t keys_pushed = 0, keys_pulled = 0;
   std::uint64_t bytes_in = 0, bytes_out = 0;
