@@ -493,3 +493,34 @@ TEST_CASE("ps membership: a worker that joins the running job under BSP enters a
   CHECK(entered_at(g.ranks[4].output) > 0);
   CHECK(entered_at(g.ranks[4].output) < 60);
 }
+
+TEST_CASE("ps membership: a worker that joins the running job while a server is SIGKILLed, bit for bit as the serial "
+          "simulation under BSP and exactly once under ASP", "[ps][faults][membership]") {
+  // 3 servers (k = 2) and 2 workers; worker 1 is a late worker and a late TCP rank that connects
+  // 300 ms in, and server 0 is SIGKILLed 250 or 400 ms after it started: about as the joiner
+  // says hello, before or after it enters, as the timing falls. The joiner's hello and entry
+  // reach the new head of server 0's shard either way: every survivor ends well.
+  const std::string mode = GENERATE("bsp", "asp");
+  const int kill_ms = GENERATE(250, 400);
+  const std::string entered = "/tmp/dtrain_ps_join_kill_" + std::to_string(::getpid());
+  std::remove(entered.c_str());
+  auto g = run_ps(5, mode, [&](int) {
+    std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=2", "DTRAIN_PS_LATE_WORKERS=1",
+                                 "DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_KILL_LATER_RANK=0",
+                                 "DTRAIN_TEST_KILL_LATER_MS=" + std::to_string(kill_ms), "DTRAIN_TEST_TIMEOUT_MS=10000",
+                                 "DTRAIN_TEST_JOIN_FILE=" + entered};
+    for (const char* e : mode == "bsp" ? std::vector<const char*>{"DTRAIN_TEST_STEPS=60", "DTRAIN_TEST_SLOW_MS=10"}
+                                       : std::vector<const char*>{"DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1"}) {
+      env.emplace_back(e);
+    }
+    return env;
+  });
+  std::remove(entered.c_str());
+  INFO(mode << ", server 0 killed at " << kill_ms << " ms\n" << dump(g));
+  check_survivors(g, 0);
+  CHECK(entered_at(g.ranks[4].output) > 0);
+  if (mode == "asp") return check_exactly_once(g, 0, 3);
+  for (int w : {3, 4}) {
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
+  }
+}

@@ -77,7 +77,8 @@ class worker {
     std::vector<std::uint64_t> ids_;
   };
 
-  /// Joins the servers: a hello to each, answered within `options.timeout`.
+  /// Joins the servers: a hello to each, answered within `options.timeout`. A server found lost
+  /// meanwhile (one that died before a late worker came) is failed over when shards have copies.
   /// @throws dtrain::error `timeout` naming the servers that did not answer; `invalid_argument`
   ///   if a server was configured differently (counts, consistency model, value type).
   worker(Transport t, roles r, Sharding shards, ps_options o = {})
@@ -107,16 +108,21 @@ class worker {
       throw error(code_of(e), "ps::worker " + std::to_string(id_) + ": joining the servers" +
                                   (missing.empty() ? "" : " (no answer from server " + missing + ")") + ": " + e.what());
     }
-    // Resumed servers say which clock this worker left off at; all must agree.
+    // Resumed servers say which clock this worker left off at; all must agree (a server lost
+    // before it answered says nothing).
     const auto& clocks = requests_.hello_clocks();
+    std::size_t first = clocks.size();
     for (std::size_t s = 0; s < clocks.size(); ++s) {
-      if (clocks[s] != clocks[0]) {
-        throw error(errc::bad_data, "ps::worker " + std::to_string(id_) + ": the servers resumed from different clocks (server 0 at " +
-                                        std::to_string(clocks[0]) + ", server " + std::to_string(s) + " at " +
-                                        std::to_string(clocks[s]) + "); their checkpoints are from different rounds");
+      if (requests_.lost(static_cast<int>(s))) continue;
+      if (first == clocks.size()) first = s;
+      if (clocks[s] != clocks[first]) {
+        throw error(errc::bad_data, "ps::worker " + std::to_string(id_) + ": the servers resumed from different clocks (server " +
+                                        std::to_string(first) + " at " + std::to_string(clocks[first]) + ", server " +
+                                        std::to_string(s) + " at " + std::to_string(clocks[s]) +
+                                        "); their checkpoints are from different rounds");
       }
     }
-    clock_ = clocks.empty() ? 0 : clocks[0];
+    clock_ = first == clocks.size() ? 0 : clocks[first];
     heartbeat_.emplace(transport_, roles_, options_, id_);
     if (roles_.is_late_worker(static_cast<int>(id_))) enter_running_job();
   }

@@ -119,6 +119,8 @@ class worker_requests {
 
   /// The clock each server's hello reply named (where a resumed server left off).
   const std::vector<std::int64_t>& hello_clocks() const noexcept { return hello_clocks_; }
+  /// Whether this worker found server `s` lost.
+  bool lost(int s) const { return chains_.lost(s); }
   /// The latest clock a shard named in reply to a late worker's `enter`.
   std::int64_t entry_clock() const noexcept { return entry_clock_; }
 
@@ -282,6 +284,14 @@ class worker_requests {
   // take_reply for one answer: @returns false if it says the shard moved.
   bool take_answer(pending& p, deadline d) {
     for (std::error_code ec; !p.answer->wait(d, ec);) {
+      if (ec == errc::peer_lost && fails_over_ && p.what == op::hello) {
+        // Lost before this worker joined (a late worker, coming after a fail-over): the next
+        // copies head its shards, and heard this worker's hello as servers themselves.
+        lose(p.server);
+        std::error_code gone;
+        p.sent->wait(d, gone);
+        return true;
+      }
       if (ec != errc::peer_lost || !fails_over_ || p.what == op::hello) {
         throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " + std::to_string(p.server) +
                             " to answer a " + op_name(p.what) + (p.answer->detail().empty() ? "" : " (" + p.answer->detail() + ")"));
