@@ -100,6 +100,48 @@ TEST_CASE("ps faults: a server SIGKILLed mid-job, the job restarted from the che
   }
 }
 
+TEST_CASE("ps faults: a job that grew by a server, SIGKILLed mid-job and restarted from the checkpoints, grows again and "
+          "ends exactly right", "[ps][faults][checkpoint][membership]") {
+  // 3 servers, 8 shards (k = 1), and a growing standby that connects 600 ms in and takes shards
+  // 3 and 7; every 5 clocks each shard's head (the new server, for those two) writes its
+  // checkpoint. Server 2 dies 2 s in, and the workers fail. Restarted with the same roles, the
+  // servers load the newest clock every shard has, the new server grows the job again (shards 3
+  // and 7 move to it from the state their first copies loaded), and the workers match the serial
+  // simulation of the whole run.
+  const std::string prefix = "/tmp/dtrain_ps_grow_restart_" + std::to_string(::getpid());
+  auto env = [&](bool resume) {
+    return [=](int) {
+      std::vector<std::string> e{"DTRAIN_PS_SERVERS=3", "DTRAIN_PS_STANDBY=1", "DTRAIN_PS_GROWING=1", "DTRAIN_PS_SHARDS=8",
+                                 "DTRAIN_TEST_SLICE_BYTES=4", "DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=600",
+                                 "DTRAIN_TEST_CHECKPOINT=" + prefix, "DTRAIN_TEST_CHECKPOINT_EVERY=5", "DTRAIN_TEST_TIMEOUT_MS=3000",
+                                 "DTRAIN_TEST_STEPS=140", "DTRAIN_TEST_SLOW_MS=20", "DTRAIN_TEST_SLOW_WORKER=1"};
+      if (!resume) {
+        e.emplace_back("DTRAIN_TEST_KILL_LATER_RANK=2");
+        e.emplace_back("DTRAIN_TEST_KILL_LATER_MS=2000");
+      } else {
+        e.emplace_back("DTRAIN_TEST_RESUME=1");
+      }
+      return e;
+    };
+  };
+  auto first = run_ps(6, "bsp", env(false));
+  INFO(dump(first));
+  REQUIRE(first.ranks[2].status == 128 + SIGKILL);
+  CHECK(has(first.ranks[5].output, "holds a copy of shard 3 now"));
+  auto second = run_ps(6, "bsp", env(true));
+  INFO(dump(second));
+  for (const auto& r : second.ranks) CHECK(r.status == 0);
+  CHECK(has(second.ranks[3].output, "worker 0 resumes at step"));
+  for (int shard : {3, 7}) CHECK(has(second.ranks[5].output, "holds a copy of shard " + std::to_string(shard) + " now"));
+  CHECK(has(second.ranks[3].output, "worker 0's parameters match the serial simulation"));
+  CHECK(has(second.ranks[4].output, "worker 1's parameters match the serial simulation"));
+  for (int s = 0; s < 8; ++s) {
+    for (int c = 0; c <= 140; c += 5) {
+      for (const char* which : {"sparse", "dense"}) std::remove((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str());
+    }
+  }
+}
+
 namespace {
 
 // Every line of `text` that `format` ("acknowledged %d %llu") reads, as (shard, count).
