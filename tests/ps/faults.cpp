@@ -24,6 +24,15 @@ template <class Extra>
 group_run run_ps(int n, const std::string& mode, Extra extra) {
   return run_program_group(DTRAIN_PS_WORKER, n, mode, extra, nothing_during, 90s);
 }
+
+// Removes the checkpoints `shards` shards wrote every 5 clocks up to `last` under `prefix`.
+void remove_checkpoints(const std::string& prefix, int shards, int last) {
+  for (int s = 0; s < shards; ++s) {
+    for (int c = 0; c <= last; c += 5) {
+      for (const char* which : {"sparse", "dense"}) std::remove((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str());
+    }
+  }
+}
 }  // namespace
 
 TEST_CASE("ps faults: a dead worker is dropped under ASP and the others finish", "[ps][faults]") {
@@ -93,11 +102,7 @@ TEST_CASE("ps faults: a server SIGKILLed mid-job, the job restarted from the che
   CHECK(has(second.ranks[2].output, "worker 0 resumes at step"));
   CHECK(has(second.ranks[2].output, "worker 0's parameters match the serial simulation"));
   CHECK(has(second.ranks[3].output, "worker 1's parameters match the serial simulation"));
-  for (int s = 0; s < 2; ++s) {
-    for (int c = 0; c <= 30; c += 5) {
-      for (const char* which : {"sparse", "dense"}) std::remove((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str());
-    }
-  }
+  remove_checkpoints(prefix, 2, 30);
 }
 
 TEST_CASE("ps faults: a job that grew by a server, SIGKILLed mid-job and restarted from the checkpoints, grows again and "
@@ -135,11 +140,7 @@ TEST_CASE("ps faults: a job that grew by a server, SIGKILLed mid-job and restart
   for (int shard : {3, 7}) CHECK(has(second.ranks[5].output, "holds a copy of shard " + std::to_string(shard) + " now"));
   CHECK(has(second.ranks[3].output, "worker 0's parameters match the serial simulation"));
   CHECK(has(second.ranks[4].output, "worker 1's parameters match the serial simulation"));
-  for (int s = 0; s < 8; ++s) {
-    for (int c = 0; c <= 140; c += 5) {
-      for (const char* which : {"sparse", "dense"}) std::remove((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str());
-    }
-  }
+  remove_checkpoints(prefix, 8, 140);
 }
 
 namespace {
