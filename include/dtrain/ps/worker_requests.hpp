@@ -286,13 +286,13 @@ class worker_requests {
     for (std::error_code ec; !p.answer->wait(d, ec);) {
       if (ec == errc::peer_lost && fails_over_ && p.what == op::hello) {
         // Lost before this worker joined (a late worker, coming after a fail-over): the next
-        // copies head its shards, and heard this worker's hello as servers themselves.
+        // copies head its shards, and each of them answers this worker's hello as a server.
         lose(p.server);
         std::error_code gone;
         p.sent->wait(d, gone);
         return true;
       }
-      if (ec != errc::peer_lost || !fails_over_ || p.what == op::hello) {
+      if (ec != errc::peer_lost || !fails_over_) {
         throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " + std::to_string(p.server) +
                             " to answer a " + op_name(p.what) + (p.answer->detail().empty() ? "" : " (" + p.answer->detail() + ")"));
       }
