@@ -57,8 +57,7 @@ class shard_updates {
       replication_.forward(t, which, keys, values, length, s, from, frame);
       table_of(which).push(keys, values, length, {s, 1.0}, resolved);
     }
-    ++version_;
-    ++stats_->head_updates;
+    applied_as_head();
   }
 
   /// `apply_single`, then the keys' new values into `out`, in one pass over the keys.
@@ -71,8 +70,7 @@ class shard_updates {
       replication_.forward(t, which, keys, values, length, s, from, frame);
       table_of(which).push_pull(keys, values, out, length, {s, 1.0}, resolved);
     }
-    ++version_;
-    ++stats_->head_updates;
+    applied_as_head();
   }
 
   /// Applies a group of pushes as one update, the mean over its `contributions` (a worker's
@@ -101,8 +99,7 @@ class shard_updates {
       replication_.forward(t, m.which, m.keys, m.values, m.length, info.staleness, from, nullptr, i + 1 == means.size());
       table_of(m.which).push(m.keys, m.values, m.length, info);
     }
-    ++version_;
-    ++stats_->head_updates;
+    applied_as_head();
   }
 
   /// An update of the shard from its head, as this server's copy of it.
@@ -113,6 +110,13 @@ class shard_updates {
   }
 
  private:
+  // One more update of the shard, applied by this server as its head (copies count theirs in
+  // `apply_copy`, and not in the server's `head_updates`).
+  void applied_as_head() noexcept {
+    ++version_;
+    ++stats_->head_updates;
+  }
+
   table_type sparse_, dense_;
   shard_chain<Transport, T> replication_;
   server_stats* stats_;
