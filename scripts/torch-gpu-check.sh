@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The PyTorch backend's CUDA checks (docs/pytorch.md, "CUDA tensors"), for a host with a GPU and a
-# CUDA build of torch, which CI never has. Two steps:
+# CUDA build of torch, which CI never has. Three commands:
 #
 #   scripts/torch-gpu-check.sh pack DIR         # here: what the build needs beyond torch and g++
 #   scripts/torch-gpu-check.sh run LOG_DIR DIR  # on the GPU host, DIR copied there
+#   scripts/torch-gpu-check.sh bench LOG_DIR DIR  # there too: where a staged call's time goes
 #
 # `pack` copies into DIR the Boost headers dtrain_torch includes (found by the compiler, not
 # guessed), OpenSSL's headers and libcrypto, for a GPU host that has Python, torch, g++ and
@@ -11,7 +12,9 @@
 # (torch's flags and ABI, no CMake needed), then runs, each under a deadline with its log in
 # LOG_DIR: the CUDA staging test with 2 and 3 ranks sharing the GPU, the CPU test against Gloo,
 # and DDP Fashion-MNIST on CUDA tensors over dtrain against Gloo (when $FASHION_MNIST, default
-# .dev/fashion-mnist, holds the data). LOG_DIR/summary.txt lists each step's status and seconds.
+# .dev/fashion-mnist, holds the data). `bench` builds it the same way, then times all_reduce over
+# dtrain and Gloo on CPU and CUDA tensors beside the staging copies alone (bench/torch_collectives.py)
+# and DDP on CPU tensors. LOG_DIR/summary.txt lists each step's status and seconds.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
 sources=(module.cpp process_group.cpp host_staging.cpp)
@@ -51,10 +54,12 @@ step() {
   printf '%-26s rc=%-4s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$logs/summary.txt"
 }
 
-run() {
+# prepare LOG_DIR DIR: the machine's description, then dtrain_torch built into $module.
+prepare() {
   logs=$1
-  local bundle module=/tmp/dtrain_torch_build
+  local bundle
   bundle=$(cd "$2" && pwd)
+  module=/tmp/dtrain_torch_build
   mkdir -p "$logs" && : > "$logs/summary.txt"
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -63,7 +68,7 @@ run() {
   } > "$logs/machine.log" 2>&1
   rm -rf "$module" && mkdir -p "$module"
   cd "$here" || exit 1
-  step build 400 env MAX_JOBS=16 python3 - "$bundle" "$module" "${sources[@]}" <<'EOF'
+  step build 400 env MAX_JOBS=16 python3 - "$bundle" "$module" "${sources[@]}" <<'EOF2'
 import os, sys
 import torch.utils.cpp_extension as ext
 bundle, module, sources = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -73,7 +78,11 @@ ext.load("dtrain_torch", [os.path.join("extensions/torch_backend", s) for s in s
          extra_ldflags=[os.path.join(bundle, "lib", "libcrypto.so.3"), "-Wl,-rpath," + os.path.join(bundle, "lib")],
          build_directory=module)
 print("built", module)
-EOF
+EOF2
+}
+
+run() {
+  prepare "$1" "$2"
   step cuda_staging_2 240 python3 tests/torch/cuda_staging.py --ranks 2 --module-dir "$module"
   step cuda_staging_3 240 python3 tests/torch/cuda_staging.py --ranks 3 --module-dir "$module"
   step c10d_against_gloo_2 200 python3 tests/torch/c10d_against_gloo.py --ranks 2 --module-dir "$module"
@@ -85,8 +94,23 @@ EOF
   echo done >> "$logs/summary.txt"
 }
 
+# bench LOG_DIR DIR: where a staged step's time goes. all_reduce over dtrain and Gloo on CPU and
+# CUDA tensors beside the staging copies alone, then DDP on CPU tensors, where Gloo has cores to spare.
+bench() {
+  prepare "$1" "$2"
+  step collectives 200 python3 bench/torch_collectives.py --module-dir "$module" --ranks 2 4 --device cpu cuda \
+    --json "$logs/collectives.json"
+  local data=${FASHION_MNIST:-.dev/fashion-mnist}
+  if [ -d "$data" ]; then
+    step ddp_cpu 300 python3 bench/ddp_backends.py --device cpu --module-dir "$module" --data "$data" --ranks 2 4 \
+      --rounds 2 --epochs 2 --json "$logs/ddp_cpu.json"
+  fi
+  echo done >> "$logs/summary.txt"
+}
+
 case "${1:-}" in
   pack) pack "$2" ;;
   run) run "$2" "$3" ;;
-  *) sed -n 2,14p "$0"; exit 2 ;;
+  bench) bench "$2" "$3" ;;
+  *) sed -n 2,17p "$0"; exit 2 ;;
 esac
