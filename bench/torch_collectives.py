@@ -3,9 +3,11 @@
 
 Each rank joins the default group on "dtrain" and a Gloo group over the same ranks, then times
 all_reduce (float32 sum) at each size and device, the two backends alternated round by round. On
-CUDA tensors both backends stage through pinned host memory, so it also times the staging alone:
-a copy to a pinned host tensor and back on the current stream, which is the least any staged call
-pays. That separates what the host collective costs from what the copies cost.
+CUDA tensors both backends stage through pinned host memory, so it also times the staging alone
+(a copy to a pinned host tensor and back on the current stream, the least any staged call pays)
+and dtrain staged by hand (that copy, a wait for it, dtrain's all_reduce on the host tensor, the
+copy back). Against the module's staged call, that separates what the copies cost, what the host
+collective costs and what the module's stream and thread hand-offs add.
 
 Prints nccl-tests' columns (time is the slowest rank's mean per call, the median over rounds) and
 the median over rounds of Gloo's time over dtrain's from the same round; --json writes every round.
@@ -29,6 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 STAGING = "staging copies"
+BY_HAND = "dtrain by hand"
 
 
 def iterations(nbytes):
@@ -77,11 +80,17 @@ def worker(rank, args, port, out):
             iters = iterations(nbytes)
             for r in range(args.rounds):
                 order = ["gloo", "dtrain"] if r % 2 == 0 else ["dtrain", "gloo"]
-                for backend in order + ([STAGING] if host is not None else []):
+                for backend in order + ([STAGING, BY_HAND] if host is not None else []):
                     dist.barrier(group=gloo)
                     if backend == STAGING:
                         def call():
                             host.copy_(tensor, non_blocking=True)
+                            tensor.copy_(host, non_blocking=True)
+                    elif backend == BY_HAND:
+                        def call():
+                            host.copy_(tensor, non_blocking=True)
+                            torch.cuda.current_stream().synchronize()
+                            dist.all_reduce(host)
                             tensor.copy_(host, non_blocking=True)
                     else:
                         def call(group=groups[backend]):
@@ -106,14 +115,14 @@ def report(rows, ranks, device):
     for nbytes in sorted({r["bytes"] for r in rows}):
         mine = [r for r in rows if r["bytes"] == nbytes]
         by = {b: sorted((r for r in mine if r["backend"] == b), key=lambda r: r["round"])
-              for b in ("gloo", "dtrain", STAGING)}
+              for b in ("gloo", "dtrain", STAGING, BY_HAND)}
         ratio = statistics.median(g["seconds"] / d["seconds"] for g, d in zip(by["gloo"], by["dtrain"]))
         for backend, runs in by.items():
             if not runs:
                 continue
             seconds = statistics.median(r["seconds"] for r in runs)
             algbw = nbytes / seconds / 1e9
-            busbw = algbw * 2 * (ranks - 1) / ranks if backend != STAGING else algbw
+            busbw = algbw if backend == STAGING else algbw * 2 * (ranks - 1) / ranks
             shown = f"{ratio:.2f}x" if backend == "dtrain" else ""
             print(f"  {nbytes:>10} {nbytes // 4:>10} {'float':>6} {'sum':>6} {backend:>15} {seconds * 1e6:>9.1f} "
                   f"{algbw:>7.2f} {busbw:>7.2f} {shown:>11}")
