@@ -73,6 +73,33 @@ TEST_CASE("discover_hosts: local ranks, host groups and cross groups for hosts o
   }
 }
 
+TEST_CASE("discover_hosts: every rank agrees whether each host has two cores per rank, from the cores "
+          "its ranks report", "[collective][hosts]") {
+  // 5 ranks on hosts of 2, 2 and 1 rank; `cores[r]` is what rank r reports.
+  auto agreed = [](std::vector<unsigned> cores) {
+    const int p = static_cast<int>(cores.size());
+    std::vector<int> got(cores.size(), -1);
+    run_inproc(p, [&](int r, inproc_transport t) {
+      group world(std::move(t));
+      got[static_cast<std::size_t>(r)] = discover_hosts(world, host_of(r, 2), cores[static_cast<std::size_t>(r)]).two_cores_per_rank;
+    });
+    for (int g : got) REQUIRE(g == got.front());  // the same verdict on every rank
+    return got.front() == 1;
+  };
+  CHECK(agreed({4, 4, 4, 4, 2}));
+  CHECK(agreed({64, 64, 64, 64, 64}));
+  CHECK_FALSE(agreed({4, 4, 3, 3, 2}));  // the second host has 3 cores for 2 ranks
+  CHECK_FALSE(agreed({4, 4, 4, 4, 1}));
+  CHECK_FALSE(agreed({4, 2, 4, 4, 2}));  // a host counts the fewest cores any of its ranks reported
+  CHECK_FALSE(agreed({4, 4, 4, 4, 0}));  // unknown is not enough
+
+  // The same rule on the exchanged pairs: {host id, cores} per rank.
+  const std::vector<std::int64_t> two_hosts{7, 8, 7, 8, 9, 2};
+  CHECK(two_cores_per_rank(two_hosts));
+  CHECK_FALSE(two_cores_per_rank(std::vector<std::int64_t>{7, 8, 7, 8, 7, 8, 7, 8, 7, 8}));  // 5 ranks, 8 cores
+  CHECK_FALSE(two_cores_per_rank(std::vector<std::int64_t>{}));
+}
+
 TEST_CASE("hierarchical allreduce equals the serial reduction, uniform and unequal hosts, P = 1-9", "[collective][hosts]") {
   std::atomic<long> cases{0};
   for (int per_host : {2, 3}) {

@@ -58,6 +58,38 @@ TEST_CASE("selection: the model's estimates follow the alpha-beta formulas", "[c
   CHECK(m.estimate(coll_op::allreduce, algorithm::halving_doubling, gib, 4) == Approx(2 * 3e-5 + 1.5 * gib * 1e-9));
 }
 
+TEST_CASE("selection: where each rank has a core to spare, the ring's reduction overlaps its "
+          "transfers and the ring wins large allreduces", "[collective][selection]") {
+  cost_model m;
+  m.alpha = 1e-5;
+  m.beta = 1e-9;
+  m.gamma = 1e-9;
+  m.segment_bytes = 1e6;
+  const double n = 16e6;  // blocks of 4e6 bytes on 4 ranks: 4 segments each
+  // Unhidden, the ring and halving-doubling reduce the same 3/4 n; the ring sends more messages.
+  CHECK(m.estimate(coll_op::allreduce, algorithm::ring, n, 4) == Approx(24e-5 + 24e-3 + 12e-3));
+  CHECK(m.estimate(coll_op::allreduce, algorithm::halving_doubling, n, 4) == Approx(4e-5 + 24e-3 + 12e-3));
+  CHECK(m.estimate(coll_op::reduce_scatter, algorithm::ring, n, 4) == Approx(12e-5 + 12e-3 + 12e-3));
+  // Overlapped, one segment's reduction per step is left: 3 steps of 1e6 bytes.
+  m.reduction_overlaps = true;
+  CHECK(m.estimate(coll_op::allreduce, algorithm::ring, n, 4) == Approx(24e-5 + 24e-3 + 3e-3));
+  CHECK(m.estimate(coll_op::reduce_scatter, algorithm::ring, n, 4) == Approx(12e-5 + 12e-3 + 3e-3));
+  CHECK(m.estimate(coll_op::allreduce, algorithm::halving_doubling, n, 4) == Approx(4e-5 + 24e-3 + 12e-3));
+  // A block of one segment has nothing to overlap: the estimate is the unhidden one.
+  CHECK(m.estimate(coll_op::allreduce, algorithm::ring, 4e6, 4) == Approx(6e-5 + 6e-3 + 3e-3));
+
+  // With the default constants: halving-doubling for a 16 MiB allreduce on 2 and 4 ranks
+  // without the overlap, the ring with it; 1 MiB stays with halving-doubling (one segment).
+  selection_table t;
+  CHECK(t.choose(coll_op::allreduce, 16u << 20, 2) == algorithm::halving_doubling);
+  CHECK(t.choose(coll_op::allreduce, 16u << 20, 4) == algorithm::halving_doubling);
+  t.model().reduction_overlaps = true;
+  CHECK(t.choose(coll_op::allreduce, 16u << 20, 2) == algorithm::ring);
+  CHECK(t.choose(coll_op::allreduce, 16u << 20, 4) == algorithm::ring);
+  CHECK(t.choose(coll_op::allreduce, 1u << 20, 4) == algorithm::halving_doubling);
+  CHECK(t.choose(coll_op::reduce_scatter, 16u << 20, 4) == algorithm::ring);
+}
+
 TEST_CASE("selection: user rules override the model, first match wins", "[collective][selection]") {
   selection_table t;
   t.add({coll_op::allreduce, algorithm::binomial_tree, 0, 1024});

@@ -64,6 +64,8 @@ class hierarchical_communicator {
         costs_(costs) {
     // The model times the levels inside a host as rings.
     local_.algorithms().force(coll_op::reduce_scatter, algorithm::ring).force(coll_op::allgather, algorithm::ring);
+    // Every rank learnt the same cores per host: the flat choice may count on the ring's overlap.
+    flat_.algorithms().model().reduction_overlaps = hosts_.two_cores_per_rank;
   }
 
   int rank() const noexcept { return flat_.rank(); }

@@ -62,6 +62,12 @@ struct cost_model {
   double beta = 1.0 / 4e9;      ///< seconds per byte moved
   double gamma = 1.0 / 8e9;     ///< seconds per byte reduced (or copied locally)
   double segment_bytes = 1 << 20;  ///< pipeline segment (as in communicator_options)
+  /// Whether a ring's reduction of one segment runs while the next is in flight, which takes a
+  /// core for each rank's reducing and another for its sending. Then only one segment's
+  /// reduction per step is on the critical path, and at large sizes the ring beats
+  /// halving-doubling, whose halves are reduced after they arrive (docs/algorithms.md). Set it
+  /// identically on every rank, from `host_map::two_cores_per_rank` (transport/hosts.hpp).
+  bool reduction_overlaps = false;
 
   /// Estimated seconds for `a` to run `op` over `bytes` on `p` ranks; infinity if unsupported.
   double estimate(coll_op op, algorithm a, double bytes, int p) const noexcept {
@@ -77,6 +83,8 @@ struct cost_model {
     const double C = core;
     const bool folds = core != p;
     auto segments = [&](double m) { return std::max(1.0, std::ceil(m / segment_bytes)); };
+    // What a ring's reduction of blocks of m bytes costs, over what it would cost unhidden.
+    auto exposed = [&](double m) { return reduction_overlaps ? segments(m) : 1.0; };
     // An unsegmented send of m bytes is one message per `detail::max_message_bytes` (256 MiB).
     auto parts = [](double m) { return std::max(1.0, std::ceil(m / double(detail::max_message_bytes))); };
     // Halving-doubling's exchanges of n/2, n/4, ... n/C each way.
@@ -100,7 +108,7 @@ struct cost_model {
         switch (a) {
           case algorithm::ring:
             return 2 * (P - 1) * segments(n / P) * alpha + 2 * (P - 1) / P * n * beta +
-                   (P - 1) / P * n * gamma;
+                   (P - 1) / P * n * gamma / exposed(n / P);
           case algorithm::halving_doubling:
             return 2 * halving_messages * alpha + 2 * (C - 1) / C * n * beta + (C - 1) / C * n * gamma + fold;
           case algorithm::recursive_doubling:
@@ -117,7 +125,7 @@ struct cost_model {
         return lg * alpha + (P - 1) / P * n * beta + n * gamma;  // Bruck rotates locally
       case coll_op::reduce_scatter:
         if (a == algorithm::ring) {
-          return (P - 1) * segments(n / P) * alpha + (P - 1) / P * n * (beta + gamma);
+          return (P - 1) * segments(n / P) * alpha + (P - 1) / P * n * (beta + gamma / exposed(n / P));
         }
         return halving_messages * alpha + (C - 1) / C * n * (beta + gamma) + fold;
       case coll_op::gather:
