@@ -5,14 +5,18 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <cstdlib>
 #include <numeric>
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_set>
 #include <utility>
 
+#include "dtrain/transport/hosts.hpp"
 #include "store_adapter.hpp"
 #include "tensors.hpp"
 
@@ -111,6 +115,13 @@ dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Stor
         const char* master = std::getenv("MASTER_ADDR");  // a route to it names this host's address
         return tcp_transport::connect(meeting, rank, size, o.with_environment(), master != nullptr ? master : "");
       }()) {
+  // The ranks agree whether every host has two cores per rank: large allreduces then take the
+  // ring, whose reduction overlaps its transfers (cost_model::reduction_overlaps).
+  const std::array<std::int64_t, 2> mine{host_id_hash(this_host_id()),
+                                         static_cast<std::int64_t>(std::thread::hardware_concurrency())};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size));
+  comm_->allgather(std::span<const std::int64_t>(mine), std::span(all));
+  comm_->algorithms().model().reduction_overlaps = two_cores_per_rank(all);
   std::lock_guard lock(live_groups_mutex());
   live_groups().insert(this);
 }
