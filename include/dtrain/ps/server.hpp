@@ -98,6 +98,8 @@ class server {
         handle_current(requests);
       } else if (ec != errc::timeout) {
         throw error(ec, "ps::server " + std::to_string(me()) + ": receiving requests");
+      } else {
+        let_go_of_departed_workers();  // nothing is waiting to be read
       }
       reap_sends();
       notice_losses(requests);
@@ -421,6 +423,27 @@ class server {
   }
 
   // --- liveness ---------------------------------------------------------------------------------
+
+  // A worker says goodbye to every shard's head at once, each over its connection to that head.
+  // A shard this server took over after its old head had heard the goodbye and ended hears none
+  // of its own, and would wait for that worker forever. Once the worker said goodbye to this
+  // server and nothing more has come from it for the heartbeat timeout (the silence after which
+  // a worker counts as gone), with nothing waiting to be read, no goodbye is on its way: every
+  // shard this server heads lets it go.
+  void let_go_of_departed_workers() {
+    const auto grace = ctx_.options.heartbeat_timeout;
+    for (std::size_t w = 0; w < liveness_.workers(); ++w) {
+      if (!liveness_.has_finished(w) || liveness_.silent_for(w) < grace) continue;
+      for (auto& [s, held] : shards_) {
+        const auto& ws = held.workers();
+        if (!held.heading() || ws.has_finished(w) || ws.dead(w) || ws.absent(w)) continue;
+        dtrain::detail::log(dtrain::detail::log_level::warn,
+                            "ps::server " + std::to_string(me()) + ": shard " + std::to_string(s) + " lets worker " +
+                                std::to_string(w) + " go: it said goodbye to this server, and to the shard's old head");
+        held.worker_done(static_cast<std::uint32_t>(w));
+      }
+    }
+  }
 
   // A worker silent past its limit fails the server, or is dropped (policy `drop`).
   void check_liveness(clock::time_point start) {

@@ -50,6 +50,8 @@ class worker_clocks {
 
   /// Worker `w` sent something now.
   void heard_from(std::size_t w) { last_seen_[w] = clock::now(); }
+  /// How long since worker `w` last sent anything.
+  clock::duration silent_for(std::size_t w) const { return clock::now() - last_seen_[w]; }
   void greeted(std::size_t w) { greeted_[w] = true; }
   void finished(std::size_t w) { finished_[w] = true; }
   void drop(std::size_t w) { dead_[w] = true; }
