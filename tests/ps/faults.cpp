@@ -471,6 +471,15 @@ long long entered_at(const std::string& out) {
   }
   return clock;
 }
+
+// The step worker 0 printed it resumed at; -1 if it did not.
+long long resumed_at(const std::string& out) {
+  long long clock = -1;
+  if (const auto p = out.find("worker 0 resumes at step "); p != std::string::npos) {
+    std::sscanf(out.c_str() + p, "worker 0 resumes at step %lld", &clock);
+  }
+  return clock;
+}
 }  // namespace
 
 TEST_CASE("ps membership: a worker that joins the running job under ASP or SSP (a late TCP rank) trains with the others, "
@@ -533,6 +542,55 @@ TEST_CASE("ps membership: a worker that joins the running job under BSP enters a
   // It entered mid-job: after the first round, before the last.
   CHECK(entered_at(g.ranks[4].output) > 0);
   CHECK(entered_at(g.ranks[4].output) < 60);
+}
+
+TEST_CASE("ps membership: a job restarted from its checkpoints after a late worker had entered it lets that worker "
+          "enter again, bit for bit as the serial simulation", "[ps][faults][membership][checkpoint]") {
+  // 2 servers, 3 workers; worker 2 is a late worker, a process that connects 300 ms in, and each
+  // shard writes a checkpoint every 5 clocks. Server 1 dies 1.5 s in, after worker 2 entered,
+  // and the workers fail. Restarted with the same roles, the job resumes at the newest clock
+  // every shard has; worker 2, late again, enters again. The checkpoints do not mark it present,
+  // so the rounds from the resumed clock to its second arrival are averaged over the other two.
+  // Every worker checks its parameters against the serial simulation with worker 2 counted
+  // from its first arrival to the resumed clock, and from its second arrival on.
+  const std::string prefix = "/tmp/dtrain_ps_late_restart_" + std::to_string(::getpid());
+  const std::string joined = prefix + ".joined", resumed = prefix + ".resumed";
+  auto env = [&](bool resume, long long first_join) {
+    return [=](int) {
+      std::vector<std::string> e{"DTRAIN_PS_SERVERS=2", "DTRAIN_PS_LATE_WORKERS=1", "DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=300",
+                                 "DTRAIN_TEST_CHECKPOINT=" + prefix, "DTRAIN_TEST_CHECKPOINT_EVERY=5", "DTRAIN_TEST_TIMEOUT_MS=3000",
+                                 "DTRAIN_TEST_STEPS=140", "DTRAIN_TEST_SLOW_MS=20", "DTRAIN_TEST_JOIN_FILE=" + joined};
+      if (!resume) {
+        e.emplace_back("DTRAIN_TEST_KILL_LATER_RANK=1");
+        e.emplace_back("DTRAIN_TEST_KILL_LATER_MS=1500");
+      } else {
+        e.emplace_back("DTRAIN_TEST_RESUME=1");
+        e.emplace_back("DTRAIN_TEST_FIRST_JOIN=" + std::to_string(first_join));
+        e.emplace_back("DTRAIN_TEST_RESUME_FILE=" + resumed);
+      }
+      return e;
+    };
+  };
+  std::remove(joined.c_str());
+  std::remove(resumed.c_str());
+  auto first = run_ps(5, "bsp", env(false, -1));
+  INFO(dump(first));
+  REQUIRE(first.ranks[1].status == 128 + SIGKILL);
+  const long long first_join = entered_at(first.ranks[4].output);
+  REQUIRE(first_join > 0);
+  auto second = run_ps(5, "bsp", env(true, first_join));
+  INFO("worker 2 first entered at clock " << first_join << "\n" << dump(second));
+  for (const auto& r : second.ranks) CHECK(r.status == 0);
+  const long long resumed_clock = resumed_at(second.ranks[2].output), second_join = entered_at(second.ranks[4].output);
+  CHECK(resumed_clock > first_join);  // the case meant: it had been there before the checkpoint
+  CHECK(second_join >= resumed_clock);
+  for (int w : {2, 3, 4}) {
+    CHECK(has(second.ranks[static_cast<std::size_t>(w)].output, "140 steps: worker " + std::to_string(w - 2) +
+                                                                       "'s parameters match the serial simulation"));
+  }
+  std::remove(joined.c_str());
+  std::remove(resumed.c_str());
+  remove_checkpoints(prefix, 2, 140);
 }
 
 TEST_CASE("ps membership: a worker that joins the running job while a server is SIGKILLed, bit for bit as the serial "

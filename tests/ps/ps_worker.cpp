@@ -24,7 +24,10 @@
 // that the copies are equal.
 // DTRAIN_PS_LATE_WORKERS=n: the last n workers join the running job (with DTRAIN_LATE_RANKS and
 // DTRAIN_TEST_LATE_MS, as processes that connect later); one writes the clock it entered at to
-// DTRAIN_TEST_JOIN_FILE, which the others read for their serial simulation.
+// DTRAIN_TEST_JOIN_FILE, which the others read for their serial simulation. In a resumed job,
+// worker 0 writes the clock it resumed at to DTRAIN_TEST_RESUME_FILE, and DTRAIN_TEST_FIRST_JOIN=c
+// says the late worker had entered the job before the restart at clock c: the simulation counts
+// it from c to the resumed clock, then from its second arrival on.
 // Workers print when they began and ended training ("worker w began at t ms", since the process
 // started). Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
 
@@ -32,6 +35,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -61,6 +65,25 @@ long long ms_since_start() {
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v != nullptr ? std::atoi(v) : fallback;
+}
+
+// A clock one process hands to the others through a file (a path from the environment, or none).
+void write_clock(const char* path, std::int64_t clock) {
+  if (path == nullptr) return;
+  if (std::FILE* out = std::fopen(path, "w"); out != nullptr) {
+    std::fprintf(out, "%lld\n", static_cast<long long>(clock));
+    std::fclose(out);
+  }
+}
+
+long long read_clock(const char* path, long long fallback) {
+  if (path == nullptr) return fallback;
+  long long clock = fallback;
+  if (std::FILE* in = std::fopen(path, "r"); in != nullptr) {
+    if (std::fscanf(in, "%lld", &clock) != 1) clock = fallback;
+    std::fclose(in);
+  }
+  return clock;
 }
 
 ps_options options() {
@@ -145,16 +168,13 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
   std::vector<float> x(dim);
   job.begin(std::span(x));
   std::printf("worker %d began at %lld ms\n", w, ms_since_start());
-  if (job.first_step() > 0 && w == 0) std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
+  if (job.first_step() > 0 && w == 0) {
+    std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
+    write_clock(std::getenv("DTRAIN_TEST_RESUME_FILE"), job.first_step());
+  }
   if (r.is_late_worker(w)) {
     std::printf("worker %d entered the running job at clock %lld\n", w, static_cast<long long>(job.first_step()));
-    if (const char* f = std::getenv("DTRAIN_TEST_JOIN_FILE"); f != nullptr) {
-      std::FILE* out = std::fopen(f, "w");
-      if (out != nullptr) {
-        std::fprintf(out, "%lld\n", static_cast<long long>(job.first_step()));
-        std::fclose(out);
-      }
-    }
+    write_clock(std::getenv("DTRAIN_TEST_JOIN_FILE"), job.first_step());
   }
   const int leaver = env_int("DTRAIN_TEST_LEAVE_WORKER", -1), leave_after = env_int("DTRAIN_TEST_LEAVE_AFTER", steps);
   if (w == leaver) steps = leave_after;
@@ -177,13 +197,15 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
     // round `leave_after` on without the worker that left. The one that left pulls once more
     // after its last step (`end` finishes a clock first): it sees one round without it. A late
     // worker counts from the clock it entered at: under BSP it holds the others back from then
-    // on, so it wrote that clock before any of them can end.
+    // on, so it wrote that clock before any of them can end. After a restart it also counts in
+    // the rounds it was there for before the restart, [first_join, resumed_at).
     long long entered = 0;
     if (const char* f = std::getenv("DTRAIN_TEST_JOIN_FILE"); f != nullptr && r.late_workers > 0) {
-      std::FILE* in = std::fopen(f, "r");
-      if (in == nullptr || std::fscanf(in, "%lld", &entered) != 1) entered = steps;  // it came too late to count
-      if (in != nullptr) std::fclose(in);
+      entered = read_clock(f, steps);  // no clock written: it came too late to count
     }
+    const long long first_join = env_int("DTRAIN_TEST_FIRST_JOIN", -1);
+    const long long resumed_at = read_clock(std::getenv("DTRAIN_TEST_RESUME_FILE"), 0);
+    auto late_counts = [&](int it) { return it >= entered || (first_join >= 0 && it >= first_join && it < resumed_at); };
     std::vector<problem> all;
     for (int k = 0; k < r.workers; ++k) all.emplace_back(k);
     std::vector<float> center(dim, 0.0f), g(dim);
@@ -193,7 +215,7 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
       int pushed = 0;
       for (int k = 0; k < r.workers; ++k) {
         if (k == leaver && it >= leave_after) continue;
-        if (r.is_late_worker(k) && it < entered) continue;
+        if (r.is_late_worker(k) && !late_counts(it)) continue;
         all[static_cast<std::size_t>(k)].grad(center, g, it);
         for (std::size_t j = 0; j < dim; ++j) acc[j] += g[j];
         ++pushed;
