@@ -424,22 +424,17 @@ class server {
 
   // --- liveness ---------------------------------------------------------------------------------
 
-  // A worker says goodbye to every shard's head at once, each over its connection to that head.
-  // A shard this server took over after its old head had heard the goodbye and ended hears none
-  // of its own, and would wait for that worker forever. Once the worker said goodbye to this
-  // server and nothing more has come from it for the heartbeat timeout (the silence after which
-  // a worker counts as gone), with nothing waiting to be read, no goodbye is on its way: every
-  // shard this server heads lets it go.
+  // A worker says goodbye to every shard's head at once. A shard this server took over after its
+  // old head heard the goodbye and ended hears none: once the worker said goodbye here and has
+  // been silent for the heartbeat timeout, nothing unread, no goodbye is coming; let it go.
   void let_go_of_departed_workers() {
-    const auto grace = ctx_.options.heartbeat_timeout;
     for (std::size_t w = 0; w < liveness_.workers(); ++w) {
-      if (!liveness_.has_finished(w) || liveness_.silent_for(w) < grace) continue;
+      if (!liveness_.has_finished(w) || liveness_.silent_for(w) < ctx_.options.heartbeat_timeout) continue;
       for (auto& [s, held] : shards_) {
         const auto& ws = held.workers();
         if (!held.heading() || ws.has_finished(w) || ws.dead(w) || ws.absent(w)) continue;
-        dtrain::detail::log(dtrain::detail::log_level::warn,
-                            "ps::server " + std::to_string(me()) + ": shard " + std::to_string(s) + " lets worker " +
-                                std::to_string(w) + " go: it said goodbye to this server, and to the shard's old head");
+        dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + ": shard " + std::to_string(s) +
+                                                                 " lets worker " + std::to_string(w) + " go: its goodbye went to the old head");
         held.worker_done(static_cast<std::uint32_t>(w));
       }
     }
