@@ -463,23 +463,18 @@ TEST_CASE("ps membership: a worker that leaves mid-job under BSP, the others go 
 }
 
 namespace {
-// The clock a late worker printed it entered the running job at; -1 if it did not.
-long long entered_at(const std::string& out) {
-  long long clock = -1;
-  if (const auto p = out.find("entered the running job at clock "); p != std::string::npos) {
-    std::sscanf(out.c_str() + p, "entered the running job at clock %lld", &clock);
-  }
-  return clock;
+// The number a rank printed right after `phrase`; -1 if it did not print it.
+long long number_after(const std::string& out, const std::string& phrase) {
+  long long n = -1;
+  if (const auto p = out.find(phrase); p != std::string::npos) std::sscanf(out.c_str() + p + phrase.size(), "%lld", &n);
+  return n;
 }
 
+// The clock a late worker printed it entered the running job at; -1 if it did not.
+long long entered_at(const std::string& out) { return number_after(out, "entered the running job at clock "); }
+
 // The step worker 0 printed it resumed at; -1 if it did not.
-long long resumed_at(const std::string& out) {
-  long long clock = -1;
-  if (const auto p = out.find("worker 0 resumes at step "); p != std::string::npos) {
-    std::sscanf(out.c_str() + p, "worker 0 resumes at step %lld", &clock);
-  }
-  return clock;
-}
+long long resumed_at(const std::string& out) { return number_after(out, "worker 0 resumes at step "); }
 }  // namespace
 
 TEST_CASE("ps membership: a worker that joins the running job under ASP or SSP (a late TCP rank) trains with the others, "
