@@ -1,10 +1,18 @@
-# Fails when a ctest test could pass although its program failed, or hide a failure as a skip:
-#   PASS_REGULAR_EXPRESSION  ctest then ignores the exit status (a matched line is enough);
-#   SKIP_REGULAR_EXPRESSION  a matched line makes any outcome a skip;
-#   WILL_FAIL                inverts the verdict, so a crash passes.
-# Tests pass or fail by exit status (77 with SKIP_RETURN_CODE for "cannot run here").
+# The suite's honesty, read from ctest's own listing of a configured and built tree. It fails when:
+#   a test could pass although its program failed, or hide a failure as a skip:
+#     PASS_REGULAR_EXPRESSION  ctest then ignores the exit status (a matched line is enough);
+#     SKIP_REGULAR_EXPRESSION  a matched line makes any outcome a skip;
+#     WILL_FAIL                inverts the verdict, so a crash passes;
+#     DISABLED                 the test never runs, and ctest does not count it as failed;
+#     SKIP_RETURN_CODE         on a test not listed as one that may skip (tests/tiers.cmake:
+#                              a test of a [gpu] program where no device is present, or a test
+#                              whose capability this machine lacks), since then a failure that
+#                              exits with that code reads as a skip;
+#   a test belongs to no tier (tests/tiers.cmake), or
+#   (DTRAIN_FULL_SUITE) a tier holds fewer tests than its floor.
 #
-#   cmake -DBUILD_DIR=<build tree> [-DCTEST=<ctest>] -P check_gates.cmake
+#   cmake -DBUILD_DIR=<build tree> [-DCTEST=<ctest>] [-DCHECK_FLOORS=OFF] -P check_gates.cmake
+# The CUDA build, which builds only its GPU tests, passes CHECK_FLOORS=OFF.
 cmake_minimum_required(VERSION 3.25)
 if(NOT BUILD_DIR)
   message(FATAL_ERROR "check_gates: pass -DBUILD_DIR=<a configured build tree>")
@@ -12,43 +20,108 @@ endif()
 if(NOT CTEST)
   set(CTEST ctest)
 endif()
+if(NOT DEFINED CHECK_FLOORS)
+  set(CHECK_FLOORS ON)
+endif()
+if(NOT EXISTS "${BUILD_DIR}/dtrain_suite.cmake")
+  message(FATAL_ERROR "check_gates: ${BUILD_DIR}/dtrain_suite.cmake is missing (tests/tiers.cmake writes it)")
+endif()
+include("${BUILD_DIR}/dtrain_suite.cmake")
+
 execute_process(COMMAND ${CTEST} --show-only=json-v1 WORKING_DIRECTORY ${BUILD_DIR}
                 OUTPUT_VARIABLE listing ERROR_VARIABLE listing_error RESULT_VARIABLE listing_status)
 if(NOT listing_status EQUAL 0)
   message(FATAL_ERROR "check_gates: ctest --show-only=json-v1 failed in ${BUILD_DIR}: ${listing_error}")
 endif()
-set(forbidden PASS_REGULAR_EXPRESSION SKIP_REGULAR_EXPRESSION WILL_FAIL)
-string(JSON count LENGTH "${listing}" tests)
+
+set(verdict_overrides PASS_REGULAR_EXPRESSION SKIP_REGULAR_EXPRESSION WILL_FAIL DISABLED)
 set(offenders "")
+string(JSON count LENGTH "${listing}" tests)
+foreach(tier IN LISTS DTRAIN_SUITE_TIERS)
+  set(tier_count_${tier} 0)
+endforeach()
 if(count GREATER 0)
   math(EXPR last "${count} - 1")
   foreach(i RANGE ${last})
     string(JSON test GET "${listing}" tests ${i})
     string(JSON name GET "${test}" name)
+    set(labels "")
+    set(skip_code "")
+    string(JSON program ERROR_VARIABLE no_command GET "${test}" command 0)
+    if(no_command)
+      set(program "")
+    endif()
+    get_filename_component(program "${program}" NAME_WE)
     string(JSON properties ERROR_VARIABLE no_properties GET "${test}" properties)
-    if(no_properties)
-      continue()
+    set(nprops 0)
+    if(NOT no_properties)
+      string(JSON nprops LENGTH "${properties}")
     endif()
-    string(JSON nprops LENGTH "${properties}")
-    if(nprops EQUAL 0)
-      continue()
-    endif()
-    math(EXPR plast "${nprops} - 1")
-    foreach(j RANGE ${plast})
-      string(JSON property GET "${properties}" ${j} name)
-      if(property IN_LIST forbidden)
+    if(nprops GREATER 0)
+      math(EXPR plast "${nprops} - 1")
+      foreach(j RANGE ${plast})
+        string(JSON property GET "${properties}" ${j} name)
         string(JSON value GET "${properties}" ${j} value)
-        if(property STREQUAL "WILL_FAIL" AND NOT value)
-          continue()
+        if(property IN_LIST verdict_overrides)
+          if(property MATCHES "^(WILL_FAIL|DISABLED)$" AND NOT value)
+            continue()
+          endif()
+          list(APPEND offenders "${name} (${property})")
+        elseif(property STREQUAL "LABELS")
+          string(JSON nlabels LENGTH "${value}")
+          math(EXPR llast "${nlabels} - 1")
+          foreach(k RANGE ${llast})
+            string(JSON label GET "${value}" ${k})
+            list(APPEND labels ${label})
+          endforeach()
+        elseif(property STREQUAL "SKIP_RETURN_CODE")
+          set(skip_code ${value})
         endif()
-        list(APPEND offenders "${name} (${property})")
+      endforeach()
+    endif()
+    if(NOT skip_code STREQUAL "")
+      if(NOT (name IN_LIST DTRAIN_SUITE_MAY_SKIP OR (program IN_LIST DTRAIN_SUITE_GPU_PROGRAMS AND DTRAIN_SUITE_GPU_MAY_SKIP)))
+        list(APPEND offenders "${name} (SKIP_RETURN_CODE ${skip_code}, not a test that may skip here)")
+      endif()
+    endif()
+    set(tiered OFF)
+    if(name MATCHES "_NOT_BUILT")  # Catch2's stand-in for a program not built: ctest fails it
+      set(tiered ON)
+    endif()
+    foreach(label IN LISTS labels)
+      if(label IN_LIST DTRAIN_SUITE_TIERS)
+        set(tiered ON)
+        math(EXPR tier_count_${label} "${tier_count_${label}} + 1")
       endif()
     endforeach()
+    if(NOT tiered)
+      string(REPLACE ";" ", " tiers "${DTRAIN_SUITE_TIERS}")
+      list(APPEND offenders "${name} (no tier: label it with one of ${tiers})")
+    endif()
   endforeach()
 endif()
+
+set(short_tiers "")
+set(summary "")
+foreach(floor IN LISTS DTRAIN_SUITE_FLOORS)
+  string(REGEX MATCH "^([a-z]+)=([0-9]+)$" _ "${floor}")
+  set(tier ${CMAKE_MATCH_1})
+  list(APPEND summary "${tier} ${tier_count_${tier}}")
+  if(CHECK_FLOORS AND DTRAIN_SUITE_FULL AND tier_count_${tier} LESS CMAKE_MATCH_2)
+    list(APPEND short_tiers "${tier}: ${tier_count_${tier}} tests, below its floor of ${CMAKE_MATCH_2}")
+  endif()
+endforeach()
+
 if(offenders)
   list(JOIN offenders "\n  " text)
-  message(FATAL_ERROR "check_gates: these tests can pass whatever their exit status, or hide a failure as a "
-                      "skip; make the program's exit status the verdict (77 + SKIP_RETURN_CODE to skip):\n  ${text}")
+  message(FATAL_ERROR "check_gates: these tests can pass whatever their exit status, hide a failure as a skip, "
+                      "or belong to no tier; make the program's exit status the verdict (77 skips only where "
+                      "tests/tiers.cmake allows it) and give each a tier:\n  ${text}")
 endif()
-message(STATUS "check_gates: ${count} tests in ${BUILD_DIR}, each judged by its exit status")
+if(short_tiers)
+  list(JOIN short_tiers "\n  " text)
+  message(FATAL_ERROR "check_gates: tiers below their floor (tests/tiers.cmake), a dependency or a "
+                      "registration went missing:\n  ${text}")
+endif()
+list(JOIN summary ", " summary)
+message(STATUS "check_gates: ${count} tests in ${BUILD_DIR}, each judged by its exit status; per tier: ${summary}")

@@ -1,16 +1,46 @@
-# check_gates.cmake must fail on a suite where a test ignores its exit status, and pass on one
-# where none does: it is itself a gate, so it is shown failing here.
+# check_gates.cmake is itself a gate, so it is shown failing here: on the fixture's suites it must
+# refuse each rule's offender, naming it and the rule, and pass the suites the rules allow.
 #
 #   cmake -DFIXTURE=<fixture dir> -DWORK=<scratch dir> -DCHECK=<check_gates.cmake> -DCTEST=<ctest> -P ...
 cmake_minimum_required(VERSION 3.25)
-file(REMOVE_RECURSE ${WORK})
-execute_process(COMMAND ${CMAKE_COMMAND} -S ${FIXTURE} -B ${WORK} OUTPUT_QUIET RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "check_gates_selftest: cannot configure the fixture")
-endif()
-execute_process(COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${WORK} -DCTEST=${CTEST} -P ${CHECK}
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(rc EQUAL 0 OR NOT err MATCHES "exit_ignored \\(PASS_REGULAR_EXPRESSION\\)" OR err MATCHES "honest")
-  message(FATAL_ERROR "check_gates_selftest: the check let an exit-ignoring test through (status ${rc}):\n${out}${err}")
-endif()
-message(STATUS "check_gates_selftest: the check refuses the fixture's exit-ignoring test, and only it")
+# case | what the check's error must say ("" where the suite must pass)
+set(cases
+  "honest|"
+  "listed_skip|"
+  "gpu_skip|"
+  "pass_regex|offender \\(PASS_REGULAR_EXPRESSION\\)"
+  "skip_regex|offender \\(SKIP_REGULAR_EXPRESSION\\)"
+  "will_fail|offender \\(WILL_FAIL\\)"
+  "disabled|offender \\(DISABLED\\)"
+  "skip_code|offender \\(SKIP_RETURN_CODE 77, not a test that may skip here\\)"
+  "gpu_skip_with_device|offender \\(SKIP_RETURN_CODE 77, not a test that may skip here\\)"
+  "gpu_label_only|offender \\(SKIP_RETURN_CODE 77, not a test that may skip here\\)"
+  "no_tier|offender \\(no tier"
+  "below_floor|unit: 2 tests, below its floor of 3")
+foreach(row IN LISTS cases)
+  string(REPLACE "|" ";" row "${row}")
+  list(GET row 0 case)
+  list(LENGTH row n)
+  set(expected "")
+  if(n GREATER 1)
+    list(GET row 1 expected)
+  endif()
+  set(work "${WORK}/${case}")
+  file(REMOVE_RECURSE "${work}")
+  execute_process(COMMAND ${CMAKE_COMMAND} -S ${FIXTURE} -B ${work} -DCASE=${case} OUTPUT_QUIET RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "check_gates_selftest: cannot configure the fixture's case ${case}")
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${work} -DCTEST=${CTEST} -P ${CHECK}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(expected STREQUAL "")
+    if(NOT rc EQUAL 0)
+      message(FATAL_ERROR "check_gates_selftest: the check refused the allowed suite '${case}':\n${out}${err}")
+    endif()
+  elseif(rc EQUAL 0 OR NOT err MATCHES "${expected}" OR err MATCHES "honest")
+    message(FATAL_ERROR "check_gates_selftest: on '${case}' the check did not refuse the offender alone with "
+                        "'${expected}' (status ${rc}):\n${out}${err}")
+  endif()
+  message(STATUS "check_gates_selftest: ${case}: ${rc}")
+endforeach()
+message(STATUS "check_gates_selftest: the check refuses each rule's offender, and only it")
