@@ -83,7 +83,8 @@ class basic_trainer {
     if (options_.compress == compression::topk) (void)topk_count(1, options_.topk_density);  // refuses a bad density
     if (!Backend::host_tensors && (options_.find_unused_parameters || options_.clip_grad_norm > 0 ||
                                    options_.compress == compression::topk)) {
-      throw error(errc::unsupported, name() + ": top-k, find_unused_parameters and clip_grad_norm are host-only so far");
+      throw error(errc::unsupported,
+                  name() + ": top-k, find_unused_parameters and clip_grad_norm are host-only so far");
     }
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     contiguous_ = detail::contiguous_buckets(plan_, model_);
@@ -126,7 +127,8 @@ class basic_trainer {
       if (!readiness_->report(tensor)) return;
       if constexpr (Backend::host_tensors) {
         if (accumulated_ > 0) {  // this batch's gradient joins the accumulated ones: their mean
-          backend_.fold_accumulated(model_.gradients(tensor), accumulation(tensor), 1.0 / static_cast<double>(accumulated_ + 1));
+          backend_.fold_accumulated(model_.gradients(tensor), accumulation(tensor),
+                                    1.0 / static_cast<double>(accumulated_ + 1));
         }
       }
       if (!sync) return;
@@ -261,10 +263,12 @@ class basic_trainer {
       with_collective([&](Collective& c) { all = backend_.allgather_digests(c, std::span<const std::int64_t>(mine)); });
       if (failure) std::rethrow_exception(failure);
       for (std::size_t r = 0; r < all.size() / 2; ++r) {
-        if (all[2 * r] == 0) throw error(errc::bad_data, name() + ": rank " + std::to_string(r) + " could not load its checkpoint");
+        if (all[2 * r] == 0)
+          throw error(errc::bad_data, name() + ": rank " + std::to_string(r) + " could not load its checkpoint");
         if (all[2 * r + 1] != all[1]) {
           throw error(errc::bad_data, name() + ": rank " + std::to_string(r) + " loaded a checkpoint of step " +
-                                          std::to_string(all[2 * r + 1]) + ", rank 0 one of step " + std::to_string(all[1]));
+                                          std::to_string(all[2 * r + 1]) + ", rank 0 one of step " +
+                                          std::to_string(all[1]));
         }
       }
       for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
@@ -369,12 +373,15 @@ class basic_trainer {
   void post_bucket(const bucket& b, role r) {
     if (comm_.size() == 1) return;  // nothing to average: no hand-off to the other thread either
     worker_->post([this, &b, r] {
-      trace::scope s(r == role::average_gradients ? "allreduce gradients" : "average parameters", "communication", tracer_);
+      trace::scope s(r == role::average_gradients ? "allreduce gradients" : "average parameters", "communication",
+                     tracer_);
       run_bucket(b, r);
     });
   }
 
-  span tensor(std::size_t i, role r) { return r == role::average_gradients ? model_.gradients(i) : model_.parameters(i); }
+  span tensor(std::size_t i, role r) {
+    return r == role::average_gradients ? model_.gradients(i) : model_.parameters(i);
+  }
 
   // Runs on the communication thread (or the constructor's, or `step`'s once that one is idle).
   void run_bucket(const bucket& b, role r) {
@@ -419,7 +426,8 @@ class basic_trainer {
   // The bytes this rank hands the collective for bucket `b`'s gradients.
   std::size_t payload_bytes(const bucket& b, bool compress) const {
     if (!compress) return b.elements * sizeof(value_type);
-    if (options_.compress == compression::topk) return topk_count(b.elements, options_.topk_density) * (4 + sizeof(value_type));
+    if (options_.compress == compression::topk)
+      return topk_count(b.elements, options_.topk_density) * (4 + sizeof(value_type));
     return b.elements * 2;
   }
 

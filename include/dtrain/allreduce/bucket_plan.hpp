@@ -110,7 +110,8 @@ class step_readiness {
   bool report(std::size_t t) {
     if (t >= reported_.size() || reported_[t]) {
       if (misuse_.empty()) {
-        misuse_ = "the model reported tensor " + std::to_string(t) + (t >= reported_.size() ? " (out of range)" : " twice");
+        misuse_ =
+            "the model reported tensor " + std::to_string(t) + (t >= reported_.size() ? " (out of range)" : " twice");
       }
       return false;
     }

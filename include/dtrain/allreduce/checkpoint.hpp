@@ -55,8 +55,8 @@ inline std::string difference(const checkpoint_identity& file, const checkpoint_
            "-byte values; this trainer runs " + me.updater + " on " + std::to_string(me.value_bytes) + "-byte values";
   }
   if (file.world != me.world) {
-    return "was written by a job of " + std::to_string(file.world) + " ranks; this job has " + std::to_string(me.world) +
-           " (the data shards and the averaging would not carry over)";
+    return "was written by a job of " + std::to_string(file.world) + " ranks; this job has " +
+           std::to_string(me.world) + " (the data shards and the averaging would not carry over)";
   }
   if (file.sizes != me.sizes) {
     return "holds tensors of sizes " + dtrain::detail::list_text(file.sizes) + "; this model's are " +

@@ -105,7 +105,8 @@ inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& c
                                 (static_cast<std::uint64_t>(o.local_sgd_after) << 32);
   const std::uint64_t density = o.compress == compression::topk ? std::bit_cast<std::uint64_t>(o.topk_density) : 0;
   return {static_cast<std::int64_t>(plan.fingerprint()), static_cast<std::int64_t>(plan.tensor_count()),
-          static_cast<std::int64_t>(plan.elements()), static_cast<std::int64_t>(options ^ (density * 0x9e3779b97f4a7c15ull))};
+          static_cast<std::int64_t>(plan.elements()),
+          static_cast<std::int64_t>(options ^ (density * 0x9e3779b97f4a7c15ull))};
 }
 
 /// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the

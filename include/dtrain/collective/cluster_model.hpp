@@ -246,7 +246,8 @@ class cluster_model {
   double longest_path(const std::vector<detail::tree_shape>& tree, int r, double seg, double extra) const {
     double longest = 0;
     for (int c : tree[static_cast<std::size_t>(r)].children) {
-      const double hop = host(c) == host(r) ? c_.alpha_local + seg * c_.beta_local : c_.alpha_cross + seg * c_.beta_cross;
+      const double hop =
+          host(c) == host(r) ? c_.alpha_local + seg * c_.beta_local : c_.alpha_cross + seg * c_.beta_cross;
       longest = std::max(longest, hop + extra + longest_path(tree, c, seg, extra));
     }
     return longest;

@@ -119,7 +119,9 @@ class call_context {
   pending send_control(int peer) {
     return pending{t_.isend(peer, control_tag(), sig_, std::span<const std::byte>{}), peer, 0, true};
   }
-  pending recv_control(int peer) { return pending{t_.irecv(peer, control_tag(), std::span<std::byte>{}), peer, 0, false}; }
+  pending recv_control(int peer) {
+    return pending{t_.irecv(peer, control_tag(), std::span<std::byte>{}), peer, 0, false};
+  }
 
   /// Waits for one operation (every message of it); checks a receive's signature and size.
   /// @throws dtrain::error
@@ -215,8 +217,9 @@ class call_context {
                               " ms waiting for " + peer_name(p.peer) + " (" + what + ")");
     }
     if (ec == errc::peer_lost) {
-      fail(errc::peer_lost, (detail.empty() ? peer_name(p.peer) + " left the group" : std::string("the group lost a rank")) +
-                                " during " + what);
+      fail(errc::peer_lost,
+           (detail.empty() ? peer_name(p.peer) + " left the group" : std::string("the group lost a rank")) +
+               " during " + what);
     }
     fail(ec, what + " failed");  // `error` appends ec.message()
   }

@@ -84,12 +84,14 @@ void double_tree_allreduce(call_context<Transport>& ctx, std::span<T> buf, reduc
   scratch.resize(2 * 2 * window * segs.seg);
   auto slot = [&](int t, std::size_t c, std::size_t k) {
     auto [lo, hi] = segs.range(t, k);
-    return std::span<T>(scratch.data() + ((static_cast<std::size_t>(t) * 2 + c) * window + k % window) * segs.seg, hi - lo);
+    return std::span<T>(scratch.data() + ((static_cast<std::size_t>(t) * 2 + c) * window + k % window) * segs.seg,
+                        hi - lo);
   };
   using pending = typename call_context<Transport>::pending;
   std::array<std::vector<std::vector<pending>>, 2> up;  // [tree][child][segment]
   std::array<std::vector<pending>, 2> down;             // [tree][segment]
-  for (int t = 0; t < 2; ++t) up[static_cast<std::size_t>(t)].resize(trees[static_cast<std::size_t>(t)].children.size());
+  for (int t = 0; t < 2; ++t)
+    up[static_cast<std::size_t>(t)].resize(trees[static_cast<std::size_t>(t)].children.size());
   // Receives are matched in order per peer, so they are posted in the order peers send: step j
   // sends segment j up and then segment j - lag down, both trees in turn.
   auto post = [&](std::size_t j) {

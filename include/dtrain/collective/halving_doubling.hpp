@@ -62,7 +62,9 @@ void exchange_reduce(call_context<Transport>& ctx, int partner, std::span<const 
   }
   const std::size_t slots = std::min(reduce_slots, std::max<std::size_t>(n_in, 1));
   scratch.resize(std::max(scratch.size(), slots * piece));
-  auto slice = [&](auto whole, std::size_t i) { return whole.subspan(i * piece, std::min(piece, whole.size() - i * piece)); };
+  auto slice = [&](auto whole, std::size_t i) {
+    return whole.subspan(i * piece, std::min(piece, whole.size() - i * piece));
+  };
   auto slot = [&](std::size_t i) { return std::span<T>(scratch.data() + (i % slots) * piece, slice(keep, i).size()); };
   using pending = typename call_context<Transport>::pending;
   std::vector<pending> recvs, sends;
@@ -128,7 +130,8 @@ void halving_reduce_scatter(call_context<Transport>& ctx, const fold_shape& f, i
     std::span<const T> from = data;
     if (mask == f.core / 2 && !source.empty()) {
       from = source;
-      std::copy_n(source.begin() + static_cast<std::ptrdiff_t>(keep_at), keep_n, data.begin() + static_cast<std::ptrdiff_t>(keep_at));
+      std::copy_n(source.begin() + static_cast<std::ptrdiff_t>(keep_at), keep_n,
+                  data.begin() + static_cast<std::ptrdiff_t>(keep_at));
     }
     exchange_reduce(ctx, partner, from.subspan(give_at, give_n), data.subspan(keep_at, keep_n), op, reduce, scratch);
     lo = keep_lo;

@@ -54,8 +54,9 @@ class hierarchical_communicator {
 
   /// Collective over `world`: learns which ranks share a host (`discover_hosts`; pass
   /// `host_id` to place ranks on emulated hosts) and builds the three communicators.
-  explicit hierarchical_communicator(group world, communicator_options o = {}, std::string_view host_id = this_host_id(),
-                                     hierarchy when = hierarchy::automatic, two_level_costs costs = {})
+  explicit hierarchical_communicator(group world, communicator_options o = {},
+                                     std::string_view host_id = this_host_id(), hierarchy when = hierarchy::automatic,
+                                     two_level_costs costs = {})
       : hosts_(discover_hosts(world, host_id)),
         flat_(world, o),
         local_(hosts_.local, o),
@@ -148,7 +149,8 @@ class hierarchical_communicator {
     if (me == 0) c[4] = reduce_seconds(large, rounds) / static_cast<double>(large);
     flat_.broadcast(std::span<double>(c), 0);  // rank 0's
     set_costs({c[0], c[1], c[2], c[3], c[4], 0});
-    std::array<double, 1> call{std::max(small_allreduce_seconds(20 * rounds) - model().flat(algorithm::recursive_doubling, 4), 0.0)};
+    std::array<double, 1> call{
+        std::max(small_allreduce_seconds(20 * rounds) - model().flat(algorithm::recursive_doubling, 4), 0.0)};
     flat_.broadcast(std::span<double>(call), 0);
     set_costs({c[0], c[1], c[2], c[3], c[4], call[0]});
     if (hosts_.hosts > 1) {
@@ -200,7 +202,9 @@ class hierarchical_communicator {
     const auto l = static_cast<std::size_t>(hosts_.local_size);
     const std::size_t per_chunk = std::max(l, pipeline_bytes_ / sizeof(T) / l * l);
     const std::size_t chunks = (data.size() + per_chunk - 1) / per_chunk;
-    auto chunk = [&](std::size_t c) { return data.subspan(c * per_chunk, std::min(per_chunk, data.size() - c * per_chunk)); };
+    auto chunk = [&](std::size_t c) {
+      return data.subspan(c * per_chunk, std::min(per_chunk, data.size() - c * per_chunk));
+    };
     auto mine = [&](std::span<T> ch) {
       const std::size_t block = ch.size() / l;
       return ch.subspan(static_cast<std::size_t>(hosts_.local_rank) * block, block);

@@ -119,8 +119,9 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
       }
       const auto bytes = store.get(o.key, d);
       if (bytes.size() != sizeof id) {
-        throw error(errc::protocol_error, "nccl: the unique id under '" + o.key + "' has " + std::to_string(bytes.size()) +
-                                              " bytes, not " + std::to_string(sizeof id));
+        throw error(errc::protocol_error, "nccl: the unique id under '" + o.key + "' has " +
+                                              std::to_string(bytes.size()) + " bytes, not " +
+                                              std::to_string(sizeof id));
       }
       std::memcpy(&id, bytes.data(), sizeof id);
     });
@@ -172,8 +173,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   request iallreduce(device_span<const T> in, device_span<T> out, reduce_op op) {
     same_size(in.size(), out.size(), "allreduce");
     return start("allreduce", [&] {
-      return ncclAllReduce(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), detail::nccl::op_of<T>(op), comm_,
-                           stream());
+      return ncclAllReduce(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), detail::nccl::op_of<T>(op),
+                           comm_, stream());
     });
   }
   template <element T>
@@ -219,8 +220,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   void reduce_scatter(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op) {
     same_size(in.size(), out.size() * static_cast<std::size_t>(size_), "reduce_scatter (input = size() blocks)");
     start("reduce_scatter", [&] {
-      return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl::type_of<T>(), detail::nccl::op_of<T>(op),
-                               comm_, stream());
+      return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl::type_of<T>(),
+                               detail::nccl::op_of<T>(op), comm_, stream());
     }).wait();
   }
   template <element T>
@@ -243,7 +244,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   template <element T>
   void gather(std::type_identity_t<device_span<const T>> in, device_span<T> out, int root) {
     check_root(root, "gather");
-    if (rank_ == root) same_size(in.size() * static_cast<std::size_t>(size_), out.size(), "gather (output = size() blocks)");
+    if (rank_ == root)
+      same_size(in.size() * static_cast<std::size_t>(size_), out.size(), "gather (output = size() blocks)");
     const std::size_t n = in.size();
     start("gather", [&] {
       return grouped([&](int p) -> ncclResult_t {
@@ -255,7 +257,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   template <element T>
   void scatter(std::type_identity_t<device_span<const T>> in, device_span<T> out, int root) {
     check_root(root, "scatter");
-    if (rank_ == root) same_size(in.size(), out.size() * static_cast<std::size_t>(size_), "scatter (input = size() blocks)");
+    if (rank_ == root)
+      same_size(in.size(), out.size() * static_cast<std::size_t>(size_), "scatter (input = size() blocks)");
     const std::size_t n = out.size();
     start("scatter", [&] {
       return grouped([&](int p) -> ncclResult_t {
@@ -347,7 +350,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
     ncclResult_t state = ncclSuccess;
     check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
     if (state != ncclSuccess && state != ncclInProgress) {
-      fail(errc::device_error, what + ": " + detail::nccl::text(state) + " (a peer failed or was lost); communicator aborted");
+      fail(errc::device_error,
+           what + ": " + detail::nccl::text(state) + " (a peer failed or was lost); communicator aborted");
     }
   }
 
@@ -413,7 +417,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   template <class T>
   ncclResult_t recv(device_span<T> b, device_span<const T> self, int peer) {
     if (peer == rank_) {
-      return cudaMemcpyAsync(b.data(), self.data(), self.size_bytes(), cudaMemcpyDeviceToDevice, stream()) == cudaSuccess
+      return cudaMemcpyAsync(b.data(), self.data(), self.size_bytes(), cudaMemcpyDeviceToDevice, stream()) ==
+                     cudaSuccess
                  ? ncclSuccess
                  : ncclUnhandledCudaError;
     }
@@ -452,7 +457,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   template <class Exchange>
   static nccl_communicator form(int rank, int size, const nccl_options& o, Exchange&& exchange) {
     if (size < 1 || rank < 0 || rank >= size) {
-      throw error(errc::invalid_argument, "nccl: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
+      throw error(errc::invalid_argument,
+                  "nccl: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
     }
     const deadline d = deadline::after(o.timeout);
     const int devices = cuda::device_count();

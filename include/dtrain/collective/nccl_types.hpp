@@ -28,7 +28,8 @@ constexpr ncclDataType_t type_of() {
   else if constexpr (std::is_same_v<T, bfloat16>) return ncclBfloat16;
   else if constexpr (std::is_same_v<T, std::int8_t>) return ncclInt8;
   // bool and raw bytes travel as uint8; bool's reductions are mapped onto max and min (op_of).
-  else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, bool> || std::is_same_v<T, std::byte>) return ncclUint8;
+  else if constexpr (std::is_same_v<T, std::uint8_t> || std::is_same_v<T, bool> || std::is_same_v<T, std::byte>)
+    return ncclUint8;
   else static_assert(sizeof(T) == 0, "no NCCL type for this element");
 }
 
@@ -53,7 +54,8 @@ ncclRedOp_t op_of(reduce_op op) {
     case reduce_op::band:
     case reduce_op::bor:
     case reduce_op::bxor:
-      throw error(errc::unsupported, std::string("dtrain: NCCL has no bitwise reduction (") + std::string(reduce_op_name(op)) +
+      throw error(errc::unsupported, std::string("dtrain: NCCL has no bitwise reduction (") +
+                                         std::string(reduce_op_name(op)) +
                                          "); reduce on the host, or use min and max on bools for and and or");
     case reduce_op::custom: break;
   }

@@ -74,8 +74,10 @@ class topk_compressor {
     magnitudes_.clear();
     for (std::size_t i = 0; i < n; i += stride) magnitudes_.push_back(magnitude(residual_[i]));
     const double share = static_cast<double>(k) / static_cast<double>(n);
-    const auto rank = std::min(magnitudes_.size(), static_cast<std::size_t>(1.5 * share * static_cast<double>(magnitudes_.size())) + 8);
-    std::nth_element(magnitudes_.begin(), magnitudes_.begin() + static_cast<std::ptrdiff_t>(rank - 1), magnitudes_.end(), std::greater<T>());
+    const auto rank = std::min(magnitudes_.size(),
+                               static_cast<std::size_t>(1.5 * share * static_cast<double>(magnitudes_.size())) + 8);
+    std::nth_element(magnitudes_.begin(), magnitudes_.begin() + static_cast<std::ptrdiff_t>(rank - 1),
+                     magnitudes_.end(), std::greater<T>());
     T floor = magnitudes_[rank - 1];
     candidates_.clear();
     for (std::size_t i = 0; i < n; ++i) {
@@ -86,7 +88,8 @@ class topk_compressor {
       std::iota(candidates_.begin(), candidates_.end(), std::int32_t{0});
     }
     magnitudes_.resize(candidates_.size());
-    for (std::size_t j = 0; j < candidates_.size(); ++j) magnitudes_[j] = magnitude(residual_[static_cast<std::size_t>(candidates_[j])]);
+    for (std::size_t j = 0; j < candidates_.size(); ++j)
+      magnitudes_[j] = magnitude(residual_[static_cast<std::size_t>(candidates_[j])]);
     std::nth_element(magnitudes_.begin(), magnitudes_.begin() + static_cast<std::ptrdiff_t>(k - 1), magnitudes_.end(),
                      std::greater<T>());
     const T threshold = magnitudes_[k - 1];

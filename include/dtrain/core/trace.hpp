@@ -87,7 +87,8 @@ class recorder {
       return false;
     }
     std::fprintf(f, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_, rank_);
+    std::fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}", rank_,
+                 rank_);
     for (const auto& [tid, name] : thread_names_) {
       std::fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
                    rank_, tid, escaped(name).c_str());

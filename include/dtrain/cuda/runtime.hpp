@@ -20,7 +20,8 @@ namespace dtrain::cuda {
 /// @throws dtrain::error `device_error` naming `what` and CUDA's explanation
 inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
-    throw error(errc::device_error, std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+    throw error(errc::device_error,
+                std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
   }
 }
 

@@ -52,7 +52,8 @@ inline idx_array parse_idx(std::span<const std::uint8_t> bytes, std::size_t dims
   std::size_t count = 1;
   for (std::size_t d = 0; d < dims; ++d) {
     const std::uint8_t* p = bytes.data() + 4 + 4 * d;
-    const std::uint32_t n = (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
+    const std::uint32_t n =
+        (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) | p[3];
     if (n == 0) fail("dimension " + std::to_string(d) + " is zero");
     if (count > (std::size_t{1} << 40) / n) fail("the dimensions describe more than 2^40 values");
     count *= n;

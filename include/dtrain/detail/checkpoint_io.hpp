@@ -165,7 +165,8 @@ inline void write_checkpoint(const std::string& path, byte_writer& w) {
 /// checksum. @throws dtrain::error `bad_data` naming the file when it does not start with `magic`
 /// ("not a dtrain <kind>") or its checksum does not match (corrupt); the system error when it
 /// cannot be read.
-inline std::vector<std::byte> read_checkpoint(const std::string& path, const char (&magic)[8], const std::string& kind) {
+inline std::vector<std::byte> read_checkpoint(const std::string& path, const char (&magic)[8],
+                                              const std::string& kind) {
   std::vector<std::byte> bytes = read_file(path);
   auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
   if (bytes.size() < 16 || std::memcmp(bytes.data(), magic, 8) != 0) throw bad("is not a dtrain " + kind);

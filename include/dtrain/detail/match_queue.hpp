@@ -31,8 +31,8 @@ constexpr bool takes(match_key want, match_key got) noexcept {
 /// `Message` are handles (shared pointers, say); `Keys::of_receive(r)` and `Keys::of_message(m)`
 /// give their keys. Where a receive may be posted in two transports at once (an any-peer
 /// receive of the mixed transport), `Keys::claim(r)` says whether this one may take a message
-/// (and claims it), and `Keys::drop(r)` finishes one the other transport took. Not thread-safe: the transport's lock guards it, and the transport decides
-/// what matching means for its operations' state (this only finds and removes).
+/// (and claims it), and `Keys::drop(r)` finishes one the other transport took. Not thread-safe: the transport's lock
+/// guards it, and the transport decides what matching means for its operations' state (this only finds and removes).
 template <class Receive, class Message, class Keys>
 class match_queue {
  public:

@@ -63,8 +63,9 @@ inline std::string difference(const checkpoint_identity& file, const checkpoint_
   }
   if (file.stages != me.stages || file.sizes != me.sizes) {
     using dtrain::detail::list_text;
-    return "holds stages " + list_text(file.stages) + " with tensors of sizes " + list_text(file.sizes) + "; this rank's are " +
-           list_text(me.stages) + " with " + list_text(me.sizes) + " (a different partition of the model?)";
+    return "holds stages " + list_text(file.stages) + " with tensors of sizes " + list_text(file.sizes) +
+           "; this rank's are " + list_text(me.stages) + " with " + list_text(me.sizes) +
+           " (a different partition of the model?)";
   }
   return {};
 }
@@ -107,7 +108,8 @@ checkpoint_position load_pipeline_checkpoint(const std::string& path, const chec
   auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
   dtrain::detail::byte_reader r(body, "checkpoint " + path);
   if (const auto f = r.get<std::uint32_t>(); f != detail::pipeline_checkpoint_format) {
-    throw bad("has format " + std::to_string(f) + "; this build reads format " + std::to_string(detail::pipeline_checkpoint_format));
+    throw bad("has format " + std::to_string(f) + "; this build reads format " +
+              std::to_string(detail::pipeline_checkpoint_format));
   }
   checkpoint_identity file;
   file.value_bytes = r.get<std::uint32_t>();

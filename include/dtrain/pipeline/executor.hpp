@@ -123,16 +123,18 @@ class executor {
       const hello mine = hello_of(shape, schedule, chunks_[c].input_size());
       const hello& theirs = incoming[c];
       const std::string who = "pipeline: stage " + std::to_string(s) + " (rank " + std::to_string(transport_.rank()) +
-                              ") and stage " + std::to_string(s - 1) + " (rank " + std::to_string(rank_of(shape, s - 1)) + ")";
+                              ") and stage " + std::to_string(s - 1) + " (rank " +
+                              std::to_string(rank_of(shape, s - 1)) + ")";
       if (theirs.ranks != mine.ranks || theirs.chunks != mine.chunks || theirs.micro_batches != mine.micro_batches ||
           std::string_view(theirs.schedule) != std::string_view(mine.schedule)) {
         throw error(errc::invalid_argument, who + " run different schedules: " + describe_hello(mine) + " here, " +
                                                 describe_hello(theirs) + " there");
       }
       if (theirs.elements != mine.elements) {
-        throw error(errc::invalid_argument, who + " disagree on the activation between them: " +
-                                                std::to_string(mine.elements) + " elements expected here, " +
-                                                std::to_string(theirs.elements) + " sent there (different partitions of the model?)");
+        throw error(errc::invalid_argument,
+                    who + " disagree on the activation between them: " + std::to_string(mine.elements) +
+                        " elements expected here, " + std::to_string(theirs.elements) +
+                        " sent there (different partitions of the model?)");
       }
     }
   }
@@ -223,7 +225,9 @@ class executor {
   }
 
   static double seconds_since(clock::time_point t) { return std::chrono::duration<double>(clock::now() - t).count(); }
-  bool holds_last_stage(const pipeline_shape& s) const noexcept { return (s.stages() - 1) % s.ranks == transport_.rank(); }
+  bool holds_last_stage(const pipeline_shape& s) const noexcept {
+    return (s.stages() - 1) % s.ranks == transport_.rank();
+  }
   int stage_of(const pipeline_shape& s, int chunk) const noexcept { return s.stage_of(transport_.rank(), chunk); }
   static int rank_of(const pipeline_shape& s, int stage) noexcept { return stage % s.ranks; }
 
@@ -285,7 +289,8 @@ class executor {
     if (ec || got != want) {
       throw error(errc::collective_mismatch, "pipeline step " + std::to_string(st.step) + ": expected the " +
                                                  describe_message(activation, s, want) + " from " + from +
-                                                 ", got a message with the " + describe_message(activation, static_cast<int>(got.root), got) +
+                                                 ", got a message with the " +
+                                                 describe_message(activation, static_cast<int>(got.root), got) +
                                                  " (do both ranks run the same schedule and partition?)");
     }
     st.receives.erase(it);

@@ -62,7 +62,8 @@ inline partition balanced_partition(std::span<const double> costs, int stages) {
   const std::size_t n = costs.size();
   std::vector<double> prefix(n + 1, 0.0);
   for (std::size_t i = 0; i < n; ++i) {
-    if (!(costs[i] >= 0)) throw error(errc::invalid_argument, "pipeline partition: layer " + std::to_string(i) + " has a negative cost");
+    if (!(costs[i] >= 0))
+      throw error(errc::invalid_argument, "pipeline partition: layer " + std::to_string(i) + " has a negative cost");
     prefix[i + 1] = prefix[i] + costs[i];
   }
   constexpr double inf = std::numeric_limits<double>::infinity();

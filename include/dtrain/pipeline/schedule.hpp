@@ -13,10 +13,10 @@
 /// |---------------------------|----------------------------------|----------------------------------|
 /// | `gpipe`                   | (p - 1) / (m + p - 1)            | m (only inputs with rematerialise)|
 /// | `one_f_one_b`             | (p - 1) / (m + p - 1)            | min(p - r, m)                    |
-/// | `interleaved_one_f_one_b` | (p - 1) / (v m + p - 1)          | min(2 (p - r - 1) + (v - 1) p + 1, v m) chunk activations |
-/// | `pipedream`               | none in steady state (no flush)  | min(p - r, m), plus one weight version each |
-/// with forward and backward of equal cost per stage; `pipeline/simulate.hpp` gives the exact
-/// figures of any schedule and cost ratio.
+/// | `interleaved_one_f_one_b` | (p - 1) / (v m + p - 1)          | min(2 (p - r - 1) + (v - 1) p + 1, v m) chunk
+/// activations | | `pipedream`               | none in steady state (no flush)  | min(p - r, m), plus one weight
+/// version each | with forward and backward of equal cost per stage; `pipeline/simulate.hpp` gives the exact figures of
+/// any schedule and cost ratio.
 
 #include <algorithm>
 #include <string_view>

@@ -80,7 +80,8 @@ class step_simulator {
   }
 
   simulation run() {
-    if (static_cast<int>(plan_.size()) != shape_.ranks) return fail("the plan has " + std::to_string(plan_.size()) + " ranks, the shape " + std::to_string(shape_.ranks));
+    if (static_cast<int>(plan_.size()) != shape_.ranks)
+      return fail("the plan has " + std::to_string(plan_.size()) + " ranks, the shape " + std::to_string(shape_.ranks));
     for (bool progress = true; progress && result_.ok();) {
       progress = false;
       for (std::size_t r = 0; r < plan_.size() && result_.ok(); ++r) {

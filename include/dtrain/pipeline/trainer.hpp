@@ -114,7 +114,8 @@ class trainer {
                                               std::to_string(schedule_.chunks()) + " chunks per rank, given " +
                                               std::to_string(chunks_.size()));
     }
-    if (options_.micro_batches < 1) throw error(errc::invalid_argument, "pipeline::trainer: micro_batches must be >= 1");
+    if (options_.micro_batches < 1)
+      throw error(errc::invalid_argument, "pipeline::trainer: micro_batches must be >= 1");
     std::size_t n = 0;
     for (Stage& s : chunks_) {
       for (std::size_t i = 0; i < s.tensor_count(); ++i) n += s.parameters(i).size();
@@ -137,7 +138,8 @@ class trainer {
   ///   parameters are part-way through a step, and every later `step` throws `errc::broken`.
   ///   Restore from a checkpoint in a new trainer.
   step_result step() {
-    if (broken_) throw error(errc::broken, "pipeline::trainer: an earlier step failed; restore a checkpoint in a new trainer");
+    if (broken_)
+      throw error(errc::broken, "pipeline::trainer: an earlier step failed; restore a checkpoint in a new trainer");
     step_result result;
     step_hooks hooks;
     hooks.optimizer_step = [&](int) { optimizer_step(result); };
@@ -172,7 +174,8 @@ class trainer {
   /// (partition, schedule, rank, updater, micro-batches) or that it is corrupt; nothing is
   /// changed then.
   void load(const std::string& path) {
-    const checkpoint_position at = load_pipeline_checkpoint<value_type>(path, identity(), parameter_spans(), updater_.state());
+    const checkpoint_position at =
+        load_pipeline_checkpoint<value_type>(path, identity(), parameter_spans(), updater_.state());
     step_ = at.steps;
     updates_ = at.updates;
   }
@@ -197,10 +200,16 @@ class trainer {
   }
 
   checkpoint_identity identity() {
-    checkpoint_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
-                           static_cast<std::uint32_t>(sizeof(value_type)), std::string(Schedule::name),
-                           static_cast<std::uint32_t>(shape_.ranks), static_cast<std::uint32_t>(shape_.chunks),
-                           static_cast<std::uint32_t>(shape_.micro_batches), static_cast<std::uint32_t>(pipeline_.rank()), {}, {}};
+    checkpoint_identity id{std::string(Updater::name),
+                           static_cast<std::uint32_t>(Updater::state_slots),
+                           static_cast<std::uint32_t>(sizeof(value_type)),
+                           std::string(Schedule::name),
+                           static_cast<std::uint32_t>(shape_.ranks),
+                           static_cast<std::uint32_t>(shape_.chunks),
+                           static_cast<std::uint32_t>(shape_.micro_batches),
+                           static_cast<std::uint32_t>(pipeline_.rank()),
+                           {},
+                           {}};
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       id.stages.push_back(shape_.stage_of(pipeline_.rank(), static_cast<int>(c)));
       for (std::size_t i = 0; i < chunks_[c].tensor_count(); ++i) id.sizes.push_back(chunks_[c].parameters(i).size());
@@ -256,7 +265,8 @@ class trainer {
   // replica the scaling is done in place: there is nothing to gather into a bucket.
   void average_chunk(std::size_t c) {
     Stage& s = chunks_[c];
-    const value_type scale = per_micro_batch ? value_type(1) : value_type(1) / static_cast<value_type>(shape_.micro_batches);
+    const value_type scale =
+        per_micro_batch ? value_type(1) : value_type(1) / static_cast<value_type>(shape_.micro_batches);
     if (replicas_.size() <= 1) {
       if (scale == value_type(1)) return;
       for (std::size_t i = 0; i < s.tensor_count(); ++i) {

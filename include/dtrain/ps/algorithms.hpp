@@ -156,7 +156,8 @@ class topk_sgd {
   void step(Worker& w, std::span<T> x, Grad&& grad, std::int64_t t) {
     grad(std::span<const T>(x), std::span<T>(g_), t);
     compressor_.compress(g_, indices_, sent_);
-    std::transform(indices_.begin(), indices_.end(), sent_keys_.begin(), [](std::int32_t i) { return static_cast<key_type>(i); });
+    std::transform(indices_.begin(), indices_.end(), sent_keys_.begin(),
+                   [](std::int32_t i) { return static_cast<key_type>(i); });
     auto pushed = w.push(sent_keys_, std::span<const T>(sent_), 1);
     auto clocked = w.clock();
     auto pulled = w.pull(keys_, x, 1);

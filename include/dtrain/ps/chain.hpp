@@ -81,7 +81,8 @@ class chain_layout {
   std::vector<int> members(int shard) const {
     std::vector<int> m;
     for (int p = 0; p < replicas_; ++p) m.push_back((shard + p) % servers_);
-    if (const auto it = joined_.find(shard); it != joined_.end()) m.insert(m.end(), it->second.begin(), it->second.end());
+    if (const auto it = joined_.find(shard); it != joined_.end())
+      m.insert(m.end(), it->second.begin(), it->second.end());
     return m;
   }
 
@@ -141,7 +142,8 @@ class chain_layout {
     const auto m = members(shard);
     const auto it = std::find(m.begin(), m.end(), server);
     if (it == m.end()) return -1;
-    for (auto p = static_cast<std::ptrdiff_t>(it - m.begin()) + step; p >= 0 && p < static_cast<std::ptrdiff_t>(m.size()); p += step) {
+    for (auto p = static_cast<std::ptrdiff_t>(it - m.begin()) + step;
+         p >= 0 && p < static_cast<std::ptrdiff_t>(m.size()); p += step) {
       if (!gone(shard, m[static_cast<std::size_t>(p)])) return m[static_cast<std::size_t>(p)];
     }
     return -1;

@@ -63,7 +63,8 @@ inline std::optional<std::int64_t> latest_common_checkpoint(const std::string& p
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     const std::string suffix = ".dense";
-    if (name.rfind(stem, 0) != 0 || name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
+    if (name.rfind(stem, 0) != 0 || name.size() <= suffix.size() ||
+        name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) {
       continue;
     }
     const auto dot_c = name.find(".c", stem.size());
@@ -150,7 +151,8 @@ shard_state load_checkpoint(const std::string& path, table<T, Updater, Initializ
   auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
   dtrain::detail::byte_reader r(body, "checkpoint " + path);
   if (const auto f = r.get<std::uint32_t>(); f != detail::checkpoint_format) {
-    throw bad("has format " + std::to_string(f) + "; this build reads format " + std::to_string(detail::checkpoint_format));
+    throw bad("has format " + std::to_string(f) + "; this build reads format " +
+              std::to_string(detail::checkpoint_format));
   }
   const auto value_bytes = r.get<std::uint32_t>();
   const auto slots = r.get<std::uint32_t>();

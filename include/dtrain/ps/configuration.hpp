@@ -27,9 +27,14 @@ struct job_configuration {
   /// The words a hello carries: servers, workers, the consistency's name digest, value bytes,
   /// replicas, standby servers, late workers, shards, growing servers.
   std::array<std::uint64_t, 9> words() const noexcept {
-    return {static_cast<std::uint64_t>(group.servers), static_cast<std::uint64_t>(group.workers), name_digest(consistency),
-            value_bytes, static_cast<std::uint64_t>(replicas), static_cast<std::uint64_t>(group.standby),
-            static_cast<std::uint64_t>(group.late_workers), static_cast<std::uint64_t>(group.shard_count()),
+    return {static_cast<std::uint64_t>(group.servers),
+            static_cast<std::uint64_t>(group.workers),
+            name_digest(consistency),
+            value_bytes,
+            static_cast<std::uint64_t>(replicas),
+            static_cast<std::uint64_t>(group.standby),
+            static_cast<std::uint64_t>(group.late_workers),
+            static_cast<std::uint64_t>(group.shard_count()),
             static_cast<std::uint64_t>(group.growing)};
   }
 
@@ -38,8 +43,9 @@ struct job_configuration {
   void check_hello(std::span<const std::uint64_t> got, std::uint32_t worker, int server) const {
     const auto want = words();
     if (got.size() == want.size() && std::equal(got.begin(), got.end(), want.begin())) return;
-    throw error(errc::invalid_argument, "worker " + std::to_string(worker) + " was configured differently from server " +
-                                            std::to_string(server) + " (" + describe() + ")");
+    throw error(errc::invalid_argument, "worker " + std::to_string(worker) +
+                                            " was configured differently from server " + std::to_string(server) + " (" +
+                                            describe() + ")");
   }
 
   /// "2 servers, 3 workers, bsp, 4-byte values, 2 replicas" (and ", 1 standby", ", 1 late",
@@ -50,7 +56,8 @@ struct job_configuration {
            (replicas == 1 ? " replica" : " replicas") +
            (group.standby > 0 ? ", " + std::to_string(group.standby) + " standby" : std::string()) +
            (group.late_workers > 0 ? ", " + std::to_string(group.late_workers) + " late" : std::string()) +
-           (group.shard_count() != group.servers ? ", " + std::to_string(group.shard_count()) + " shards" : std::string()) +
+           (group.shard_count() != group.servers ? ", " + std::to_string(group.shard_count()) + " shards"
+                                                 : std::string()) +
            (group.growing > 0 ? ", " + std::to_string(group.growing) + " growing" : std::string());
   }
 };

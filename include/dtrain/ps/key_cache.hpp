@@ -90,7 +90,8 @@ class kept_key_lists {
   /// Push keys must be sorted and unique; a kept list is checked once, when kept.
   /// @throws dtrain::error `protocol_error` for a slot that does not hold what the request says
   key_list keys_of(const request_header& h, const std::vector<key_type>& request_keys) {
-    const std::string who = std::string(h.what == op::pull ? "pull" : "push") + " from worker " + std::to_string(h.worker);
+    const std::string who =
+        std::string(h.what == op::pull ? "pull" : "push") + " from worker " + std::to_string(h.worker);
     if (h.cache == key_cache::none) {
       if (h.what != op::pull) check_sorted_unique(request_keys, who);
       return {request_keys, nullptr};

@@ -322,7 +322,8 @@ request_view<T> decode_request(std::span<const std::byte> b, int from) {
   if (cache > 2) throw bad("unknown key cache mode " + std::to_string(cache));
   r.header.cache = static_cast<key_cache>(cache);
   r.header.cache_slot = detail::get<std::uint8_t>(b.data() + 7);
-  if (r.header.cache != key_cache::none && !carries_keys(r.header.what)) throw bad("key cache on a request without keys");
+  if (r.header.cache != key_cache::none && !carries_keys(r.header.what))
+    throw bad("key cache on a request without keys");
   const bool cached = r.header.cache == key_cache::use;
   const std::size_t payload = b.size() - header_bytes;
   if (!cached && r.header.keys > payload / 8) {
@@ -333,7 +334,8 @@ request_view<T> decode_request(std::span<const std::byte> b, int from) {
   if (r.values.size() % sizeof(T) != 0) throw bad("values are not whole elements");
   const std::size_t values = r.values.size() / sizeof(T);
   if ((r.header.what == op::push || r.header.what == op::push_pull || r.header.what == op::replicate) &&
-      (r.header.length == 0 ? values != 0 : values % r.header.length != 0 || values / r.header.length != r.header.keys)) {
+      (r.header.length == 0 ? values != 0
+                            : values % r.header.length != 0 || values / r.header.length != r.header.keys)) {
     throw bad(std::to_string(values) + " values for " + std::to_string(r.header.keys) + " keys of length " +
               std::to_string(r.header.length));
   }
@@ -341,7 +343,8 @@ request_view<T> decode_request(std::span<const std::byte> b, int from) {
   if constexpr (std::endian::native == std::endian::little) {
     if (!r.keys.empty()) std::memcpy(r.keys.data(), b.data() + header_bytes, key_bytes);
   } else {
-    for (std::size_t i = 0; i < r.keys.size(); ++i) r.keys[i] = detail::get<std::uint64_t>(b.data() + header_bytes + 8 * i);
+    for (std::size_t i = 0; i < r.keys.size(); ++i)
+      r.keys[i] = detail::get<std::uint64_t>(b.data() + header_bytes + 8 * i);
   }
   return r;
 }

@@ -103,7 +103,8 @@ class push_rounds {
     auto held = [&](const group& g) {
       return std::any_of(g.begin(), g.end(), [&](const pending_push<T>& p) { return p.worker == w && p.id == id; });
     };
-    return held(group_) || std::any_of(by_clock_.begin(), by_clock_.end(), [&](const auto& r) { return held(r.second); });
+    return held(group_) ||
+           std::any_of(by_clock_.begin(), by_clock_.end(), [&](const auto& r) { return held(r.second); });
   }
 
   /// Calls `apply(group, workers, clock)` for every round before `slowest` (the clock every

@@ -94,7 +94,8 @@ class replacements {
 
   /// Whether the standby this server handed its place to is in every chain of `shards` (or is
   /// lost, or did not come within `timeout`), so that this server may go.
-  bool handed_over(const chain_layout& layout, const std::vector<int>& shards, std::chrono::milliseconds timeout) const {
+  bool handed_over(const chain_layout& layout, const std::vector<int>& shards,
+                   std::chrono::milliseconds timeout) const {
     if (handed_to_ < 0 || layout.lost(handed_to_) || clock::now() - handed_at_ > timeout) return true;
     // A standby is never a static member: holding a copy means it joined.
     return std::all_of(shards.begin(), shards.end(), [&](int s) { return layout.position(s, handed_to_) >= 0; });

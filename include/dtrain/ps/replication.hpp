@@ -115,7 +115,8 @@ class shard_chain {
       for (auto& k : o.keys) k = __builtin_bswap64(k);
     }
     const auto* v = reinterpret_cast<const std::byte*>(values.data());
-    if (frame != nullptr && !values.empty() && v >= frame->data() && v + values.size_bytes() <= frame->data() + frame->size()) {
+    if (frame != nullptr && !values.empty() && v >= frame->data() &&
+        v + values.size_bytes() <= frame->data() + frame->size()) {
       o.frame = std::move(*frame);  // the heap block moves with it: `values` still points into it
     } else {
       o.values.assign(values.begin(), values.end());
@@ -218,9 +219,9 @@ class shard_chain {
   /// timeout (naming the tail and the update); empty otherwise.
   std::string overdue() const {
     if (!holding() || clock::now() - last_progress_ <= timeout_) return {};
-    return "ps::server " + std::to_string(me_) + ": server " + std::to_string(layout_->tail(shard_)) + ", the tail of shard " +
-           std::to_string(shard_) + ", has not acknowledged update " + std::to_string(acked_ + 1) + " within " +
-           std::to_string(timeout_.count()) + " ms";
+    return "ps::server " + std::to_string(me_) + ": server " + std::to_string(layout_->tail(shard_)) +
+           ", the tail of shard " + std::to_string(shard_) + ", has not acknowledged update " +
+           std::to_string(acked_ + 1) + " within " + std::to_string(timeout_.count()) + " ms";
   }
 
   // --- every member ---------------------------------------------------------------------------------
@@ -286,8 +287,8 @@ class shard_chain {
           acknowledge(t, h.id);
         }
         if (h.id == applied_ + 1) {  // a repeat (after a loss) is passed on, not applied again
-          apply(h.table, std::span<const key_type>(r.keys), r.typed_values(), static_cast<std::size_t>(h.length), h.basis,
-                (h.flags & ends_version) != 0);
+          apply(h.table, std::span<const key_type>(r.keys), r.typed_values(), static_cast<std::size_t>(h.length),
+                h.basis, (h.flags & ends_version) != 0);
           applied_ = h.id;
           note({h.worker, static_cast<std::uint64_t>(h.clock)});
           ++stats_->applied;
@@ -295,7 +296,8 @@ class shard_chain {
         break;
       }
       case op::replicated:
-        if (h.id > forwarded_) refuse(from, "acknowledged update " + std::to_string(h.id) + " of shard " + std::to_string(shard_));
+        if (h.id > forwarded_)
+          refuse(from, "acknowledged update " + std::to_string(h.id) + " of shard " + std::to_string(shard_));
         if (h.id > acked_) {
           acked_ = h.id;
           last_progress_ = clock::now();
@@ -456,16 +458,16 @@ class shard_chain {
 
   // Sends `o` to `to`: header, keys and values, or (`as_frame`) its frame as it is.
   void start(Transport& t, int to, outgoing& o, bool as_frame = false) {
-    std::array<std::span<const std::byte>, 3> parts{std::span<const std::byte>(o.header), std::as_bytes(std::span(o.keys)),
-                                                    o.value_bytes};
+    std::array<std::span<const std::byte>, 3> parts{std::span<const std::byte>(o.header),
+                                                    std::as_bytes(std::span(o.keys)), o.value_bytes};
     const gather_list list = as_frame && !o.frame.empty() ? gather_list(std::span(parts).last(1)) : gather_list(parts);
     for (const auto& p : list) stats_->bytes += p.size();
     o.handles.push_back(t.isend(to, tag_, signature{}, list));
   }
 
   [[noreturn]] void refuse(int from, const std::string& what) const {
-    throw error(errc::protocol_error, "ps::server " + std::to_string(me_) + ": server " + std::to_string(from) + " " + what +
-                                          " (" + std::to_string(layout_->replicas()) + " replicas on " +
+    throw error(errc::protocol_error, "ps::server " + std::to_string(me_) + ": server " + std::to_string(from) + " " +
+                                          what + " (" + std::to_string(layout_->replicas()) + " replicas on " +
                                           std::to_string(layout_->servers()) + " servers)");
   }
 

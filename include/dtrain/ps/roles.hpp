@@ -38,19 +38,22 @@ struct roles {
   ///   worker that starts with the job, and at least one shard per server, growing ones too
   static roles of(int group_size, int servers, int standby = 0, int late_workers = 0, int shards = 0, int growing = 0) {
     if (servers < 1 || standby < 0 || late_workers < 0 || servers + standby + late_workers >= group_size) {
-      throw error(errc::invalid_argument, "ps::roles: " + std::to_string(servers) + " servers, " + std::to_string(standby) +
-                                              " standby servers and " + std::to_string(late_workers) +
-                                              " late workers in a group of " + std::to_string(group_size) +
+      throw error(errc::invalid_argument, "ps::roles: " + std::to_string(servers) + " servers, " +
+                                              std::to_string(standby) + " standby servers and " +
+                                              std::to_string(late_workers) + " late workers in a group of " +
+                                              std::to_string(group_size) +
                                               "; need at least one server and one worker that starts with the job");
     }
     if (shards != 0 && shards < servers) {
-      throw error(errc::invalid_argument, "ps::roles: " + std::to_string(shards) + " shards on " + std::to_string(servers) +
-                                              " servers; each server heads at least one (DTRAIN_PS_SHARDS >= DTRAIN_PS_SERVERS)");
+      throw error(errc::invalid_argument,
+                  "ps::roles: " + std::to_string(shards) + " shards on " + std::to_string(servers) +
+                      " servers; each server heads at least one (DTRAIN_PS_SHARDS >= DTRAIN_PS_SERVERS)");
     }
     if (growing < 0 || growing > standby || (growing > 0 && shards < servers + growing)) {
-      throw error(errc::invalid_argument, "ps::roles: " + std::to_string(growing) + " growing servers, " + std::to_string(standby) +
-                                              " standby servers and " + std::to_string(shards) + " shards on " +
-                                              std::to_string(servers) + " servers; a growing server is a standby, and "
+      throw error(errc::invalid_argument, "ps::roles: " + std::to_string(growing) + " growing servers, " +
+                                              std::to_string(standby) + " standby servers and " +
+                                              std::to_string(shards) + " shards on " + std::to_string(servers) +
+                                              " servers; a growing server is a standby, and "
                                               "needs a shard to take (DTRAIN_PS_SHARDS >= servers + growing)");
     }
     return {servers, group_size - servers - standby, standby, late_workers, shards == servers ? 0 : shards, growing};
@@ -60,7 +63,8 @@ struct roles {
   /// DTRAIN_PS_GROWING (default 0) and DTRAIN_PS_SHARDS (default: one per server).
   static roles from_environment(int group_size) {
     return of(group_size, count_from("DTRAIN_PS_SERVERS", 1), count_from("DTRAIN_PS_STANDBY", 0),
-              count_from("DTRAIN_PS_LATE_WORKERS", 0), count_from("DTRAIN_PS_SHARDS", 0), count_from("DTRAIN_PS_GROWING", 0));
+              count_from("DTRAIN_PS_LATE_WORKERS", 0), count_from("DTRAIN_PS_SHARDS", 0),
+              count_from("DTRAIN_PS_GROWING", 0));
   }
 
   /// The key ranges the keys are cut into.
@@ -88,7 +92,8 @@ struct roles {
     if (v == nullptr || *v == '\0') return fallback;
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
-    if (*end != '\0' || n < 0 || n > 1 << 20) throw error(errc::invalid_argument, std::string(name) + "=" + v + " is not a count");
+    if (*end != '\0' || n < 0 || n > 1 << 20)
+      throw error(errc::invalid_argument, std::string(name) + "=" + v + " is not a count");
     return static_cast<int>(n);
   }
 };

@@ -64,7 +64,12 @@ class server {
   /// @param t this rank's endpoint; its rank must be a server rank of `r`
   server(Transport t, roles r, Consistency c, Updater u, Initializer init = {}, ps_options o = {},
          apply_mode mode = apply_mode::update)
-      : ctx_(std::move(t), r, std::move(o)), liveness_(r.workers, r.late_workers), consistency_(c), updater_(u), init_(init), mode_(mode) {
+      : ctx_(std::move(t), r, std::move(o)),
+        liveness_(r.workers, r.late_workers),
+        consistency_(c),
+        updater_(u),
+        init_(init),
+        mode_(mode) {
     if (!r.is_server(me())) {
       throw error(errc::invalid_argument, "ps::server on rank " + std::to_string(me()) + ", which is a worker rank");
     }
@@ -107,7 +112,8 @@ class server {
       retry_kept();
       check_liveness(start);
       for (auto& [s, held] : shards_) {
-        if (const std::string late = held.heading() ? held.chain().overdue() : std::string(); !late.empty()) fail(errc::timeout, late);
+        if (const std::string late = held.heading() ? held.chain().overdue() : std::string(); !late.empty())
+          fail(errc::timeout, late);
       }
       if (leaving_.load() && !replacing().handing_over()) membership_.hand_over();
       if (finished()) {
@@ -171,9 +177,10 @@ class server {
   replica& held(int s) {
     const auto it = shards_.find(s);
     if (it != shards_.end()) return it->second;
-    throw error(errc::invalid_argument, "ps::server " + std::to_string(me()) + " holds no copy of shard " + std::to_string(s) +
-                                            (standby() ? " (a standby holds copies only of the shards it joined)" : "") +
-                                            "; held_shards() lists those it holds");
+    throw error(errc::invalid_argument,
+                "ps::server " + std::to_string(me()) + " holds no copy of shard " + std::to_string(s) +
+                    (standby() ? " (a standby holds copies only of the shards it joined)" : "") +
+                    "; held_shards() lists those it holds");
   }
   replacements& replacing() noexcept { return membership_.replacing(); }
 
@@ -192,14 +199,16 @@ class server {
       r = decode_request<T>(bytes, from);
     } catch (const error& e) {
       dtrain::detail::log(dtrain::detail::log_level::warn, e.what());
-      if (!ctx_.group.is_server(from)) ctx_.send_now(from, encode_error(response_header{}, errc::protocol_error, e.what()));
+      if (!ctx_.group.is_server(from))
+        ctx_.send_now(from, encode_error(response_header{}, errc::protocol_error, e.what()));
       return;
     }
     // A state is never kept: what its sender sent before it is older, and waits for it.
     if (r.header.what != op::state && (kept_.holds_from(from) || waits_for_news(from, r.header))) {
       dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": keeping a " +
-                                                                op_name(r.header.what) + " of shard " + std::to_string(r.header.shard) +
-                                                                " from rank " + std::to_string(from) + " until it sees a loss");
+                                                                op_name(r.header.what) + " of shard " +
+                                                                std::to_string(r.header.shard) + " from rank " +
+                                                                std::to_string(from) + " until it sees a loss");
       kept_.keep(from, ctx_.take_message({}));
       return;
     }
@@ -212,12 +221,14 @@ class server {
     response_header reply = ctx_.answer_to(h.what, h.id, h.shard);
     auto refuse = [&](errc code, const std::string& why) { ctx_.send_now(from, encode_error(reply, code, why)); };
     if (static_cast<int>(h.worker) != ctx_.group.worker_of(from)) {
-      return refuse(errc::protocol_error, "rank " + std::to_string(from) + " sent a request as worker " + std::to_string(h.worker));
+      return refuse(errc::protocol_error,
+                    "rank " + std::to_string(from) + " sent a request as worker " + std::to_string(h.worker));
     }
     const auto w = static_cast<std::size_t>(h.worker);
     if (liveness_.absent(w)) liveness_.arrive(w, 0);  // a late worker's first message
     liveness_.heard_from(w);
-    if (liveness_.dead(w)) return refuse(errc::broken, "worker " + std::to_string(w) + " was dropped as dead; restart it");
+    if (liveness_.dead(w))
+      return refuse(errc::broken, "worker " + std::to_string(w) + " was dropped as dead; restart it");
     if (!failure_.empty()) return refuse(errc::peer_lost, failure_);
     if (h.what == op::heartbeat) {
       if ((h.flags & worker_done) == 0) return;
@@ -229,7 +240,8 @@ class server {
     }
     if (h.what == op::hello) {
       try {
-        job_configuration{ctx_.group, Consistency::name, sizeof(T), ctx_.options.replicas}.check_hello(r.keys, h.worker, me());
+        job_configuration{ctx_.group, Consistency::name, sizeof(T), ctx_.options.replicas}.check_hello(r.keys, h.worker,
+                                                                                                       me());
       } catch (const error& e) {
         return refuse(code_of(e), e.what());
       }
@@ -244,8 +256,10 @@ class server {
       return ctx_.send_now(from, moved_reply(ctx_.layout, ctx_.group, reply));
     }
     if (it == shards_.end() || !it->second.heading()) {
-      const int head = h.shard < static_cast<std::uint32_t>(ctx_.layout.shards()) ? ctx_.layout.head(static_cast<int>(h.shard)) : -1;
-      return refuse(errc::invalid_argument, "ps::server " + std::to_string(me()) + " does not head shard " + std::to_string(h.shard) +
+      const int head =
+          h.shard < static_cast<std::uint32_t>(ctx_.layout.shards()) ? ctx_.layout.head(static_cast<int>(h.shard)) : -1;
+      return refuse(errc::invalid_argument, "ps::server " + std::to_string(me()) + " does not head shard " +
+                                                std::to_string(h.shard) +
                                                 (head >= 0 ? " (server " + std::to_string(head) + " does)" : ""));
     }
     if (h.what == op::goodbye) liveness_.finished(w);
@@ -260,26 +274,31 @@ class server {
     if (r.header.what == op::done) return on_server_done();
     const auto it = shards_.find(static_cast<int>(r.header.shard));
     const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
-    if (it == shards_.end() && ctx_.layout.left(static_cast<int>(r.header.shard), me())) return;  // it moved: news of it is moot
-    if (it == shards_.end()) fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
-                                                            " sent a " + what + ", which this server holds no copy of");
+    if (it == shards_.end() && ctx_.layout.left(static_cast<int>(r.header.shard), me()))
+      return;  // it moved: news of it is moot
+    if (it == shards_.end())
+      fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
+                                     " sent a " + what + ", which this server holds no copy of");
     const bool fits = it->second.chain().fits(r.header.what, from) == fit::yes;
     if (!fits && ctx_.layout.gone(static_cast<int>(r.header.shard), from)) {
       // Kept back until news of a loss, and its sender lost since: what it said no longer
       // applies (the chain closed over it, and what it had not passed on is sent again).
-      dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": dropping a " + what +
-                                                                " from server " + std::to_string(from) + ", lost since");
+      dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": dropping a " +
+                                                                what + " from server " + std::to_string(from) +
+                                                                ", lost since");
       return;
     }
     if (!fits) {
-      fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) + " sent a " + what +
-                                     " out of its chain (" + std::to_string(ctx_.layout.replicas()) + " replicas on " +
+      fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
+                                     " sent a " + what + " out of its chain (" +
+                                     std::to_string(ctx_.layout.replicas()) + " replicas on " +
                                      std::to_string(ctx_.group.servers) + " servers)");
     }
     try {
       if (r.header.what == op::join) {
-        dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
-                                                                 " joins shard " + std::to_string(it->first) + "'s chain");
+        dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + ": server " +
+                                                                 std::to_string(from) + " joins shard " +
+                                                                 std::to_string(it->first) + "'s chain");
         it->second.on_join(from);
       } else {
         it->second.on_server_message(from, r);
@@ -299,7 +318,8 @@ class server {
       shards_.erase(held);
     } else if (!replacing().joined(s)) {
       fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
-                                     " sent the state of shard " + std::to_string(s) + ", which this server did not ask to join");
+                                     " sent the state of shard " + std::to_string(s) +
+                                     ", which this server did not ask to join");
     }
     replica& held = shards_.try_emplace(s, ctx_, s, consistency_, updater_, init_, mode_).first->second;
     try {
@@ -308,11 +328,11 @@ class server {
       fail(code_of(e), e.what());
     }
     // The move's progress: which shards are here, how big each was, how many are still to come.
-    dtrain::detail::log(dtrain::detail::log_level::warn,
-                        "ps::server " + std::to_string(me()) + " holds a copy of shard " + std::to_string(s) + " now (version " +
-                            std::to_string(held.updates().version()) + ", " + std::to_string(r.values.size()) +
-                            " bytes of state, " + std::to_string(replacing().still_to_join()) + " more to come, from server " +
-                            std::to_string(from) + ")");
+    dtrain::detail::log(
+        dtrain::detail::log_level::warn,
+        "ps::server " + std::to_string(me()) + " holds a copy of shard " + std::to_string(s) + " now (version " +
+            std::to_string(held.updates().version()) + ", " + std::to_string(r.values.size()) + " bytes of state, " +
+            std::to_string(replacing().still_to_join()) + " more to come, from server " + std::to_string(from) + ")");
   }
 
   // Whether a message must wait for news of a loss this server has not seen yet: a worker's
@@ -323,7 +343,8 @@ class server {
     const auto it = shards_.find(static_cast<int>(h.shard));
     if (it == shards_.end()) return false;
     if (ctx_.group.is_server(from)) return it->second.chain().fits(h.what, from) == fit::later;
-    if (carries_shard(h.what) && membership_.moves_away(it->first)) return true;  // answered `shard_moved` once it is gone
+    if (carries_shard(h.what) && membership_.moves_away(it->first))
+      return true;  // answered `shard_moved` once it is gone
     return carries_shard(h.what) && !it->second.heading() && ctx_.layout.head(static_cast<int>(h.shard)) != me();
   }
 
@@ -349,7 +370,8 @@ class server {
     watches_.resize(static_cast<std::size_t>(ctx_.group.size()));
     for (int s = 0; s < ctx_.group.size(); ++s) {
       if (s != me() && ctx_.group.is_server(s) && !ctx_.layout.lost(s)) {
-        watches_[static_cast<std::size_t>(s)].emplace(ctx_.transport.irecv(s, ctx_.options.tag - 1, std::span<std::byte>{}));
+        watches_[static_cast<std::size_t>(s)].emplace(
+            ctx_.transport.irecv(s, ctx_.options.tag - 1, std::span<std::byte>{}));
       }
     }
   }
@@ -433,8 +455,9 @@ class server {
       for (auto& [s, held] : shards_) {
         const auto& ws = held.workers();
         if (!held.heading() || ws.has_finished(w) || ws.dead(w) || ws.absent(w)) continue;
-        dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + ": shard " + std::to_string(s) +
-                                                                 " lets worker " + std::to_string(w) + " go: its goodbye went to the old head");
+        dtrain::detail::log(dtrain::detail::log_level::warn,
+                            "ps::server " + std::to_string(me()) + ": shard " + std::to_string(s) + " lets worker " +
+                                std::to_string(w) + " go: its goodbye went to the old head");
         held.worker_done(static_cast<std::uint32_t>(w));
       }
     }
@@ -445,7 +468,8 @@ class server {
     while (auto silent = liveness_.overdue(start, ctx_.options.timeout, ctx_.options.heartbeat_timeout)) {
       const std::size_t w = silent->worker;
       const std::string lead = "ps::server " + std::to_string(me()) + ": ";
-      const std::string who = "worker " + std::to_string(w) + " (rank " + std::to_string(ctx_.group.worker_rank(static_cast<int>(w))) + ")";
+      const std::string who =
+          "worker " + std::to_string(w) + " (rank " + std::to_string(ctx_.group.worker_rank(static_cast<int>(w))) + ")";
       const std::string ms = std::to_string(silent->silent_for.count()) + " ms";
       if (silent->never_greeted) fail(errc::timeout, lead + who + " never said hello within " + ms);
       if (ctx_.options.on_dead_worker == dead_worker_policy::abort) {

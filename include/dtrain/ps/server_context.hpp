@@ -35,7 +35,11 @@ struct server_context {
   std::vector<std::byte>* kept_message = nullptr;           // a request handled after it was kept back
 
   server_context(Transport t, roles r, ps_options o)
-      : transport(std::move(t)), group(r), options(std::move(o)), layout(r.servers, options.replicas, r.shard_count()), replies(options.tag) {}
+      : transport(std::move(t)),
+        group(r),
+        options(std::move(o)),
+        layout(r.servers, options.replicas, r.shard_count()),
+        replies(options.tag) {}
 
   int me() const noexcept { return transport.rank(); }
 

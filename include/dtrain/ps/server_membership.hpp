@@ -55,7 +55,8 @@ class server_membership {
   /// This standby takes server `s`'s place in every chain `s` is in: lost, or leaving (it handed
   /// its place over, `hand_over`).
   void take_place_of(int s) {
-    if (replacing_.take_place_of(s, ctx_->layout, [&](int shard) { return shards_->count(shard) != 0; })) return ask_to_join();
+    if (replacing_.take_place_of(s, ctx_->layout, [&](int shard) { return shards_->count(shard) != 0; }))
+      return ask_to_join();
     say(log_level::warn, " cannot take server " + std::to_string(s) + "'s place: it takes server " +
                              std::to_string(replacing_.replacing()) + "'s, or is no standby");
   }
@@ -73,7 +74,8 @@ class server_membership {
 
   /// Whether this server gives up shard `s` once its chain holds everything (`move_shards`).
   bool moves_away(int s) const {
-    if (!ps::moves_away(ctx_->layout, ctx_->group, ctx_->me(), s)) return false;  // first: no lookup unless the job grows
+    if (!ps::moves_away(ctx_->layout, ctx_->group, ctx_->me(), s))
+      return false;  // first: no lookup unless the job grows
     const auto it = shards_->find(s);
     return it != shards_->end() && it->second.heading();
   }
@@ -93,10 +95,12 @@ class server_membership {
       }
       ctx_->layout.leave(s, ctx_->me());
       it->second.abandon([&](int to, op what, std::uint64_t id, int shard) {
-        ctx_->send_now(to, moved_reply(ctx_->layout, ctx_->group, ctx_->answer_to(what, id, static_cast<std::uint32_t>(shard))));
+        ctx_->send_now(
+            to, moved_reply(ctx_->layout, ctx_->group, ctx_->answer_to(what, id, static_cast<std::uint32_t>(shard))));
       });
-      say(log_level::warn, " gives shard " + std::to_string(s) + " (version " + std::to_string(it->second.updates().version()) +
-                               ") to server " + std::to_string(ctx_->group.grows_into(s)) +
+      say(log_level::warn, " gives shard " + std::to_string(s) + " (version " +
+                               std::to_string(it->second.updates().version()) + ") to server " +
+                               std::to_string(ctx_->group.grows_into(s)) +
                                ", which the job grew by; its chain is now " + chain_text(ctx_->layout, s));
       it->second.chain().flush(deadline::after(ctx_->options.timeout));  // its sends hold its buffers
       it = shards_->erase(it);
@@ -122,7 +126,8 @@ class server_membership {
     for (int s : replacing_.to_join(ctx_->layout)) {
       const int head = ctx_->layout.head(s), whose = replacing_.replacing();
       ctx_->template ask_server<T>(head, op::join, static_cast<std::uint32_t>(s));
-      say(log_level::warn, (whose >= 0 ? " takes server " + std::to_string(whose) + "'s place in shard " : " adds capacity: it joins shard ") +
+      say(log_level::warn, (whose >= 0 ? " takes server " + std::to_string(whose) + "'s place in shard "
+                                       : " adds capacity: it joins shard ") +
                                std::to_string(s) + "'s chain (head: server " + std::to_string(head) + ")");
     }
   }

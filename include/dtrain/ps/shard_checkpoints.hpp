@@ -68,7 +68,8 @@ class shard_checkpoints {
     auto s = load_checkpoint(path(at, "sparse"), sparse, shard, shards);
     const auto d = load_checkpoint(path(at, "dense"), dense, shard, shards);
     if (s.version != d.version || s.clocks != d.clocks) {
-      throw error(errc::bad_data, who() + ": the sparse and dense checkpoints at " + prefix_ + " are from different moments");
+      throw error(errc::bad_data,
+                  who() + ": the sparse and dense checkpoints at " + prefix_ + " are from different moments");
     }
     if (s.clocks.size() != workers) {
       throw error(errc::bad_data, who() + ": the checkpoint has " + std::to_string(s.clocks.size()) +

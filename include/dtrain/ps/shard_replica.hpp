@@ -65,7 +65,8 @@ class shard_replica {
         shard_(shard),
         consistency_(c),
         updates_(std::move(u), std::move(init), mode,
-                 shard_chain<Transport, T>(ctx.layout, shard, ctx.me(), ctx.options.tag, ctx.options.timeout, ctx.replication),
+                 shard_chain<Transport, T>(ctx.layout, shard, ctx.me(), ctx.options.tag, ctx.options.timeout,
+                                           ctx.replication),
                  ctx.stats),
         heading_(ctx.layout.head(shard) == ctx.me()),
         workers_(ctx.group.workers, ctx.group.late_workers),
@@ -123,7 +124,9 @@ class shard_replica {
         case op::checkpoint: on_checkpoint(from, h); break;
         case op::goodbye: on_goodbye(from, h); break;
         case op::enter: on_enter(from, h); break;
-        default: throw error(errc::protocol_error, std::string("a worker sent a ") + op_name(h.what) + " to shard " + std::to_string(shard_));
+        default:
+          throw error(errc::protocol_error,
+                      std::string("a worker sent a ") + op_name(h.what) + " to shard " + std::to_string(shard_));
       }
     } catch (const error& e) {
       send(from, encode_error(reply_to(h), code_of(e), e.what()));
@@ -137,7 +140,8 @@ class shard_replica {
   /// tail, or the head's goodbye: it fits the chain (`shard_chain::fits`).
   void on_server_message(int from, const request_view<T>& r) {
     auto apply = [this](table_id which, std::span<const key_type> keys, std::span<const T> values, std::size_t length,
-                        std::uint64_t staleness, bool last) { updates_.apply_copy(which, keys, values, length, staleness, last); };
+                        std::uint64_t staleness,
+                        bool last) { updates_.apply_copy(which, keys, values, length, staleness, last); };
     chain().handle(ctx_->transport, from, r, [this] { return take_message(); }, apply,
                    [this](int to, message m) { ctx_->send_now(to, std::move(m)); }, [this](int to) { send_state(to); });
   }
@@ -152,7 +156,8 @@ class shard_replica {
   /// `from` sent (`payload`) and becomes the chain's tail.
   /// @throws dtrain::error `bad_data` when the state is malformed
   void install(int from, std::span<const std::byte> payload) {
-    const chain_position at = read_shard_state(payload, updates_.sparse(), updates_.dense(), "server " + std::to_string(from));
+    const chain_position at =
+        read_shard_state(payload, updates_.sparse(), updates_.dense(), "server " + std::to_string(from));
     updates_.set_version(at.version);
     heading_ = false;
     chain().joined(ctx_->transport, at.sequence, at.joined, at.rounds, at.last_push);
@@ -196,7 +201,8 @@ class shard_replica {
   // The reply's header; it names the live servers that joined the chain, and notes the worker
   // as one that knows them.
   response_header reply_to(const request_header& h) {
-    response_header r{h.what, 0, h.id, updates_.version(), workers_.slowest(), 0, static_cast<std::uint32_t>(ctx_->me())};
+    response_header r{
+        h.what, 0, h.id, updates_.version(), workers_.slowest(), 0, static_cast<std::uint32_t>(ctx_->me())};
     r.shard = static_cast<std::uint32_t>(shard_);
     std::size_t n = 0;
     for (int s : ctx_->layout.joined(shard_)) {
@@ -325,8 +331,8 @@ class shard_replica {
     response_header reply = reply_to(h);
     reply.version = updates_.version() + 1;
     message m = response_with_room<T>(reply, n);
-    updates_.apply_and_read(ctx_->transport, {h.worker, h.id}, h.table, k.keys, r.typed_values(), std::span<T>(m.values<T>(), n),
-                            h.length, h.basis, k.resolved, take_frame());
+    updates_.apply_and_read(ctx_->transport, {h.worker, h.id}, h.table, k.keys, r.typed_values(),
+                            std::span<T>(m.values<T>(), n), h.length, h.basis, k.resolved, take_frame());
     ++ctx_->stats.pulls;
     ctx_->stats.keys_pulled += k.keys.size();
     send(from, std::move(m));
@@ -336,8 +342,8 @@ class shard_replica {
     const request_header& h = r.header;
     check_push(h, k);
     if (applies_on_arrival()) {  // straight from the request's bytes
-      updates_.apply_single(ctx_->transport, {h.worker, h.id}, h.worker, h.table, k.keys, r.typed_values(), h.length, h.basis,
-                            k.resolved, take_frame());
+      updates_.apply_single(ctx_->transport, {h.worker, h.id}, h.worker, h.table, k.keys, r.typed_values(), h.length,
+                            h.basis, k.resolved, take_frame());
       return;
     }
     pending_push<T> p{h.worker, h.id, h.table, h.length, h.basis, own(r, k), {}};
@@ -373,7 +379,8 @@ class shard_replica {
     if (consistency_.staleness_bound() == 0 && s != worker_clocks::done_clock && checkpoints_.due(s)) save();
     // A soft-sync group waits for s contributions; with fewer workers left, apply what there is.
     const int live = workers_.live();
-    rounds_.complete_group(live == 0 ? 0 : static_cast<std::size_t>(std::max(consistency_.pushes_to_apply(live), 0)), apply);
+    rounds_.complete_group(live == 0 ? 0 : static_cast<std::size_t>(std::max(consistency_.pushes_to_apply(live), 0)),
+                           apply);
     for (auto it = deferred_.begin(); it != deferred_.end();) {
       if (ready(*it)) {
         serve(*it);
@@ -428,8 +435,8 @@ class shard_replica {
 
   // Sends a server joining the chain this shard's state, as of the last update this copy holds.
   void send_state(int to) {
-    const chain_position at{chain().sequence(), updates_.version(), chain().rounds_applied(), ctx_->layout.joined(shard_),
-                            chain().last_pushes()};
+    const chain_position at{chain().sequence(), updates_.version(), chain().rounds_applied(),
+                            ctx_->layout.joined(shard_), chain().last_pushes()};
     chain().send_state(ctx_->transport, to, write_shard_state(at, updates_.sparse(), updates_.dense()));
   }
 

@@ -58,11 +58,13 @@ std::vector<std::byte> write_shard_state(const chain_position& at, Table& sparse
 /// Installs what `write_shard_state` wrote into the empty tables `sparse` and `dense`.
 /// @throws dtrain::error `bad_data` naming `from` when the state is malformed or truncated
 template <class Table>
-chain_position read_shard_state(std::span<const std::byte> bytes, Table& sparse, Table& dense, const std::string& from) {
+chain_position read_shard_state(std::span<const std::byte> bytes, Table& sparse, Table& dense,
+                                const std::string& from) {
   const std::string what = "the state of a shard from " + from;
   dtrain::detail::byte_reader r(bytes, what);
   for (char c : detail::transfer_magic) {
-    if (r.get<std::uint8_t>() != static_cast<std::uint8_t>(c)) throw error(errc::bad_data, what + " does not start with DTRNJOIN");
+    if (r.get<std::uint8_t>() != static_cast<std::uint8_t>(c))
+      throw error(errc::bad_data, what + " does not start with DTRNJOIN");
   }
   chain_position at;
   at.sequence = r.get<std::uint64_t>();
@@ -79,7 +81,8 @@ chain_position read_shard_state(std::span<const std::byte> bytes, Table& sparse,
   }
   read_table(r, sparse, what);
   read_table(r, dense, what);
-  if (r.remaining() >= 8) throw error(errc::bad_data, what + " has " + std::to_string(r.remaining()) + " bytes after its tables");
+  if (r.remaining() >= 8)
+    throw error(errc::bad_data, what + " has " + std::to_string(r.remaining()) + " bytes after its tables");
   return at;
 }
 

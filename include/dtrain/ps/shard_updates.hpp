@@ -30,8 +30,12 @@ class shard_updates {
   using table_type = table<T, Updater, Initializer>;
 
   /// @param stats where staleness is counted (the server's; it outlives this)
-  shard_updates(Updater u, Initializer init, apply_mode mode, shard_chain<Transport, T> replication, server_stats& stats)
-      : sparse_(u, init, mode), dense_(std::move(u), std::move(init), mode), replication_(std::move(replication)), stats_(&stats) {}
+  shard_updates(Updater u, Initializer init, apply_mode mode, shard_chain<Transport, T> replication,
+                server_stats& stats)
+      : sparse_(u, init, mode),
+        dense_(std::move(u), std::move(init), mode),
+        replication_(std::move(replication)),
+        stats_(&stats) {}
 
   table_type& table_of(table_id which) noexcept { return which == table_id::sparse ? sparse_ : dense_; }
   table_type& sparse() noexcept { return sparse_; }
@@ -48,9 +52,9 @@ class shard_updates {
   /// One push that is its own mean (worker `from.worker`'s request `from.id`, or the only push
   /// of a round), straight into its table as one update.
   /// @param frame the received request `values` lie in, if they do (the chain's copy takes it)
-  void apply_single(Transport& t, update_origin from, std::uint32_t worker, table_id which, std::span<const key_type> keys,
-                    std::span<const T> values, std::size_t length, std::uint64_t basis, resolved_keys* resolved = nullptr,
-                    std::vector<std::byte>* frame = nullptr) {
+  void apply_single(Transport& t, update_origin from, std::uint32_t worker, table_id which,
+                    std::span<const key_type> keys, std::span<const T> values, std::size_t length, std::uint64_t basis,
+                    resolved_keys* resolved = nullptr, std::vector<std::byte>* frame = nullptr) {
     const std::uint64_t s = staleness_of(basis);
     stats_->record_staleness(worker, s);
     if (!keys.empty()) {
@@ -96,7 +100,8 @@ class shard_updates {
     const auto means = mean_of(group, scale);
     for (std::size_t i = 0; i < means.size(); ++i) {
       const group_mean<T>& m = means[i];
-      replication_.forward(t, m.which, m.keys, m.values, m.length, info.staleness, from, nullptr, i + 1 == means.size());
+      replication_.forward(t, m.which, m.keys, m.values, m.length, info.staleness, from, nullptr,
+                           i + 1 == means.size());
       table_of(m.which).push(m.keys, m.values, m.length, info);
     }
     applied_as_head();

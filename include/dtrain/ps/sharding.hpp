@@ -144,7 +144,8 @@ struct key_partition {
 namespace detail {
 inline error out_of_order(std::span<const key_type> keys, std::size_t i, const std::string& who) {
   return error(errc::invalid_argument, who + ": keys must be sorted and unique; key " + std::to_string(keys[i]) +
-                                           " at position " + std::to_string(i) + " follows " + std::to_string(keys[i - 1]));
+                                           " at position " + std::to_string(i) + " follows " +
+                                           std::to_string(keys[i - 1]));
 }
 }  // namespace detail
 

@@ -78,7 +78,8 @@ class table {
   void push(std::span<const key_type> keys, std::span<const T> values, std::size_t length, step_info info = {},
             resolved_keys* resolved = nullptr) {
     check_sizes(keys, values.size(), length, "push");
-    for_each_slot(keys, length, resolved, [&](std::size_t i, std::uint32_t s) { apply(s, values.subspan(i * length, length), info); });
+    for_each_slot(keys, length, resolved,
+                  [&](std::size_t i, std::uint32_t s) { apply(s, values.subspan(i * length, length), info); });
     ++pushes_;
   }
 
@@ -132,7 +133,8 @@ class table {
     }
     if (state.size() != values.size() * Updater::state_slots) {
       throw error(errc::bad_data, "ps::table: key " + std::to_string(key) + " has " + std::to_string(state.size()) +
-                                      " state values, expected " + std::to_string(values.size() * Updater::state_slots));
+                                      " state values, expected " +
+                                      std::to_string(values.size() * Updater::state_slots));
     }
     const std::uint32_t s = create(key, values.size(), /*initialise=*/false);
     std::copy(values.begin(), values.end(), values_.begin() + static_cast<std::ptrdiff_t>(offset_[s]));
@@ -158,7 +160,8 @@ class table {
     if (resolved != nullptr && resolved->slots.size() == keys.size()) {
       const std::uint32_t* slots = resolved->slots.data();
       for (std::size_t i = 0; i < keys.size(); ++i) {
-        if (i + prefetch_distance < keys.size()) __builtin_prefetch(values_.data() + offset_[slots[i + prefetch_distance]]);
+        if (i + prefetch_distance < keys.size())
+          __builtin_prefetch(values_.data() + offset_[slots[i + prefetch_distance]]);
         f(i, slots[i]);
       }
       return;
@@ -208,7 +211,8 @@ class table {
 
   std::uint32_t create(key_type key, std::size_t length, bool initialise) {
     const auto s = static_cast<std::uint32_t>(keys_.size());
-    if (s == dtrain::detail::flat_key_map::none) throw error(errc::invalid_argument, "ps::table: more than 2^32 - 1 keys");
+    if (s == dtrain::detail::flat_key_map::none)
+      throw error(errc::invalid_argument, "ps::table: more than 2^32 - 1 keys");
     keys_.push_back(key);
     offset_.push_back(values_.size());
     values_.resize(values_.size() + length);

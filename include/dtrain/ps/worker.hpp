@@ -89,11 +89,13 @@ class worker {
         dense_sharding_(r.shard_count()),
         dense_layout_(o.dense_slice_bytes, sizeof(T)) {
     if (roles_.is_server(transport_.rank())) {
-      throw error(errc::invalid_argument, "ps::worker on rank " + std::to_string(transport_.rank()) + ", a server rank");
+      throw error(errc::invalid_argument,
+                  "ps::worker on rank " + std::to_string(transport_.rank()) + ", a server rank");
     }
     if (sharding_.servers() != roles_.shard_count()) {
-      throw error(errc::invalid_argument, "ps::worker: the sharding cuts the keys into " + std::to_string(sharding_.servers()) +
-                                              " shards but the group has " + std::to_string(roles_.shard_count()) +
+      throw error(errc::invalid_argument, "ps::worker: the sharding cuts the keys into " +
+                                              std::to_string(sharding_.servers()) + " shards but the group has " +
+                                              std::to_string(roles_.shard_count()) +
                                               " (DTRAIN_PS_SHARDS, else one per server)");
     }
     id_ = static_cast<std::uint32_t>(roles_.worker_of(transport_.rank()));
@@ -106,7 +108,8 @@ class worker {
     } catch (const error& e) {
       const std::string missing = requests_.unanswered(hello.ids_);
       throw error(code_of(e), "ps::worker " + std::to_string(id_) + ": joining the servers" +
-                                  (missing.empty() ? "" : " (no answer from server " + missing + ")") + ": " + e.what());
+                                  (missing.empty() ? "" : " (no answer from server " + missing + ")") + ": " +
+                                  e.what());
     }
     // Resumed servers say which clock this worker left off at; all must agree (a server lost
     // before it answered says nothing).
@@ -116,9 +119,10 @@ class worker {
       if (requests_.lost(static_cast<int>(s))) continue;
       if (first == clocks.size()) first = s;
       if (clocks[s] != clocks[first]) {
-        throw error(errc::bad_data, "ps::worker " + std::to_string(id_) + ": the servers resumed from different clocks (server " +
-                                        std::to_string(first) + " at " + std::to_string(clocks[first]) + ", server " +
-                                        std::to_string(s) + " at " + std::to_string(clocks[s]) +
+        throw error(errc::bad_data, "ps::worker " + std::to_string(id_) +
+                                        ": the servers resumed from different clocks (server " + std::to_string(first) +
+                                        " at " + std::to_string(clocks[first]) + ", server " + std::to_string(s) +
+                                        " at " + std::to_string(clocks[s]) +
                                         "); their checkpoints are from different rounds");
       }
     }
@@ -252,9 +256,10 @@ class worker {
   void tell_standbys_done() {
     request_header done{op::heartbeat, table_id::sparse, 0, 0, 0, 0, 0, id_};
     done.flags = worker_done;
-    auto standbys = std::views::iota(0, roles_.standby) | std::views::transform([this](int i) { return roles_.standby_rank(i); });
-    send_notice(transport_, standbys, options_.tag, encode_request<T>(done, std::span<const key_type>{}, std::span<const T>{}),
-                options_.timeout);
+    auto standbys =
+        std::views::iota(0, roles_.standby) | std::views::transform([this](int i) { return roles_.standby_rank(i); });
+    send_notice(transport_, standbys, options_.tag,
+                encode_request<T>(done, std::span<const key_type>{}, std::span<const T>{}), options_.timeout);
   }
 
   // A push (values), pull (out) or push_pull (both) of sorted, unique keys, split by server.
@@ -273,7 +278,8 @@ class worker {
         if (pushes) {
           gathered.resize(positions.size() * length);
           for (std::size_t j = 0; j < positions.size(); ++j) {
-            std::copy_n(values.data() + static_cast<std::size_t>(positions[j]) * length, length, gathered.data() + j * length);
+            std::copy_n(values.data() + static_cast<std::size_t>(positions[j]) * length, length,
+                        gathered.data() + j * length);
           }
         }
       }
@@ -347,14 +353,16 @@ class worker {
     clock_ = requests_.entry_clock();
     request entered = to_every_shard(op::enter);
     wait(entered);
-    dtrain::detail::log(dtrain::detail::log_level::info,
-                        "ps::worker " + std::to_string(id_) + " joins the running job at clock " + std::to_string(clock_));
+    dtrain::detail::log(
+        dtrain::detail::log_level::info,
+        "ps::worker " + std::to_string(id_) + " joins the running job at clock " + std::to_string(clock_));
   }
 
   std::uint64_t send(int shard, op what, table_id which, std::span<const key_type> keys, std::span<const T> values,
                      std::size_t length, const destination* into, std::vector<key_type> own_keys = {},
                      std::vector<T> own_values = {}) {
-    return requests_.send(shard, what, which, keys, values, length, into, clock_, std::move(own_keys), std::move(own_values));
+    return requests_.send(shard, what, which, keys, values, length, into, clock_, std::move(own_keys),
+                          std::move(own_values));
   }
 
   Transport transport_;

@@ -96,7 +96,9 @@ class worker_clocks {
   }
 
   /// The furthest clock any worker reached.
-  std::int64_t fastest() const noexcept { return clocks_.empty() ? 0 : *std::max_element(clocks_.begin(), clocks_.end()); }
+  std::int64_t fastest() const noexcept {
+    return clocks_.empty() ? 0 : *std::max_element(clocks_.begin(), clocks_.end());
+  }
 
   /// A live worker silent for too long: one that never said hello within `hello_timeout` of
   /// `start`, or, once greeted, sent nothing for `heartbeat_timeout`.

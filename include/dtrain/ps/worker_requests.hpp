@@ -129,8 +129,8 @@ class worker_requests {
   // itself keeps), after posting the receive of its reply: its header into the pending entry,
   // its values (a pull of a run of keys) straight into the caller's buffer.
   std::uint64_t send(int shard, op what, table_id which, std::span<const key_type> keys, std::span<const T> values,
-                     std::size_t length, const destination* into, std::int64_t clock, std::vector<key_type> own_keys = {},
-                     std::vector<T> own_values = {}) {
+                     std::size_t length, const destination* into, std::int64_t clock,
+                     std::vector<key_type> own_keys = {}, std::vector<T> own_values = {}) {
     const std::uint64_t id = next_id_++;
     pending& p = pending_[id];
     p.id = id;
@@ -157,7 +157,8 @@ class worker_requests {
     p.header = h;
     p.keys = keys;
     p.values = values;
-    if (carries_keys(what) && which == table_id::sparse && options_.key_cache_lists > 0 && keys.size() >= options_.key_cache_min_keys) {
+    if (carries_keys(what) && which == table_id::sparse && options_.key_cache_lists > 0 &&
+        keys.size() >= options_.key_cache_min_keys) {
       const auto [slot, hit] = key_cache_.slot_for(shard, keys);
       h.cache = hit ? key_cache::use : key_cache::store;
       h.cache_slot = slot;
@@ -191,8 +192,9 @@ class worker_requests {
   int head_of(int shard) const {
     const int h = chains_.head(shard);
     if (h < 0) {
-      throw error(errc::peer_lost, "ps::worker " + std::to_string(id_) + ": every copy of shard " + std::to_string(shard) +
-                                       " is lost (" + std::to_string(options_.replicas) + (options_.replicas == 1 ? " replica)" : " replicas)"));
+      throw error(errc::peer_lost, "ps::worker " + std::to_string(id_) + ": every copy of shard " +
+                                       std::to_string(shard) + " is lost (" + std::to_string(options_.replicas) +
+                                       (options_.replicas == 1 ? " replica)" : " replicas)"));
     }
     return h;
   }
@@ -203,7 +205,8 @@ class worker_requests {
   void lose(int server) {
     if (!chains_.lost(server)) {
       chains_.lose(server);
-      dtrain::detail::log(dtrain::detail::log_level::warn, "ps::worker " + std::to_string(id_) + ": server " + std::to_string(server) +
+      dtrain::detail::log(dtrain::detail::log_level::warn, "ps::worker " + std::to_string(id_) + ": server " +
+                                                               std::to_string(server) +
                                                                " is lost; its shards go to the next copies");
     }
     send_again(server, -1);
@@ -215,8 +218,9 @@ class worker_requests {
   void moved(int server, int shard) {
     if (!chains_.left(shard, server)) {
       chains_.leave(shard, server);
-      dtrain::detail::log(dtrain::detail::log_level::info, "ps::worker " + std::to_string(id_) + ": shard " + std::to_string(shard) +
-                                                               " moved from server " + std::to_string(server) + " to server " +
+      dtrain::detail::log(dtrain::detail::log_level::info, "ps::worker " + std::to_string(id_) + ": shard " +
+                                                               std::to_string(shard) + " moved from server " +
+                                                               std::to_string(server) + " to server " +
                                                                std::to_string(head_of(shard)));
     }
     send_again(server, shard);  // every time: what it answered `shard_moved` since goes too
@@ -261,8 +265,10 @@ class worker_requests {
 
   // Whether `p`'s reply arrived and says its shard moved. @pre answered(p)
   static bool answered_moved(const pending& p) {
-    const std::span<const std::byte> header = came_whole(p) ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
-    return p.answer->info().bytes >= header_bytes && header.size() >= header_bytes && static_cast<std::uint8_t>(header[5]) == shard_moved;
+    const std::span<const std::byte> header =
+        came_whole(p) ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
+    return p.answer->info().bytes >= header_bytes && header.size() >= header_bytes &&
+           static_cast<std::uint8_t>(header[5]) == shard_moved;
   }
 
   // Shard `shard`'s head answered the clock `clock`: its chain holds that round, and the pushes
@@ -294,7 +300,8 @@ class worker_requests {
       }
       if (ec != errc::peer_lost || !fails_over_) {
         throw error(ec, "ps::worker " + std::to_string(id_) + ": waiting for server " + std::to_string(p.server) +
-                            " to answer a " + op_name(p.what) + (p.answer->detail().empty() ? "" : " (" + p.answer->detail() + ")"));
+                            " to answer a " + op_name(p.what) +
+                            (p.answer->detail().empty() ? "" : " (" + p.answer->detail() + ")"));
       }
       lose(p.server);  // sends `p` to its shard's new head
     }
@@ -303,7 +310,8 @@ class worker_requests {
     const std::size_t bytes = p.answer->info().bytes;
     stats_.bytes_in += bytes;
     const bool whole = came_whole(p);
-    const std::span<const std::byte> message = whole ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
+    const std::span<const std::byte> message =
+        whole ? std::span<const std::byte>(p.overflow) : std::span<const std::byte>(p.reply);
     const response_header h = decode_response(message.first(std::min(bytes, message.size())), server);
     const std::span<const std::byte> payload =
         whole ? message.subspan(header_bytes) : std::span<const std::byte>(p.reply_values).first(bytes - header_bytes);
@@ -328,11 +336,13 @@ class worker_requests {
       return true;
     }
     if (p.what == op::clock) forget_committed(p.shard, p.header.clock);
-    if (!p.waited && (p.what == op::push || p.what == op::push_pull)) ++stats_.pushes_acknowledged[static_cast<std::size_t>(p.shard)];
+    if (!p.waited && (p.what == op::push || p.what == op::push_pull))
+      ++stats_.pushes_acknowledged[static_cast<std::size_t>(p.shard)];
     if (!p.into) return true;
     const destination& dst = *p.into;
     if (payload.size() != dst.keys() * dst.length * sizeof(T)) {
-      p.failure = from + " sent " + std::to_string(payload.size()) + " bytes for a pull of " + std::to_string(dst.keys()) + " keys";
+      p.failure = from + " sent " + std::to_string(payload.size()) + " bytes for a pull of " +
+                  std::to_string(dst.keys()) + " keys";
       return true;
     }
     for (std::size_t j = 0; j < dst.positions.size(); ++j) {  // scattered keys; a run is in place

@@ -135,7 +135,8 @@ inline launch_environment detect_launch(const env_lookup& get = [](const char* n
   if (const char* v = first({"SLURM_JOB_ID"}, which)) {
     const char* step = get("SLURM_STEP_ID");
     e.job_id = std::string(v) + "." + (step != nullptr ? step : "0");
-  } else if (const char* j = first({"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID", "TORCHELASTIC_RUN_ID"}, which)) {
+  } else if (const char* j =
+                 first({"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "PMI_JOBID", "TORCHELASTIC_RUN_ID"}, which)) {
     e.job_id = j;
   }
 

@@ -66,7 +66,8 @@ class store_throwing_forms {
   std::vector<std::byte> get(const std::string& key, deadline d) {
     std::error_code ec;
     auto v = self().get(key, d, ec);
-    throw_if(ec, "dtrain: store get '" + key + "'" + (ec == errc::timeout ? ": no rank set it before the deadline" : ""));
+    throw_if(ec,
+             "dtrain: store get '" + key + "'" + (ec == errc::timeout ? ": no rank set it before the deadline" : ""));
     return v;
   }
   std::int64_t add(const std::string& key, std::int64_t delta, deadline d) {

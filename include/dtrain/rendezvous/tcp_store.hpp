@@ -164,10 +164,11 @@ class tcp_store_server {
                               s->value.resize(s->req.what == detail::store_wire::op::set ? s->req.arg : 0);
                               std::array<boost::asio::mutable_buffer, 2> bufs{
                                   boost::asio::buffer(s->key), boost::asio::buffer(s->value)};
-                              boost::asio::async_read(s->socket, bufs, [this, s](boost::system::error_code e2, std::size_t) {
-                                if (e2) return drop(s, "");
-                                serve(s);
-                              });
+                              boost::asio::async_read(s->socket, bufs,
+                                                      [this, s](boost::system::error_code e2, std::size_t) {
+                                                        if (e2) return drop(s, "");
+                                                        serve(s);
+                                                      });
                             });
   }
 
@@ -343,31 +344,32 @@ class tcp_store : public detail::store_throwing_forms<tcp_store> {
     socket_ = detail::tcp::socket(io_);
     detail::tcp::resolver resolver(io_);
     bool finished = false;
-    resolver.async_resolve(host_, std::to_string(port_), [&](boost::system::error_code rec, detail::tcp::resolver::results_type eps) {
-      if (rec) {
-        ec = make_error_code(errc::peer_lost);
-        why = "cannot resolve " + host_ + ": " + rec.message();
-        finished = true;
-        return;
-      }
-      boost::asio::async_connect(socket_, eps, [&](boost::system::error_code cec, const detail::tcp::endpoint&) {
-        if (cec) {
-          ec = make_error_code(errc::peer_lost);
-          why = cec.message();
-          finished = true;
-          return;
-        }
-        detail::tune_socket(socket_, 0);
-        detail::auth::hello mine;
-        mine.who = detail::auth::role::store;
-        detail::handshake::connect(socket_, token_, std::chrono::seconds(10), mine,
-                                   [&](std::error_code hec, std::string text, const detail::auth::hello&) {
-                                     ec = hec;
-                                     why = std::move(text);
-                                     finished = true;
-                                   });
-      });
-    });
+    resolver.async_resolve(
+        host_, std::to_string(port_), [&](boost::system::error_code rec, detail::tcp::resolver::results_type eps) {
+          if (rec) {
+            ec = make_error_code(errc::peer_lost);
+            why = "cannot resolve " + host_ + ": " + rec.message();
+            finished = true;
+            return;
+          }
+          boost::asio::async_connect(socket_, eps, [&](boost::system::error_code cec, const detail::tcp::endpoint&) {
+            if (cec) {
+              ec = make_error_code(errc::peer_lost);
+              why = cec.message();
+              finished = true;
+              return;
+            }
+            detail::tune_socket(socket_, 0);
+            detail::auth::hello mine;
+            mine.who = detail::auth::role::store;
+            detail::handshake::connect(socket_, token_, std::chrono::seconds(10), mine,
+                                       [&](std::error_code hec, std::string text, const detail::auth::hello&) {
+                                         ec = hec;
+                                         why = std::move(text);
+                                         finished = true;
+                                       });
+          });
+        });
     if (!run_until(d, finished)) {
       ec = make_error_code(errc::timeout);
       why = "no answer";

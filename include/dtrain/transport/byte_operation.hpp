@@ -88,7 +88,9 @@ struct byte_match_keys {
   static match_key of_receive(const byte_op_ptr& r) noexcept { return {r->env.peer, r->env.tag}; }
   static match_key of_message(const early_message_ptr& in) noexcept { return {in->peer, in->tag}; }
   static bool claim(const byte_op_ptr& r) noexcept { return !r->claim || !r->claim->exchange(true); }
-  static void drop(const byte_op_ptr& r) { r->complete(make_error_code(errc::cancelled), served_by_the_other_transport); }
+  static void drop(const byte_op_ptr& r) {
+    r->complete(make_error_code(errc::cancelled), served_by_the_other_transport);
+  }
 };
 
 }  // namespace dtrain::detail

@@ -101,7 +101,9 @@ class process_group : public transport_buffer_forms<process_group<World>> {
   ///   then by rank here; empty for `no_group`.
   /// @throws dtrain::error `invalid_argument` for a negative color other than `no_group`;
   ///   `timeout` naming the members that did not take part; the transport's errors.
-  std::optional<process_group> split(int color, int order = 0) { return split(color, order, deadline::after(timeout_)); }
+  std::optional<process_group> split(int color, int order = 0) {
+    return split(color, order, deadline::after(timeout_));
+  }
 
   std::optional<process_group> split(int color, int order, deadline d) {
     if (color < 0 && color != no_group) {
@@ -158,7 +160,8 @@ class process_group : public transport_buffer_forms<process_group<World>> {
     std::vector<request> receives, sends;
     for (int r = 0; r < size(); ++r) {
       if (r == rank_) continue;
-      receives.push_back(this->irecv(r, tag, std::as_writable_bytes(std::span(&all[2 * static_cast<std::size_t>(r)], 2))));
+      receives.push_back(
+          this->irecv(r, tag, std::as_writable_bytes(std::span(&all[2 * static_cast<std::size_t>(r)], 2))));
     }
     for (int r = 0; r < size(); ++r) {
       if (r != rank_) sends.push_back(this->isend(r, tag, signature{}, std::as_bytes(std::span(mine))));

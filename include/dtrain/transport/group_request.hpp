@@ -35,7 +35,8 @@ struct group_layout {
   /// "rank 2 of group 'dp' (world rank 6)"; the world's ranks are just "rank 6".
   std::string describe_rank(int group_rank) const {
     if (key == 0 && name == "world") return "rank " + std::to_string(group_rank);
-    const std::string world = group_rank >= 0 && group_rank < members.size() ? std::to_string(members[group_rank]) : "?";
+    const std::string world =
+        group_rank >= 0 && group_rank < members.size() ? std::to_string(members[group_rank]) : "?";
     return "rank " + std::to_string(group_rank) + " of group '" + name + "' (world rank " + world + ")";
   }
 };
@@ -58,7 +59,8 @@ class group_request {
     envelope e = info();
     if (e.peer == any_peer) e.peer = peer_;
     std::string text = detail::request_error_text(is_send_, e, why);
-    if (layout_) text += " [" + (e.peer == any_peer ? "group '" + layout_->name + "'" : layout_->describe_rank(e.peer)) + "]";
+    if (layout_)
+      text += " [" + (e.peer == any_peer ? "group '" + layout_->name + "'" : layout_->describe_rank(e.peer)) + "]";
     throw error(ec, text);
   }
 

@@ -113,7 +113,8 @@ host_map<World> discover_hosts(process_group<World>& group, std::string_view hos
   const int host = host_of[me], local_rank = local_of[me];
   std::vector<int> cross;
   for (const auto& ranks : on_host) {
-    if (static_cast<std::size_t>(local_rank) < ranks.size()) cross.push_back(ranks[static_cast<std::size_t>(local_rank)]);
+    if (static_cast<std::size_t>(local_rank) < ranks.size())
+      cross.push_back(ranks[static_cast<std::size_t>(local_rank)]);
   }
   const std::string base = group.name() + "/hosts:";
   auto local = group.form(rank_list(on_host[static_cast<std::size_t>(host)]), base + "host" + std::to_string(host));

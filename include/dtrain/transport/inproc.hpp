@@ -174,7 +174,9 @@ class fabric {
   }
 
   // Completion handles wait on the operation's flag: another rank's thread completes it.
-  bool wait(const operation_ptr& op, deadline d, std::chrono::microseconds spin) noexcept { return op->flag.wait(d, spin); }
+  bool wait(const operation_ptr& op, deadline d, std::chrono::microseconds spin) noexcept {
+    return op->flag.wait(d, spin);
+  }
 
   // Rank `self` leaves: everything that needed it fails with peer_lost.
   void leave(int self) noexcept {

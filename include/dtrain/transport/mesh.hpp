@@ -42,7 +42,8 @@ class device_mesh {
   /// Lays `world`'s ranks out on `axes`. Local: no messages (each axis group is formed by name).
   /// @throws dtrain::error `invalid_argument` if the sizes' product is not the world size, an
   ///   axis is smaller than 1, or two axes share a name.
-  device_mesh(process_group<World> world, std::vector<mesh_axis> axes) : world_(std::move(world)), axes_(std::move(axes)) {
+  device_mesh(process_group<World> world, std::vector<mesh_axis> axes)
+      : world_(std::move(world)), axes_(std::move(axes)) {
     long long product = 1;
     for (std::size_t a = 0; a < axes_.size(); ++a) {
       if (axes_[a].size < 1) throw bad("axis '" + axes_[a].name + "' has size " + std::to_string(axes_[a].size));
@@ -52,7 +53,8 @@ class device_mesh {
       product *= axes_[a].size;
     }
     if (product != world_.size()) {
-      throw bad("the axes hold " + std::to_string(product) + " ranks but the group has " + std::to_string(world_.size()));
+      throw bad("the axes hold " + std::to_string(product) + " ranks but the group has " +
+                std::to_string(world_.size()));
     }
     coordinates_ = coordinates_of(world_.rank());
     for (std::size_t a = 0; a < axes_.size(); ++a) groups_.push_back(form_axis_group(a));

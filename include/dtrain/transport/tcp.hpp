@@ -115,8 +115,8 @@ using basic_tcp_request = transport_request<detail::tcp_engine::engine, detail::
 /// connections close, so a rank may exit right after its last collective.
 /// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
 template <class Progress = blocking>
-class basic_tcp_transport
-    : public detail::engine_handle<basic_tcp_transport<Progress>, detail::tcp_engine::engine, basic_tcp_request<Progress>> {
+class basic_tcp_transport : public detail::engine_handle<basic_tcp_transport<Progress>, detail::tcp_engine::engine,
+                                                         basic_tcp_request<Progress>> {
   using handle = detail::engine_handle<basic_tcp_transport, detail::tcp_engine::engine, basic_tcp_request<Progress>>;
 
  public:
@@ -135,8 +135,9 @@ class basic_tcp_transport
                                               std::to_string(size));
     }
     if (options.late_ranks < 0 || options.late_ranks >= size) {
-      throw error(errc::invalid_argument, "dtrain: " + std::to_string(options.late_ranks) + " late ranks in a group of " +
-                                              std::to_string(size) + "; at least one rank must form it");
+      throw error(errc::invalid_argument, "dtrain: " + std::to_string(options.late_ranks) +
+                                              " late ranks in a group of " + std::to_string(size) +
+                                              "; at least one rank must form it");
     }
     const bool late = rank >= size - options.late_ranks;
     const deadline d = deadline::after(options.timeout);
@@ -168,8 +169,8 @@ class basic_tcp_transport
     store.set(epoch_key(options.epoch, "addr/" + std::to_string(rank)),
               as_value(advertise + ":" + std::to_string(port)), d);
     for (int peer = 0; peer < rank; ++peer) {
-      auto where = value_text(
-          get_published_by(store, epoch_key(options.epoch, "addr/" + std::to_string(peer)), "rank " + std::to_string(peer), d));
+      auto where = value_text(get_published_by(store, epoch_key(options.epoch, "addr/" + std::to_string(peer)),
+                                               "rank " + std::to_string(peer), d));
       auto colon = where.rfind(':');
       const auto peer_port = static_cast<std::uint16_t>(std::stoi(where.substr(colon + 1)));
       if (late) {
@@ -248,7 +249,6 @@ class basic_tcp_transport
     }
     return "127.0.0.1";
   }
-
 };
 
 using tcp_transport = basic_tcp_transport<blocking>;

@@ -79,7 +79,8 @@ class lazy_adam : public basic_updater<lazy_adam_rule<T>, T, 3> {
  public:
   static constexpr std::string_view name = "lazy_adam";
   explicit lazy_adam(double lr = 0.001, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8)
-      : basic_updater<lazy_adam_rule<T>, T, 3>(lr, {static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(eps)}) {}
+      : basic_updater<lazy_adam_rule<T>, T, 3>(lr,
+                                               {static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(eps)}) {}
 };
 
 /// AdamW's per-element rule: decoupled decay, then Adam's.

@@ -149,7 +149,8 @@ class connector {
       return "group size " + std::to_string(h.world) + " where this group has " + std::to_string(self().size_);
     }
     if (h.epoch != self().settings_.epoch) {
-      return "epoch " + std::to_string(h.epoch) + " where this group is at epoch " + std::to_string(self().settings_.epoch);
+      return "epoch " + std::to_string(h.epoch) + " where this group is at epoch " +
+             std::to_string(self().settings_.epoch);
     }
     if (h.rank <= self().rank_ || h.rank >= self().size_) {
       return "rank " + std::to_string(h.rank) + " cannot connect to rank " + std::to_string(self().rank_) +
@@ -271,7 +272,8 @@ class connector {
       write = !c->sendq.empty() && !c->writing;
       if (write) c->writing = true;
     }
-    log(log_level::info, "rank " + std::to_string(self().rank_) + ": late rank " + std::to_string(peer) + " joined the group");
+    log(log_level::info,
+        "rank " + std::to_string(self().rank_) + ": late rank " + std::to_string(peer) + " joined the group");
     if (write) self().pump(*c);
     self().accept_cv_.notify_all();
     return true;

@@ -1,8 +1,8 @@
 #pragma once
 // The TCP engine's receiving side: the reader thread's epoll loop, the per-connection state
 // machine (header, payload into a posted receive or an unexpected buffer, discard) that whoever
-// holds a connection's `reading` flag runs, and delivery of a rank's messages to itself. A CRTP part of `engine`, whose state it reaches
-// through `self()`.
+// holds a connection's `reading` flag runs, and delivery of a rank's messages to itself. A CRTP part of `engine`, whose
+// state it reaches through `self()`.
 
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -325,7 +325,8 @@ class receive_path {
 
   // The connection broke mid-frame: whoever waited on this frame fails.
   void fail_reception(connection& c, const std::string& what) {
-    if (op_ptr recv = std::move(c.rx_recv)) recv->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " " + what);
+    if (op_ptr recv = std::move(c.rx_recv))
+      recv->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " " + what);
     if (incoming_ptr in = std::move(c.rx_in)) {
       std::unique_lock lock(self().m_);
       op_ptr claimant = std::move(in->claimed);

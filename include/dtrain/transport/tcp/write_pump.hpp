@@ -79,8 +79,9 @@ class write_pump {
         std::array<std::span<const std::byte>, 1 + max_message_parts> frame{std::span<const std::byte>(op->header)};
         std::ranges::copy(op->data.view(), frame.begin() + 1);
         iovec iov[1 + max_message_parts];
-        const int n = self().remaining_iov(std::span<const std::span<const std::byte>>(frame.data(), 1 + op->data.count()),
-                                    op->written, op->total() - op->written, iov);
+        const int n =
+            self().remaining_iov(std::span<const std::span<const std::byte>>(frame.data(), 1 + op->data.count()),
+                                 op->written, op->total() - op->written, iov);
         msghdr msg{};
         msg.msg_iov = iov;
         msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(n);
