@@ -27,11 +27,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "../collective/api_case.hpp"
 #include "../collective/conformance_case.hpp"
+#include "../collective/float_case.hpp"
 #include "dtrain/transport/mixed.hpp"
 #include "dtrain/transport/shm.hpp"
 #include "dtrain/transport/tcp.hpp"
@@ -76,6 +78,43 @@ bool run_one(Comm& c, const spec& s) {
   return ok;
 }
 
+// Random floats through every reducing collective, form and algorithm (float_case.hpp): each
+// result within the summation bound of the long double sum, allreduce's the same bits on every
+// rank. @returns whether this rank saw every result right.
+template <class Comm>
+bool random_floats(Comm& c, int& cases) {
+  const int p = c.size();
+  bool ok = true;
+  for (coll_op op : {coll_op::reduce, coll_op::allreduce, coll_op::reduce_scatter, coll_op::reduce_scatterv}) {
+    for (algorithm a : all_algorithms) {
+      if (!supports(op, a)) continue;
+      c.algorithms() = selection_table{};
+      c.algorithms().force(op, a);
+      const bool blocks = op != coll_op::reduce && op != coll_op::allreduce;
+      const std::size_t big = blocks ? std::size_t{65536} / static_cast<std::size_t>(p) + 3 : std::size_t{300007};
+      for (std::size_t n : {std::size_t{1}, std::size_t{1000}, big}) {
+        const bool large = n > 1000;  // past the 1 MiB segment: once, sum of floats out of place
+        for (reduce_op rop : {reduce_op::sum, reduce_op::avg}) {
+          for (int form = 0; form < 3 && !(large && (rop != reduce_op::sum || form > 0)); ++form) {
+            const float_case::spec s{op,       a,         p,
+                                     n,        rop,       static_cast<int>(n % static_cast<std::size_t>(p)),
+                                     form == 1, form == 2, n * 131 + static_cast<std::size_t>(p)};
+            std::string first;
+            int bad = float_case::run_rank<float>(s, c.rank(), c, c, first);
+            if (!large) bad += float_case::run_rank<double>(s, c.rank(), c, c, first);
+            if (bad > 0) {
+              std::fprintf(stderr, "WRONG: %s\n", first.c_str());
+              ok = false;
+            }
+            cases += large ? 1 : 2;
+          }
+        }
+      }
+    }
+  }
+  return ok;
+}
+
 template <class Comm>
 int run_conformance(Comm& c) {
   const int p = c.size();
@@ -117,6 +156,7 @@ int run_conformance(Comm& c) {
       }
     }
   }
+  ok = random_floats(c, cases) && ok;
   // Barriers, each algorithm: no rank leaves before every rank has entered. CLOCK_MONOTONIC is
   // one clock for every process of the machine, so entry and exit times compare across ranks.
   for (algorithm a : {algorithm::dissemination, algorithm::binomial_tree}) {
@@ -304,6 +344,37 @@ int api(Comm& c) {
   return verdict[0] == 0 ? 0 : 1;
 }
 
+// DTRAIN_TEST_EXPECT_PATHS=single-copy (with a small DTRAIN_SHM_SINGLE_COPY_BYTES): after a run
+// that passed, every rank (each shares its host in these tests) must have sent small messages
+// through the rings and every large one by single copy, with no fallback it did not ask for.
+// Every rank's verdict counts.
+template <class Comm>
+int check_paths(Comm& c, const std::optional<shm_stats>& s, int status) {
+  const char* expect = std::getenv("DTRAIN_TEST_EXPECT_PATHS");
+  if (expect == nullptr || status != 0) return status;
+  std::int64_t wrong = 0;
+  if (std::string(expect) != "single-copy") {
+    std::fprintf(stderr, "DTRAIN_TEST_EXPECT_PATHS=%s: only single-copy is known\n", expect);
+    wrong = 1;
+  } else if (s) {
+    for (const auto& f : s->fallbacks) {
+      std::fprintf(stderr, "rank %d: a fallback not asked for: %s\n", c.rank(), f.c_str());
+    }
+    std::printf("rank %d sent %llu messages through the rings (%llu large) and %llu by single copy\n", c.rank(),
+                static_cast<unsigned long long>(s->ring_messages), static_cast<unsigned long long>(s->large_ring_messages),
+                static_cast<unsigned long long>(s->single_copy_messages));
+    if (!s->fallbacks.empty() || s->ring_messages == 0 || s->single_copy_messages == 0 || s->large_ring_messages > 0) {
+      wrong = 1;
+    }
+  } else if (c.size() > 1) {
+    std::fprintf(stderr, "rank %d: no shared-memory statistics: it shares its host with no rank\n", c.rank());
+    wrong = 1;
+  }
+  std::vector<std::int64_t> verdict{wrong};
+  c.allreduce(std::span(verdict), reduce_op::sum);
+  return verdict[0] == 0 ? 0 : 1;
+}
+
 template <class Comm>
 int run_mode(const std::string& mode, Comm& c) {
   if (mode == "conformance") return run_conformance(c);
@@ -333,7 +404,8 @@ int main(int argc, char** argv) {
       shm_options so;
       so.timeout = o.timeout;
       communicator<shm_transport> c(shm_transport::from_environment(so), co);
-      return run_mode(mode, c);
+      const int status = run_mode(mode, c);
+      return check_paths(c, c.size() > 1 ? std::optional(c.transport().stats()) : std::nullopt, status);
     }
     if (transport_name() == "mixed") {
       mixed_options mo;
@@ -341,7 +413,8 @@ int main(int argc, char** argv) {
       mo.shm.timeout = o.timeout;
       mo.host_id = "emulated-host-" + std::to_string(env_int("DTRAIN_RANK", 0) % env_int("DTRAIN_TEST_HOSTS", 1));
       communicator<mixed_transport> c(mixed_transport::from_environment(mo), co);
-      return run_mode(mode, c);
+      const int status = run_mode(mode, c);
+      return check_paths(c, c.transport().host_stats(), status);
     }
     communicator<tcp_transport> c(tcp_transport::from_environment(o), co);
     return run_mode(mode, c);

@@ -98,7 +98,8 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
     std::vector<std::string> host(static_cast<std::size_t>(size));
     for (int r = 0; r < size; ++r) {
       if (r == rank || (!alone(r) && options.path != peer_path::tcp)) {
-        host[static_cast<std::size_t>(r)] = value_text(get_published_by(store, host_key(r), "rank " + std::to_string(r), d));
+        host[static_cast<std::size_t>(r)] =
+            value_text(get_published_by(store, host_key(r), "rank " + std::to_string(r), d));
       }
     }
     const std::string& mine = host[static_cast<std::size_t>(rank)];
@@ -109,7 +110,8 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
     int local_rank = 0, local_size = 0;
     auto world = std::make_shared<std::vector<int>>();  // this host's ranks, by local rank
     for (int r = 0; r < size; ++r) {
-      if (host[static_cast<std::size_t>(r)] != mine || options.path == peer_path::tcp || (r != rank && alone(r))) continue;
+      if (host[static_cast<std::size_t>(r)] != mine || options.path == peer_path::tcp || (r != rank && alone(r)))
+        continue;
       if (r == rank) local_rank = local_size;
       t.local_of_[static_cast<std::size_t>(r)] = local_size++;
       world->push_back(r);
@@ -151,6 +153,8 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
 
   /// Whether messages to `peer` (this rank too) go through shared memory.
   bool through_shm(int peer) const noexcept { return local_of_[static_cast<std::size_t>(peer)] >= 0 && shm_; }
+  /// What this rank sent to the ranks of its host, by path; none where it shares its host with none.
+  std::optional<shm_stats> host_stats() const { return shm_ ? std::optional(shm_->stats()) : std::nullopt; }
 
   /// Starts sending to `peer` through the path chosen for it. @pre 0 <= peer < size()
   request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {

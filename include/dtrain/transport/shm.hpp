@@ -39,6 +39,7 @@
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/request.hpp"
 #include "dtrain/transport/shm/engine.hpp"
+#include "dtrain/transport/shm/stats.hpp"
 
 namespace dtrain {
 
@@ -142,8 +143,10 @@ class basic_shm_transport
     h->magic = inbox_header::magic_value;
 
     const auto key = [&](const std::string& k) { return epoch_key(options.epoch, options.group_key + k); };
-    store.set(key(std::to_string(rank)), as_value(own.name() + " " + std::to_string(pid) + " " + std::to_string(ring)), d);
+    store.set(key(std::to_string(rank)), as_value(own.name() + " " + std::to_string(pid) + " " + std::to_string(ring)),
+              d);
     std::vector<segment> inboxes(static_cast<std::size_t>(size));
+    std::vector<std::string> fallbacks;
     std::vector<int> pids(static_cast<std::size_t>(size), 0);
     for (int p = 0; p < size; ++p) {
       if (p == rank) continue;
@@ -166,8 +169,9 @@ class basic_shm_transport
                             can_read_process(their_pid, their->probe_address, inbox_header::magic_value, why);
       ring_at(own.data(), p, ring)->single_copy.store(readable ? 1 : 0);
       if (!readable && options.single_copy_bytes > 0) {
-        detail::log(detail::log_level::warn, name_of(rank) + " cannot read " + name_of(p) + "'s memory (" + why +
-                                                 "): its large messages go through the ring");
+        fallbacks.push_back(name_of(rank) + " cannot read " + name_of(p) + "'s memory (" + why +
+                            "): its large messages go through the ring");
+        detail::log(detail::log_level::warn, fallbacks.back());
       }
       pids[static_cast<std::size_t>(p)] = their_pid;
       inboxes[static_cast<std::size_t>(p)] = std::move(s);
@@ -184,6 +188,7 @@ class basic_shm_transport
     s.ring_bytes = ring;
     s.single_copy_bytes = options.single_copy_bytes;
     s.rank_names = options.rank_names;
+    s.fallbacks = std::move(fallbacks);
     auto e = std::make_shared<engine>(rank, size, s, std::move(own), std::move(inboxes), pids);
     e->start();
     return basic_shm_transport(std::move(e));
@@ -203,6 +208,10 @@ class basic_shm_transport
     return std::move(formed.value);
   }
 
+
+  /// What this rank has sent through the rings and by single copy, and the peers whose large
+  /// messages fall back to the ring because the kernel refused this rank reading their memory.
+  shm_stats stats() const { return this->engine_->stats(); }
 
   /// Writes `bytes` unframed into the ring to `peer`, as a corrupt or hostile peer would: for the
   /// fault tests only. @pre peer != rank(), bytes fit the ring's free room

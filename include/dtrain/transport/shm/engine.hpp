@@ -55,7 +55,8 @@ class engine : protected protocol {
     thread_ = std::thread([this] { progress_thread(); });
   }
 
-  byte_op_ptr send(int peer, std::uint64_t tag, const signature& sig, gather_list parts, frame_kind kind = frame_kind::data) {
+  byte_op_ptr send(int peer, std::uint64_t tag, const signature& sig, gather_list parts,
+                   frame_kind kind = frame_kind::data) {
     auto op = std::make_shared<byte_operation>();
     op->is_send = true;
     op->kind = kind;
@@ -171,6 +172,14 @@ class engine : protected protocol {
     }
   }
 
+  /// What this rank has sent by each path, and where single copy fell back to the ring.
+  shm_stats stats() const {
+    std::lock_guard lock(m_);
+    shm_stats s = sent_;
+    s.fallbacks = settings_.fallbacks;
+    return s;
+  }
+
   /// Why the group failed; empty while it is healthy.
   std::string failure() const {
     std::lock_guard lock(m_);
@@ -222,7 +231,8 @@ class engine : protected protocol {
 
   bool awaiting_reads() const {
     std::lock_guard lock(m_);
-    return failure_.empty() && std::any_of(links_.begin(), links_.end(), [](const link& l) { return !l.awaiting.empty(); });
+    return failure_.empty() &&
+           std::any_of(links_.begin(), links_.end(), [](const link& l) { return !l.awaiting.empty(); });
   }
 
   void sleep_on_bell(std::uint32_t seen, std::chrono::microseconds timeout) noexcept {

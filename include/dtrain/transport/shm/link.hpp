@@ -28,6 +28,7 @@ struct settings {
   std::size_t ring_bytes = std::size_t{256} << 10;
   std::size_t single_copy_bytes = std::size_t{16} << 20;  // messages this large are read in place; 0: never
   std::vector<int> rank_names;  // how ranks are named in messages; empty: as numbered here
+  std::vector<std::string> fallbacks;  // peers this rank may not read though single copy is on, and why
 };
 
 // Bytes copied between publishing a ring's counter: the other side starts on them meanwhile.

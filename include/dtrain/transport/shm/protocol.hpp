@@ -27,6 +27,7 @@
 #include "dtrain/transport/shm/link.hpp"
 #include "dtrain/transport/shm/ring.hpp"
 #include "dtrain/transport/shm/segment.hpp"
+#include "dtrain/transport/shm/stats.hpp"
 
 namespace dtrain::detail::shm {
 
@@ -55,7 +56,8 @@ class protocol {
   ~protocol() = default;
 
   std::string rank_text(int r) const {
-    return "rank " + std::to_string(settings_.rank_names.empty() ? r : settings_.rank_names[static_cast<std::size_t>(r)]);
+    return "rank " +
+           std::to_string(settings_.rank_names.empty() ? r : settings_.rank_names[static_cast<std::size_t>(r)]);
   }
   link& at(int p) noexcept { return links_[static_cast<std::size_t>(p)]; }
   // Whether the peer at the other end of `l` has closed its inbox: it left, cleanly or failed.
@@ -103,9 +105,16 @@ class protocol {
     while (!l.sendq.empty()) {
       byte_operation& op = *l.sendq.front();
       if (op.state == byte_operation::phase::queued) {
-        const bool remote = op.kind == frame_kind::data && l.single_copy && op.data.bytes() >= settings_.single_copy_bytes;
+        const bool remote =
+            op.kind == frame_kind::data && l.single_copy && op.data.bytes() >= settings_.single_copy_bytes;
         if (l.out.room() < frame_header::size + (remote ? remote_descriptor_bytes : 0)) break;  // headers go in whole
         op.state = byte_operation::phase::active;
+        if (op.kind == frame_kind::data) {
+          (remote ? sent_.single_copy_messages : sent_.ring_messages) += 1;
+          (remote ? sent_.single_copy_bytes : sent_.ring_bytes) += op.data.bytes();
+          const bool large = settings_.single_copy_bytes > 0 && op.data.bytes() >= settings_.single_copy_bytes;
+          if (large && !remote) ++sent_.large_ring_messages;
+        }
         frame_header h;
         h.kind = remote ? frame_kind::remote : op.kind;
         h.tag = op.env.tag;
@@ -244,7 +253,8 @@ class protocol {
   void begin_remote(int p, const frame_header& h) {
     link& l = at(p);
     remote_descriptor bytes;
-    if (l.in.ready() < bytes.size()) throw error(errc::protocol_error, "dtrain: " + l.in.name() + " cuts a remote frame short");
+    if (l.in.ready() < bytes.size())
+      throw error(errc::protocol_error, "dtrain: " + l.in.name() + " cuts a remote frame short");
     l.in.take(bytes.data(), bytes.size());
     l.in.publish();
     std::optional<remote_ranges> ranges = decode_remote(bytes, h.length);
@@ -389,6 +399,7 @@ class protocol {
   segment own_;
   inbox_header* self_;
   std::vector<link> links_;  // by rank; this rank's own entry is unused
+  shm_stats sent_;           // what went out by which path
 
   match_queue<byte_op_ptr, early_message_ptr, byte_match_keys> queue_;
   std::string failure_;

@@ -128,7 +128,8 @@ class segment {
 };
 
 /// Sleeps while `*word` holds `seen`, for at most `timeout` (a futex shared between processes).
-inline void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen, std::chrono::microseconds timeout) noexcept {
+inline void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                       std::chrono::microseconds timeout) noexcept {
   const auto us = std::max<std::int64_t>(timeout.count(), 1);
   timespec ts{static_cast<time_t>(us / 1000000), static_cast<long>(us % 1000000) * 1000};
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
@@ -170,7 +171,8 @@ inline bool can_read_process(int pid, std::uint64_t address, std::uint64_t expec
   const int err = read_process(pid, receive_parts(std::as_writable_bytes(std::span(&got, 1))), r);
   if (err != 0) {
     why = std::string("process_vm_readv: ") + std::strerror(err) +
-          (err == EPERM ? " (ptrace is restricted: kernel.yama.ptrace_scope, or a container without CAP_SYS_PTRACE)" : "");
+          (err == EPERM ? " (ptrace is restricted: kernel.yama.ptrace_scope, or a container without CAP_SYS_PTRACE)"
+                        : "");
     return false;
   }
   if (got != expect) why = "process_vm_readv read the wrong bytes (another process under that pid?)";
