@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <mutex>
 #include <functional>
 #include <random>
 #include <string>
@@ -16,6 +17,7 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "conformance_case.hpp"
+#include "float_case.hpp"
 
 using namespace dtrain;
 using namespace dtrain::conformance;
@@ -163,4 +165,48 @@ TEST_CASE("conformance: the automatic choice runs every collective correctly", "
       });
     }
   }
+}
+
+// Small integers sum exactly in any order; random floats do not (float_case.hpp): every reducing
+// collective, algorithm and form, within the summation bound of a long double reference, exactly
+// one binary tree's sum on up to 4 ranks, and allreduce's result the same bits on every rank.
+TEST_CASE("conformance: random floats reduce within the summation bound, the same bits on every rank",
+          "[collective][conformance]") {
+  std::atomic<long> cases{0};
+  for (coll_op op : {coll_op::reduce, coll_op::allreduce, coll_op::reduce_scatter, coll_op::reduce_scatterv}) {
+    for (algorithm a : all_algorithms) {
+      if (!supports(op, a)) continue;
+      for (int p : {1, 2, 3, 4, 5, 7, 8}) {
+        std::atomic<int> wrong{0};
+        std::mutex m;
+        std::string first;
+        run_inproc(p, [&](int r, inproc_transport t) {
+          communicator_options o;
+          o.algorithms.force(op, a);
+          o.timeout = std::chrono::seconds(60);
+          o.segment_bytes = 256;  // n = 1000 crosses many segments
+          communicator<inproc_transport> c(std::move(t), o);
+          std::string mine;
+          int bad = 0;
+          for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+            for (reduce_op rop : {reduce_op::sum, reduce_op::avg}) {
+              for (int form = 0; form < (n == 1000 ? 3 : 2); ++form) {  // out of place, in place, nonblocking
+                const float_case::spec s{op, a, p, n, rop, static_cast<int>(n) % p, form == 1, form == 2,
+                                         n * 131 + static_cast<std::size_t>(p)};
+                bad += float_case::run_rank<float>(s, r, c, c, mine) + float_case::run_rank<double>(s, r, c, c, mine);
+                if (r == 0) cases += 2;
+              }
+            }
+          }
+          wrong += bad;
+          std::lock_guard lock(m);
+          if (first.empty()) first = mine;
+        });
+        INFO(first);
+        REQUIRE(wrong.load() == 0);
+      }
+    }
+  }
+  INFO(cases.load() << " cases");
+  CHECK(cases.load() > 500);
 }

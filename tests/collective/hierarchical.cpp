@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../catch.hpp"
+#include "float_case.hpp"
 #include "conformance_case.hpp"
 #include "dtrain/collective/hierarchical.hpp"
 #include "dtrain/transport/hosts.hpp"
@@ -161,25 +162,28 @@ TEST_CASE("hierarchical allreduce: the model's plan per size, the same on every 
 
 TEST_CASE("hierarchical allreduce: a user's rule on the flat communicator comes before the model", "[collective][hosts]") {
   std::vector<algorithm> flat(4);
+  std::vector<int> two_levels(4, -1);
   run_inproc(4, [&](int r, inproc_transport t) {
     communicator_options o;
     o.algorithms.force(coll_op::allreduce, algorithm::binomial_tree);
     hierarchical_communicator<inproc_transport> c(group(std::move(t)), o, host_of(r, 2));
     const auto plan = c.plan_for(64 << 20);
-    CHECK_FALSE(plan.two_levels);
+    two_levels[static_cast<std::size_t>(r)] = plan.two_levels;
     flat[static_cast<std::size_t>(r)] = plan.flat;
   });
+  CHECK(two_levels == std::vector<int>(4, 0));
   for (algorithm a : flat) CHECK(a == algorithm::automatic);  // the table (and its rule) decides
 }
 
 TEST_CASE("hierarchical allreduce: calibrate() measures positive constants and every rank gets rank 0's",
           "[collective][hosts]") {
-  std::vector<two_level_costs> got(4);
+  std::vector<two_level_costs> got(4), kept(4);
   run_inproc(4, [&](int r, inproc_transport t) {
     hierarchical_communicator<inproc_transport> c(group(std::move(t)), {}, host_of(r, 2));
     got[static_cast<std::size_t>(r)] = c.calibrate(std::size_t{1} << 16, 2);
-    CHECK(c.costs().alpha_cross == got[static_cast<std::size_t>(r)].alpha_cross);
+    kept[static_cast<std::size_t>(r)] = c.costs();
   });
+  for (int r = 0; r < 4; ++r) CHECK(kept[static_cast<std::size_t>(r)].alpha_cross == got[static_cast<std::size_t>(r)].alpha_cross);
   for (const auto& k : got) {
     CHECK(k.alpha_local > 0);
     CHECK(k.alpha_cross > 0);
@@ -193,5 +197,41 @@ TEST_CASE("hierarchical allreduce: calibrate() measures positive constants and e
     CHECK(k.beta_cross == got[0].beta_cross);
     CHECK(k.gamma == got[0].gamma);
     CHECK(k.call == got[0].call);
+  }
+}
+
+// As conformance.cpp's random floats, through both levels with every algorithm across hosts.
+TEST_CASE("hierarchical allreduce: random floats within the summation bound, the same bits on every rank",
+          "[collective][hosts]") {
+  for (int per_host : {2, 3}) {
+    for (int p = 2; p <= 9; ++p) {
+      for (algorithm across : {algorithm::ring, algorithm::halving_doubling, algorithm::recursive_doubling,
+                               algorithm::binomial_tree, algorithm::double_binary_tree}) {
+        std::atomic<int> wrong{0};
+        std::string first;
+        std::mutex m;
+        run_inproc(p, [&](int r, inproc_transport t) {
+          communicator_options o;
+          o.segment_bytes = 512;
+          o.algorithms.force(coll_op::allreduce, across);  // across hosts (and the flat tail)
+          hierarchical_communicator<inproc_transport> c(group(std::move(t)), o,
+                                                        "emulated-host-" + std::to_string(r / per_host), hierarchy::always);
+          c.set_pipeline_bytes(p % 2 == 0 ? 1024 : std::size_t{4} << 20);
+          std::string mine;
+          int bad = 0;
+          for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
+            for (reduce_op rop : {reduce_op::sum, reduce_op::avg}) {
+              const float_case::spec s{coll_op::allreduce, across, p, n, rop, 0, n % 2 == 0, false, n + 7};
+              bad += float_case::run_rank<float>(s, r, c, c.flat(), mine) + float_case::run_rank<double>(s, r, c, c.flat(), mine);
+            }
+          }
+          wrong += bad;
+          std::lock_guard lock(m);
+          if (first.empty()) first = mine;
+        });
+        INFO(per_host << " per host: " << first);
+        REQUIRE(wrong.load() == 0);
+      }
+    }
   }
 }
