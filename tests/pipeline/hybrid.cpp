@@ -31,18 +31,30 @@ void check_hybrid(const Schedule& schedule, int dp, int pp, int tpn, int m) {
   std::atomic<int> wrong{0}, ran{0};
   std::string first;
   std::mutex mu;
+  std::vector<testing::hybrid_result> got(static_cast<std::size_t>(dp * pp * tpn));  // [(d * pp + s) * tpn + t]
   run_inproc(dp * pp * tpn, [&](int, inproc_transport t) {
     device_mesh<inproc_transport> mesh(group(std::move(t)), {{"dp", dp}, {"pp", pp}, {"tp", tpn}});
-    const std::string mine = testing::hybrid_case(mesh, schedule, dp, pp, tpn, m);
+    testing::hybrid_result mine = testing::hybrid_case(mesh, schedule, dp, pp, tpn, m);
     ++ran;
-    if (mine.empty()) return;
-    ++wrong;
-    std::lock_guard lock(mu);
-    if (first.empty()) first = mine;
+    if (!mine.first.empty()) {
+      ++wrong;
+      std::lock_guard lock(mu);
+      if (first.empty()) first = mine.first;
+    }
+    got[static_cast<std::size_t>((mesh.coordinate("dp") * pp + mesh.coordinate("pp")) * tpn + mesh.coordinate("tp"))] = std::move(mine);
   });
   INFO(Schedule::name << " dp " << dp << " pp " << pp << " tp " << tpn << " m " << m << ": " << first);
   CHECK(wrong.load() == 0);
   CHECK(ran.load() == dp * pp * tpn);
+  // Bit for bit: each rank against replica 0's rank at its {pp, tp}, and its whole fc2 biases
+  // against tp rank 0's of its pipeline rank.
+  const auto n = static_cast<std::size_t>(pp * tpn), tps = static_cast<std::size_t>(tpn);
+  for (const auto& g : got) REQUIRE((!g.bits.empty() && !g.whole.empty()));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("replica " << i / n << ", pipeline rank " << i % n / tps << ", tp rank " << i % tps);
+    CHECK(got[i].bits == got[i % n].bits);
+    CHECK(got[i].whole == got[i - i % tps].whole);
+  }
 }
 
 }  // namespace

@@ -68,11 +68,17 @@ inline std::vector<double> slice_of_tensor(const std::vector<double>& whole, int
   return out;
 }
 
+/// What a rank of a hybrid case ends with.
+struct hybrid_result {
+  std::string first;             // "" if every slice matches the serial run, else the first that does not
+  std::vector<std::byte> bits;   // every parameter, raw: the same on every replica
+  std::vector<std::byte> whole;  // the fc2 biases (whole on every rank), raw: the same on every tp rank too
+};
+
 /// Trains this rank's part of a {dp, pp, tp} mesh under `schedule` for 3 steps of `m`
-/// micro-batches; @returns "" if every parameter slice matches the serial run, else the first
-/// that does not.
+/// micro-batches and compares its slices with the serial run.
 template <class World, class Schedule>
-std::string hybrid_case(device_mesh<World>& mesh, const Schedule& schedule, int dp, int pp, int tpn, int m) {
+hybrid_result hybrid_case(device_mesh<World>& mesh, const Schedule& schedule, int dp, int pp, int tpn, int m) {
   namespace tp = dtrain::tensor_parallel;
   using group = process_group<World>;
   using tp_comm = communicator<group>;
@@ -92,6 +98,7 @@ std::string hybrid_case(device_mesh<World>& mesh, const Schedule& schedule, int 
   pipeline::trainer<group, Schedule, adam<double>, tp_mlp_stage<tp_comm>, tp_comm> trainer(
       mesh.group("pp"), std::move(chunks), adam<double>(0.01), schedule, o, tp_comm(mesh.group("dp")));
   for (int i = 0; i < steps; ++i) trainer.step();
+  hybrid_result result;
   for (int c = 0; c < v; ++c) {
     const int s = c * pp + stage_rank;
     auto& stage = trainer.chunks()[c];
@@ -99,13 +106,15 @@ std::string hybrid_case(device_mesh<World>& mesh, const Schedule& schedule, int 
       const int b = bounds[s] + static_cast<int>(i / 4);
       const auto expect = slice_of_tensor(want[4 * static_cast<std::size_t>(b) + i % 4], b, static_cast<int>(i % 4),
                                           mesh.coordinate("tp"), tpn);
+      append_bytes(stage, i, result.bits);
+      if (i % 4 == 3) append_bytes(stage, i, result.whole);
       const auto got = stage.parameters(i);
       bool same = got.size() == expect.size();
       for (std::size_t k = 0; same && k < got.size(); ++k) same = std::abs(got[k] - expect[k]) <= 1e-12 * std::max(1.0, std::abs(expect[k]));
-      if (!same) return std::string(Schedule::name) + ": block " + std::to_string(b) + " tensor " + std::to_string(i % 4);
+      if (!same && result.first.empty()) result.first = std::string(Schedule::name) + ": block " + std::to_string(b) + " tensor " + std::to_string(i % 4);
     }
   }
-  return {};
+  return result;
 }
 
 }  // namespace dtrain::testing

@@ -20,6 +20,7 @@ struct case_result {
   int wrong = 0;        // parameters that differ from the reference
   std::string first;    // the first of them, described
   int peak_live = 0;    // the executor's peak over the steps
+  std::vector<std::byte> bits;  // every chunk's parameters, raw: replicas must hold the same
 };
 
 /// Trains this rank's chunks (`pipeline` is the pipeline group; `replicas` averages over the
@@ -53,6 +54,7 @@ case_result run_pipeline_case(Transport pipeline, const Schedule& schedule, cons
   for (int c = 0; c < v; ++c) {
     const int s = c * p + r;
     const std::vector<double> got = flat_parameters(t.chunks()[c]);
+    for (std::size_t i = 0; i < t.chunks()[c].tensor_count(); ++i) append_bytes(t.chunks()[c], i, result.bits);
     for (std::size_t i = 0; i < got.size(); ++i) {
       const double tolerance = dp > 1 ? 1e-12 * std::max(1.0, std::abs(want[s][i])) : 0.0;
       if (std::abs(got[i] - want[s][i]) <= tolerance) continue;

@@ -30,6 +30,14 @@ std::vector<typename Stage::value_type> flat_parameters(Stage& s) {
   return out;
 }
 
+/// Tensor i of a stage's parameters as raw bytes, appended to `out`: replicas compare these, so
+/// that -0.0 against 0.0 or two NaNs differ as they would in a checkpoint.
+template <class Stage>
+void append_bytes(Stage& s, std::size_t i, std::vector<std::byte>& out) {
+  const auto b = std::as_bytes(s.parameters(i));
+  out.insert(out.end(), b.begin(), b.end());
+}
+
 template <class Stage>
 void set_flat_parameters(Stage& s, const std::vector<typename Stage::value_type>& from) {
   std::size_t at = 0;

@@ -7,8 +7,11 @@
 // Exit status: 0 every rank correct, 1 some rank saw a wrong parameter (every rank's verdict is
 // summed across the world, so every rank exits 1), 3 a dtrain::error (printed).
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/group.hpp"
@@ -25,6 +28,24 @@ using group = process_group<tcp_transport>;
 namespace {
 
 int cases = 0;
+
+// Whether every rank of `g` holds the same `bits` (each rank's parameters, raw; the same size on
+// every rank): all of them gathered, every rank comparing. Collective over `g`.
+bool same_on_every_rank(const group& g, const std::vector<std::byte>& bits, const char* what) {
+  const std::size_t n = bits.size();
+  if (n == 0) {
+    std::fprintf(stderr, "WRONG (%s): nothing to compare\n", what);
+    return false;
+  }
+  std::vector<std::byte> all(n * static_cast<std::size_t>(g.size()));
+  communicator<group>(g).allgather<std::byte>(bits, all);
+  for (int r = 0; r < g.size(); ++r) {
+    if (std::equal(bits.begin(), bits.end(), all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * n))) continue;
+    std::fprintf(stderr, "WRONG (%s): rank %d of its group holds other bits than this rank\n", what, r);
+    return false;
+  }
+  return true;
+}
 
 int count(const testing::case_result& r, const char* what) {
   ++cases;
@@ -48,10 +69,10 @@ int replicated_pipelines(group& world) {
   device_mesh<tcp_transport> mesh(world, {{"dp", 2}, {"pp", world.size() / 2}});
   int wrong = 0;
   for (int m : {1, 3, 8}) {
-    communicator<group> replicas(mesh.group("dp"));
-    wrong += count(testing::run_pipeline_case(mesh.group("pp"), pipeline::one_f_one_b{}, adam<double>(0.01), m, 2,
-                                              std::move(replicas), mesh.coordinate("dp")),
-                   "2 replicas of 1f1b");
+    const testing::case_result r = testing::run_pipeline_case(mesh.group("pp"), pipeline::one_f_one_b{}, adam<double>(0.01), m, 2,
+                                                              communicator<group>(mesh.group("dp")), mesh.coordinate("dp"));
+    wrong += count(r, "2 replicas of 1f1b");
+    wrong += !same_on_every_rank(mesh.group("dp"), r.bits, "2 replicas of 1f1b, replicas' bits");
   }
   return wrong;
 }
@@ -64,11 +85,12 @@ int tensor_parallel_pipelines(group& world) {
   int wrong = 0;
   for (int m : {1, 4}) {
     ++cases;
-    const std::string first = testing::hybrid_case(mesh, pipeline::one_f_one_b{}, 1, 2, 2, m);
-    if (!first.empty()) {
-      std::fprintf(stderr, "WRONG (pp 2 x tp 2, m %d): %s\n", m, first.c_str());
+    const testing::hybrid_result r = testing::hybrid_case(mesh, pipeline::one_f_one_b{}, 1, 2, 2, m);
+    if (!r.first.empty()) {
+      std::fprintf(stderr, "WRONG (pp 2 x tp 2, m %d): %s\n", m, r.first.c_str());
       ++wrong;
     }
+    wrong += !same_on_every_rank(mesh.group("tp"), r.whole, "pp 2 x tp 2, fc2 biases' bits");
   }
   return wrong;
 }
