@@ -5,8 +5,15 @@
 
 #include <signal.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <map>
+#include <set>
+#include <sstream>
 #include <tuple>
 #include <string>
 #include <utility>
@@ -145,16 +152,13 @@ TEST_CASE("ps faults: a job that grew by a server, SIGKILLed mid-job and restart
 
 namespace {
 
-// Every line of `text` that `format` ("acknowledged %d %llu") reads, as (shard, count).
-std::vector<std::pair<int, unsigned long long>> counts_in(const std::string& text, const char* format) {
-  std::vector<std::pair<int, unsigned long long>> found;
-  for (std::size_t at = 0; at < text.size(); at = text.find('\n', at) + 1) {
-    int shard = 0;
-    unsigned long long n = 0;
-    if (std::sscanf(text.c_str() + at, format, &shard, &n) == 2) found.emplace_back(shard, n);
-    if (text.find('\n', at) == std::string::npos) break;
+// Where the exact modes' workers write their push logs (one test process runs one job at a time).
+std::string push_log_prefix() { return "/tmp/dtrain_ps_pushes_" + std::to_string(::getpid()); }
+
+void remove_push_logs(int workers) {
+  for (int w = 0; w < workers; ++w) {
+    for (const char* what : {".w", ".done"}) std::remove((push_log_prefix() + what + std::to_string(w)).c_str());
   }
-  return found;
 }
 
 // A job of 3 servers (k copies of each shard) and 2 workers in which server `killed` is
@@ -184,7 +188,9 @@ struct failover_case {
 
 group_run failover_run(const failover_case& c) {
   const auto [mode, replicas, killed, leaves, standby, killed_later, late, shards, growing, killed_later_ms] = c;
-  return run_ps(standby ? 6 : 5, mode, [=](int) {
+  // Under ASP the workers log every push for check_exactly_once's reference (the exact mode).
+  if (mode == "asp") remove_push_logs(2);
+  return run_ps(standby ? 6 : 5, mode == "asp" ? "asp-exact" : mode, [=](int) {
     std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas),
                                  "DTRAIN_TEST_TIMEOUT_MS=10000", "DTRAIN_PS_STANDBY=" + std::to_string(standby ? 1 : 0),
                                  "DTRAIN_TEST_KILL_LATER_RANK=" + std::to_string(killed_later)};
@@ -208,36 +214,109 @@ group_run failover_run(const failover_case& c) {
                                                                   late ? "DTRAIN_TEST_STEPS=140"
                                                                   : killed_later >= 0 ? "DTRAIN_TEST_STEPS=100"
                                                                                       : "DTRAIN_TEST_STEPS=60"}
-                                       : std::vector<const char*>{"DTRAIN_TEST_STEPS=4000"}) {
+                                       : std::vector<const char*>{"DTRAIN_TEST_STEPS=4000", "DTRAIN_TEST_N_PUSH=2"}) {
       env.emplace_back(e);
     }
+    if (mode == "asp") env.push_back("DTRAIN_TEST_PUSH_LOG=" + push_log_prefix());
     return env;
   });
 }
 
-// The pushes every worker saw acknowledged by each of `shards` shards, against the updates each
-// shard's copies applied (as every surviving server saw them): fewer would be a lost push, more
-// one applied twice.
-void check_exactly_once(const group_run& g, int killed, int shards) {
-  std::map<int, unsigned long long> acknowledged;
-  for (int w : {3, 4}) {
-    for (auto [shard, n] : counts_in(g.ranks[static_cast<std::size_t>(w)].output, "acknowledged %d %llu")) acknowledged[shard] += n;
+// What the exact modes' workers logged (ps_worker.cpp's push_log): each push's values, each
+// step's begin and end, and the final pull.
+struct push_record {
+  std::map<std::pair<int, int>, std::vector<float>> pushes;      // by (worker, step)
+  std::vector<std::map<int, std::pair<long long, long long>>> steps;  // [worker][step] = {begin, end} ns
+  std::vector<std::vector<float>> finals;                        // each worker's final pull
+};
+
+push_record read_push_logs(int workers) {
+  push_record r;
+  r.steps.resize(static_cast<std::size_t>(workers));
+  for (int w = 0; w < workers; ++w) {
+    std::ifstream in(push_log_prefix() + ".w" + std::to_string(w));
+    INFO("worker " << w << "'s push log");
+    REQUIRE(in);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream l(line);
+      std::string kind;
+      l >> kind;
+      if (kind == "step") {
+        int it = 0;
+        long long began = 0, ended = 0;
+        l >> it >> began >> ended;
+        r.steps[static_cast<std::size_t>(w)][it] = {began, ended};
+        continue;
+      }
+      int who = 0, it = 0;
+      l >> who;
+      if (kind == "push") l >> it;
+      std::vector<float> values;
+      for (std::string v; l >> v;) values.push_back(std::strtof(v.c_str(), nullptr));
+      if (kind == "final") {
+        r.finals.push_back(values);
+      } else {
+        CHECK(r.pushes.emplace(std::pair(who, it), values).second);  // each push once in the logs
+      }
+    }
   }
-  REQUIRE(acknowledged.size() == static_cast<std::size_t>(shards));
-  std::map<int, std::vector<unsigned long long>> versions;
-  for (int s = 0; s < static_cast<int>(g.ranks.size()); ++s) {  // workers print no shard versions
-    if (s == killed) continue;
-    for (auto [shard, v] : counts_in(g.ranks[static_cast<std::size_t>(s)].output, "shard %d version %llu")) versions[shard].push_back(v);
+  return r;
+}
+
+// Every push applied exactly once, against a reference the servers did not compute: the exact
+// modes' servers run SGD (lr 2^-5) from x0 = 0 on pushes that are multiples of 2^-12, so every
+// float sum is exact and the parameters are -lr * (the sum of every push the workers logged), in
+// whatever order the servers applied them. Each worker's final pull, made once every worker's
+// pushes were acknowledged, must hold exactly that: a push lost or applied twice moves it by at
+// least 2^-17.
+void check_exactly_once(int workers) {
+  const push_record r = read_push_logs(workers);
+  REQUIRE(r.finals.size() == static_cast<std::size_t>(workers));
+  std::vector<long long> units(r.finals[0].size(), 0);  // the sum of the pushes, in units of 2^-12
+  for (const auto& [id, values] : r.pushes) {
+    REQUIRE(values.size() == units.size());
+    for (std::size_t j = 0; j < units.size(); ++j) {
+      const double u = std::ldexp(static_cast<double>(values[j]), 12);
+      REQUIRE(u == std::nearbyint(u));
+      units[j] += static_cast<long long>(u);
+    }
   }
-  int pushed_to = 0;
-  for (const auto& [shard, pushes] : acknowledged) {
-    INFO("shard " << shard);
-    pushed_to += pushes > 0;
-    if (pushes == 0) continue;
-    REQUIRE(!versions[shard].empty());
-    for (auto v : versions[shard]) CHECK(v == pushes);
+  std::vector<float> expected(units.size());
+  for (std::size_t j = 0; j < units.size(); ++j) expected[j] = static_cast<float>(-std::ldexp(static_cast<double>(units[j]), -17));
+  INFO(r.pushes.size() << " pushes logged");
+  CHECK(r.pushes.size() > 100);
+  for (std::size_t w = 0; w < r.finals.size(); ++w) {
+    INFO("worker " << w << "'s final pull");
+    CHECK(r.finals[w] == expected);
   }
-  CHECK(pushed_to >= 2);
+}
+
+// SSP(S)'s bound, from the workers' own step times on one clock (CLOCK_MONOTONIC): a worker's
+// step `it` returns only after every other worker still in the job has begun its step it - S.
+// A worker that had not entered yet or had ended has no such step and is not waited for. The
+// lead (it, less the newest step the other had begun) must also reach S somewhere: else the run
+// never pressed on the bound, and a job without one would pass as well.
+void check_staleness_bound(const push_record& r, int bound) {
+  int violations = 0, lead = 0;
+  std::string first;
+  for (std::size_t w = 0; w < r.steps.size(); ++w) {
+    for (const auto& [it, times] : r.steps[w]) {
+      for (std::size_t v = 0; v < r.steps.size(); ++v) {
+        if (v == w) continue;
+        auto behind = r.steps[v].find(it - bound);
+        if (behind == r.steps[v].end()) continue;
+        if (behind->second.first >= times.second && violations++ == 0) {
+          first = "worker " + std::to_string(w) + " ended step " + std::to_string(it) + " before worker " +
+                  std::to_string(v) + " began step " + std::to_string(it - bound);
+        }
+        while (std::next(behind) != r.steps[v].end() && std::next(behind)->second.first < times.second) ++behind;
+        lead = std::max(lead, it - behind->first);
+      }
+    }
+  }
+  INFO(first);
+  CHECK(violations == 0);
+  CHECK(lead == bound);
 }
 
 void check_survivors(const group_run& g, int killed, int killed_later = -1) {
@@ -272,7 +351,7 @@ TEST_CASE("ps fail-over: a server SIGKILLed under ASP, every acknowledged push a
   auto g = failover_run({.mode = "asp", .replicas = replicas, .killed = killed});
   INFO(replicas << " replicas, server " << killed << " killed\n" << dump(g));
   check_survivors(g, killed);
-  check_exactly_once(g, killed, 3);
+  check_exactly_once(2);
   CHECK(has(g.ranks[static_cast<std::size_t>(killed + 1) % 3].output, "heads shard " + std::to_string(killed) + " now"));
 }
 
@@ -284,7 +363,7 @@ TEST_CASE("ps fail-over: with more shards than servers (7 on 3), a server SIGKIL
   INFO(mode << "\n" << dump(g));
   check_survivors(g, 0);
   for (int shard : {0, 3, 6}) CHECK(has(g.ranks[1].output, "heads shard " + std::to_string(shard) + " now"));
-  if (mode == "asp") return check_exactly_once(g, 0, 7);
+  if (mode == "asp") return check_exactly_once(2);
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
   }
@@ -385,7 +464,7 @@ TEST_CASE("ps membership: a server added to the running job takes its share of t
     CHECK(has(g.ranks[static_cast<std::size_t>(heir[i])].output, "heads shard " + std::to_string(shard) + " now"));
   }
   check_k_copies(g, 8, replicas);
-  if (mode == "asp") return check_exactly_once(g, -1, 8);
+  if (mode == "asp") return check_exactly_once(2);
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
   }
@@ -409,7 +488,7 @@ TEST_CASE("ps membership: a server added to the running job while another is SIG
   check_survivors(g, 0);
   for (int shard : {3, 7, 0}) CHECK(has(g.ranks[5].output, "holds a copy of shard " + std::to_string(shard) + " now"));
   check_k_copies(g, 8, 0);
-  if (mode == "asp") return check_exactly_once(g, 0, 8);
+  if (mode == "asp") return check_exactly_once(2);
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
   }
@@ -481,11 +560,18 @@ TEST_CASE("ps membership: a worker that joins the running job under ASP or SSP (
           "every push applied once", "[ps][faults][membership]") {
   // 2 servers, 3 workers; worker 2 is a process that joins the group 300 ms in, while the
   // others are mid-run (1000 steps, 1 ms apart). Under SSP(2) it enters at a clock past every
-  // round in progress; the others then stay within 2 clocks of it.
+  // round in progress; the others then stay within 2 clocks of it. Every push is applied once
+  // (check_exactly_once's reference, from the workers' logs) and, under SSP, the bound holds by
+  // the workers' own step times.
   const std::string mode = GENERATE("asp", "ssp");
-  auto g = run_ps(5, mode, [](int) {
+  remove_push_logs(3);
+  auto g = run_ps(5, mode + "-exact", [&](int) {
     return std::vector<std::string>{"DTRAIN_PS_SERVERS=2", "DTRAIN_PS_LATE_WORKERS=1", "DTRAIN_LATE_RANKS=1",
-                                    "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1"};
+                                    "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1",
+                                    // under SSP worker 0 is slower, so the others press on the bound
+                                    mode == "ssp" ? "DTRAIN_TEST_SLOW_WORKER=0" : "DTRAIN_TEST_SLOW_WORKER=-1",
+                                    "DTRAIN_TEST_N_PUSH=" + std::string(mode == "asp" ? "2" : "1"),
+                                    "DTRAIN_TEST_PUSH_LOG=" + push_log_prefix()};
   });
   INFO(mode);
   INFO(dump(g));
@@ -503,15 +589,9 @@ TEST_CASE("ps membership: a worker that joins the running job under ASP or SSP (
   CHECK(at(4, "began") >= 300);
   CHECK(at(4, "began") < at(2, "ended"));
   CHECK(at(4, "began") < at(3, "ended"));
-  std::map<int, unsigned long long> acknowledged;
-  for (int w : {2, 3, 4}) {
-    for (auto [shard, n] : counts_in(g.ranks[static_cast<std::size_t>(w)].output, "acknowledged %d %llu")) acknowledged[shard] += n;
-  }
-  for (int s : {0, 1}) {
-    const auto versions = counts_in(g.ranks[static_cast<std::size_t>(s)].output, "shard %d version %llu");
-    REQUIRE(versions.size() == 1);
-    CHECK(versions[0].second == acknowledged[s]);
-  }
+  check_exactly_once(3);
+  if (mode == "ssp") check_staleness_bound(read_push_logs(3), 2);
+  remove_push_logs(3);
 }
 
 TEST_CASE("ps membership: a worker that joins the running job under BSP enters at a round every shard agrees on, bit for "
@@ -598,22 +678,25 @@ TEST_CASE("ps membership: a worker that joins the running job while a server is 
   const int kill_ms = GENERATE(250, 400);
   const std::string entered = "/tmp/dtrain_ps_join_kill_" + std::to_string(::getpid());
   std::remove(entered.c_str());
-  auto g = run_ps(5, mode, [&](int) {
+  remove_push_logs(2);
+  auto g = run_ps(5, mode == "asp" ? "asp-exact" : mode, [&](int) {
     std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=2", "DTRAIN_PS_LATE_WORKERS=1",
                                  "DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_KILL_LATER_RANK=0",
                                  "DTRAIN_TEST_KILL_LATER_MS=" + std::to_string(kill_ms), "DTRAIN_TEST_TIMEOUT_MS=10000",
                                  "DTRAIN_TEST_JOIN_FILE=" + entered};
     for (const char* e : mode == "bsp" ? std::vector<const char*>{"DTRAIN_TEST_STEPS=60", "DTRAIN_TEST_SLOW_MS=10"}
-                                       : std::vector<const char*>{"DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1"}) {
+                                       : std::vector<const char*>{"DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1",
+                                                                  "DTRAIN_TEST_N_PUSH=2"}) {
       env.emplace_back(e);
     }
+    env.push_back("DTRAIN_TEST_PUSH_LOG=" + push_log_prefix());
     return env;
   });
   std::remove(entered.c_str());
   INFO(mode << ", server 0 killed at " << kill_ms << " ms\n" << dump(g));
   check_survivors(g, 0);
   CHECK(entered_at(g.ranks[4].output) > 0);
-  if (mode == "asp") return check_exactly_once(g, 0, 3);
+  if (mode == "asp") return check_exactly_once(2);
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
   }

@@ -5,6 +5,13 @@
 //                        serial simulation, prints "ps bsp: ... match" and exits 1 if they differ
 //   ps_worker asp        Downpour under ASP; each worker checks its final loss
 //   ps_worker ssp        stale synchronous SGD under SSP(2); each worker checks its final loss
+//   ps_worker asp-exact  Downpour under ASP with SGD on the servers and gradients that are
+//   ps_worker ssp-exact  multiples of 2^-12 (lr 2^-5), so that every sum is exact in float and the
+//                        final parameters are x0 - lr * (the sum of every push), in any order. With
+//                        DTRAIN_TEST_PUSH_LOG=prefix each worker writes to prefix.w<w> every step's
+//                        begin and end (CLOCK_MONOTONIC ns), every push it made (worker, step and
+//                        values), and its final pull, which it makes once every worker has written
+//                        prefix.done<w>: the test computes the reference from these (faults.cpp).
 //
 // Fault hooks (environment): DTRAIN_TEST_KILL_RANK=k and DTRAIN_TEST_KILL_STEP=s make rank k
 // SIGKILL itself at step s (a server counts its requests instead); DTRAIN_TEST_POLICY=drop keeps
@@ -34,10 +41,13 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -112,8 +122,74 @@ void maybe_die(int rank, int step) {
   }
 }
 
+// The exact modes' record of one worker (see the top of this file); a no-op without
+// DTRAIN_TEST_PUSH_LOG. Gradients become multiples of 2^-12, and pushes mirror Downpour's rule
+// (push the sum of the last n_push gradients when (t + 1) % n_push == 0) with the same float sums.
+class push_log {
+ public:
+  push_log(bool exact, int worker, int n_push) : worker_(worker), n_push_(n_push), last_(dim), pending_(dim, 0.0f) {
+    const char* prefix = std::getenv("DTRAIN_TEST_PUSH_LOG");
+    if (!exact || prefix == nullptr) return;
+    prefix_ = prefix;
+    file_ = std::fopen((prefix_ + ".w" + std::to_string(worker)).c_str(), "w");
+  }
+  push_log(const push_log&) = delete;
+  push_log& operator=(const push_log&) = delete;
+  ~push_log() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+
+  static long long now() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  void gradient(std::span<float> g) {
+    if (file_ == nullptr) return;
+    for (float& v : g) v = std::ldexp(std::nearbyint(std::ldexp(v, 12)), -12);
+    std::copy(g.begin(), g.end(), last_.begin());
+  }
+  void stepped(int it, long long began) {
+    if (file_ == nullptr) return;
+    std::fprintf(file_, "step %d %lld %lld\n", it, began, now());
+    for (std::size_t j = 0; j < dim; ++j) pending_[j] += last_[j];
+    if ((it + 1) % n_push_ == 0) {
+      std::fprintf(file_, "push %d %d", worker_, it);
+      for (float v : pending_) std::fprintf(file_, " %a", static_cast<double>(v));
+      std::fputc('\n', file_);
+      std::fill(pending_.begin(), pending_.end(), 0.0f);
+    }
+    std::fflush(file_);  // kept if this process is killed next
+  }
+  // Says this worker's pushes are done and waits until every worker's are: the final pull then
+  // sees all of them.
+  bool all_done(int workers) const {
+    if (file_ == nullptr) return true;
+    std::fclose(std::fopen((prefix_ + ".done" + std::to_string(worker_)).c_str(), "w"));
+    for (int k = 0; k < workers; ++k) {
+      const std::string done = prefix_ + ".done" + std::to_string(k);
+      for (int ms = 0; ::access(done.c_str(), F_OK) != 0; ms += 5) {
+        if (ms > 60000) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    }
+    return true;
+  }
+  void final_pull(std::span<const float> x) {
+    if (file_ == nullptr) return;
+    std::fprintf(file_, "final %d", worker_);
+    for (float v : x) std::fprintf(file_, " %a", static_cast<double>(v));
+    std::fputc('\n', file_);
+    std::fflush(file_);
+  }
+
+ private:
+  int worker_, n_push_;
+  std::string prefix_;
+  std::FILE* file_ = nullptr;
+  std::vector<float> last_, pending_;
+};
+
 template <class Consistency, class Updater, class Algorithm>
-int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
+int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool exact = false) {
   const int rank = t.rank();
   const roles r = roles::from_environment(t.size());
   trainer<tcp_transport, Consistency, Updater, Algorithm> job(std::move(t), std::move(u), std::move(a), r, options());
@@ -178,16 +254,27 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp) {
   }
   const int leaver = env_int("DTRAIN_TEST_LEAVE_WORKER", -1), leave_after = env_int("DTRAIN_TEST_LEAVE_AFTER", steps);
   if (w == leaver) steps = leave_after;
+  push_log log(exact, w, env_int("DTRAIN_TEST_N_PUSH", 1));
   for (int it = static_cast<int>(job.first_step()); it < steps; ++it) {
     maybe_die(rank, it);
-    job.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) { p.grad(xs, g, tt); }, it);
+    const long long began = log.now();
+    job.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) {
+      p.grad(xs, g, tt);
+      log.gradient(g);
+    }, it);
+    log.stepped(it, began);  // step returns once its push is acknowledged
     const int slow_worker = env_int("DTRAIN_TEST_SLOW_WORKER", -1);  // -1: every worker
     if (env_int("DTRAIN_TEST_SLOW_MS", 0) > 0 && (slow_worker < 0 || slow_worker == w)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_SLOW_MS", 0)));
     }
   }
   std::printf("worker %d ended at %lld ms\n", w, ms_since_start());
+  if (!log.all_done(r.workers)) {
+    std::printf("worker %d: not every worker finished its steps within 60 s\n", w);
+    return 4;
+  }
   job.end(std::span(x));
+  log.final_pull(x);
   const auto& acknowledged = job.worker_endpoint().stats().pushes_acknowledged;
   for (std::size_t s = 0; s < acknowledged.size(); ++s) {
     std::printf("acknowledged %zu %llu\n", s, static_cast<unsigned long long>(acknowledged[s]));
@@ -251,6 +338,12 @@ int main(int argc, char** argv) {
     if (mode == "bsp") return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 30), true);
     if (mode == "asp") return run<asp>(std::move(t), adagrad<float>(0.2), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150), false);
     if (mode == "ssp") return run<ssp<2>>(std::move(t), adagrad<float>(0.2), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 150), false);
+    if (mode == "asp-exact") {
+      return run<asp>(std::move(t), sgd<float>(0.03125f), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150), false, true);
+    }
+    if (mode == "ssp-exact") {
+      return run<ssp<2>>(std::move(t), sgd<float>(0.03125f), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 150), false, true);
+    }
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   } catch (const dtrain::error& e) {

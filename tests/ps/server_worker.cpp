@@ -309,7 +309,8 @@ TEST_CASE("dense tensors are sliced across servers and come back whole", "[ps]")
   ps_options o = quick();
   o.dense_slice_bytes = slice_bytes;
   o.posted_requests = posted;
-  std::vector<float> back;
+  std::vector<std::vector<float>> back(2);  // every worker's pull, checked on this thread
+  std::atomic<int> refused{0};
   run_job<bsp>(2, 2, [&](auto& w) {
     const auto t = w.add_dense(n);
     std::vector<float> g(n);
@@ -321,12 +322,19 @@ TEST_CASE("dense tensors are sliced across servers and come back whole", "[ps]")
     std::vector<float> out(n);
     auto pulled = w.pull_dense(t, out);
     w.wait(pulled);
-    if (w.id() == 0) back = out;
-    CHECK_THROWS_AS(w.push_dense(t, std::span<const float>(g).first(n - 1)), dtrain::error);
+    back[static_cast<std::size_t>(w.id())] = out;
+    try {
+      w.push_dense(t, std::span<const float>(g).first(n - 1));
+    } catch (const dtrain::error&) {
+      ++refused;
+    }
   }, apply_mode::sum, 0.1, o);
-  REQUIRE(back.size() == n);
-  for (std::size_t i = 0; i < n; i += 997) CHECK(back[i] == static_cast<float>(i % 1000) * 4.0f);
-  CHECK(back[n - 1] == static_cast<float>((n - 1) % 1000) * 4.0f);
+  CHECK(refused.load() == 2);
+  for (const auto& b : back) {
+    REQUIRE(b.size() == n);
+    for (std::size_t i = 0; i < n; i += 997) CHECK(b[i] == static_cast<float>(i % 1000) * 4.0f);
+    CHECK(b[n - 1] == static_cast<float>((n - 1) % 1000) * 4.0f);
+  }
 }
 
 TEST_CASE("hashed shards: a worker's keys scatter over the servers and come back in place", "[ps]") {
@@ -335,7 +343,7 @@ TEST_CASE("hashed shards: a worker's keys scatter over the servers and come back
   const roles r = roles::of(4, 2);
   std::vector<key_type> keys;
   for (key_type k = 0; k < 300; ++k) keys.push_back(k * 3 + 1);
-  std::vector<float> back;
+  std::vector<std::vector<float>> back(2);  // every worker's pull
   run_inproc(4, [&](int rank, inproc_transport t) {
     if (r.is_server(rank)) {
       server<inproc_transport, bsp, float, sgd<float>> s(std::move(t), r, bsp{}, sgd<float>(0.1), {}, quick(),
@@ -353,11 +361,13 @@ TEST_CASE("hashed shards: a worker's keys scatter over the servers and come back
     std::vector<float> out(values.size());
     auto pulled = w.pull(keys, std::span(out), 2);
     w.wait(pulled);
-    if (w.id() == 0) back = out;
+    back[static_cast<std::size_t>(w.id())] = out;
     w.finish();
   });
-  REQUIRE(back.size() == keys.size() * 2);
-  for (std::size_t i = 0; i < back.size(); ++i) CHECK(back[i] == 2.0f * static_cast<float>(i));  // both workers' pushes
+  for (const auto& b : back) {
+    REQUIRE(b.size() == keys.size() * 2);
+    for (std::size_t i = 0; i < b.size(); ++i) CHECK(b[i] == 2.0f * static_cast<float>(i));  // both workers' pushes
+  }
   CHECK(consistent_hash_sharding(2).server_of(keys[0]) != consistent_hash_sharding(2).server_of(keys[1]));
 }
 
@@ -409,7 +419,7 @@ TEST_CASE("start-up: a worker configured differently is refused, naming both sid
 
 namespace {
 
-// What worker 0 saw over a run of push-and-pull rounds, and what it sent.
+// What one worker saw over a run of push-and-pull rounds, and what it sent.
 struct rounds_seen {
   std::vector<std::vector<float>> pulled;  // sparse then dense values, per round
   std::uint64_t bytes_out = 0;
@@ -419,7 +429,7 @@ struct rounds_seen {
 // the clock; over two alternating sparse key lists (both servers' shares) and a dense tensor of
 // several slices. `fused` uses push_pull; `cache_lists` sets key caching (0: off).
 template <class Consistency>
-rounds_seen push_pull_rounds(int workers, bool fused, std::size_t cache_lists) {
+std::vector<rounds_seen> push_pull_rounds(int workers, bool fused, std::size_t cache_lists) {
   constexpr int rounds = 8;
   constexpr std::size_t dense_n = 3000;
   ps_options o = quick();
@@ -431,8 +441,9 @@ rounds_seen push_pull_rounds(int workers, bool fused, std::size_t cache_lists) {
     lists[0].push_back(k * 2000 + 1);
     lists[1].push_back(k * 2000 + 2 + k % 3);
   }
-  rounds_seen seen;
+  std::vector<rounds_seen> seen(static_cast<std::size_t>(workers));  // by worker, each written by its own thread
   run_job<Consistency>(2, workers, [&](auto& w) {
+    rounds_seen& mine_seen = seen[static_cast<std::size_t>(w.id())];
     const auto t = w.add_dense(dense_n);
     std::vector<std::vector<float>> values(2, std::vector<float>(500));
     std::vector<float> x(dense_n), grads(500), dense_grads(dense_n);
@@ -458,12 +469,10 @@ rounds_seen push_pull_rounds(int workers, bool fused, std::size_t cache_lists) {
       }
       auto clocked = w.clock();
       w.wait(clocked);
-      if (w.id() == 0) {
-        seen.pulled.push_back(mine);
-        seen.pulled.back().insert(seen.pulled.back().end(), x.begin(), x.end());
-      }
+      mine_seen.pulled.push_back(mine);
+      mine_seen.pulled.back().insert(mine_seen.pulled.back().end(), x.begin(), x.end());
     }
-    if (w.id() == 0) seen.bytes_out = w.stats().bytes_out;
+    mine_seen.bytes_out = w.stats().bytes_out;
   }, apply_mode::update, 0.1, o);
   return seen;
 }
@@ -471,17 +480,20 @@ rounds_seen push_pull_rounds(int workers, bool fused, std::size_t cache_lists) {
 template <class Consistency>
 void check_push_pull_matches(int workers) {
   const auto reference = push_pull_rounds<Consistency>(workers, false, 0);
-  REQUIRE(reference.pulled.size() == 8);
-  CHECK(reference.pulled.front() != reference.pulled.back());  // the values moved
   const auto fused = push_pull_rounds<Consistency>(workers, true, 16);
   const auto evicting = push_pull_rounds<Consistency>(workers, true, 1);  // one slot: every list is stored anew
   const auto separate_cached = push_pull_rounds<Consistency>(workers, false, 16);
-  CHECK(fused.pulled == reference.pulled);
-  CHECK(evicting.pulled == reference.pulled);
-  CHECK(separate_cached.pulled == reference.pulled);
-  // Cached lists travel as a slot: from the third round on, no keys are sent (8 bytes each).
-  CHECK(separate_cached.bytes_out + 2 * 6 * 500 * 8 <= reference.bytes_out);
-  CHECK(evicting.bytes_out > fused.bytes_out);
+  for (std::size_t w = 0; w < reference.size(); ++w) {  // every worker's view counts
+    INFO("worker " << w);
+    REQUIRE(reference[w].pulled.size() == 8);
+    CHECK(reference[w].pulled.front() != reference[w].pulled.back());  // the values moved
+    CHECK(fused[w].pulled == reference[w].pulled);
+    CHECK(evicting[w].pulled == reference[w].pulled);
+    CHECK(separate_cached[w].pulled == reference[w].pulled);
+    // Cached lists travel as a slot: from the third round on, no keys are sent (8 bytes each).
+    CHECK(separate_cached[w].bytes_out + 2 * 6 * 500 * 8 <= reference[w].bytes_out);
+    CHECK(evicting[w].bytes_out > fused[w].bytes_out);
+  }
 }
 
 }  // namespace

@@ -26,21 +26,27 @@ namespace dtrain::testing {
 
 using namespace std::chrono_literals;
 
+// The status of a rank the harness killed because the group outlived its limit: a hang, never to
+// be read as the 128 + SIGKILL of a kill the test made.
+inline constexpr int hung = -2;
+
 struct outcome {
-  int status = -1;  // exit status, or 128 + signal
+  int status = -1;  // exit status, or 128 + signal, or `hung`
   std::string output;
 };
 
 struct group_run {
   std::vector<outcome> ranks;
   std::chrono::milliseconds elapsed{0};
+  bool hung = false;  // some rank was still running at the limit
 };
 
 inline const std::string job_token = "fault-test-token";
 
 // Starts `n` tcp_worker processes in `mode`; `extra(rank)` adds environment variables; `during`
 // runs while they do, given the store and, if it asks for them, the processes' pids. Every
-// process is killed if the group is not done within `limit`.
+// process still running at `limit` is killed and reported `hung`, which fails the test: no test
+// expects a hang, the limit is only a safety net.
 template <class Extra, class During>
 group_run run_program_group(const std::string& program, int n, const std::string& mode, Extra extra, During during,
                             std::chrono::seconds limit = 60s) {
@@ -87,13 +93,17 @@ group_run run_program_group(const std::string& program, int n, const std::string
       int st = 0;
       if (::waitpid(pids[static_cast<std::size_t>(r)], &st, WNOHANG) == pids[static_cast<std::size_t>(r)]) {
         done[static_cast<std::size_t>(r)] = true;
-        out.ranks[static_cast<std::size_t>(r)].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        auto& status = out.ranks[static_cast<std::size_t>(r)].status;
+        if (status != hung) status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         --left;
       }
     }
-    if (std::chrono::steady_clock::now() - t0 > limit) {
+    if (!out.hung && std::chrono::steady_clock::now() - t0 > limit) {
+      out.hung = true;
       for (int r = 0; r < n; ++r) {
-        if (!done[static_cast<std::size_t>(r)]) ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
+        if (done[static_cast<std::size_t>(r)]) continue;
+        out.ranks[static_cast<std::size_t>(r)].status = hung;
+        ::kill(pids[static_cast<std::size_t>(r)], SIGKILL);
       }
     }
     std::this_thread::sleep_for(5ms);
@@ -106,6 +116,13 @@ group_run run_program_group(const std::string& program, int n, const std::string
     out.ranks[static_cast<std::size_t>(r)].output = ss.str();
     std::remove(logs[static_cast<std::size_t>(r)].c_str());
   }
+  if (out.hung) {
+    std::string hung_ranks;
+    for (int r = 0; r < n; ++r) {
+      if (out.ranks[static_cast<std::size_t>(r)].status == hung) hung_ranks += " " + std::to_string(r);
+    }
+    FAIL_CHECK("the group outlived its " << limit.count() << " s limit: the harness killed rank(s)" << hung_ranks);
+  }
   return out;
 }
 
@@ -115,7 +132,9 @@ inline auto nothing_during = [](tcp_store_server&) {};
 inline std::string dump(const group_run& g) {
   std::string s = "elapsed " + std::to_string(g.elapsed.count()) + " ms\n";
   for (std::size_t r = 0; r < g.ranks.size(); ++r) {
-    s += "--- rank " + std::to_string(r) + " status " + std::to_string(g.ranks[r].status) + "\n" + g.ranks[r].output;
+    const std::string status = g.ranks[r].status == hung ? "HUNG (killed by the harness at its limit)"
+                                                         : std::to_string(g.ranks[r].status);
+    s += "--- rank " + std::to_string(r) + " status " + status + "\n" + g.ranks[r].output;
   }
   return s;
 }
