@@ -281,6 +281,7 @@ def collectives(c, dist, torch, gloo, size, rank):
         c.same(f"uneven reduce_scatter {dtype}", mine, whole[offsets[rank]:offsets[rank + 1]], exact(dtype))
 
     coalesced(c, dist, torch, gloo, size, rank)
+    fsdp_calls(c, dist, torch, gloo, size, rank)
 
     # alltoall: equal shares and uneven splits against Gloo's; the list form from known inputs
     x = input_of(rank, (size * 3, 2), torch.float32)
@@ -499,6 +500,36 @@ def coalesced(c, dist, torch, gloo, size, rank):
         total = x.clone()
         dist.all_reduce(total, group=gloo)
         c.same(f"reduce_scatter from tensors, coalesced, #{i}", y, total.view(size, -1)[rank].view(y.shape), True)
+
+
+def fsdp_calls(c, dist, torch, gloo, size, rank):
+    """The calls FSDP makes, on any torch. fully_shard (torch 2) copies every parameter's shard into
+    one flat buffer and gathers it with one async all_gather_into_tensor, and reduce-scatters the
+    gradients, chunk-catted into one buffer, with one reduce_scatter_tensor (SUM); 1.13's
+    FullyShardedDataParallel makes the same calls as _all_gather_base and _reduce_scatter_base.
+    All reach ProcessGroup._allgather_base / _reduce_scatter_base, called here directly too.
+    Gloo has neither: the reference is its list allgather and its allreduce."""
+    from torch._C._distributed_c10d import AllgatherOptions, ReduceScatterOptions
+    pg = dist.distributed_c10d._get_default_group()
+    numels = (6, 10, 3)  # uneven parameter shards
+    shard = torch.cat([input_of(rank * 4 + i, (n,), torch.float32) for i, n in enumerate(numels)])
+    want = [torch.empty_like(shard) for _ in range(size)]
+    dist.all_gather(want, shard, group=gloo)
+    for how, gather in (("all_gather_into_tensor", lambda y: dist.all_gather_into_tensor(y, shard, async_op=True)),
+                        ("ProcessGroup._allgather_base", lambda y: pg._allgather_base(y, shard, AllgatherOptions()))):
+        y = torch.empty(size * shard.numel())
+        gather(y).wait()
+        c.same(f"FSDP's parameter allgather, {how}", y, torch.cat(want), True)
+    grads = input_of(rank + 70, (size * sum(numels),), torch.float32)
+    total = grads.clone()
+    dist.all_reduce(total, group=gloo)
+    opts = ReduceScatterOptions()
+    opts.reduceOp = dist.ReduceOp.SUM
+    for how, scatter in (("reduce_scatter_tensor", lambda y: dist.reduce_scatter_tensor(y, grads, async_op=True)),
+                         ("ProcessGroup._reduce_scatter_base", lambda y: pg._reduce_scatter_base(y, grads, opts))):
+        y = torch.empty(sum(numels))
+        scatter(y).wait()
+        c.same(f"FSDP's gradient reduce-scatter, {how}", y, total.view(size, -1)[rank], False)
 
 
 def killed(c, dist, torch, size, rank):

@@ -5,15 +5,15 @@
 
 Needs a CUDA device (every rank may share one); without one it says so and exits 77, which CTest
 reports as skipped. Each rank checks:
-  - every collective, send/recv and the coalesced calls on CUDA tensors against the same call on
-    CPU copies of the same inputs, bit for bit (both run dtrain's host algorithm; the CPU path is
-    checked against Gloo by c10d_against_gloo.py);
+  - every collective, send/recv and the coalesced calls on CUDA tensors against the same call over
+    a Gloo group of the same ranks on CPU copies of the same inputs (where Gloo lacks the call, a
+    reference composed from Gloo's calls): exact for integers, within float tolerance otherwise;
   - stream order: a call sees kernels queued on the current stream before it, and after wait() or
     the future's wait() the current stream sees the results, with no device synchronisation;
   - DDP on a CUDA model over dtrain and over Gloo: the same parameters after some steps;
   - a call mixing CPU and CUDA tensors is refused, naming both devices.
-The launcher passes only if every rank reports every check passed. With --device cpu the harness
-checks itself where there is no GPU: the same calls and DDP, the "GPU" tensors on the CPU.
+The launcher passes only if every rank reports every check passed. With --device cpu the same
+checks run where there is no GPU, the "GPU" tensors on the CPU: dtrain's CPU path against Gloo.
 """
 import argparse
 import os
@@ -39,66 +39,109 @@ def leaves(tree):
     return [] if tree is None else [tree]
 
 
-def calls_on_gpu(c, dist, torch, size, rank, dev):
-    """Each call on CUDA tensors against the same call on CPU copies: every tensor afterwards."""
-    def same(name, call, tensors):
-        on_cpu, on_gpu = mapped(tensors, lambda t: t.clone()), mapped(tensors, lambda t: t.to(dev))
-        call(on_cpu)
-        call(on_gpu)
-        got, want = leaves(on_gpu), leaves(on_cpu)
+def calls_on_gpu(c, dist, torch, gloo, size, rank, dev):
+    """Each call over dtrain on `dev`'s tensors against the same call over Gloo on CPU copies of the
+    same inputs: every tensor afterwards. Where Gloo lacks the call, `ref` composes it from Gloo's."""
+    def agree(got, want, sums):
+        if not sums or not want.is_floating_point():  # moved or compared, not summed: the same bits
+            return torch.equal(got, want)
+        tol = 1e-2 if want.element_size() == 2 else 1e-5  # the backends may sum in other orders
+        return torch.allclose(got.double(), want.double(), rtol=tol, atol=tol)
+
+    def same(name, call, tensors, ref=None, here=True, sums=False):
+        want, mine = mapped(tensors, lambda t: t.clone()), mapped(tensors, lambda t: t.to(dev, copy=True))
+        (ref or call)(want, gloo)
+        call(mine, None)  # None: the default group, dtrain
+        if not here:  # c10d leaves this rank's tensors unspecified (a reduce's non-root)
+            return
+        got, want = leaves(mine), leaves(want)
         c.true(name, all(g.device.type == dev.type for g in got) and
-               all(torch.equal(g.cpu(), w) for g, w in zip(got, want)), "(differs from the CPU call)")
+               all(agree(g.cpu(), w, sums) for g, w in zip(got, want)), "(differs from Gloo's)")
 
     R = dist.ReduceOp
+
+    def reduced(op):  # Gloo has no AVG and no bfloat16: its float64 sum, divided and rounded
+        def ref(ts, g):
+            wide = ts[0].double()
+            dist.all_reduce(wide, op=R.SUM if op == R.AVG else op, group=g)
+            ts[0].copy_(wide / size if op == R.AVG else wide)
+        return ref
+
+    def scattered(ts, g):  # Gloo has no reduce_scatter: its allreduce of the joined inputs, this rank's block
+        out, ins = ts[0], ts[1] if isinstance(ts[1], list) else list(ts[1].chunk(size))
+        whole = torch.cat([t.flatten() for t in ins])
+        dist.all_reduce(whole, group=g)
+        at = sum(t.numel() for t in ins[:rank])
+        out.copy_(whole[at:at + out.numel()].view_as(out))
+
+    def exchanged(ts, g):  # Gloo has no list alltoall: its alltoall_single with the lists' sizes as splits
+        send, recv = [t.shape[0] for t in ts[0]], [t.shape[0] for t in ts[1]]
+        out = torch.empty((sum(recv),) + ts[1][0].shape[1:], dtype=ts[1][0].dtype)
+        dist.all_to_all_single(out, torch.cat(ts[0]), recv, send, group=g)
+        for t, piece in zip(ts[1], out.split(recv)):
+            t.copy_(piece)
+
+    def gathered_into(ts, g):  # Gloo's list allgather into the output's blocks
+        ys, xs = (ts[1], ts[0]) if isinstance(ts[0], list) else ([ts[1]], [ts[0]])
+        for y, x in zip(ys, xs):
+            dist.all_gather(list(y.chunk(size)), x, group=g)
+
     shape = (5, 7)
     root = size - 1
     for dtype, op in ((torch.float32, R.SUM), (torch.int64, R.MAX), (torch.float64, R.AVG), (torch.float16, R.SUM),
                       (torch.bfloat16, R.SUM), (torch.int32, R.BXOR)):
-        same(f"allreduce {dtype} {op}", lambda ts: dist.all_reduce(ts[0], op=op), [input_of(rank, shape, dtype)])
-    same("allreduce of a transposed view", lambda ts: dist.all_reduce(ts[0].t()), [input_of(rank, (6, 4), torch.float32)])
-    for dtype in (torch.float64, torch.uint8, torch.bool):
-        same(f"broadcast {dtype}", lambda ts: dist.broadcast(ts[0], src=root), [input_of(rank, shape, dtype)])
-    same("reduce", lambda ts: dist.reduce(ts[0], dst=0, op=R.MIN), [input_of(rank, shape, torch.float32)])
+        same(f"allreduce {dtype} {op}", lambda ts, g: dist.all_reduce(ts[0], op=op, group=g),
+             [input_of(rank, shape, dtype)], reduced(op) if op == R.AVG or dtype == torch.bfloat16 else None, sums=True)
+    same("allreduce of a transposed view", lambda ts, g: dist.all_reduce(ts[0].t(), group=g),
+         [input_of(rank, (6, 4), torch.float32)], sums=True)
+    for dtype in (torch.float64, torch.uint8, torch.bool):  # Gloo has no bool: the same bytes as uint8
+        same(f"broadcast {dtype}", lambda ts, g: dist.broadcast(ts[0], src=root, group=g),
+             [input_of(rank, shape, dtype)], lambda ts, g: dist.broadcast(ts[0].view(torch.uint8), src=root, group=g))
+    same("reduce", lambda ts, g: dist.reduce(ts[0], dst=0, op=R.MIN, group=g), [input_of(rank, shape, torch.float32)],
+         here=rank == 0)
     x = input_of(rank, shape, torch.int32)
-    same("allgather", lambda ts: dist.all_gather(ts[1], ts[0]),
+    same("allgather", lambda ts, g: dist.all_gather(ts[1], ts[0], group=g),
          [x, [torch.empty(shape, dtype=torch.int32) for _ in range(size)]])
-    same("allgather into a tensor", lambda ts: dist.all_gather_into_tensor(ts[1], ts[0]),
-         [x, torch.empty((size * 5, 7), dtype=torch.int32)])
+    same("allgather into a tensor", lambda ts, g: dist.all_gather_into_tensor(ts[1], ts[0], group=g),
+         [x, torch.empty((size * 5, 7), dtype=torch.int32)], gathered_into)
     outputs = [torch.empty(shape, dtype=torch.int32) for _ in range(size)] if rank == root else None
-    same("gather", lambda ts: dist.gather(ts[0], ts[1], dst=root), [x, outputs])
+    same("gather", lambda ts, g: dist.gather(ts[0], ts[1], dst=root, group=g), [x, outputs])
     pieces = [input_of(100 + r, shape, torch.int64) for r in range(size)] if rank == 0 else None
-    same("scatter", lambda ts: dist.scatter(ts[0], ts[1], src=0), [torch.empty(shape, dtype=torch.int64), pieces])
+    same("scatter", lambda ts, g: dist.scatter(ts[0], ts[1], src=0, group=g),
+         [torch.empty(shape, dtype=torch.int64), pieces])
     xs = [input_of(rank * size + r, shape, torch.float32) for r in range(size)]
-    same("reduce_scatter", lambda ts: dist.reduce_scatter(ts[0], ts[1]), [torch.empty(shape), xs])
-    same("reduce_scatter from a tensor", lambda ts: dist.reduce_scatter_tensor(ts[0], ts[1]),
-         [torch.empty(shape), torch.cat(xs)])
-    same("reduce_scatter, uneven", lambda ts: dist.reduce_scatter(ts[0], ts[1]),
-         [torch.empty(rank + 2), [input_of(rank * size + r, (r + 2,), torch.float32) for r in range(size)]])
-    same("alltoall, equal", lambda ts: dist.all_to_all_single(ts[1], ts[0]),
+    same("reduce_scatter", lambda ts, g: dist.reduce_scatter(ts[0], ts[1], group=g), [torch.empty(shape), xs],
+         scattered, sums=True)
+    same("reduce_scatter from a tensor", lambda ts, g: dist.reduce_scatter_tensor(ts[0], ts[1], group=g),
+         [torch.empty(shape), torch.cat(xs)], scattered, sums=True)
+    same("reduce_scatter, uneven", lambda ts, g: dist.reduce_scatter(ts[0], ts[1], group=g),
+         [torch.empty(rank + 2), [input_of(rank * size + r, (r + 2,), torch.float32) for r in range(size)]], scattered,
+         sums=True)
+    same("alltoall, equal", lambda ts, g: dist.all_to_all_single(ts[1], ts[0], group=g),
          [input_of(rank, (size * 3, 2), torch.float32), torch.empty((size * 3, 2))])
     send = [(rank + d) % 3 + 1 for d in range(size)]
     recv = [(s + rank) % 3 + 1 for s in range(size)]
-    same("alltoall, uneven splits", lambda ts: dist.all_to_all_single(ts[1], ts[0], recv, send),
+    same("alltoall, uneven splits", lambda ts, g: dist.all_to_all_single(ts[1], ts[0], recv, send, group=g),
          [input_of(rank, (sum(send), 3), torch.int32), torch.empty((sum(recv), 3), dtype=torch.int32)])
-    same("alltoall, list of tensors", lambda ts: dist.all_to_all(ts[1], ts[0]),
+    same("alltoall, list of tensors", lambda ts, g: dist.all_to_all(ts[1], ts[0], group=g),
          [[input_of(rank * 10 + d, (d + 1,), torch.int64) for d in range(size)],
-          [torch.empty((rank + 1,), dtype=torch.int64) for _ in range(size)]])
+          [torch.empty((rank + 1,), dtype=torch.int64) for _ in range(size)]], exchanged)
     shapes = [(3,), (2, 5), (4, 1)]
     parts = [input_of(rank * 3 + i, s, torch.float32) for i, s in enumerate(shapes)]
-    same("allreduce_coalesced", lambda ts: dist.all_reduce_coalesced(ts), parts)
+    same("allreduce_coalesced", lambda ts, g: dist.all_reduce_coalesced(ts, group=g), parts, sums=True)
     if hasattr(dist, "_coalescing_manager") and int(torch.__version__.split(".")[0]) >= 2:
-        def gathered(ts):
-            with dist._coalescing_manager(async_ops=True) as cm:
+        def gathered(ts, g):
+            with dist._coalescing_manager(group=g, async_ops=True) as cm:
                 for y, x in zip(ts[1], ts[0]):
-                    dist.all_gather_into_tensor(y, x)
+                    dist.all_gather_into_tensor(y, x, group=g)
             cm.wait()
         same("allgather into tensors, coalesced", gathered,
-             [parts, [torch.empty((size * s[0],) + s[1:]) for s in shapes]])
+             [parts, [torch.empty((size * s[0],) + s[1:]) for s in shapes]], gathered_into)
 
     nxt, prv = (rank + 1) % size, (rank - 1) % size
 
-    def ring(ts):
-        for w in (dist.isend(ts[0], nxt, tag=3), dist.irecv(ts[1], prv, tag=3)):
+    def ring(ts, g):
+        for w in (dist.isend(ts[0], nxt, group=g, tag=3), dist.irecv(ts[1], prv, group=g, tag=3)):
             w.wait()
     same("send/recv around a ring", ring, [input_of(rank, (33,), torch.float64), torch.empty(33, dtype=torch.float64)])
 
@@ -178,7 +221,7 @@ def rank_main(args):
     dist.init_process_group("dtrain", init_method="env://", timeout=timedelta(seconds=60))
     gloo = dist.new_group(list(range(size)), backend="gloo")
     c = Checker(rank)
-    calls_on_gpu(c, dist, torch, size, rank, dev)
+    calls_on_gpu(c, dist, torch, gloo, size, rank, dev)
     ddp_on_gpu(c, dist, torch, gloo, rank, dev)
     if dev.type == "cuda":
         stream_order(c, dist, torch, size, rank, dev)
