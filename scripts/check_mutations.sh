@@ -42,6 +42,8 @@ run_tests() {  # run_tests REGEX LOG: status of ctest on those tests (no test ma
   out=$(cd "$build" && ctest -R "$1" --output-on-failure --timeout 600 2>&1) && status=0 || status=$?
   printf '%s\n' "$out" > "$2"
   grep -q "No tests were found" "$2" && return 2
+  # A test whose program was never built fails too, but not because of the mutation.
+  grep -qE "Not Run|Could not find executable|Unable to find executable" "$2" && return 3
   return $status
 }
 failed=0
@@ -70,6 +72,8 @@ for name in "${names[@]}"; do
   fi
   if [[ $status -eq 2 ]]; then
     echo "   FAIL: no test matches '$tests'"; failed=1; continue
+  elif [[ $status -eq 3 ]]; then
+    echo "   FAIL: a test's program was not built (add it to Targets; see $work/$name.mutant.log)"; failed=1; continue
   elif [[ $status -eq 0 ]]; then
     echo "   FAIL: '$tests' passed with the property broken (see $work/$name.mutant.log)"; failed=1; continue
   fi
