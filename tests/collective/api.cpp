@@ -17,6 +17,7 @@
 #include "api_case.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "../support/thread_checks.hpp"
 
 using namespace dtrain;
 
@@ -97,16 +98,16 @@ TEST_CASE("a failed nonblocking collective rethrows at wait and later ones fail 
       } catch (const dtrain::error& e) {
         ec = e.code();
       }
-      CHECK(ec == errc::broken);  // queued behind the one that timed out
-      CHECK(first.test());
+      TCHECK(ec == errc::broken);  // queued behind the one that timed out
+      TCHECK(first.test());
       std::string what;
       try {
         first.wait();
       } catch (const dtrain::error& e) {
         what = e.what();
       }
-      CHECK(what.find("timed out") != std::string::npos);
-      CHECK(what.find("rank 0") != std::string::npos);
+      TCHECK(what.find("timed out") != std::string::npos);
+      TCHECK(what.find("rank 0") != std::string::npos);
     }
     // Rank 0 never joins (nor leaves, which would fail rank 1 sooner): rank 1's allreduce times
     // out naming it.
@@ -128,20 +129,20 @@ TEST_CASE("the new forms refuse bad arguments with invalid_argument", "[collecti
     };
     std::vector<float> buf(6), out(6);
     std::vector<std::size_t> two{1, 2}, three{1, 2, 3};
-    CHECK(refused([&] { c.allgatherv<float>(std::span(buf).first(1), std::span(out), two); }, "one entry per rank"));
-    CHECK(refused([&] { c.allgatherv<float>(std::span(buf).first(three[static_cast<std::size_t>(r)] % 3 + 1), std::span(out), three); }, "counts[rank()]"));
-    CHECK(refused([&] { c.allgatherv<float>(std::span(buf).subspan(0, three[static_cast<std::size_t>(r)]), std::span(out).first(5), three); },
+    TCHECK(refused([&] { c.allgatherv<float>(std::span(buf).first(1), std::span(out), two); }, "one entry per rank"));
+    TCHECK(refused([&] { c.allgatherv<float>(std::span(buf).first(three[static_cast<std::size_t>(r)] % 3 + 1), std::span(out), three); }, "counts[rank()]"));
+    TCHECK(refused([&] { c.allgatherv<float>(std::span(buf).subspan(0, three[static_cast<std::size_t>(r)]), std::span(out).first(5), three); },
                   "sum of the counts (6 elements), not 5"));
-    CHECK(refused([&] { c.alltoallv<float>(std::span(buf), three, std::span(out).first(4), three); }, "out must hold the sum"));
-    CHECK(refused([&] { c.reduce_scatterv<float>(std::span(buf).first(5), three, std::span(out), reduce_op::sum); },
+    TCHECK(refused([&] { c.alltoallv<float>(std::span(buf), three, std::span(out).first(4), three); }, "out must hold the sum"));
+    TCHECK(refused([&] { c.reduce_scatterv<float>(std::span(buf).first(5), three, std::span(out), reduce_op::sum); },
                   "in must hold the sum of the counts (6 elements), not 5"));
-    CHECK(refused([&] { c.reduce_scatterv<float>(std::span(buf), three, std::span(out).first(4), reduce_op::sum); },
+    TCHECK(refused([&] { c.reduce_scatterv<float>(std::span(buf), three, std::span(out).first(4), reduce_op::sum); },
                   "counts[rank()]"));
-    CHECK(refused([&] { c.scatterv<float>(std::span(buf), three, std::span(out).first(1), 3); }, "root is not a rank"));
+    TCHECK(refused([&] { c.scatterv<float>(std::span(buf), three, std::span(out).first(1), 3); }, "root is not a rank"));
     auto flags = std::make_unique<bool[]>(4);
-    CHECK(refused([&] { c.allreduce<bool>(std::span(flags.get(), 4), reduce_op::avg); }, "avg of bool"));
-    CHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::custom); }, "set by a user_op"));
-    CHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::bxor); }, "bitwise and, or and xor reduce integers and bools"));
+    TCHECK(refused([&] { c.allreduce<bool>(std::span(flags.get(), 4), reduce_op::avg); }, "avg of bool"));
+    TCHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::custom); }, "set by a user_op"));
+    TCHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::bxor); }, "bitwise and, or and xor reduce integers and bools"));
     c.barrier();  // nothing above reached the wire: the group is still in step
   });
 }

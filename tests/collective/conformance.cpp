@@ -18,6 +18,7 @@
 #include "dtrain/collective/communicator.hpp"
 #include "conformance_case.hpp"
 #include "float_case.hpp"
+#include "../support/thread_checks.hpp"
 
 using namespace dtrain;
 using namespace dtrain::conformance;
@@ -153,15 +154,15 @@ TEST_CASE("conformance: the automatic choice runs every collective correctly", "
         for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>((r + 1) * (i % 13));
         for (std::size_t i = 0; i < n; ++i) ref[i] = static_cast<double>(p * (p + 1) / 2 * (i % 13));
         c.allreduce(std::span(v), reduce_op::sum);
-        if (v != ref) FAIL("allreduce p=" << p << " n=" << n);
+        if (v != ref) TFAIL("allreduce p=" << p << " n=" << n);
         std::vector<double> all(n * static_cast<std::size_t>(p));
         c.allgather<double>(std::span(v).first(n), std::span(all));
         for (int b = 0; b < p; ++b) {
-          if (!std::equal(ref.begin(), ref.end(), all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b) * n))) FAIL("allgather");
+          if (!std::equal(ref.begin(), ref.end(), all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b) * n))) TFAIL("allgather");
         }
         std::vector<double> bc(n, r == p - 1 ? 1.5 : 0.0);
         c.broadcast(std::span(bc), p - 1);
-        if (!std::all_of(bc.begin(), bc.end(), [](double x) { return x == 1.5; })) FAIL("broadcast");
+        if (!std::all_of(bc.begin(), bc.end(), [](double x) { return x == 1.5; })) TFAIL("broadcast");
       });
     }
   }

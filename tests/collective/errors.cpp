@@ -11,6 +11,7 @@
 #include "../catch.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "../support/thread_checks.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
@@ -256,14 +257,14 @@ TEST_CASE("errors: after a failure the communicator refuses further calls", "[co
     }
     std::error_code ec;
     c.allreduce(std::span(v), reduce_op::sum, ec);
-    CHECK(ec == errc::timeout);
-    CHECK(c.broken());
+    TCHECK(ec == errc::timeout);
+    TCHECK(c.broken());
     try {
       c.barrier();
-      FAIL("a broken communicator ran a collective");
+      TFAIL("a broken communicator ran a collective");
     } catch (const error& e) {
-      CHECK(e.code() == errc::broken);
-      CHECK(contains(e.what(), "build a new communicator"));
+      TCHECK(e.code() == errc::broken);
+      TCHECK(contains(e.what(), "build a new communicator"));
     }
   });
 }
@@ -275,19 +276,19 @@ TEST_CASE("errors: invalid arguments are typed errors raised before any communic
     std::vector<float> a(10), b(7);
     std::error_code ec;
     c.allreduce<float>(a, std::span(b), reduce_op::sum, ec);
-    CHECK(ec == errc::invalid_argument);
-    CHECK(contains(c.last_error(), "allreduce: in and out must have equal sizes"));
+    TCHECK(ec == errc::invalid_argument);
+    TCHECK(contains(c.last_error(), "allreduce: in and out must have equal sizes"));
     c.broadcast(std::span(a), 3, ec);
-    CHECK(ec == errc::invalid_argument);
+    TCHECK(ec == errc::invalid_argument);
     c.allreduce<float>(std::span(a).first(6), std::span(a).last(6), reduce_op::sum, ec);
-    CHECK(ec == errc::invalid_argument);
-    CHECK(contains(c.last_error(), "overlap"));
+    TCHECK(ec == errc::invalid_argument);
+    TCHECK(contains(c.last_error(), "overlap"));
     c.reduce_scatter<float>(a, std::span(b), reduce_op::sum, ec);
-    CHECK(ec == errc::invalid_argument);
-    CHECK_FALSE(c.broken());  // nothing was sent, so the group is still consistent
-    CHECK(c.sequence() == 0);
+    TCHECK(ec == errc::invalid_argument);
+    TCHECK_FALSE(c.broken());  // nothing was sent, so the group is still consistent
+    TCHECK(c.sequence() == 0);
     c.allreduce(std::span(a), reduce_op::sum, ec);
-    CHECK_FALSE(ec);
+    TCHECK_FALSE(ec);
   });
 }
 
@@ -298,10 +299,10 @@ TEST_CASE("errors: the throwing forms throw dtrain::error with the same code", "
     if (r == 1) return;
     try {
       c.allgather(std::span(v));
-      FAIL("no error");
+      TFAIL("no error");
     } catch (const error& e) {
-      CHECK((e.code() == errc::peer_lost || e.code() == errc::timeout));
-      CHECK(contains(e.what(), "allgather #0"));
+      TCHECK((e.code() == errc::peer_lost || e.code() == errc::timeout));
+      TCHECK(contains(e.what(), "allgather #0"));
     }
   });
 }

@@ -7,6 +7,7 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/selection.hpp"
+#include "../support/thread_checks.hpp"
 
 using namespace dtrain;
 
@@ -123,9 +124,9 @@ TEST_CASE("selection: the family models prefer their algorithm, and calls carry 
           "[collective][selection]") {
   run_inproc(3, [](int, inproc_transport t) {
     bruck<inproc_transport> c(std::move(t));
-    CHECK(c.options().algorithms.choose(coll_op::allgather, 1u << 30, 3) == algorithm::bruck);
+    TCHECK(c.options().algorithms.choose(coll_op::allgather, 1u << 30, 3) == algorithm::bruck);
     // Operations Bruck does not implement fall back to the model.
-    CHECK(supports(coll_op::allreduce, c.options().algorithms.choose(coll_op::allreduce, 8, 3)));
+    TCHECK(supports(coll_op::allreduce, c.options().algorithms.choose(coll_op::allreduce, 8, 3)));
   });
 }
 
@@ -133,12 +134,12 @@ TEST_CASE("selection: DTRAIN_ALGORITHMS overrides the code's choice", "[collecti
   ::setenv("DTRAIN_ALGORITHMS", "allgather=ring", 1);
   run_inproc(2, [](int, inproc_transport t) {
     bruck<inproc_transport> c(std::move(t));
-    CHECK(c.options().algorithms.choose(coll_op::allgather, 10, 2) == algorithm::ring);
+    TCHECK(c.options().algorithms.choose(coll_op::allgather, 10, 2) == algorithm::ring);
   });
   ::setenv("DTRAIN_ALGORITHMS", "allgather=bruck,", 1);
   run_inproc(2, [](int, inproc_transport t) {
     ring<inproc_transport> c(std::move(t));
-    CHECK(c.options().algorithms.choose(coll_op::allgather, 10, 2) == algorithm::bruck);
+    TCHECK(c.options().algorithms.choose(coll_op::allgather, 10, 2) == algorithm::bruck);
   });
   ::unsetenv("DTRAIN_ALGORITHMS");
 }
@@ -153,14 +154,14 @@ TEST_CASE("selection: a call picks its allreduce algorithm, and ranks that pick 
                         algorithm::binomial_tree, algorithm::double_binary_tree}) {
       std::vector<double> v(1001, r + 1.0);
       c.allreduce(std::span(v), reduce_op::sum, a);
-      for (double x : v) REQUIRE(x == 15.0);
+      TREQUIRE(v == std::vector<double>(1001, 15.0));
     }
     std::vector<float> v(4);
     try {
       c.allreduce(std::span(v), reduce_op::sum, algorithm::bruck);
     } catch (const error& e) {
       seen[static_cast<std::size_t>(r)] = e.what();
-      CHECK(e.code() == errc::invalid_argument);
+      TCHECK(e.code() == errc::invalid_argument);
     }
   });
   for (const auto& s : seen) CHECK(s.find("does not implement allreduce") != std::string::npos);

@@ -11,6 +11,7 @@
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "parts_case.hpp"
+#include "../support/thread_checks.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
@@ -82,14 +83,14 @@ TEST_CASE("inproc: any_peer receives and resizing receives", "[transport][inproc
         auto r = t.irecv(any_peer, 7, buf);
         r.wait(deadline::after(5s));
         int from = r.info().peer;
-        REQUIRE(from >= 1);
-        REQUIRE(buf.size() == static_cast<std::size_t>(from) * 100 * sizeof(int));
+        TREQUIRE(from >= 1);
+        TREQUIRE(buf.size() == static_cast<std::size_t>(from) * 100 * sizeof(int));
         std::vector<int> vals(buf.size() / sizeof(int));
         std::memcpy(vals.data(), buf.data(), buf.size());
-        REQUIRE(std::all_of(vals.begin(), vals.end(), [&](int v) { return v == from; }));
+        TREQUIRE(std::all_of(vals.begin(), vals.end(), [&](int v) { return v == from; }));
         seen[static_cast<std::size_t>(from)] = true;
       }
-      CHECK(std::count(seen.begin(), seen.end(), true) == 3);
+      TCHECK(std::count(seen.begin(), seen.end(), true) == 3);
     } else {
       std::vector<int> payload(static_cast<std::size_t>(rank) * 100, rank);
       auto s = t.isend(0, 7, signature{}, bytes_of(payload));
@@ -218,7 +219,7 @@ TEST_CASE("inproc: many threads sending and receiving at once lose nothing",
       if (peer == rank) continue;
       for (int i = 0; i < rounds; ++i) {
         auto& got = in[static_cast<std::size_t>(peer * rounds + i)];
-        if (got[0] != peer || got[1] != i) FAIL("wrong message from " << peer << " round " << i);
+        if (got[0] != peer || got[1] != i) TFAIL("wrong message from " << peer << " round " << i);
       }
     }
   });
@@ -228,8 +229,8 @@ TEST_CASE("run_inproc: runs every rank on its own thread and rethrows the first 
           "[transport][inproc]") {
   std::vector<std::thread::id> ids(4);
   run_inproc(4, [&](int rank, inproc_transport t) {
-    REQUIRE(t.rank() == rank);
-    REQUIRE(t.size() == 4);
+    TREQUIRE(t.rank() == rank);
+    TREQUIRE(t.size() == 4);
     ids[static_cast<std::size_t>(rank)] = std::this_thread::get_id();
   });
   std::sort(ids.begin(), ids.end());
