@@ -23,6 +23,7 @@
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/hash.hpp"
+#include "dtrain/core/log.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/signature.hpp"
