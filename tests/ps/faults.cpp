@@ -554,6 +554,40 @@ long long entered_at(const std::string& out) { return number_after(out, "entered
 
 // The step worker 0 printed it resumed at; -1 if it did not.
 long long resumed_at(const std::string& out) { return number_after(out, "worker 0 resumes at step "); }
+
+// The files through which the harness decides the clock a late worker enters a BSP job at
+// (ps_worker.cpp's DTRAIN_TEST_ENTER_AT): worker 0 holds a round open until the late worker has
+// entered, so the serial simulation's entry clock is the harness's, not the worker's report.
+struct late_entry {
+  std::string hold, joined;
+  explicit late_entry(const std::string& name)
+      : hold("/tmp/dtrain_ps_" + name + "_" + std::to_string(::getpid()) + ".hold"), joined(hold + ".joined") {
+    clear();
+  }
+  ~late_entry() { clear(); }
+  void clear() const {
+    std::remove(hold.c_str());
+    std::remove(joined.c_str());
+  }
+  std::vector<std::string> env(long long at) const {  // (clear() between two runs)
+    return {"DTRAIN_TEST_ENTER_AT=" + std::to_string(at), "DTRAIN_TEST_HOLD_FILE=" + hold, "DTRAIN_TEST_JOIN_FILE=" + joined};
+  }
+};
+
+// The newest clock (a multiple of 5 up to `last`) of which each of `shards` shards has both
+// checkpoint files under `prefix`, read from the files' names; -1 if none.
+long long newest_checkpoint(const std::string& prefix, int shards, int last) {
+  for (int c = last - last % 5; c >= 0; c -= 5) {
+    bool every = true;
+    for (int s = 0; s < shards; ++s) {
+      for (const char* which : {"sparse", "dense"}) {
+        every = every && ::access((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str(), F_OK) == 0;
+      }
+    }
+    if (every) return c;
+  }
+  return -1;
+}
 }  // namespace
 
 TEST_CASE("ps membership: a worker that joins the running job under ASP or SSP (a late TCP rank) trains with the others, "
@@ -599,24 +633,23 @@ TEST_CASE("ps membership: a worker that joins the running job under BSP enters a
   // 2 servers, 3 workers; worker 2 is a late worker and a late TCP rank, a process that connects
   // 300 ms in, while the others run 60 rounds about 10 ms apart. Every worker, the joiner too,
   // checks its parameters against synchronous SGD with worker 2 counted from the round it entered.
+  // Worker 0 holds round 7 open until worker 2 entered: worker 2 must enter at 8.
   const int replicas = GENERATE(1, 2);
-  const std::string entered = "/tmp/dtrain_ps_join_" + std::to_string(::getpid());
-  std::remove(entered.c_str());
+  const late_entry entry("join");
   auto g = run_ps(5, "bsp", [&](int) {
-    return std::vector<std::string>{"DTRAIN_PS_SERVERS=2", "DTRAIN_PS_LATE_WORKERS=1", "DTRAIN_LATE_RANKS=1",
-                                    "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_STEPS=60", "DTRAIN_TEST_SLOW_MS=10",
-                                    "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas), "DTRAIN_TEST_JOIN_FILE=" + entered};
+    std::vector<std::string> env{"DTRAIN_PS_SERVERS=2", "DTRAIN_PS_LATE_WORKERS=1", "DTRAIN_LATE_RANKS=1",
+                                 "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_STEPS=60", "DTRAIN_TEST_SLOW_MS=10",
+                                 "DTRAIN_TEST_REPLICAS=" + std::to_string(replicas)};
+    for (auto& e : entry.env(8)) env.push_back(e);
+    return env;
   });
-  std::remove(entered.c_str());
   INFO(replicas << " replicas\n" << dump(g));
   for (const auto& r : g.ranks) CHECK(r.status == 0);
   for (int w : {2, 3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "60 steps: worker " + std::to_string(w - 2) +
                                                                   "'s parameters match the serial simulation"));
   }
-  // It entered mid-job: after the first round, before the last.
-  CHECK(entered_at(g.ranks[4].output) > 0);
-  CHECK(entered_at(g.ranks[4].output) < 60);
+  CHECK(entered_at(g.ranks[4].output) == 8);
 }
 
 TEST_CASE("ps membership: a job restarted from its checkpoints after a late worker had entered it lets that worker "
@@ -628,43 +661,44 @@ TEST_CASE("ps membership: a job restarted from its checkpoints after a late work
   // so the rounds from the resumed clock to its second arrival are averaged over the other two.
   // Every worker checks its parameters against the serial simulation with worker 2 counted
   // from its first arrival to the resumed clock, and from its second arrival on.
+  // The harness decides both entries (worker 0 holds round 10 open, then round resumed + 2) and
+  // reads the clock the job resumes at from the checkpoint files' names.
   const std::string prefix = "/tmp/dtrain_ps_late_restart_" + std::to_string(::getpid());
-  const std::string joined = prefix + ".joined", resumed = prefix + ".resumed";
-  auto env = [&](bool resume, long long first_join) {
-    return [=](int) {
+  const late_entry entry("late_restart");
+  const long long first_join = 11;
+  auto env = [&](long long resumed) {
+    return [=, &entry](int) {
       std::vector<std::string> e{"DTRAIN_PS_SERVERS=2", "DTRAIN_PS_LATE_WORKERS=1", "DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=300",
                                  "DTRAIN_TEST_CHECKPOINT=" + prefix, "DTRAIN_TEST_CHECKPOINT_EVERY=5", "DTRAIN_TEST_TIMEOUT_MS=3000",
-                                 "DTRAIN_TEST_STEPS=140", "DTRAIN_TEST_SLOW_MS=20", "DTRAIN_TEST_JOIN_FILE=" + joined};
-      if (!resume) {
+                                 "DTRAIN_TEST_STEPS=140", "DTRAIN_TEST_SLOW_MS=20"};
+      for (auto& v : entry.env(resumed < 0 ? first_join : resumed + 3)) e.push_back(v);
+      if (resumed < 0) {
         e.emplace_back("DTRAIN_TEST_KILL_LATER_RANK=1");
         e.emplace_back("DTRAIN_TEST_KILL_LATER_MS=1500");
       } else {
         e.emplace_back("DTRAIN_TEST_RESUME=1");
         e.emplace_back("DTRAIN_TEST_FIRST_JOIN=" + std::to_string(first_join));
-        e.emplace_back("DTRAIN_TEST_RESUME_FILE=" + resumed);
+        e.emplace_back("DTRAIN_TEST_RESUMED_AT=" + std::to_string(resumed));
       }
       return e;
     };
   };
-  std::remove(joined.c_str());
-  std::remove(resumed.c_str());
-  auto first = run_ps(5, "bsp", env(false, -1));
+  auto first = run_ps(5, "bsp", env(-1));
   INFO(dump(first));
   REQUIRE(first.ranks[1].status == 128 + SIGKILL);
-  const long long first_join = entered_at(first.ranks[4].output);
-  REQUIRE(first_join > 0);
-  auto second = run_ps(5, "bsp", env(true, first_join));
-  INFO("worker 2 first entered at clock " << first_join << "\n" << dump(second));
+  REQUIRE(entered_at(first.ranks[4].output) == first_join);
+  const long long resumed = newest_checkpoint(prefix, 2, 140);
+  REQUIRE(resumed > first_join);  // the case meant: it had been there before the checkpoint
+  entry.clear();
+  auto second = run_ps(5, "bsp", env(resumed));
+  INFO("the checkpoints resume the job at clock " << resumed << "\n" << dump(second));
   for (const auto& r : second.ranks) CHECK(r.status == 0);
-  const long long resumed_clock = resumed_at(second.ranks[2].output), second_join = entered_at(second.ranks[4].output);
-  CHECK(resumed_clock > first_join);  // the case meant: it had been there before the checkpoint
-  CHECK(second_join >= resumed_clock);
+  CHECK(resumed_at(second.ranks[2].output) == resumed);
+  CHECK(entered_at(second.ranks[4].output) == resumed + 3);
   for (int w : {2, 3, 4}) {
     CHECK(has(second.ranks[static_cast<std::size_t>(w)].output, "140 steps: worker " + std::to_string(w - 2) +
                                                                        "'s parameters match the serial simulation"));
   }
-  std::remove(joined.c_str());
-  std::remove(resumed.c_str());
   remove_checkpoints(prefix, 2, 140);
 }
 
@@ -676,14 +710,15 @@ TEST_CASE("ps membership: a worker that joins the running job while a server is 
   // reach the new head of server 0's shard either way: every survivor ends well.
   const std::string mode = GENERATE("bsp", "asp");
   const int kill_ms = GENERATE(250, 400);
-  const std::string entered = "/tmp/dtrain_ps_join_kill_" + std::to_string(::getpid());
-  std::remove(entered.c_str());
+  const late_entry entry("join_kill");  // under BSP worker 0 holds round 5 open: the joiner enters at 6
   remove_push_logs(2);
   auto g = run_ps(5, mode == "asp" ? "asp-exact" : mode, [&](int) {
     std::vector<std::string> env{"DTRAIN_PS_SERVERS=3", "DTRAIN_TEST_REPLICAS=2", "DTRAIN_PS_LATE_WORKERS=1",
                                  "DTRAIN_LATE_RANKS=1", "DTRAIN_TEST_LATE_MS=300", "DTRAIN_TEST_KILL_LATER_RANK=0",
-                                 "DTRAIN_TEST_KILL_LATER_MS=" + std::to_string(kill_ms), "DTRAIN_TEST_TIMEOUT_MS=10000",
-                                 "DTRAIN_TEST_JOIN_FILE=" + entered};
+                                 "DTRAIN_TEST_KILL_LATER_MS=" + std::to_string(kill_ms), "DTRAIN_TEST_TIMEOUT_MS=10000"};
+    if (mode == "bsp") {
+      for (auto& e : entry.env(6)) env.push_back(e);
+    }
     for (const char* e : mode == "bsp" ? std::vector<const char*>{"DTRAIN_TEST_STEPS=60", "DTRAIN_TEST_SLOW_MS=10"}
                                        : std::vector<const char*>{"DTRAIN_TEST_STEPS=1000", "DTRAIN_TEST_SLOW_MS=1",
                                                                   "DTRAIN_TEST_N_PUSH=2"}) {
@@ -692,11 +727,13 @@ TEST_CASE("ps membership: a worker that joins the running job while a server is 
     env.push_back("DTRAIN_TEST_PUSH_LOG=" + push_log_prefix());
     return env;
   });
-  std::remove(entered.c_str());
   INFO(mode << ", server 0 killed at " << kill_ms << " ms\n" << dump(g));
   check_survivors(g, 0);
-  CHECK(entered_at(g.ranks[4].output) > 0);
-  if (mode == "asp") return check_exactly_once(2);
+  if (mode == "asp") {
+    CHECK(entered_at(g.ranks[4].output) > 0);
+    return check_exactly_once(2);
+  }
+  CHECK(entered_at(g.ranks[4].output) == 6);
   for (int w : {3, 4}) {
     CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
   }

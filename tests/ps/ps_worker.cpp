@@ -30,11 +30,16 @@
 // each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check
 // that the copies are equal.
 // DTRAIN_PS_LATE_WORKERS=n: the last n workers join the running job (with DTRAIN_LATE_RANKS and
-// DTRAIN_TEST_LATE_MS, as processes that connect later); one writes the clock it entered at to
-// DTRAIN_TEST_JOIN_FILE, which the others read for their serial simulation. In a resumed job,
-// worker 0 writes the clock it resumed at to DTRAIN_TEST_RESUME_FILE, and DTRAIN_TEST_FIRST_JOIN=c
-// says the late worker had entered the job before the restart at clock c: the simulation counts
-// it from c to the resumed clock, then from its second arrival on.
+// DTRAIN_TEST_LATE_MS, as processes that connect later). Under BSP the harness decides where one
+// enters, DTRAIN_TEST_ENTER_AT=c: worker 0 holds before its step c - 1, writing
+// DTRAIN_TEST_HOLD_FILE, until the late worker has entered (it writes DTRAIN_TEST_JOIN_FILE once
+// every shard took it); the late worker connects only once the hold file exists. With round c - 1
+// held open the late worker must enter at c (past every round in progress): it fails where it
+// did not, and every worker's simulation counts it from c. In a resumed job
+// DTRAIN_TEST_RESUMED_AT=c is the clock the harness read from the checkpoint files' names (every
+// worker fails where the job resumed elsewhere), and DTRAIN_TEST_FIRST_JOIN=c says the late
+// worker had entered the job before the restart at clock c: the simulation counts it from c to the
+// resumed clock, then from its second arrival on.
 // Workers print when they began and ended training ("worker w began at t ms", since the process
 // started). Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
 
@@ -49,10 +54,12 @@
 #include <cstdlib>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "dtrain/consistency/policies.hpp"
+#include "dtrain/core/log.hpp"
 #include "dtrain/core/hash.hpp"
 #include "dtrain/ps/trainer.hpp"
 #include "dtrain/transport/tcp.hpp"
@@ -77,7 +84,7 @@ int env_int(const char* name, int fallback) {
   return v != nullptr ? std::atoi(v) : fallback;
 }
 
-// A clock one process hands to the others through a file (a path from the environment, or none).
+// A clock one process hands to another through a file (a path from the environment, or none).
 void write_clock(const char* path, std::int64_t clock) {
   if (path == nullptr) return;
   if (std::FILE* out = std::fopen(path, "w"); out != nullptr) {
@@ -86,14 +93,29 @@ void write_clock(const char* path, std::int64_t clock) {
   }
 }
 
-long long read_clock(const char* path, long long fallback) {
-  if (path == nullptr) return fallback;
-  long long clock = fallback;
-  if (std::FILE* in = std::fopen(path, "r"); in != nullptr) {
-    if (std::fscanf(in, "%lld", &clock) != 1) clock = fallback;
-    std::fclose(in);
+// The late worker tells worker 0 it has entered through its log handler: the library logs the
+// entry once every shard took it, before the pull that waits for the round worker 0 holds open.
+// Other lines go to stderr as they would have.
+const char* join_file = nullptr;
+void on_log(dtrain::log_level level, std::string_view line) {
+  if (line.find("joins the running job at clock") != std::string_view::npos) {
+    write_clock(join_file, 0);
+  } else if (level <= dtrain::log_level::warn) {
+    std::fprintf(stderr, "dtrain %s: %.*s\n", level == dtrain::log_level::warn ? "warn" : "error",
+                 static_cast<int>(line.size()), line.data());
   }
-  return clock;
+}
+
+// Waits up to 30 s for the file at the path the environment variable `name` gives (none: returns
+// at once); whether it appeared.
+bool wait_for_file(const char* name) {
+  const char* path = std::getenv(name);
+  if (path == nullptr) return true;
+  for (auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30); ::access(path, F_OK) != 0;) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
 }
 
 ps_options options() {
@@ -244,19 +266,29 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
   std::vector<float> x(dim);
   job.begin(std::span(x));
   std::printf("worker %d began at %lld ms\n", w, ms_since_start());
-  if (job.first_step() > 0 && w == 0) {
-    std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
-    write_clock(std::getenv("DTRAIN_TEST_RESUME_FILE"), job.first_step());
-  }
+  const int enter_at = env_int("DTRAIN_TEST_ENTER_AT", -1), resumed_at = env_int("DTRAIN_TEST_RESUMED_AT", 0);
+  if (job.first_step() > 0 && w == 0) std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
   if (r.is_late_worker(w)) {
     std::printf("worker %d entered the running job at clock %lld\n", w, static_cast<long long>(job.first_step()));
-    write_clock(std::getenv("DTRAIN_TEST_JOIN_FILE"), job.first_step());
+    if (enter_at >= 0 && job.first_step() != enter_at) {
+      std::printf("worker %d entered at clock %lld, not at %d where the harness held the job\n", w,
+                  static_cast<long long>(job.first_step()), enter_at);
+      return 1;
+    }
+  } else if (resumed_at > 0 && job.first_step() != resumed_at) {
+    std::printf("worker %d resumed at step %lld, but the newest checkpoint every shard has is of clock %d\n", w,
+                static_cast<long long>(job.first_step()), resumed_at);
+    return 1;
   }
   const int leaver = env_int("DTRAIN_TEST_LEAVE_WORKER", -1), leave_after = env_int("DTRAIN_TEST_LEAVE_AFTER", steps);
   if (w == leaver) steps = leave_after;
   push_log log(exact, w, env_int("DTRAIN_TEST_N_PUSH", 1));
   for (int it = static_cast<int>(job.first_step()); it < steps; ++it) {
     maybe_die(rank, it);
+    if (w == 0 && it == enter_at - 1) {  // hold round it open until the late worker entered
+      write_clock(std::getenv("DTRAIN_TEST_HOLD_FILE"), it);
+      if (!wait_for_file("DTRAIN_TEST_JOIN_FILE")) std::printf("worker 0: no late worker entered within 30 s\n");
+    }
     const long long began = log.now();
     job.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) {
       p.grad(xs, g, tt);
@@ -283,15 +315,9 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
     // Serial synchronous SGD on the mean gradient, with the server's float operations; from
     // round `leave_after` on without the worker that left. The one that left pulls once more
     // after its last step (`end` finishes a clock first): it sees one round without it. A late
-    // worker counts from the clock it entered at: under BSP it holds the others back from then
-    // on, so it wrote that clock before any of them can end. After a restart it also counts in
-    // the rounds it was there for before the restart, [first_join, resumed_at).
-    long long entered = 0;
-    if (const char* f = std::getenv("DTRAIN_TEST_JOIN_FILE"); f != nullptr && r.late_workers > 0) {
-      entered = read_clock(f, steps);  // no clock written: it came too late to count
-    }
-    const long long first_join = env_int("DTRAIN_TEST_FIRST_JOIN", -1);
-    const long long resumed_at = read_clock(std::getenv("DTRAIN_TEST_RESUME_FILE"), 0);
+    // worker counts from the clock the harness made it enter at (DTRAIN_TEST_ENTER_AT), and after
+    // a restart also in the rounds it was there for before the restart, [first_join, resumed_at).
+    const long long entered = std::max(enter_at, 0), first_join = env_int("DTRAIN_TEST_FIRST_JOIN", -1);
     auto late_counts = [&](int it) { return it >= entered || (first_join >= 0 && it >= first_join && it < resumed_at); };
     std::vector<problem> all;
     for (int k = 0; k < r.workers; ++k) all.emplace_back(k);
@@ -333,6 +359,11 @@ int main(int argc, char** argv) {
     if (const int late = env_int("DTRAIN_LATE_RANKS", 0);
         late > 0 && env_int("DTRAIN_RANK", 0) >= env_int("DTRAIN_WORLD_SIZE", 0) - late) {
       std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_LATE_MS", 0)));
+      if (!wait_for_file("DTRAIN_TEST_HOLD_FILE")) std::printf("late rank: worker 0 never held the job\n");
+      if (join_file = std::getenv("DTRAIN_TEST_JOIN_FILE"); join_file != nullptr) {
+        ::setenv("DTRAIN_LOG", "info", 1);  // before dtrain logs anything: the entry is an info line
+        dtrain::set_log_handler(on_log);
+      }
     }
     auto t = tcp_transport::from_environment(o);
     if (mode == "bsp") return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 30), true);
