@@ -378,6 +378,11 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
       body(ctx, a);
     } catch (const error& e) {
       broken_by_ = e.what();
+      // One side finds a mismatch; the transport tells the others which calls disagreed, where
+      // it can, so that every rank's error names both calls, not only a peer leaving.
+      if constexpr (requires { transport_.abort(broken_by_); }) {
+        if (e.code() == errc::collective_mismatch) transport_.abort(broken_by_);
+      }
       throw;
     }
   }

@@ -64,6 +64,13 @@ class engine_handle : public transport_buffer_forms<Derived> {
   /// Why the group failed (which rank was lost, and how); empty while it is healthy.
   std::string failure() const { return engine_ ? engine_->failure() : std::string(); }
 
+  /// Fails the group on every rank, telling each peer `why` (what this rank found, such as a
+  /// collective mismatch naming both calls): their waiting operations fail with it, where they
+  /// would otherwise only see this rank leave. Used by the communicators; the group is then done.
+  void abort(const std::string& why) noexcept {
+    if (engine_) engine_->abort(why);
+  }
+
   /// Leaves the group now (the destructor does this too): what was sent is delivered first.
   void leave() noexcept {
     if (engine_) engine_->stop();

@@ -70,6 +70,14 @@ class process_group : public transport_buffer_forms<process_group<World>> {
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return layout_->members.size(); }
 
+  /// Fails the world's group, telling every rank `why`, where the world's transport can
+  /// (`engine_handle::abort`); every group formed from the world shares it, so all of them fail.
+  void abort(const std::string& why) noexcept
+    requires requires(World& w) { w.abort(why); }
+  {
+    world_->abort(why);
+  }
+
   /// Starts sending the bytes of `parts` to group rank `peer` on `tag` (in this group's tags).
   request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) {
     DTRAIN_ASSERT(peer >= 0 && peer < size(), "send to a rank outside the group");

@@ -179,6 +179,13 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
     return request(std::move(on_tcp), std::move(on_shm), world_of_);
   }
 
+  /// Fails the group on every rank, telling each peer `why`, through both paths (see
+  /// `engine_handle::abort`).
+  void abort(const std::string& why) noexcept {
+    if (shm_) shm_->abort(why);
+    if (tcp_) tcp_->abort(why);
+  }
+
   /// Why the group failed; empty while it is healthy.
   std::string failure() const {
     std::string why = tcp_ ? tcp_->failure() : std::string();

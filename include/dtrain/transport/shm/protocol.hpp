@@ -223,13 +223,17 @@ class protocol {
       return;
     }
     if (d.header.kind == frame_kind::remote) return begin_remote(p, d.header);
-    if (d.header.kind != frame_kind::data) {
+    if (d.header.kind == frame_kind::abort && d.header.length > abort_text_bytes) {
+      throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds an abort frame longer than " +
+                                            std::to_string(abort_text_bytes) + " bytes");
+    }
+    if (d.header.kind != frame_kind::data && d.header.kind != frame_kind::abort) {
       throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds a control frame it never carries");
     }
     l.rx_active = true;
     l.rx_frame = d.header;
     l.rx_got = 0;
-    if (byte_op_ptr r = queue_.take_receive({p, d.header.tag})) {
+    if (byte_op_ptr r = d.header.kind == frame_kind::data ? queue_.take_receive({p, d.header.tag}) : nullptr) {
       r->state = byte_operation::phase::active;
       r->env = envelope{p, d.header.tag, d.header.sig, d.header.length};
       landing into = land(r->buffer, r->grow, d.header.length);
@@ -283,6 +287,14 @@ class protocol {
     }
     early_message_ptr m = std::move(l.rx_early);
     if (!m) return;  // its receive was abandoned
+    if (l.rx_frame.kind == frame_kind::abort) {  // the peer's group failed, and it says why
+      std::string text(m->length, '?');
+      for (std::size_t i = 0; i < m->length; ++i) {
+        const auto c = static_cast<char>(m->data[i]);
+        if (c >= ' ' && c <= '~') text[i] = c;
+      }
+      return fail_group(errc::peer_lost, rank_text(p) + " aborted the group: " + text);
+    }
     m->complete = true;
     if (byte_op_ptr r = queue_.take_receive({p, m->tag})) {
       deliver(*m, *r);

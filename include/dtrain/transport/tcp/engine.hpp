@@ -300,6 +300,17 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     fail_everything(make_error_code(errc::cancelled), "the transport was shut down");
   }
 
+  /// Fails the group here and on every peer, telling each why (an abort frame: their waiting
+  /// operations fail naming this rank and `why`), and waits up to the linger time for the frames
+  /// to go out.
+  void abort(const std::string& why) noexcept {
+    try {
+      const deadline d = deadline::after(settings_.linger);
+      for (auto& frame : this->group_failed(why, -1)) frame->flag.block_until(d);
+    } catch (...) {  // out of memory: the peers see this rank leave instead
+    }
+  }
+
   /// Text for errors after the group failed; empty while it is healthy.
   std::string failure() const {
     std::lock_guard lock(m_);

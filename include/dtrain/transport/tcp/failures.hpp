@@ -73,13 +73,14 @@ class failures {
   }
 
   // The group cannot go on: fail every waiting receive, and tell the other peers why, so that
-  // ranks that never talked to the lost one fail at once too, naming it.
-  void group_failed(const std::string& why, int source, bool marked = false) {
-    std::vector<op_ptr> orphans;
+  // ranks that never talked to the lost one fail at once too, naming it. Returns the abort
+  // frames it queued.
+  std::vector<op_ptr> group_failed(const std::string& why, int source, bool marked = false) {
+    std::vector<op_ptr> orphans, aborts;
     std::vector<connection*> others;
     {
       std::lock_guard lock(self().m_);
-      if (self().failed_ && !marked) return;
+      if (self().failed_ && !marked) return aborts;
       self().failed_ = true;
       self().failure_ = why;
       orphans = self().queue_.take_all_receives();
@@ -97,7 +98,9 @@ class failures {
       abort->owned = "rank " + std::to_string(self().rank_) + " reports: " + why;
       if (abort->owned.size() > 4000) abort->owned.resize(4000);
       self().enqueue(*c, abort);
+      aborts.push_back(std::move(abort));
     }
+    return aborts;
   }
 
   void fail_everything(std::error_code ec, const std::string& why) {
