@@ -28,19 +28,6 @@ constexpr std::uint64_t p2p_tag(int tag) noexcept {
   return 0x7470'0000'0000'0000ull + static_cast<std::uint32_t>(tag);  // "tp"
 }
 
-// Waits for a send or receive on the user's `tag`; a failure names the call, the peer and the
-// tag as the user wrote them.
-template <class Request>
-void wait_for(Request& r, deadline d, const char* what, int peer, int tag, int rank) {
-  std::error_code ec;
-  if (r.wait(d, ec)) return;
-  std::string text = std::string("dtrain: ") + what + (peer == any_peer ? std::string(" any rank") :
-                     " rank " + std::to_string(peer)) + " (tag " + std::to_string(tag) + ") at rank " +
-                     std::to_string(rank);
-  if (!r.detail().empty()) text += " (" + r.detail() + ")";
-  throw error(ec, text);  // which appends ec.message()
-}
-
 // A collective that failed in dtrain reaches Python, under torch 2, as torch.distributed's
 // DistBackendError (a RuntimeError), as Gloo's and NCCL's failures do; elastic code catches it.
 std::exception_ptr as_torch_error(std::exception_ptr failure) {
@@ -144,13 +131,8 @@ void dtrain_process_group::close() noexcept {
   // on a queue's thread, can need the GIL: let go of it while those threads finish.
   std::optional<pybind11::gil_scoped_release> without_gil;
   if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) without_gil.emplace();
-  {
-    std::lock_guard lock(receiving_);
-    closing_ = true;
-    if (cancel_receive_) cancel_receive_();
-  }
+  point_to_point_.stop();  // fails the receives still waiting; the sends get the linger time
   collectives_.stop();
-  point_to_point_.stop();
   comm_.reset();
 }
 
@@ -506,65 +488,78 @@ dtrain_process_group::work_ptr dtrain_process_group::barrier(const ::c10d::Barri
                  [this] { comm_->barrier(); });
 }
 
+// Point-to-point: each call is posted on the point-to-point thread in call order and completes
+// when its own transfer has finished (point_to_point.hpp), so a waiting receive holds up no send.
 dtrain_process_group::work_ptr dtrain_process_group::send(tensors& t, int dst, int tag) {
   check_one(t, "send");
   TORCH_CHECK(dst >= 0 && dst < getSize() && dst != getRank(), "dtrain: send to rank ", dst, " from rank ", getRank(),
               " of ", getSize());
   host_staging staging(t[0].device(), "send");
   at::Tensor x = staging.read(t[0]).contiguous();
-  const std::chrono::milliseconds timeout = timeout_;
-  return enqueue(point_to_point_, ::c10d::OpType::SEND, t, timeout, std::move(staging), [this, x, dst, tag, timeout] {
-    const std::span<const std::byte> bytes(static_cast<const std::byte*>(x.data_ptr()), x.nbytes());
-    auto r = comm_->transport().isend(dst, p2p_tag(tag), signature{}, bytes);
-    wait_for(r, deadline::after(timeout), "send to", dst, tag, getRank());
-  });
+  return post(::c10d::OpType::SEND, t, std::move(staging), "send to rank " + std::to_string(dst), tag,
+              [this, x, dst, tag] {
+                const std::span<const std::byte> bytes(static_cast<const std::byte*>(x.data_ptr()), x.nbytes());
+                return comm_->transport().isend(dst, p2p_tag(tag), signature{}, bytes);
+              });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::recv(tensors& t, int src, int tag) {
   check_one(t, "recv");
   TORCH_CHECK(src >= 0 && src < getSize() && src != getRank(), "dtrain: recv from rank ", src, " at rank ", getRank(),
               " of ", getSize());
-  host_staging staging(t[0].device(), "recv");
-  at::Tensor y = staging.write(t[0]);
-  const std::chrono::milliseconds timeout = timeout_;
-  return enqueue_from(point_to_point_, ::c10d::OpType::RECV, t, timeout, std::move(staging),
-                      [this, y, src, tag, timeout] { return receive(y, src, tag, timeout); });
+  return receive(::c10d::OpType::RECV, t, src, tag);
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::recvAnysource(tensors& t, int tag) {
   check_one(t, "recv");
-  host_staging staging(t[0].device(), "recv");
-  at::Tensor y = staging.write(t[0]);
-  const std::chrono::milliseconds timeout = timeout_;
-  return enqueue_from(point_to_point_, ::c10d::OpType::RECVANYSOURCE, t, timeout, std::move(staging),
-                      [this, y, tag, timeout] { return receive(y, any_peer, tag, timeout); });
+  return receive(::c10d::OpType::RECVANYSOURCE, t, any_peer, tag);
 }
 
-int dtrain_process_group::receive(const at::Tensor& into, int src, int tag, std::chrono::milliseconds timeout) {
-  dense d(into);
-  auto bytes = std::span(static_cast<std::byte*>(d.data.data_ptr()), d.data.nbytes());
-  auto r = comm_->transport().irecv(src, p2p_tag(tag), bytes);
-  {
-    std::lock_guard lock(receiving_);
-    if (closing_) r.cancel();
-    cancel_receive_ = [&r] { r.cancel(); };
-  }
-  struct forget {
-    dtrain_process_group& group;
-    ~forget() {
-      std::lock_guard lock(group.receiving_);
-      group.cancel_receive_ = nullptr;
-    }
-  } forget_it_before_r_goes{*this};
-  wait_for(r, deadline::after(timeout), "recv from", src, tag, getRank());
-  const int from = r.info().peer;
-  if (r.info().bytes != bytes.size()) {
-    throw error(errc::invalid_argument, "dtrain: recv from rank " + std::to_string(from) + " (tag " +
-                                            std::to_string(tag) + "): " + std::to_string(r.info().bytes) +
-                                            " bytes arrived for a tensor of " + std::to_string(bytes.size()));
-  }
-  d.write_back();
-  return from;
+dtrain_process_group::work_ptr dtrain_process_group::receive(::c10d::OpType type, tensors& t, int src, int tag) {
+  host_staging staging(t[0].device(), "recv");
+  auto into = std::make_shared<dense>(staging.write(t[0]));
+  const auto bytes = std::span(static_cast<std::byte*>(into->data.data_ptr()), into->data.nbytes());
+  const std::string what = src == any_peer ? "recv from any rank" : "recv from rank " + std::to_string(src);
+  return post(
+      type, t, std::move(staging), what, tag,
+      [this, into, bytes, src, tag] { return comm_->transport().irecv(src, p2p_tag(tag), bytes); },
+      [into, bytes, tag](point_to_point::request& r) {
+        const int from = r.info().peer;
+        if (r.info().bytes != bytes.size()) {
+          throw error(errc::invalid_argument, "dtrain: recv from rank " + std::to_string(from) + " (tag " +
+                                                  std::to_string(tag) + "): " + std::to_string(r.info().bytes) +
+                                                  " bytes arrived for a tensor of " + std::to_string(bytes.size()));
+        }
+        into->write_back();
+        return from;
+      });
+}
+
+dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, tensors outputs, host_staging staging,
+                                                          const std::string& what, int tag,
+                                                          std::function<point_to_point::request()> start,
+                                                          std::function<int(point_to_point::request&)> finish) {
+  TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
+  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging));
+  point_to_point::call c;
+  c.post = [work, start = std::move(start)] {
+    work->staging().await_host_copies();
+    return start();
+  };
+  c.finish = [work, finish = std::move(finish)](point_to_point::request& r) {
+    const c10::NoGradGuard no_autograd;  // c10d's calls write their tensors as NCCL does
+    const int from = finish ? finish(r) : -1;
+    work->staging().copy_back();
+    return from;
+  };
+  c.complete = [work](std::exception_ptr failure, int source) {
+    work->complete(failure ? as_torch_error(failure) : nullptr, source);
+  };
+  c.due = deadline::after(timeout_.load());
+  c.what = what + " (tag " + std::to_string(tag) + ") at rank " + std::to_string(getRank());
+  c.is_send = type == ::c10d::OpType::SEND;
+  point_to_point_.submit(std::move(c));
+  return work;
 }
 
 }  // namespace dtrain::torch_backend

@@ -6,9 +6,10 @@
 //
 // Every collective is queued on the group's collective thread and runs there in the order it
 // was called (c10d's contract: every rank calls the same collectives in the same order); its
-// `Work` completes on that thread. send/recv run on a second thread, so a receive waiting for
-// its message never holds up a collective. Each call runs under the group's timeout (or the
-// call's own, where PyTorch passes one), and a failure names the peer and the operation.
+// `Work` completes on that thread. Sends and receives are posted in call order on a second thread
+// and complete independently (point_to_point.hpp): a receive waiting for its message holds up
+// neither a collective nor a later send. Each call runs under the group's timeout (or the call's
+// own, where PyTorch passes one), and a failure names the peer and the operation.
 
 #include <atomic>
 #include <chrono>
@@ -35,6 +36,7 @@
 #include "dtrain/collective/request.hpp"
 #include "dtrain/transport/tcp.hpp"
 #include "host_staging.hpp"
+#include "point_to_point.hpp"
 
 namespace dtrain::torch_backend {
 
@@ -132,8 +134,14 @@ class dtrain_process_group final : public c10d_backend {
   // The same, for a body that returns the rank its message came from (`Work::sourceRank`).
   work_ptr enqueue_from(detail::call_queue& queue, ::c10d::OpType type, tensors outputs,
                         std::chrono::milliseconds timeout, host_staging staging, std::function<int()> body);
-  // Receives one message on the user's `tag` into `into`, from `src` or any peer; @returns its sender.
-  int receive(const at::Tensor& into, int src, int tag, std::chrono::milliseconds timeout);
+  // A receive on the user's `tag` into `t[0]`, from `src` or any peer; the work's source rank is
+  // the sender.
+  work_ptr receive(::c10d::OpType type, tensors& t, int src, int tag);
+  // Posts a send or receive (`start`) on the point-to-point thread; `finish` runs once it has
+  // succeeded and returns the sender (none: -1). `what` and `tag` name it in errors.
+  work_ptr post(::c10d::OpType type, tensors outputs, host_staging staging, const std::string& what, int tag,
+                std::function<point_to_point::request()> start,
+                std::function<int(point_to_point::request&)> finish = nullptr);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds asked) const;
   // Allgathers the tensors of `in` joined into one buffer: one collective for all of them.
   // @returns the gathered buffer as [size, total elements of `in`], rank r's inputs in row r.
@@ -145,10 +153,7 @@ class dtrain_process_group final : public c10d_backend {
   std::atomic<std::chrono::milliseconds> timeout_;  // set_timeout may come from any Python thread
   std::optional<communicator<tcp_transport>> comm_;  // empty once closed
   detail::call_queue collectives_;  // after comm_: destroyed (drained) before it
-  detail::call_queue point_to_point_;
-  std::mutex receiving_;                   // guards the two below
-  std::function<void()> cancel_receive_;   // cancels the receive now waiting, if any
-  bool closing_ = false;
+  point_to_point point_to_point_;
 };
 
 }  // namespace dtrain::torch_backend

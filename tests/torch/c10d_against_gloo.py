@@ -331,6 +331,8 @@ def collectives(c, dist, torch, gloo, size, rank):
     else:
         dist.send(torch.tensor([rank, rank * rank]), 0, tag=11)
 
+    p2p_orderings(c, dist, torch, gloo, size, rank)
+
     # object collectives (pickles through uint8 allgather and broadcast), as scripts use for metrics
     objects = [None] * size
     dist.all_gather_object(objects, {"rank": rank, "name": "r" * (rank + 1)})
@@ -570,6 +572,96 @@ def exit_without_destroy(c, dist, torch, size, rank):
     c.same("an allreduce before exit", x, torch.full((1000,), float(size)), True)
     dist.all_reduce(torch.ones(10), async_op=True)  # never waited for
     print(f"rank {rank}: {'PASS' if not c.failed else 'FAIL'} ({c.passed} checks passed); exiting", flush=True)
+
+
+def p2p_orderings(c, dist, torch, gloo, size, rank):
+    """Sends and receives in every order a program posts them, on dtrain and on Gloo: the same
+    results, and dtrain finishes each at once (a receive that held back later sends would wait
+    for the group's 30 s deadline)."""
+    import threading
+    import time
+    nxt, prv = (rank + 1) % size, (rank - 1) % size
+
+    def ring_receive_first(group):
+        into = torch.empty(40, dtype=torch.float64)
+        r = dist.irecv(into, prv, group=group, tag=21)
+        time.sleep(0.05)  # the receive is posted, and waiting, before the send is called
+        s = dist.isend(input_of(rank + 200, (40,), torch.float64), nxt, group=group, tag=21)
+        r.wait()
+        s.wait()
+        return [into]
+
+    def batched_receive_first(group):
+        into = torch.empty(9, dtype=torch.float32)
+        ops = [dist.P2POp(dist.irecv, into, prv, group, 22),
+               dist.P2POp(dist.isend, input_of(rank + 300, (9,), torch.float32), nxt, group, 22)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        return [into]
+
+    def swap_receive_first(group):  # ranks 0-1, 2-3, ...; an odd one out swaps with itself by copy
+        peer = rank ^ 1
+        mine = input_of(rank + 400, (1000,), torch.int64)
+        if peer >= size:
+            return [mine.clone()]
+        into = torch.empty(1000, dtype=torch.int64)
+        r = dist.irecv(into, peer, group=group, tag=23)
+        time.sleep(0.05)
+        s = dist.isend(mine, peer, group=group, tag=23)
+        s.wait()  # the send waited first: it must not need the receive to finish
+        r.wait()
+        return [into]
+
+    def many_in_flight(group):  # 12 receives from prv, then 12 sends to nxt, waited newest first
+        intos = [torch.empty(k + 1, dtype=torch.float64) for k in range(12)]
+        works = [dist.irecv(t, prv, group=group, tag=24) for t in intos]
+        time.sleep(0.05)
+        works += [dist.isend(input_of(rank * 100 + k, (k + 1,), torch.float64), nxt, group=group, tag=24)
+                  for k in range(12)]
+        for w in reversed(works):
+            w.wait()
+        return intos
+
+    def beside_collectives(group):  # a ring receive-first while another thread runs allreduces
+        sums = []
+
+        def reduce():
+            for k in range(20):
+                t = torch.full((64,), float(rank + k))
+                dist.all_reduce(t, group=group)
+                sums.append(t[0].item())
+        other = threading.Thread(target=reduce)
+        other.start()
+        got = ring_receive_first(group)
+        other.join()
+        want = [float(size * (size - 1) // 2 + size * k) for k in range(20)]
+        return got + [torch.tensor(sums if sums == want else [-1.0])]
+
+    wanted = {
+        "ring, receive first": lambda: [input_of(prv + 200, (40,), torch.float64)],
+        "batch_isend_irecv, receive first": lambda: [input_of(prv + 300, (9,), torch.float32)],
+        "two-rank swap, receive first": lambda: [input_of((rank ^ 1 if rank ^ 1 < size else rank) + 400, (1000,),
+                                                          torch.int64)],
+        "12 in flight, waited newest first": lambda: [input_of(prv * 100 + k, (k + 1,), torch.float64)
+                                                      for k in range(12)],
+        "beside allreduces on another thread": lambda: [input_of(prv + 200, (40,), torch.float64),
+                                                        torch.tensor([float(size * (size - 1) // 2 + size * k)
+                                                                      for k in range(20)])],
+    }
+    for name, run in (("ring, receive first", ring_receive_first),
+                      ("batch_isend_irecv, receive first", batched_receive_first),
+                      ("two-rank swap, receive first", swap_receive_first),
+                      ("12 in flight, waited newest first", many_in_flight),
+                      ("beside allreduces on another thread", beside_collectives)):
+        for backend, group in (("dtrain", None), ("gloo", gloo)):
+            begun = time.monotonic()
+            got = run(group)
+            took = time.monotonic() - begun
+            for k, (g, w) in enumerate(zip(got, wanted[name]())):
+                c.same(f"p2p {name} on {backend} [{k}]", g, w, True)
+            if backend == "dtrain":
+                c.true(f"p2p {name} on dtrain finishes at once", took < 5.0, f"took {took:.1f} s")
+        dist.barrier(group=gloo)
 
 
 def rank_main(args):
