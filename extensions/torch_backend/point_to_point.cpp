@@ -1,6 +1,7 @@
 #include "point_to_point.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <chrono>
 #include <system_error>
 #include <utility>
@@ -9,9 +10,11 @@
 
 namespace dtrain::torch_backend {
 namespace {
-// How long the thread waits on the oldest transfer before it looks at the others and at newly
-// submitted calls again: the most a finished transfer behind it, or a new call, waits.
-constexpr std::chrono::microseconds look_again{200};
+// While transfers are in flight the thread sleeps between looks at them, from `first_look` up to
+// `longest_sleep` (doubling while nothing finishes), so a pending receive costs no core; a new
+// call wakes it at once. A transfer that finishes is noticed within the current sleep.
+constexpr std::chrono::microseconds first_look{20};
+constexpr std::chrono::microseconds longest_sleep{1000};
 // How long a send still in flight when the group shuts down may take (the TCP transport's own).
 constexpr std::chrono::seconds linger{10};
 }  // namespace
@@ -72,17 +75,23 @@ bool point_to_point::settle(in_flight& f) {
 
 void point_to_point::run() {
   std::vector<in_flight> flying;  // in call order
+  std::chrono::microseconds sleep = first_look;
+  bool stopping = false;
   for (;;) {
     std::deque<call> fresh;
-    bool stopping = false;
     {
       std::unique_lock lock(m_);
-      if (flying.empty()) wake_.wait(lock, [&] { return stopping_ || !incoming_.empty(); });
+      const auto news = [&] { return !incoming_.empty() || stopping_ != stopping; };
+      if (flying.empty()) {
+        wake_.wait(lock, news);
+      } else {
+        wake_.wait_for(lock, sleep, news);
+      }
       fresh.swap(incoming_);
       stopping = stopping_;
     }
     for (auto& c : fresh) {
-      if (stopping) {
+      if (stopping && !c.is_send) {  // called before the shutdown, but no one will send to it now
         fail(c, std::make_exception_ptr(error(errc::cancelled, "dtrain: " + c.what + ": the group was shut down")));
         continue;
       }
@@ -99,12 +108,16 @@ void point_to_point::run() {
         f.c.due = std::min(f.c.due, deadline::after(linger));
       }
     }
-    flying.erase(std::remove_if(flying.begin(), flying.end(), [](in_flight& f) { return settle(f); }), flying.end());
-    if (stopping && flying.empty()) return;
-    if (!flying.empty()) {
-      std::error_code ignored;  // settled above, on the next pass
-      flying.front().r.wait(std::min(flying.front().c.due, deadline::after(look_again)), ignored);
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < flying.size(); ++i) {
+      if (settle(flying[i])) continue;
+      if (kept != i) flying[kept] = std::move(flying[i]);
+      ++kept;
     }
+    const bool moved = kept < flying.size() || !fresh.empty();
+    flying.erase(flying.begin() + static_cast<std::ptrdiff_t>(kept), flying.end());
+    if (stopping && flying.empty()) return;
+    sleep = moved ? first_look : std::min(2 * sleep, longest_sleep);
   }
 }
 

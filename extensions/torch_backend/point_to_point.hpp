@@ -5,7 +5,8 @@
 // receive-first, finishes at once. Each call is posted to the transport in call order on this
 // class's thread (messages between two ranks on one tag then match in call order), and its work
 // completes when its own transfer has finished, in whatever order they finish. Each call has its
-// own deadline.
+// own deadline. While transfers are in flight the thread sleeps between looks at them (20 us,
+// doubling to 1 ms while nothing finishes): a pending receive costs no core.
 
 #include <chrono>
 #include <condition_variable>
@@ -47,8 +48,9 @@ class point_to_point {
   /// Queues `c` to be posted after every call submitted before it.
   void submit(call c);
 
-  /// Fails the receives still waiting (cancelled) and every call submitted later, lets the sends
-  /// in flight finish (each within its deadline), then stops the thread.
+  /// Fails the receives still waiting (cancelled) and every call submitted later; the sends
+  /// called before it are posted and may finish within the linger time (10 s). Then stops the
+  /// thread.
   void stop() noexcept;
 
  private:

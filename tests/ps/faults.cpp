@@ -683,6 +683,8 @@ TEST_CASE("ps membership: a job restarted from its checkpoints after a late work
       return e;
     };
   };
+  remove_checkpoints(prefix, 2, 140);  // none left by an earlier process of this pid
+  REQUIRE(newest_checkpoint(prefix, 2, 140) == -1);
   auto first = run_ps(5, "bsp", env(-1));
   INFO(dump(first));
   REQUIRE(first.ranks[1].status == 128 + SIGKILL);

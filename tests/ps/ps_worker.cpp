@@ -41,7 +41,8 @@
 // worker had entered the job before the restart at clock c: the simulation counts it from c to the
 // resumed clock, then from its second arrival on.
 // Workers print when they began and ended training ("worker w began at t ms", since the process
-// started). Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed).
+// started). Exit status: 0 success, 1 wrong result, 3 a dtrain::error was caught (and printed),
+// 4 the harness's hold or the others' finishing did not come within its time.
 
 #include <signal.h>
 #include <unistd.h>
@@ -287,7 +288,10 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
     maybe_die(rank, it);
     if (w == 0 && it == enter_at - 1) {  // hold round it open until the late worker entered
       write_clock(std::getenv("DTRAIN_TEST_HOLD_FILE"), it);
-      if (!wait_for_file("DTRAIN_TEST_JOIN_FILE")) std::printf("worker 0: no late worker entered within 30 s\n");
+      if (!wait_for_file("DTRAIN_TEST_JOIN_FILE")) {
+        std::printf("worker 0: no late worker entered within 30 s\n");
+        return 4;
+      }
     }
     const long long began = log.now();
     job.step(std::span(x), [&](auto xs, auto g, std::int64_t tt) {
@@ -359,7 +363,10 @@ int main(int argc, char** argv) {
     if (const int late = env_int("DTRAIN_LATE_RANKS", 0);
         late > 0 && env_int("DTRAIN_RANK", 0) >= env_int("DTRAIN_WORLD_SIZE", 0) - late) {
       std::this_thread::sleep_for(std::chrono::milliseconds(env_int("DTRAIN_TEST_LATE_MS", 0)));
-      if (!wait_for_file("DTRAIN_TEST_HOLD_FILE")) std::printf("late rank: worker 0 never held the job\n");
+      if (!wait_for_file("DTRAIN_TEST_HOLD_FILE")) {
+        std::printf("late rank: worker 0 did not hold the job within 30 s\n");
+        return 4;
+      }
       if (join_file = std::getenv("DTRAIN_TEST_JOIN_FILE"); join_file != nullptr) {
         ::setenv("DTRAIN_LOG", "info", 1);  // before dtrain logs anything: the entry is an info line
         dtrain::set_log_handler(on_log);

@@ -622,6 +622,23 @@ def p2p_orderings(c, dist, torch, gloo, size, rank):
             w.wait()
         return intos
 
+    def out_of_order(group):  # rank 1 sends B, then A only once rank 0 has B: B's work must not wait for A's
+        if rank > 1:
+            dist.barrier(group=gloo)
+            return []
+        a, b = torch.empty(3), torch.empty(3)
+        if rank == 0:
+            ra = dist.irecv(a, 1, group=group, tag=25)
+            rb = dist.irecv(b, 1, group=group, tag=26)
+            rb.wait()
+            dist.barrier(group=gloo)
+            ra.wait()
+            return [a, b]
+        dist.isend(input_of(500, (3,), torch.float32), 0, group=group, tag=26).wait()
+        dist.barrier(group=gloo)
+        dist.isend(input_of(501, (3,), torch.float32), 0, group=group, tag=25).wait()
+        return []
+
     def beside_collectives(group):  # a ring receive-first while another thread runs allreduces
         sums = []
 
@@ -644,6 +661,8 @@ def p2p_orderings(c, dist, torch, gloo, size, rank):
                                                           torch.int64)],
         "12 in flight, waited newest first": lambda: [input_of(prv * 100 + k, (k + 1,), torch.float64)
                                                       for k in range(12)],
+        "a later receive completing first": lambda: [input_of(501, (3,), torch.float32),
+                                                     input_of(500, (3,), torch.float32)] if rank == 0 else [],
         "beside allreduces on another thread": lambda: [input_of(prv + 200, (40,), torch.float64),
                                                         torch.tensor([float(size * (size - 1) // 2 + size * k)
                                                                       for k in range(20)])],
@@ -652,12 +671,15 @@ def p2p_orderings(c, dist, torch, gloo, size, rank):
                       ("batch_isend_irecv, receive first", batched_receive_first),
                       ("two-rank swap, receive first", swap_receive_first),
                       ("12 in flight, waited newest first", many_in_flight),
+                      ("a later receive completing first", out_of_order),
                       ("beside allreduces on another thread", beside_collectives)):
         for backend, group in (("dtrain", None), ("gloo", gloo)):
             begun = time.monotonic()
             got = run(group)
             took = time.monotonic() - begun
-            for k, (g, w) in enumerate(zip(got, wanted[name]())):
+            want = wanted[name]()
+            c.true(f"p2p {name} on {backend}: as many tensors", len(got) == len(want))
+            for k, (g, w) in enumerate(zip(got, want)):
                 c.same(f"p2p {name} on {backend} [{k}]", g, w, True)
             if backend == "dtrain":
                 c.true(f"p2p {name} on dtrain finishes at once", took < 5.0, f"took {took:.1f} s")
