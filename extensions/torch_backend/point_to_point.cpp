@@ -22,10 +22,7 @@ constexpr std::chrono::seconds linger{10};
 void point_to_point::submit(call c) {
   {
     std::lock_guard lock(m_);
-    if (stopping_) {
-      fail(c, std::make_exception_ptr(error(errc::cancelled, "dtrain: " + c.what + ": the group was shut down")));
-      return;
-    }
+    if (stopping_) return complete(c, shut_down(c));
     incoming_.push_back(std::move(c));
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   }
@@ -42,11 +39,15 @@ void point_to_point::stop() noexcept {
   if (thread_.joinable()) thread_.join();
 }
 
-void point_to_point::fail(call& c, std::exception_ptr failure) noexcept {
+void point_to_point::complete(call& c, std::exception_ptr failure, int source) noexcept {
   try {
-    c.complete(std::move(failure), -1);
+    c.complete(std::move(failure), source);
   } catch (...) {  // completing a work does not throw; nothing else could be told
   }
+}
+
+std::exception_ptr point_to_point::shut_down(const call& c) {
+  return std::make_exception_ptr(error(errc::cancelled, "dtrain: " + c.what + ": the group was shut down"));
 }
 
 bool point_to_point::settle(in_flight& f) {
@@ -56,19 +57,14 @@ bool point_to_point::settle(in_flight& f) {
     std::string text = "dtrain: " + f.c.what;
     if (!f.r.detail().empty()) text += " (" + f.r.detail() + ")";
     f.r.cancel();  // a receive past its deadline lets go of the tensor before the work fails
-    fail(f.c, std::make_exception_ptr(error(ec, text)));  // error appends ec.message()
+    complete(f.c, std::make_exception_ptr(error(ec, text)));  // error appends ec.message()
     return true;
   }
-  int source = -1;
-  std::exception_ptr failure;
   try {
-    source = f.c.finish(f.r);
+    const int source = f.c.finish(f.r);
+    complete(f.c, nullptr, source);
   } catch (...) {
-    failure = std::current_exception();
-  }
-  try {
-    f.c.complete(failure, source);
-  } catch (...) {
+    complete(f.c, std::current_exception());
   }
   return true;
 }
@@ -92,14 +88,14 @@ void point_to_point::run() {
     }
     for (auto& c : fresh) {
       if (stopping && !c.is_send) {  // called before the shutdown, but no one will send to it now
-        fail(c, std::make_exception_ptr(error(errc::cancelled, "dtrain: " + c.what + ": the group was shut down")));
+        complete(c, shut_down(c));
         continue;
       }
       try {
         request r = c.post();
         flying.push_back({std::move(r), std::move(c)});
       } catch (...) {
-        fail(c, std::current_exception());
+        complete(c, std::current_exception());
       }
     }
     if (stopping) {  // receives no one will send to any more fail now; sends get the linger time

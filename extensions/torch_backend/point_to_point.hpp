@@ -62,7 +62,9 @@ class point_to_point {
   void run();
   // Finishes `f` if its transfer is over or its deadline has passed. @returns whether it did.
   static bool settle(in_flight& f);
-  static void fail(call& c, std::exception_ptr failure) noexcept;
+  // Hands `c`'s outcome to its work: done (`failure` null, the sender `source`) or failed.
+  static void complete(call& c, std::exception_ptr failure, int source = -1) noexcept;
+  static std::exception_ptr shut_down(const call& c);
 
   std::mutex m_;
   std::condition_variable wake_;

@@ -32,11 +32,16 @@ group_run run_ps(int n, const std::string& mode, Extra extra) {
   return run_program_group(DTRAIN_PS_WORKER, n, mode, extra, nothing_during, 90s);
 }
 
+// The checkpoint file of shard `s`'s `which` table ("sparse", "dense") at clock `c` under `prefix`.
+std::string checkpoint_file(const std::string& prefix, int s, int c, const char* which) {
+  return prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which;
+}
+
 // Removes the checkpoints `shards` shards wrote every 5 clocks up to `last` under `prefix`.
 void remove_checkpoints(const std::string& prefix, int shards, int last) {
   for (int s = 0; s < shards; ++s) {
     for (int c = 0; c <= last; c += 5) {
-      for (const char* which : {"sparse", "dense"}) std::remove((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str());
+      for (const char* which : {"sparse", "dense"}) std::remove(checkpoint_file(prefix, s, c, which).c_str());
     }
   }
 }
@@ -581,7 +586,7 @@ long long newest_checkpoint(const std::string& prefix, int shards, int last) {
     bool every = true;
     for (int s = 0; s < shards; ++s) {
       for (const char* which : {"sparse", "dense"}) {
-        every = every && ::access((prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which).c_str(), F_OK) == 0;
+        every = every && ::access(checkpoint_file(prefix, s, c, which).c_str(), F_OK) == 0;
       }
     }
     if (every) return c;

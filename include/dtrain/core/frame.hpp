@@ -53,6 +53,20 @@ struct frame_header {
 
 using frame_bytes = std::array<std::byte, frame_header::size>;
 
+/// The most an abort frame's reason may hold; a longer one is a protocol error.
+inline constexpr std::size_t max_abort_reason_bytes = 4096;
+
+/// An abort frame's reason as text for an error message: a byte outside printable ASCII (a
+/// peer's bytes reach users' logs) becomes '?'.
+inline std::string abort_reason(std::span<const std::byte> payload) {
+  std::string text(payload.size(), '?');
+  for (std::size_t i = 0; i < payload.size(); ++i) {
+    const auto c = static_cast<char>(payload[i]);
+    if (c >= ' ' && c <= '~') text[i] = c;
+  }
+  return text;
+}
+
 namespace detail::wire {
 
 template <class U>

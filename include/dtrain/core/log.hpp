@@ -1,7 +1,7 @@
 #pragma once
 // Where dtrain's diagnostics go: stderr ("dtrain warn: ..."), or a handler a program sets to
-// route them into its own logging (the torch backend hands them to Python's `logging`). The level
-// comes from DTRAIN_LOG (error, warn, info, debug; default warn), like NCCL_DEBUG.
+// route them into its own logging. The level comes from DTRAIN_LOG (error, warn, info, debug;
+// default warn), like NCCL_DEBUG.
 
 #include <atomic>
 #include <cstdlib>

@@ -192,7 +192,7 @@ class engine : protected protocol {
   void abort(const std::string& why) noexcept {
     try {
       std::string text = rank_text(rank_) + " reports: " + why;
-      text.resize(std::min(text.size(), abort_text_bytes));
+      text.resize(std::min(text.size(), max_abort_reason_bytes));
       const std::span<const std::byte> parts[] = {std::as_bytes(std::span(text))};
       std::vector<byte_op_ptr> frames;
       for (int p = 0; p < size_; ++p) {

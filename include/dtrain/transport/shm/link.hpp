@@ -33,8 +33,6 @@ struct settings {
 
 // Bytes copied between publishing a ring's counter: the other side starts on them meanwhile.
 inline constexpr std::size_t chunk_bytes = std::size_t{64} << 10;
-// The most an abort frame's reason may hold (what a rank tells its peers when it fails the group).
-inline constexpr std::size_t abort_text_bytes = 4096;
 // How often the peers' processes are checked.
 inline constexpr std::chrono::milliseconds watch_period{2};
 

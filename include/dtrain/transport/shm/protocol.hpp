@@ -223,9 +223,9 @@ class protocol {
       return;
     }
     if (d.header.kind == frame_kind::remote) return begin_remote(p, d.header);
-    if (d.header.kind == frame_kind::abort && d.header.length > abort_text_bytes) {
+    if (d.header.kind == frame_kind::abort && d.header.length > max_abort_reason_bytes) {
       throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds an abort frame longer than " +
-                                            std::to_string(abort_text_bytes) + " bytes");
+                                            std::to_string(max_abort_reason_bytes) + " bytes");
     }
     if (d.header.kind != frame_kind::data && d.header.kind != frame_kind::abort) {
       throw error(errc::protocol_error, "dtrain: " + l.in.name() + " holds a control frame it never carries");
@@ -288,12 +288,8 @@ class protocol {
     early_message_ptr m = std::move(l.rx_early);
     if (!m) return;  // its receive was abandoned
     if (l.rx_frame.kind == frame_kind::abort) {  // the peer's group failed, and it says why
-      std::string text(m->length, '?');
-      for (std::size_t i = 0; i < m->length; ++i) {
-        const auto c = static_cast<char>(m->data[i]);
-        if (c >= ' ' && c <= '~') text[i] = c;
-      }
-      return fail_group(errc::peer_lost, rank_text(p) + " aborted the group: " + text);
+      return fail_group(errc::peer_lost, rank_text(p) + " aborted the group: " +
+                                             abort_reason(std::span<const std::byte>(m->data.get(), m->length)));
     }
     m->complete = true;
     if (byte_op_ptr r = queue_.take_receive({p, m->tag})) {

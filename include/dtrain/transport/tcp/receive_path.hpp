@@ -218,9 +218,10 @@ class receive_path {
         self().connection_failed(c, errc::protocol_error, "sent a shared-memory frame over TCP");
         return;
       case frame_kind::abort:
-        if (h.length > 4096) {
+        if (h.length > max_abort_reason_bytes) {
           stop_reading(c);
-          self().connection_failed(c, errc::protocol_error, "sent an abort frame longer than 4096 bytes");
+          self().connection_failed(c, errc::protocol_error, "sent an abort frame longer than " +
+                                                                std::to_string(max_abort_reason_bytes) + " bytes");
           return;
         }
         c.rx_text.resize(h.length);
@@ -313,11 +314,7 @@ class receive_path {
       return;
     }
     if (c.rx_frame.kind == frame_kind::abort && !c.rx_text.empty()) {
-      std::string text;
-      for (auto b : c.rx_text) {
-        auto ch = static_cast<char>(b);
-        text.push_back(ch >= ' ' && ch <= '~' ? ch : '?');
-      }
+      const std::string text = abort_reason(c.rx_text);
       c.rx_text.clear();
       self().group_failed(rank_text(c.peer) + " aborted the group: " + text, c.peer);
     }
