@@ -20,13 +20,13 @@
 #include <vector>
 
 #include "dtrain/core/deadline.hpp"
-#include "dtrain/transport/tcp.hpp"
+#include "shared_world.hpp"
 
 namespace dtrain::torch_backend {
 
 class point_to_point {
  public:
-  using request = tcp_transport::request;
+  using request = group_transport::request;
 
   /// One call. `post` starts its transfer (on the thread, once the call's host copies landed);
   /// `finish` runs after it succeeded (a receive checks the size and writes back) and returns the

@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
 #include <numeric>
-#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -17,7 +15,6 @@
 #include <utility>
 
 #include "dtrain/transport/hosts.hpp"
-#include "store_adapter.hpp"
 #include "tensors.hpp"
 
 namespace dtrain::torch_backend {
@@ -42,23 +39,6 @@ std::exception_ptr as_torch_error(std::exception_ptr failure) {
   return failure;
 }
 
-// Without a token of the user's, rank 0 draws one and shares it through the store: connections
-// then prove they belong to this group (a stray process from another job is refused), as safe
-// as the store itself, which is all c10d's own backends rely on.
-std::string job_token(c10d_store& store, int rank, std::chrono::milliseconds timeout) {
-  const std::string key = "dtrain_torch/token";
-  const deadline d = deadline::after(timeout);
-  if (rank == 0) {
-    std::random_device entropy;
-    std::string token;
-    for (int i = 0; i < 4; ++i) token += std::to_string(entropy()) + ".";
-    store.set(key, std::as_bytes(std::span(token)), d);
-    return token;
-  }
-  const auto bytes = store.get(key, d);
-  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
-}
-
 // Every group alive in this process, for close_all. Never freed: a group may outlive the
 // static destructors that run at exit.
 std::mutex& live_groups_mutex() {
@@ -72,36 +52,11 @@ std::unordered_set<dtrain_process_group*>& live_groups() {
 
 }  // namespace
 
-dtrain_work::dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, host_staging staging)
-    : Work(rank, type),
-      outputs_(std::move(outputs)),
-      staging_(std::move(staging)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                       staging_.devices())) {}
-
-void dtrain_work::complete(std::exception_ptr failure, int source_rank) {
-  source_rank_ = source_rank;
-  // The future first, as Gloo does: whoever wait() wakes finds it complete too.
-  if (failure) {
-    future_->setError(failure);
-  } else {  // a CUDA-aware future records its events on the current stream: the copies' stream
-    staging_.on_side_stream([&] { future_->markCompleted(c10::IValue(outputs_)); });
-  }
-  finish(failure);
-}
-
 dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Store>& store, int rank, int size,
                                            std::chrono::milliseconds timeout)
-    : c10d_backend(rank, size), timeout_(timeout), comm_(std::in_place, [&] {
-        c10d_store meeting(store);
-        tcp_options o;
-        o.timeout = timeout;
-        if (std::getenv("DTRAIN_TOKEN") == nullptr && std::getenv("DTRAIN_TOKEN_FILE") == nullptr) {
-          o.token = job_token(meeting, rank, timeout);
-        }
-        const char* master = std::getenv("MASTER_ADDR");  // a route to it names this host's address
-        return tcp_transport::connect(meeting, rank, size, o.with_environment(), master != nullptr ? master : "");
-      }()) {
+    : c10d_backend(rank, size),
+      timeout_(timeout),
+      comm_(std::in_place, form_group(store, rank, size, timeout, world_)) {
   // The ranks agree whether every host has two cores per rank: large allreduces then take the
   // ring, whose reduction overlaps its transfers (cost_model::reduction_overlaps).
   const std::array<std::int64_t, 2> mine{host_id_hash(this_host_id()),
@@ -134,6 +89,7 @@ void dtrain_process_group::close() noexcept {
   point_to_point_.stop();  // fails the receives still waiting; the sends get the linger time
   collectives_.stop();
   comm_.reset();
+  world_.reset();  // the last group of a world says goodbye to its peers
 }
 
 c10::intrusive_ptr<c10d_backend> dtrain_process_group::create(const c10::intrusive_ptr<::c10d::Store>& store, int rank,
@@ -159,7 +115,9 @@ dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_q
                                                                   tensors outputs, std::chrono::milliseconds timeout,
                                                                   host_staging staging, std::function<int()> body) {
   TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
-  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging));
+  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging),
+                                               profiling_title(type) + std::string_view("dtrain:").size(), timeout);
+  calls_.fetch_add(1);
   queue.submit([this, &queue, work, timeout, body = std::move(body)] {
     // c10d's calls are not differentiable: they write their tensors as NCCL does, without
     // autograd's in-place checks (a leaf that requires grad may be a call's output).
@@ -169,6 +127,7 @@ dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_q
     try {
       if (&queue == &collectives_) comm_->set_timeout(timeout);  // the p2p thread leaves it alone
       work->staging().await_host_copies();
+      work->running_as(comm_->sequence());
       source = body();
       work->staging().copy_back();
     } catch (...) {
@@ -540,11 +499,15 @@ dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, t
                                                           std::function<point_to_point::request()> start,
                                                           std::function<int(point_to_point::request&)> finish) {
   TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
-  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging));
+  const std::chrono::milliseconds timeout = timeout_.load();
+  std::string named = what + " (tag " + std::to_string(tag) + ")";
+  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging), named, timeout);
   point_to_point::call c;
   c.post = [work, start = std::move(start)] {
     work->staging().await_host_copies();
-    return start();
+    auto r = start();
+    work->posted();
+    return r;
   };
   c.finish = [work, finish = std::move(finish)](point_to_point::request& r) {
     const c10::NoGradGuard no_autograd;  // c10d's calls write their tensors as NCCL does
@@ -555,8 +518,8 @@ dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, t
   c.complete = [work](std::exception_ptr failure, int source) {
     work->complete(failure ? as_torch_error(failure) : nullptr, source);
   };
-  c.due = deadline::after(timeout_.load());
-  c.what = what + " (tag " + std::to_string(tag) + ") at rank " + std::to_string(getRank());
+  c.due = deadline::after(timeout);
+  c.what = std::move(named) + " at rank " + std::to_string(getRank());
   c.is_send = type == ::c10d::OpType::SEND;
   point_to_point_.submit(std::move(c));
   return work;

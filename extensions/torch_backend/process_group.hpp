@@ -34,9 +34,10 @@
 
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/request.hpp"
-#include "dtrain/transport/tcp.hpp"
 #include "host_staging.hpp"
 #include "point_to_point.hpp"
+#include "shared_world.hpp"
+#include "work.hpp"
 
 namespace dtrain::torch_backend {
 
@@ -45,31 +46,6 @@ using c10d_backend = ::c10d::Backend;
 #else
 using c10d_backend = ::c10d::ProcessGroup;
 #endif
-
-/// A c10d `Work` that dtrain's thread completes: `wait(timeout)` as c10d's, a future of the
-/// output tensors for DDP's communication hooks. For CUDA tensors the future is CUDA-aware, and
-/// both order the waiting thread's current stream after the copies back (`host_staging`).
-class dtrain_work final : public ::c10d::Work {
- public:
-  dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, host_staging staging);
-
-  std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  int sourceRank() const override { return source_rank_; }
-  /// The current stream waits for the work's results (c10d's `wait()` calls this once the work
-  /// is done): the future's wait does that, where the work's tensors are on a GPU.
-  void synchronize() override { future_->wait(); }
-
-  host_staging& staging() { return staging_; }
-  /// Marks the work done (`failure` null) or failed; called once, from dtrain's thread.
-  void complete(std::exception_ptr failure, int source_rank = -1);
-
- private:
-  std::vector<at::Tensor> outputs_;
-  host_staging staging_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;  // CUDA-aware where the tensors are on a GPU
-  int source_rank_ = -1;
-};
 
 class dtrain_process_group final : public c10d_backend {
  public:
@@ -83,6 +59,13 @@ class dtrain_process_group final : public c10d_backend {
                                                  const std::chrono::duration<float>& timeout);
 
   const std::string getBackendName() const override { return "dtrain"; }
+
+  /// c10d's sequence numbers (`_set_sequence_number_for_group`, `_get_...`), which torch's
+  /// desync detection and debugging tools read: the group's collectives so far. They agree on
+  /// every rank without an exchange, since every rank makes the same calls (c10d's contract) and
+  /// all start at 0 when the group forms; setting them starts them again at 0 on every rank.
+  void setSequenceNumberForGroup() override { calls_.store(0); }
+  std::uint64_t getSequenceNumberForGroup() override { return calls_.load(); }
 
   /// Closes every group alive in this process. The module runs it at interpreter exit (atexit),
   /// while Python still works: a group never destroyed would otherwise end during finalization,
@@ -151,7 +134,9 @@ class dtrain_process_group final : public c10d_backend {
   void close() noexcept;
 
   std::atomic<std::chrono::milliseconds> timeout_;  // set_timeout may come from any Python thread
-  std::optional<communicator<tcp_transport>> comm_;  // empty once closed
+  std::atomic<std::uint64_t> calls_{0};  // collectives called so far (c10d's sequence number)
+  std::shared_ptr<shared_world> world_;  // the connections this group shares; null once closed
+  std::optional<communicator<group_transport>> comm_;  // empty once closed
   detail::call_queue collectives_;  // after comm_: destroyed (drained) before it
   point_to_point point_to_point_;
 };

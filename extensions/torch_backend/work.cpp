@@ -1,0 +1,83 @@
+#include "work.hpp"
+
+#include <torch/version.h>
+
+#include <mutex>
+#include <utility>
+
+namespace dtrain::torch_backend {
+
+const char* profiling_title(::c10d::OpType type) noexcept {
+  using op = ::c10d::OpType;
+  switch (type) {
+    case op::BROADCAST: return "dtrain:broadcast";
+    case op::ALLREDUCE: return "dtrain:all_reduce";
+    case op::ALLREDUCE_COALESCED: return "dtrain:all_reduce_coalesced";
+    case op::REDUCE: return "dtrain:reduce";
+    case op::ALLGATHER: return "dtrain:all_gather";
+    case op::_ALLGATHER_BASE: return "dtrain:_allgather_base";
+    case op::ALLGATHER_COALESCED: return "dtrain:all_gather_coalesced";
+    case op::GATHER: return "dtrain:gather";
+    case op::SCATTER: return "dtrain:scatter";
+    case op::REDUCE_SCATTER: return "dtrain:reduce_scatter";
+    case op::_REDUCE_SCATTER_BASE: return "dtrain:_reduce_scatter_base";
+    case op::ALLTOALL_BASE: return "dtrain:all_to_all_base";
+    case op::ALLTOALL: return "dtrain:all_to_all";
+    case op::SEND: return "dtrain:send";
+    case op::RECV: return "dtrain:recv";
+    case op::RECVANYSOURCE: return "dtrain:recv_any_source";
+    case op::BARRIER: return "dtrain:barrier";
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+    case op::COALESCED: return "dtrain:coalesced";
+#endif
+    default: return "dtrain:call";
+  }
+}
+
+dtrain_work::dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, host_staging staging,
+                         std::string what, std::chrono::milliseconds timeout)
+    : Work(rank, type, profiling_title(type)),
+      outputs_(std::move(outputs)),
+      staging_(std::move(staging)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       staging_.devices())),
+      what_(std::move(what)),
+      timeout_(timeout) {}
+
+void dtrain_work::complete(std::exception_ptr failure, int source_rank) {
+  source_rank_ = source_rank;
+  // The future first, as Gloo does: whoever wait() wakes finds it complete too.
+  if (failure) {
+    future_->setError(failure);
+  } else {  // a CUDA-aware future records its events on the current stream: the copies' stream
+    staging_.on_side_stream([&] { future_->markCompleted(c10::IValue(outputs_)); });
+  }
+  finish(failure);
+}
+
+std::string dtrain_work::where_it_is() const {
+  const std::int64_t state = state_.load();
+  if (state == queued_state) return "it waits in the group's queue for the calls made before it";
+  if (state == posted_state) return "its transfer is posted and under way";
+  return "it runs as dtrain's collective #" + std::to_string(state) + " and waits for its peers";
+}
+
+bool dtrain_work::wait(std::chrono::milliseconds timeout) {
+  {
+    std::unique_lock lock(mutex_);
+    const auto done = [&] { return completed_; };
+    if (timeout == std::chrono::milliseconds(0)) {  // c10d's kNoTimeout: no limit
+      cv_.wait(lock, done);
+    } else if (!cv_.wait_for(lock, timeout, done)) {
+      TORCH_CHECK(false, "dtrain: work.wait(timeout=", timeout.count(), " ms): ", what_, " at rank ", rank_,
+                  " has not finished: ", where_it_is(), ". The call goes on under its own timeout (",
+                  timeout_.count(), " ms), whose error names the peer it waits for: wait again, or end the group "
+                  "with torch.distributed.destroy_process_group()");
+    }
+    if (exception_) std::rethrow_exception(exception_);
+  }
+  synchronize();
+  return true;  // as c10d's: a work cannot be aborted
+}
+
+}  // namespace dtrain::torch_backend

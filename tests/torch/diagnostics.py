@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""What the backend tells a user and torch's tools, in real processes:
+
+    python3 diagnostics.py [--ranks 2] [--module-dir DIR]
+
+Each rank checks, against what it can observe itself (its own stderr, read back from a file; a
+logging handler; the profiler's events; Gloo's events for the same calls):
+- dtrain's diagnostics go to stderr ("dtrain info: ..." under DTRAIN_LOG=info), and after
+  dtrain_torch.log_to_python() to the logger "dtrain" at Python's level, and not to stderr;
+- work.wait(timeout) that runs out names the call, the rank and where the call is (queued, running
+  as dtrain's collective number N, posted), and the work still completes with the right result;
+- c10d's sequence numbers count the group's collectives, alike on every rank;
+- torch's profiler records every call as "dtrain:<call>", for each call Gloo records as
+  "gloo:<call>" in the same run.
+The ranks say they are on different hosts (DTRAIN_HOST_ID), so their groups form over TCP and
+log the addresses they listen on. The launcher passes only if every rank reports every check passed.
+"""
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from c10d_against_gloo import Checker, launch  # noqa: E402
+
+
+def logs(c, dist, dtrain_torch, rank):
+    """The same line, to stderr and then to Python's logging."""
+    err = tempfile.TemporaryFile(mode="w+")
+    saved = os.dup(2)
+    os.dup2(err.fileno(), 2)  # dtrain writes to file descriptor 2
+    try:
+        dist.init_process_group("dtrain", init_method="env://", timeout=timedelta(seconds=30))
+        dist.destroy_process_group()
+        to_stderr = err.tell()
+        records = []
+
+        class Keep(logging.Handler):
+            def emit(self, record):
+                records.append(record)
+
+        logger = logging.getLogger("dtrain")
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(Keep())
+        dtrain_torch.log_to_python()
+        dist.init_process_group("dtrain", init_method="env://", timeout=timedelta(seconds=30))
+        deadline = time.monotonic() + 5
+        while not any("listens on" in r.getMessage() for r in records) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the lines reach logging on the module's thread
+        extra = err.tell() - to_stderr
+        err.seek(0)
+        text = err.read()
+    finally:
+        os.dup2(saved, 2)
+    c.true("the listen line on stderr", f"dtrain info: rank {rank} listens on" in text, repr(text[:300]))
+    routed = [r for r in records if f"rank {rank} listens on" in r.getMessage()]
+    c.true("the listen line in logging at INFO", len(routed) == 1 and routed[0].levelno == logging.INFO,
+           str([(r.levelname, r.getMessage()) for r in records]))
+    c.true("nothing more on stderr once routed", extra == 0, repr(text[to_stderr:]))
+    dtrain_torch.log_to_python(False)
+
+
+def expect_timeout(c, name, work, wanted):
+    try:
+        work.wait(timedelta(milliseconds=200))
+        c.true(name, False, "(wait returned)")
+    except RuntimeError as e:
+        text = str(e)
+        print(f"{name}: {text}", flush=True)
+        c.true(name, all(w in text for w in wanted), f"({text!r} lacks one of {wanted})")
+
+
+def waits(c, dist, torch, rank, size, gloo):
+    """work.wait(timeout) before rank 1 has called: each of a collective's states, and a receive."""
+    dist.barrier(group=gloo)
+    if rank != 0:
+        time.sleep(1.5)
+        x, y = torch.ones(8), torch.ones(8) * 2
+        dist.all_reduce(x)
+        dist.all_reduce(y)
+        if rank == 1:
+            dist.send(torch.arange(4.0), 0)
+        return
+    before = dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+    x, y = torch.ones(8), torch.ones(8) * 2
+    first = dist.all_reduce(x, async_op=True)
+    second = dist.all_reduce(y, async_op=True)
+    expect_timeout(c, "a running collective's wait names it", first,
+                   ["work.wait(timeout=200 ms)", "all_reduce at rank 0", "dtrain's collective #",
+                    "destroy_process_group"])
+    expect_timeout(c, "a queued collective's wait says so", second, ["all_reduce at rank 0", "queue"])
+    got = torch.zeros(4)
+    receive = dist.irecv(got, 1)
+    expect_timeout(c, "a posted receive's wait names it", receive, ["recv from rank 1 (tag 0) at rank 0", "posted"])
+    first.wait()
+    second.wait()
+    receive.wait()
+    c.true("the works complete after all", torch.equal(x, torch.full((8,), float(size)))
+           and torch.equal(y, torch.full((8,), 2.0 * size))
+           and torch.equal(got, torch.arange(4.0)))
+    after = dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
+    c.true("two collectives, two sequence numbers", after == before + 2, f"({before} then {after})")
+
+
+def sequence_numbers(c, dist, torch, rank, size, gloo):
+    group = dist.distributed_c10d._get_default_group()
+    group._set_sequence_number_for_group()
+    start = group._get_sequence_number_for_group()
+    for _ in range(5):
+        dist.all_reduce(torch.ones(3))
+    dist.broadcast(torch.ones(3), 0)
+    now = torch.tensor([start, group._get_sequence_number_for_group()])
+    every = [torch.zeros(2, dtype=now.dtype) for _ in range(size)]
+    dist.all_gather(every, now, group=gloo)
+    c.true("sequence numbers count collectives", now.tolist() == [0, 6], str(now.tolist()))
+    c.true("sequence numbers alike on every rank", all(torch.equal(e, now) for e in every), str(every))
+
+
+def profiled(c, dist, torch, rank, size, gloo):
+    def calls(group):
+        x = torch.ones(16)
+        dist.all_reduce(x, group=group)
+        dist.broadcast(x, 0, group=group)
+        dist.all_gather([torch.zeros(16) for _ in range(size)], x, group=group)
+        dist.barrier(group=group)
+        if rank == 0:
+            dist.send(x, 1, group=group)
+        elif rank == 1:
+            dist.recv(x, 0, group=group)
+
+    names = {}
+    for backend, group in (("gloo", gloo), ("dtrain", None)):
+        with torch.autograd.profiler.profile() as prof:
+            calls(group)
+        names[backend] = {e.name.split(":", 1)[1] for e in prof.function_events if e.name.startswith(backend + ":")}
+    print(f"rank {rank}: profiled {names}", flush=True)
+    c.true("Gloo records its calls (the check sees events)", len(names["gloo"]) >= 3, str(names))
+    c.true("every call Gloo records, dtrain records", names["gloo"] <= names["dtrain"], str(names))
+
+
+def rank_main(args):
+    rank = int(os.environ["RANK"])
+    os.environ["DTRAIN_HOST_ID"] = f"host{rank}"
+    os.environ["DTRAIN_LOG"] = "info"
+    if args.module_dir:
+        sys.path.insert(0, args.module_dir)
+    import torch
+    import torch.distributed as dist
+    import dtrain_torch
+
+    size = int(os.environ["WORLD_SIZE"])
+    c = Checker(rank)
+    logs(c, dist, dtrain_torch, rank)  # leaves the default group formed
+    gloo = dist.new_group(list(range(size)), backend="gloo")
+    waits(c, dist, torch, rank, size, gloo)
+    sequence_numbers(c, dist, torch, rank, size, gloo)
+    profiled(c, dist, torch, rank, size, gloo)
+    dist.barrier(group=gloo)
+    dist.destroy_process_group()
+    verdict = "PASS" if not c.failed and c.passed > 0 else "FAIL"
+    print(f"rank {rank}: {verdict} ({c.passed} checks passed, {len(c.failed)} failed: {c.failed})", flush=True)
+    return 0 if verdict == "PASS" else 1
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=2)
+    p.add_argument("--module-dir", help="where dtrain_torch's module was built")
+    args = p.parse_args()
+    if "RANK" not in os.environ:
+        return launch(args)
+    return rank_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
