@@ -3,7 +3,9 @@
 # Boost.Asio and OpenSSL's libcrypto for the TCP transport; Open MPI (mpirun tests, peer bench),
 # Gloo and ZeroMQ (peer benches); iproute2 for the network-namespace test; clang's libFuzzer; Python
 # for the layering check; Eigen, zlib and the Fashion-MNIST data for the example; libtorch, PyTorch
-# and Python's headers for the torch.distributed backend (extensions/torch_backend) and its tests.
+# and Python's headers for the torch.distributed backend (extensions/torch_backend) and its tests;
+# and, from PyPI, `expecttest` (no Debian package has it) in a virtual environment beside Debian's
+# Python (/opt/dtrain/python, which sees Debian's torch), for PyTorch's own distributed test suite.
 #   --bench  also the Python side of the benchmarks: OpenBLAS for PyTorch (the DDP peer), and
 #            matplotlib for the plots.
 set -euo pipefail
@@ -19,7 +21,12 @@ $sudo apt-get install -y -qq --no-install-recommends \
   openmpi-bin libopenmpi-dev libgloo-dev libzmq3-dev pkg-config \
   iproute2 clang-14 libclang-rt-14-dev python3 \
   libeigen3-dev zlib1g-dev dataset-fashion-mnist gzip \
-  libtorch-dev python3-torch python3-dev pybind11-dev >/dev/null
+  libtorch-dev python3-torch python3-dev pybind11-dev python3-venv >/dev/null
+suite_python=/opt/dtrain/python/bin/python
+if ! "$suite_python" -c "import expecttest, torch" >/dev/null 2>&1; then
+  $sudo /usr/bin/python3 -m venv --system-site-packages /opt/dtrain/python
+  $sudo "$suite_python" -m pip install -q --disable-pip-version-check expecttest
+fi
 if [ "${1:-}" = "--bench" ]; then
   $sudo apt-get install -y -qq --no-install-recommends \
     libopenblas0-pthread python3-matplotlib >/dev/null

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <numeric>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_set>
 #include <utility>
@@ -27,15 +29,25 @@ constexpr std::uint64_t p2p_tag(int tag) noexcept {
 
 // A collective that failed in dtrain reaches Python, under torch 2, as torch.distributed's
 // DistBackendError (a RuntimeError), as Gloo's and NCCL's failures do; elastic code catches it.
+// A deadline's error begins "Timed out", as Gloo's and NCCL's do, which scripts and torch's own
+// tests match.
 std::exception_ptr as_torch_error(std::exception_ptr failure) {
-#if DTRAIN_TORCH_AT_LEAST(2, 2)
   try {
     std::rethrow_exception(failure);
   } catch (const error& e) {
-    return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, __LINE__}, e.what()));
+    std::string text = e.what();
+    if (e.code() == make_error_code(errc::timeout)) {
+      const std::string_view ours = "dtrain: ";  // "dtrain: Timed out at rank 0 ...", "... in recv from ..."
+      const std::size_t at = text.rfind(ours, 0) == 0 ? ours.size() : 0;
+      text.insert(at, text.compare(at, 5, "rank ") == 0 ? "Timed out at " : "Timed out in ");
+    }
+#if DTRAIN_TORCH_AT_LEAST(2, 2)
+    return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, __LINE__}, text));
+#else
+    return std::make_exception_ptr(std::runtime_error(text));
+#endif
   } catch (...) {
   }
-#endif
   return failure;
 }
 

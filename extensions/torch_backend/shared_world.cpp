@@ -1,5 +1,6 @@
 #include "shared_world.hpp"
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <random>
@@ -79,13 +80,14 @@ group_transport form_group(const c10::intrusive_ptr<::c10d::Store>& store, int r
     on_one_world = on_one_world && (said >> id >> world_rank) && id == world->id;
     world_ranks.push_back(world_rank);
   }
-  const std::string name = drawn_by_rank_zero(meeting, "dtrain_torch/group", rank, d);
-  if (on_one_world) {
+  const std::uint64_t drawn = fnv1a().text(drawn_by_rank_zero(meeting, "dtrain_torch/group", rank, d)).value();
+  if (on_one_world) {  // named in errors "rank 1 of group 'new_group 3f2a9c01' (world rank 4)"
     home = world;
-    return *world->world.form(rank_list(std::move(world_ranks)), "torch:" + name);
+    char name[32];
+    std::snprintf(name, sizeof name, "new_group %08x", static_cast<unsigned>(drawn >> 32));
+    return *world->world.form(rank_list(std::move(world_ranks)), name);
   }
-  auto fresh = std::make_shared<shared_world>(shared_world{fnv1a().text(name).value(),
-                                                           open_world(meeting, rank, size, timeout, d)});
+  auto fresh = std::make_shared<shared_world>(shared_world{drawn, open_world(meeting, rank, size, timeout, d)});
   {
     std::lock_guard lock(shared_mutex());
     if (shared().expired()) shared() = fresh;

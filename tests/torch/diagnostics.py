@@ -107,7 +107,10 @@ def waits(c, dist, torch, rank, size, gloo):
 
 def sequence_numbers(c, dist, torch, rank, size, gloo):
     group = dist.distributed_c10d._get_default_group()
-    group._set_sequence_number_for_group()
+    if hasattr(group, "_set_sequence_number_for_group"):  # torch 1.13: the group is the backend
+        group._set_sequence_number_for_group()
+    else:  # torch 2: the group's backend sets it; the group reads it from there
+        group._get_backend(torch.device("cpu"))._set_sequence_number_for_group()
     start = group._get_sequence_number_for_group()
     for _ in range(5):
         dist.all_reduce(torch.ones(3))
