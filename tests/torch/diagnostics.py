@@ -24,7 +24,7 @@ import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, launch  # noqa: E402
+from c10d_against_gloo import Checker, finish, launch  # noqa: E402
 
 
 def logs(c, dist, dtrain_torch, rank):
@@ -161,11 +161,7 @@ def rank_main(args):
     waits(c, dist, torch, rank, size, gloo)
     sequence_numbers(c, dist, torch, rank, size, gloo)
     profiled(c, dist, torch, rank, size, gloo)
-    dist.barrier(group=gloo)
-    dist.destroy_process_group()
-    verdict = "PASS" if not c.failed and c.passed > 0 else "FAIL"
-    print(f"rank {rank}: {verdict} ({c.passed} checks passed, {len(c.failed)} failed: {c.failed})", flush=True)
-    return 0 if verdict == "PASS" else 1
+    return finish(c, dist, gloo, rank)
 
 
 def main():

@@ -28,33 +28,30 @@ import sys
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, launch  # noqa: E402
+from c10d_against_gloo import Checker, finish, launch  # noqa: E402
 
 
-def socket_inodes():
-    """The inodes of this process's sockets."""
-    found = set()
+def socket_fds():
+    """This process's sockets: {inode: file descriptor}."""
+    found = {}
     for fd in os.listdir("/proc/self/fd"):
         try:
             link = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
         if link.startswith("socket:["):
-            found.add(int(link[len("socket:["):-1]))
+            found[int(link[len("socket:["):-1])] = int(fd)
     return found
+
+
+def socket_inodes():
+    return set(socket_fds())
 
 
 def tcp_connections(store_port):
     """This process's established TCP connections that are not the store's, as the bytes each has
     carried (received plus sent and acknowledged, from the kernel's TCP_INFO)."""
-    inode_fd = {}
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inode_fd[int(link[len("socket:["):-1])] = int(fd)
+    inode_fd = socket_fds()
     carried = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
@@ -149,11 +146,7 @@ def rank_main(args, hosts):
 
     gloo = dist.new_group(list(range(size)), backend="gloo")
     c.true("a Gloo group opens sockets (the count sees them)", len(socket_inodes() - sockets_before) > 0)
-    dist.barrier(group=gloo)
-    dist.destroy_process_group()
-    verdict = "PASS" if not c.failed and c.passed > 0 else "FAIL"
-    print(f"rank {rank}: {verdict} ({c.passed} checks passed, {len(c.failed)} failed: {c.failed})", flush=True)
-    return 0 if verdict == "PASS" else 1
+    return finish(c, dist, gloo, rank)
 
 
 def main():
