@@ -117,7 +117,16 @@ def log_to_python(enable=True, logger="dtrain"):
     _route = (thread, stop)
     _route_lines(True)
 
-_atexit.register(log_to_python, False)  # the thread ends while Python still runs
+def _after_fork():  # a forked child has no hand-over thread: its lines go to stderr
+    global _route
+    _route_lines(False)
+    _route = None
+
+import os as _os
+_os.register_at_fork(after_in_child=_after_fork)
+# The thread ends while Python still runs; lines logged after it (while groups close at exit)
+# go to stderr.
+_atexit.register(log_to_python, False)
 )";
 
 }  // namespace

@@ -514,6 +514,7 @@ dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, t
   const std::chrono::milliseconds timeout = timeout_.load();
   std::string named = what + " (tag " + std::to_string(tag) + ")";
   auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging), named, timeout);
+  calls_.fetch_add(1);  // sends and receives count too, as Gloo's sequence numbers do
   point_to_point::call c;
   c.post = [work, start = std::move(start)] {
     work->staging().await_host_copies();

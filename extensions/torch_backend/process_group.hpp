@@ -61,9 +61,10 @@ class dtrain_process_group final : public c10d_backend {
   const std::string getBackendName() const override { return "dtrain"; }
 
   /// c10d's sequence numbers (`_set_sequence_number_for_group`, `_get_...`), which torch's
-  /// desync detection and debugging tools read: the group's collectives so far. They agree on
-  /// every rank without an exchange, since every rank makes the same calls (c10d's contract) and
-  /// all start at 0 when the group forms; setting them starts them again at 0 on every rank.
+  /// desync detection and debugging tools read: the calls the group has been given, collectives,
+  /// sends and receives (as Gloo counts them). They agree across ranks as Gloo's do, without an
+  /// exchange: every rank makes the same collectives, a send and its receive count one on each
+  /// side, and all start at 0 when the group forms; setting them starts them at 0 again.
   void setSequenceNumberForGroup() override { calls_.store(0); }
   std::uint64_t getSequenceNumberForGroup() override { return calls_.load(); }
 
@@ -134,7 +135,7 @@ class dtrain_process_group final : public c10d_backend {
   void close() noexcept;
 
   std::atomic<std::chrono::milliseconds> timeout_;  // set_timeout may come from any Python thread
-  std::atomic<std::uint64_t> calls_{0};  // collectives called so far (c10d's sequence number)
+  std::atomic<std::uint64_t> calls_{0};  // calls made so far (c10d's sequence number)
   std::shared_ptr<shared_world> world_;  // the connections this group shares; null once closed
   std::optional<communicator<group_transport>> comm_;  // empty once closed
   detail::call_queue collectives_;  // after comm_: destroyed (drained) before it

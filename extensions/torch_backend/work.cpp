@@ -69,6 +69,7 @@ bool dtrain_work::wait(std::chrono::milliseconds timeout) {
     if (timeout == std::chrono::milliseconds(0)) {  // c10d's kNoTimeout: no limit
       cv_.wait(lock, done);
     } else if (!cv_.wait_for(lock, timeout, done)) {
+      lock.unlock();  // the error's backtrace is taken without holding up complete()
       TORCH_CHECK(false, "dtrain: work.wait(timeout=", timeout.count(), " ms): ", what_, " at rank ", rank_,
                   " has not finished: ", where_it_is(), ". The call goes on under its own timeout (",
                   timeout_.count(), " ms), whose error names the peer it waits for: wait again, or end the group "

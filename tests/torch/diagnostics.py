@@ -46,11 +46,13 @@ def logs(c, dist, dtrain_torch, rank):
         logger.setLevel(logging.DEBUG)
         logger.addHandler(Keep())
         dtrain_torch.log_to_python()
-        dist.init_process_group("dtrain", init_method="env://", timeout=timedelta(seconds=30))
+        # A fresh store: rank 0's first one may still be up, with the first group's keys in it.
+        again = f"file://{tempfile.gettempdir()}/dtrain_diagnostics_{os.environ['MASTER_PORT']}_{os.getppid()}"
+        dist.init_process_group("dtrain", init_method=again, rank=rank, world_size=int(os.environ["WORLD_SIZE"]),
+                                timeout=timedelta(seconds=30))
         deadline = time.monotonic() + 5
         while not any("listens on" in r.getMessage() for r in records) and time.monotonic() < deadline:
             time.sleep(0.01)  # the lines reach logging on the module's thread
-        extra = err.tell() - to_stderr
         err.seek(0)
         text = err.read()
     finally:
@@ -59,7 +61,7 @@ def logs(c, dist, dtrain_torch, rank):
     routed = [r for r in records if f"rank {rank} listens on" in r.getMessage()]
     c.true("the listen line in logging at INFO", len(routed) == 1 and routed[0].levelno == logging.INFO,
            str([(r.levelname, r.getMessage()) for r in records]))
-    c.true("nothing more on stderr once routed", extra == 0, repr(text[to_stderr:]))
+    c.true("no dtrain line on stderr once routed", "dtrain " not in text[to_stderr:], repr(text[to_stderr:]))
     dtrain_torch.log_to_python(False)
 
 
@@ -102,7 +104,7 @@ def waits(c, dist, torch, rank, size, gloo):
            and torch.equal(y, torch.full((8,), 2.0 * size))
            and torch.equal(got, torch.arange(4.0)))
     after = dist.distributed_c10d._get_default_group()._get_sequence_number_for_group()
-    c.true("two collectives, two sequence numbers", after == before + 2, f"({before} then {after})")
+    c.true("two collectives and a receive, three sequence numbers", after == before + 3, f"({before} then {after})")
 
 
 def sequence_numbers(c, dist, torch, rank, size, gloo):

@@ -63,11 +63,14 @@ def load_suite_admitting_dtrain():
     module.__file__ = path
     sys.modules[name] = module
     exec(compile(source, path, "exec"), module.__dict__)
+    # The suite checks the profiler's events (count, names, shapes) only for the backends it lists.
+    # dtrain is not added: on it 23 tests fail those checks (docs/pytorch.md).
 
 
 def run_backend(args):
     """This process runs the suite on args.backend and writes {test: outcome} to args.out."""
     os.environ["BACKEND"] = args.backend
+    os.environ.pop("SANDCASTLE", None)  # there the suite's skips would read as passes
     os.environ["WORLD_SIZE"] = str(args.world_size)
     os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="dtrain_torch_suite_"))
     if args.backend == "dtrain":
@@ -155,7 +158,9 @@ def compare(args):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": results, "seconds": took}, f, indent=1, sort_keys=True)
-    return 0 if passed_gloo and not short and not stale else 1
+    if len(passed_gloo) < args.min_gloo_passes:
+        print(f"only {len(passed_gloo)} tests pass on Gloo, fewer than {args.min_gloo_passes}: the comparison shrank")
+    return 0 if len(passed_gloo) >= args.min_gloo_passes and not short and not stale else 1
 
 
 def main():
@@ -164,6 +169,8 @@ def main():
     p.add_argument("--world-size", type=int, default=3)
     p.add_argument("-k", action="append", default=[], help="only tests whose name contains this (repeatable)")
     p.add_argument("--json", default="", help="write both backends' outcomes here")
+    p.add_argument("--min-gloo-passes", type=int, default=1,
+                   help="fail if Gloo passes fewer tests (the comparison would shrink unnoticed)")
     p.add_argument("--backend", choices=["gloo", "dtrain"], help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
     args = p.parse_args()

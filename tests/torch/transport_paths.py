@@ -50,7 +50,7 @@ def socket_inodes():
 
 def tcp_connections(store_port):
     """This process's established TCP connections that are not the store's, as the bytes each has
-    carried (received plus sent and acknowledged, from the kernel's TCP_INFO)."""
+    carried: (sent and acknowledged, received), from the kernel's TCP_INFO."""
     inode_fd = socket_fds()
     carried = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -64,7 +64,7 @@ def tcp_connections(store_port):
                 with socket.socket(fileno=os.dup(fd)) as s:  # struct tcp_info: bytes_acked, bytes_received
                     acked, received = struct.unpack_from("<QQ", s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256),
                                                          120)
-                carried.append(acked + received)
+                carried.append((acked, received))
     return carried
 
 
@@ -103,13 +103,14 @@ def rank_main(args, hosts):
         c.true(f"1 MiB from rank {peer}", torch.equal(t, torch.full((mib // 4,), float(peer))))
     for w in sends:
         w.wait()
+    dist.barrier()  # every rank has read what it was sent: the byte counts are final
     # Where any rank is on another host, the TCP group connects every pair, so a rank's
     # neighbours have an idle connection (set-up bytes only): the ones that carried a MiB count.
     carried, segments = tcp_connections(store_port), shm_segments()
-    busy = [b for b in carried if b >= 2 * mib]
-    idle = [b for b in carried if b < 64 << 10]
+    busy = [b for b in carried if b[1] >= mib]  # it received its peer's MiB
+    idle = [b for b in carried if sum(b) < 64 << 10]
     c.true("data over TCP to each rank on another host, none to this host's", len(busy) == strangers,
-           f"({len(busy)} connections carried 2 MiB or more of {carried}, {strangers} ranks elsewhere)")
+           f"({len(busy)} connections received 1 MiB or more of {carried}, {strangers} ranks elsewhere)")
     c.true("other TCP connections idle", len(busy) + len(idle) == len(carried), f"(bytes {carried})")
     want_segments = neighbours if neighbours > 1 else 0
     c.true("a segment mapped per rank of this host", len(segments) == want_segments,
