@@ -37,7 +37,7 @@ std::exception_ptr as_torch_error(std::exception_ptr failure) {
   } catch (const error& e) {
     std::string text = e.what();
     if (e.code() == make_error_code(errc::timeout)) {
-      const std::string_view ours = "dtrain: ";  // "dtrain: Timed out at rank 0 ...", "... in recv from ..."
+      const std::string_view ours = "dtrain: ";  // "dtrain: Timed out at rank 0 ...", "... in recv ..."
       const std::size_t at = text.rfind(ours, 0) == 0 ? ours.size() : 0;
       text.insert(at, text.compare(at, 5, "rank ") == 0 ? "Timed out at " : "Timed out in ");
     }
@@ -514,7 +514,7 @@ dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, t
   const std::chrono::milliseconds timeout = timeout_.load();
   std::string named = what + " (tag " + std::to_string(tag) + ")";
   auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging), named, timeout);
-  calls_.fetch_add(1);  // sends and receives count too, as Gloo's sequence numbers do
+  calls_.fetch_add(1);  // sends and receives count too, as in Gloo
   point_to_point::call c;
   c.post = [work, start = std::move(start)] {
     work->staging().await_host_copies();
