@@ -97,6 +97,16 @@ def launch(args):
     return 0 if verdicts == args.ranks else 1
 
 
+def launch_or_run(doc, rank_main, ranks=2):
+    """The main() of a test file whose options are --ranks and --module-dir: in a rank (RANK set)
+    runs rank_main(args), else launches the ranks."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", type=int, default=ranks)
+    p.add_argument("--module-dir", help="where dtrain_torch's module was built")
+    args = p.parse_args()
+    return rank_main(args) if "RANK" in os.environ else launch(args)
+
+
 class Checker:
     def __init__(self, rank):
         self.rank, self.passed, self.failed = rank, 0, []

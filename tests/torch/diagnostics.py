@@ -15,7 +15,6 @@ logging handler; the profiler's events; Gloo's events for the same calls):
 The ranks say they are on different hosts (DTRAIN_HOST_ID), so their groups form over TCP and
 log the addresses they listen on. The launcher passes only if every rank reports every check passed.
 """
-import argparse
 import logging
 import os
 import sys
@@ -24,7 +23,7 @@ import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, finish, launch  # noqa: E402
+from c10d_against_gloo import Checker, finish, launch_or_run  # noqa: E402
 
 
 def logs(c, dist, dtrain_torch, rank):
@@ -166,15 +165,5 @@ def rank_main(args):
     return finish(c, dist, gloo, rank)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--module-dir", help="where dtrain_torch's module was built")
-    args = p.parse_args()
-    if "RANK" not in os.environ:
-        return launch(args)
-    return rank_main(args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launch_or_run(__doc__, rank_main))

@@ -10,13 +10,12 @@ the gradients with reduce-scatter. The losses of every step and the final parame
 within float tolerance (the two backends sum in different orders). Passes only if every rank does.
 Needs torch 2.6 or later (fully_shard public); CMake registers it only then.
 """
-import argparse
 import os
 import sys
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, finish, launch  # noqa: E402
+from c10d_against_gloo import Checker, finish, launch_or_run  # noqa: E402
 
 STEPS = 6
 
@@ -70,15 +69,5 @@ def rank_main(args):
     return finish(c, dist, gloo, rank)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--module-dir", help="where dtrain_torch's module was built")
-    args = p.parse_args()
-    if "RANK" not in os.environ:
-        return launch(args)
-    return rank_main(args)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launch_or_run(__doc__, rank_main))
