@@ -33,6 +33,9 @@ def logs(c, dist, dtrain_torch, rank):
     os.dup2(err.fileno(), 2)  # dtrain writes to file descriptor 2
     try:
         dist.init_process_group("dtrain", init_method="env://", timeout=timedelta(seconds=30))
+        # torch 1.13's init ends in a store-based barrier whose last poll may come after rank 0 has
+        # returned: were rank 0 to destroy the group (and its TCPStore) now, that poll would fail.
+        dist.barrier()
         dist.destroy_process_group()
         to_stderr = err.tell()
         records = []
