@@ -27,6 +27,9 @@ constexpr std::uint64_t p2p_tag(int tag) noexcept {
   return 0x7470'0000'0000'0000ull + static_cast<std::uint32_t>(tag);  // "tp"
 }
 
+// A send's or receive's name in errors: "send to rank 2 (tag 7)".
+std::string named(const std::string& what, int tag) { return what + " (tag " + std::to_string(tag) + ")"; }
+
 // A collective that failed in dtrain reaches Python, under torch 2, as torch.distributed's
 // DistBackendError (a RuntimeError), as Gloo's and NCCL's failures do; elastic code catches it.
 // A deadline's error begins "Timed out", as Gloo's and NCCL's do, which scripts and torch's own
@@ -467,8 +470,9 @@ dtrain_process_group::work_ptr dtrain_process_group::send(tensors& t, int dst, i
               " of ", getSize());
   host_staging staging(t[0].device(), "send");
   at::Tensor x = staging.read(t[0]).contiguous();
-  return post(::c10d::OpType::SEND, t, std::move(staging), "send to rank " + std::to_string(dst), tag,
-              [this, x, dst, tag] {
+  calls_.fetch_add(1);  // sends and receives count too, as in Gloo
+  return post(::c10d::OpType::SEND, t, std::move(staging), named("send to rank " + std::to_string(dst), tag),
+              deadline::after(timeout_.load()), [this, x, dst, tag] {
                 const std::span<const std::byte> bytes(static_cast<const std::byte*>(x.data_ptr()), x.nbytes());
                 return comm_->transport().isend(dst, p2p_tag(tag), signature{}, bytes);
               });
@@ -491,8 +495,9 @@ dtrain_process_group::work_ptr dtrain_process_group::receive(::c10d::OpType type
   auto into = std::make_shared<dense>(staging.write(t[0]));
   const auto bytes = std::span(static_cast<std::byte*>(into->data.data_ptr()), into->data.nbytes());
   const std::string what = src == any_peer ? "recv from any rank" : "recv from rank " + std::to_string(src);
+  calls_.fetch_add(1);
   return post(
-      type, t, std::move(staging), what, tag,
+      type, t, std::move(staging), named(what, tag), deadline::after(timeout_.load()),
       [this, into, bytes, src, tag] { return comm_->transport().irecv(src, p2p_tag(tag), bytes); },
       [into, bytes, tag](point_to_point::request& r) {
         const int from = r.info().peer;
@@ -507,14 +512,12 @@ dtrain_process_group::work_ptr dtrain_process_group::receive(::c10d::OpType type
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, tensors outputs, host_staging staging,
-                                                          const std::string& what, int tag,
+                                                          std::string what, deadline due,
                                                           std::function<point_to_point::request()> start,
                                                           std::function<int(point_to_point::request&)> finish) {
   TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
-  const std::chrono::milliseconds timeout = timeout_.load();
-  std::string named = what + " (tag " + std::to_string(tag) + ")";
-  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging), named, timeout);
-  calls_.fetch_add(1);  // sends and receives count too, as in Gloo
+  const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(due.remaining());
+  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging), what, timeout);
   point_to_point::call c;
   c.post = [work, start = std::move(start)] {
     work->staging().await_host_copies();
@@ -531,8 +534,8 @@ dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, t
   c.complete = [work](std::exception_ptr failure, int source) {
     work->complete(failure ? as_torch_error(failure) : nullptr, source);
   };
-  c.due = deadline::after(timeout);
-  c.what = std::move(named) + " at rank " + std::to_string(getRank());
+  c.due = due;
+  c.what = std::move(what) + " at rank " + std::to_string(getRank());
   c.is_send = type == ::c10d::OpType::SEND;
   point_to_point_.submit(std::move(c));
   return work;

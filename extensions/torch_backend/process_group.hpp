@@ -101,6 +101,12 @@ class dtrain_process_group final : public c10d_backend {
   work_ptr recv(tensors& t, int src, int tag) override;
   work_ptr recvAnysource(tensors& t, int tag) override;
 
+  /// `monitored_barrier`: every rank tells rank 0 it has arrived, and rank 0, once all have or
+  /// its timeout has passed, tells them the verdict; rank 0 names the ranks that did not come
+  /// (the first, or all with `waitAllRanks`), in Gloo's words, and every rank that came fails
+  /// at once with the same verdict (Gloo's wait for the group's timeout).
+  void monitoredBarrier(const ::c10d::BarrierOptions& o, bool waitAllRanks = false) override;
+
 #if DTRAIN_TORCH_AT_LEAST(2, 7)
   /// `destroy_process_group`: ends the group now (Python may hold this object past it).
   void shutdown() override { close(); }
@@ -121,9 +127,10 @@ class dtrain_process_group final : public c10d_backend {
   // A receive on the user's `tag` into `t[0]`, from `src` or any peer; the work's source rank is
   // the sender.
   work_ptr receive(::c10d::OpType type, tensors& t, int src, int tag);
-  // Posts a send or receive (`start`) on the point-to-point thread; `finish` runs once it has
-  // succeeded and returns the sender (none: -1). `what` and `tag` name it in errors.
-  work_ptr post(::c10d::OpType type, tensors outputs, host_staging staging, const std::string& what, int tag,
+  // Posts a send or receive (`start`) on the point-to-point thread, to finish before `due`;
+  // `finish` runs once it has succeeded and returns the sender (none: -1). `what` names it in
+  // errors ("send to rank 2 (tag 7)").
+  work_ptr post(::c10d::OpType type, tensors outputs, host_staging staging, std::string what, deadline due,
                 std::function<point_to_point::request()> start,
                 std::function<int(point_to_point::request&)> finish = nullptr);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds asked) const;
@@ -136,6 +143,7 @@ class dtrain_process_group final : public c10d_backend {
 
   std::atomic<std::chrono::milliseconds> timeout_;  // set_timeout may come from any Python thread
   std::atomic<std::uint64_t> calls_{0};  // calls made so far (c10d's sequence number)
+  std::atomic<std::uint64_t> monitored_barriers_{0};  // each one's messages travel on a tag of their own
   std::shared_ptr<shared_world> world_;  // the connections this group shares; null once closed
   std::optional<communicator<group_transport>> comm_;  // empty once closed
   detail::call_queue collectives_;  // after comm_: destroyed (drained) before it

@@ -27,8 +27,9 @@ import time
 import unittest
 
 # Tests that pass on Gloo and not on dtrain, each with the reason. docs/pytorch.md lists them.
-MONITORED = ("monitored_barrier: torch's Python runs it for Gloo only ('monitored_barrier is only implemented for "
-             "GLOO backend.') and dtrain does not implement c10d's monitoredBarrier behind it")
+MONITORED = ("monitored_barrier: torch 1.13's Python runs it for Gloo only ('monitored_barrier is only implemented "
+             "for GLOO backend.'); dtrain's monitoredBarrier is reached through the group's own method "
+             "(tests/torch/monitored_barrier.py) and, from torch 2, through dist.monitored_barrier")
 KNOWN = {
     "test_monitored_barrier_failure_order": MONITORED,
     "test_monitored_barrier_gloo": MONITORED,
