@@ -8,6 +8,9 @@
 # Python (/opt/dtrain/python, which sees Debian's torch), for PyTorch's own distributed test suite.
 #   --bench  also the Python side of the benchmarks: OpenBLAS for PyTorch (the DDP peer), and
 #            matplotlib for the plots.
+#   --torch2 also torch 2 from PyPI (TORCH2_VERSION below, with its CUDA libraries: about 5.4 GB)
+#            and expecttest, in a virtual environment of their own (/opt/dtrain/torch2), for CI's
+#            torch 2 tier (.ci/run): the backend built against it, and FSDP's and DeviceMesh's calls.
 set -euo pipefail
 sudo=""
 if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
@@ -26,6 +29,13 @@ suite_python=/opt/dtrain/python/bin/python
 if ! "$suite_python" -c "import expecttest, torch" >/dev/null 2>&1; then
   $sudo /usr/bin/python3 -m venv --system-site-packages /opt/dtrain/python
   $sudo "$suite_python" -m pip install -q --disable-pip-version-check expecttest
+fi
+TORCH2_VERSION=2.15.0
+torch2_python=/opt/dtrain/torch2/bin/python
+if [ "${1:-}" = "--torch2" ] && ! "$torch2_python" -c "import expecttest, numpy, torch
+assert torch.__version__.split('+')[0] == '$TORCH2_VERSION'" >/dev/null 2>&1; then
+  $sudo /usr/bin/python3 -m venv /opt/dtrain/torch2
+  $sudo "$torch2_python" -m pip install -q --disable-pip-version-check "torch==$TORCH2_VERSION" expecttest numpy
 fi
 if [ "${1:-}" = "--bench" ]; then
   $sudo apt-get install -y -qq --no-install-recommends \

@@ -8,7 +8,9 @@ the "dtrain" default group and the other over a Gloo group of the same ranks, an
 the same batches: FSDP gathers the parameters with allgather-into-tensor (coalesced) and reduces
 the gradients with reduce-scatter. The losses of every step and the final parameters must agree
 within float tolerance (the two backends sum in different orders). Passes only if every rank does.
-Needs torch 2.6 or later (fully_shard public); CMake registers it only then.
+With 4 ranks it then trains HSDP on a 2x2 device mesh (shard within pairs, replicate across) the
+same way, the dtrain mesh's sub-groups made by init_device_mesh. Needs torch 2.6 or later
+(fully_shard public); CMake registers it only then.
 """
 import os
 import sys
@@ -66,7 +68,28 @@ def rank_main(args):
     c.same("the parameters after training", params, ref_params, False)
     start = torch.cat([p.detach().flatten() for p in new_model(torch).parameters()])
     c.true("training moved the parameters", not torch.allclose(params, start))
+    if size == 4:
+        hybrid(c, torch, dist, rank)
     return finish(c, dist, gloo, rank)
+
+
+def hybrid(c, torch, dist, rank):
+    """HSDP on a 2x2 mesh: shard within a pair, replicate across pairs. The dtrain mesh comes from
+    init_device_mesh, whose sub-groups are dtrain groups DeviceMesh makes itself; the Gloo mesh
+    from Gloo groups of the same ranks."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    names = ("replicate", "shard")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+    layout = torch.arange(4).view(2, 2)
+    rows = [dist.new_group(r.tolist(), backend="gloo") for r in layout]  # shard groups: {0, 1}, {2, 3}
+    cols = [dist.new_group(r.tolist(), backend="gloo") for r in layout.t()]  # replicate groups: {0, 2}, {1, 3}
+    gloo_mesh = DeviceMesh.from_group([cols[rank % 2], rows[rank // 2]], "cpu", mesh=layout, mesh_dim_names=names)
+    c.true("the dtrain mesh's groups are dtrain's", all(dist.get_backend(mesh.get_group(n)) == "dtrain" for n in names),
+           str([dist.get_backend(mesh.get_group(n)) for n in names]))
+    losses, params = train(torch, mesh, rank)
+    ref_losses, ref_params = train(torch, gloo_mesh, rank)
+    c.same("HSDP: the loss of every step", losses, ref_losses, False)
+    c.same("HSDP: the parameters after training", params, ref_params, False)
 
 
 if __name__ == "__main__":
