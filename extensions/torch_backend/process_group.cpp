@@ -173,6 +173,7 @@ dtrain_process_group::work_ptr dtrain_process_group::broadcast(tensors& t, const
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::allreduce(tensors& t, const ::c10d::AllreduceOptions& o) {
+  if (!t.empty() && t[0].is_sparse()) return sparse_allreduce(t, o);
   for (const auto& x : t) check_tensor(x, "allreduce");
   const reduce_op op = reduction_of(o.reduceOp, "allreduce");
   host_staging staging(host_staging::device_of(t), "allreduce");

@@ -134,6 +134,8 @@ class dtrain_process_group final : public c10d_backend {
                 std::function<point_to_point::request()> start,
                 std::function<int(point_to_point::request&)> finish = nullptr);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds asked) const;
+  // allreduce of one sparse COO tensor (sparse.cpp): a sum, coalesced, alike on every rank.
+  work_ptr sparse_allreduce(tensors& t, const ::c10d::AllreduceOptions& o);
   // Allgathers the tensors of `in` joined into one buffer: one collective for all of them.
   // @returns the gathered buffer as [size, total elements of `in`], rank r's inputs in row r.
   at::Tensor allgather_joined(const tensors& in);

@@ -32,20 +32,16 @@ import unittest
 MONITORED = ("monitored_barrier: torch 1.13's Python runs it for Gloo only ('monitored_barrier is only implemented "
              "for GLOO backend.'); dtrain's monitoredBarrier is reached through the group's own method "
              "(tests/torch/monitored_barrier.py) and, from torch 2, through dist.monitored_barrier")
-SPARSE = "sparse tensors: dtrain's collectives take dense buffers and refuse a sparse tensor"
 KNOWN_BY_MAJOR = {
     1: {
         "test_monitored_barrier_failure_order": MONITORED,
         "test_monitored_barrier_gloo": MONITORED,
-        "test_monitored_barrier_gloo_rank_0_timeout": MONITORED,
         "test_monitored_barrier_gloo_subgroup": MONITORED,
         "test_monitored_barrier_wait_all_ranks": MONITORED,
-        "test_sparse_all_reduce_sum": SPARSE,
     },
     2: {
         "test_ddp_logging_data_cpu": ("DDP's logger names every backend torch does not know 'custom' (its "
                                       "ProcessGroup's type), and the test wants the group's name, 'dtrain'"),
-        "test_sparse_all_reduce_sum": SPARSE,
     },
 }
 
