@@ -41,8 +41,6 @@ LARGE_HEADERS = {
     "from forwarding"),
     "dtrain/ps/shard_replica.hpp": (510, "one shard's copy (table, clocks, chain); to split: taking the state "
     "over apart"),
-    "extensions/torch_backend/process_group.cpp": (625, "the c10d backend's every collective; to split: "
-    "the coalesced calls into a file of their own (point-to-point went to point_to_point.cpp, the work to work.cpp)"),
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"](dtrain/[^">]+)[">]', re.MULTILINE)

@@ -74,7 +74,9 @@ void dtrain_process_group::monitoredBarrier(const ::c10d::BarrierOptions& o, boo
                      : comm_->transport().irecv(peer, tag, bytes);
         },
         [bytes, what](point_to_point::request& r) {
-          if (r.info().bytes != bytes.size()) throw error(errc::protocol_error, "dtrain: " + what + ": not a barrier's message");
+          if (r.info().bytes != bytes.size()) {
+            throw error(errc::protocol_error, "dtrain: " + what + ": not a barrier's message");
+          }
           return r.info().peer;
         });
   };

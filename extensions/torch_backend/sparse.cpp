@@ -50,9 +50,9 @@ dtrain_process_group::work_ptr dtrain_process_group::sparse_allreduce(tensors& t
                    std::vector<std::int64_t> ranks_dims(static_cast<std::size_t>(size));
                    comm_->allgather(std::span(&length, 1), std::span(ranks_dims));
                    for (int r = 0; r < size; ++r) {
-                     TORCH_CHECK(ranks_dims[static_cast<std::size_t>(r)] == ranks_dims[0], "dtrain: allreduce of ",
-                                 "sparse tensors: rank ", r, "'s tensor has ", ranks_dims[static_cast<std::size_t>(r)] - 4,
-                                 " dimensions, rank 0's ", ranks_dims[0] - 4);
+                     const std::int64_t theirs = ranks_dims[static_cast<std::size_t>(r)];
+                     TORCH_CHECK(theirs == ranks_dims[0], "dtrain: allreduce of sparse tensors: rank ", r,
+                                 "'s tensor has ", theirs - 4, " dimensions, rank 0's ", ranks_dims[0] - 4);
                    }
                    std::vector<std::int64_t> layouts(layout.size() * static_cast<std::size_t>(size));
                    comm_->allgather(std::span<const std::int64_t>(layout), std::span(layouts));

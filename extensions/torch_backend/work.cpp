@@ -3,9 +3,38 @@
 #include <torch/version.h>
 
 #include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
 #include <utility>
 
+#include "dtrain/core/error.hpp"
+
 namespace dtrain::torch_backend {
+
+// A collective that failed in dtrain reaches Python, under torch 2, as torch.distributed's
+// DistBackendError (a RuntimeError), as Gloo's and NCCL's failures do; elastic code catches it.
+// A deadline's error begins "Timed out", as Gloo's and NCCL's do, which scripts and torch's own
+// tests match.
+std::exception_ptr as_torch_error(std::exception_ptr failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const error& e) {
+    std::string text = e.what();
+    if (e.code() == make_error_code(errc::timeout)) {
+      const std::string_view ours = "dtrain: ";  // "dtrain: Timed out at rank 0 ...", "... in recv ..."
+      const std::size_t at = text.rfind(ours, 0) == 0 ? ours.size() : 0;
+      text.insert(at, text.compare(at, 5, "rank ") == 0 ? "Timed out at " : "Timed out in ");
+    }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+    return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, __LINE__}, text));
+#else
+    return std::make_exception_ptr(std::runtime_error(text));
+#endif
+  } catch (...) {
+  }
+  return failure;
+}
 
 const char* profiling_title(::c10d::OpType type) noexcept {
   using op = ::c10d::OpType;

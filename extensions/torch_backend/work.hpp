@@ -21,6 +21,11 @@ namespace dtrain::torch_backend {
 /// The name torch's profilers show for a call of `type`: "dtrain:" and c10d's name of the call.
 const char* profiling_title(::c10d::OpType type) noexcept;
 
+/// A failure as torch reports one: under torch 2.2 and later a DistBackendError (Python's
+/// RuntimeError subclass, which elastic code catches), and a deadline's error begins "Timed out",
+/// as Gloo's and NCCL's do. Anything but a dtrain error passes through unchanged.
+std::exception_ptr as_torch_error(std::exception_ptr failure);
+
 /// A c10d `Work` that dtrain's thread completes: `wait(timeout)` as c10d's, a future of the
 /// output tensors for DDP's communication hooks. For CUDA tensors the future is CUDA-aware, and
 /// both order the waiting thread's current stream after the copies back (`host_staging`).

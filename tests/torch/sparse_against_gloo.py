@@ -9,8 +9,8 @@
   integers, within float tolerance otherwise), is coalesced, and is the same bits on every rank;
 - DDP training an nn.Embedding(sparse=True) model over dtrain and over Gloo from the same start
   ends with the same parameters;
-- a reduce op other than SUM, and ranks whose tensors differ in size, are refused with errors that
-  say so, on every rank, and the group goes on working.
+- a reduce op other than SUM, and ranks whose tensors differ in size, number of dimensions or
+  dtype, are refused with errors that say so, on every rank, and the group goes on working.
 The launcher passes only if every rank reports every check passed.
 """
 import os
@@ -56,6 +56,9 @@ def sums(c, dist, torch, rank, size, gloo):
         exact = not dtype.is_floating_point
         c.same(f"sparse allreduce, {name}", mine.to_dense(), ref.to_dense(), exact)
         c.true(f"sparse allreduce, {name}: the sum is coalesced", mine.is_coalesced())
+        ref = ref.coalesce()
+        c.true(f"sparse allreduce, {name}: Gloo's entries, no more", mine._nnz() == ref._nnz()
+               and torch.equal(mine._indices(), ref._indices()), f"({mine._nnz()} entries, Gloo's {ref._nnz()})")
         same_on_every_rank(c, dist, torch, f"sparse allreduce, {name}", mine, gloo, size)
     # repeated indices within a rank's own input, uncoalesced as given
     x = torch.sparse_coo_tensor(torch.tensor([[1, 1, 3]]), torch.tensor([1.0, 2.0, float(rank)]), (5,))
@@ -103,6 +106,19 @@ def refusals(c, dist, torch, rank):
         c.true(f"rank {rank}: sizes that differ refused", False, "(no error)")
     except RuntimeError as e:
         c.true(f"rank {rank}: sizes that differ refused, naming a rank whose tensor differs", "differs" in str(e), str(e))
+    w = sparse_input(torch, rank, (6, 2, 1) if rank == 1 else (6, 2), 1, 3, torch.float32, 11)
+    try:
+        dist.all_reduce(w)
+        c.true(f"rank {rank}: a different number of dimensions refused", False, "(no error)")
+    except RuntimeError as e:
+        c.true(f"rank {rank}: a different number of dimensions refused, saying so", "dimensions" in str(e), str(e))
+    v = sparse_input(torch, rank, (6, 2), 1, 3, torch.float64 if rank == 2 else torch.float32, 12)
+    try:
+        dist.all_reduce(v)
+        c.true(f"rank {rank}: a different dtype refused", False, "(no error)")
+    except RuntimeError as e:
+        c.true(f"rank {rank}: a different dtype refused, naming a rank whose tensor differs", "differs" in str(e),
+               str(e))
     z = torch.ones(4)
     dist.all_reduce(z)
     c.same("the group reduces after the refusals", z, torch.full((4,), float(dist.get_world_size())), True)
