@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <exception>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -24,13 +25,7 @@ constexpr std::uint64_t barrier_tag(std::uint64_t n) noexcept { return 0x6d62'00
 
 constexpr std::int64_t all_came = -1;  // rank 0's verdict; otherwise the first rank that did not come
 
-[[noreturn]] void fail(const std::string& text) {
-#if DTRAIN_TORCH_AT_LEAST(2, 2)
-  C10_THROW_ERROR(DistBackendError, text);  // Python's DistBackendError, a RuntimeError
-#else
-  C10_THROW_ERROR(Error, text);
-#endif
-}
+[[noreturn]] void fail(const std::string& text) { std::rethrow_exception(torch_error(text)); }
 
 // What the exception being handled says, without c10's C++ backtrace.
 std::string current_failure() {
@@ -62,6 +57,7 @@ void dtrain_process_group::monitoredBarrier(const ::c10d::BarrierOptions& o, boo
     fail("[Rank " + std::to_string(rank) + "]: Rank " + std::to_string(rank) + " timed out in monitoredBarrier after " +
          ms + ": no rank has time to arrive");
   }
+  if (size == 1) return;
   // One int64 to or from `peer` on the barrier's tag; `value` lives as long as the transfer.
   auto message = [this, tag](bool out, int peer, at::Tensor value, deadline due) {
     const std::span<std::byte> bytes(static_cast<std::byte*>(value.data_ptr()), value.nbytes());
@@ -80,7 +76,6 @@ void dtrain_process_group::monitoredBarrier(const ::c10d::BarrierOptions& o, boo
           return r.info().peer;
         });
   };
-  if (size == 1) return;
 
   if (rank != 0) {
     // Only rank 0's timeout applies: this rank waits at least as long, so that rank 0 speaks first.

@@ -12,8 +12,14 @@
 
 namespace dtrain::torch_backend {
 
-// A collective that failed in dtrain reaches Python, under torch 2, as torch.distributed's
-// DistBackendError (a RuntimeError), as Gloo's and NCCL's failures do; elastic code catches it.
+std::exception_ptr torch_error(const std::string& text) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
+  return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, __LINE__}, text));
+#else
+  return std::make_exception_ptr(std::runtime_error(text));
+#endif
+}
+
 // A deadline's error begins "Timed out", as Gloo's and NCCL's do, which scripts and torch's own
 // tests match.
 std::exception_ptr as_torch_error(std::exception_ptr failure) {
@@ -26,11 +32,7 @@ std::exception_ptr as_torch_error(std::exception_ptr failure) {
       const std::size_t at = text.rfind(ours, 0) == 0 ? ours.size() : 0;
       text.insert(at, text.compare(at, 5, "rank ") == 0 ? "Timed out at " : "Timed out in ");
     }
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 2)
-    return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, __LINE__}, text));
-#else
-    return std::make_exception_ptr(std::runtime_error(text));
-#endif
+    return torch_error(text);
   } catch (...) {
   }
   return failure;

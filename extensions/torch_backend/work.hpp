@@ -21,9 +21,13 @@ namespace dtrain::torch_backend {
 /// The name torch's profilers show for a call of `type`: "dtrain:" and c10d's name of the call.
 const char* profiling_title(::c10d::OpType type) noexcept;
 
-/// A failure as torch reports one: under torch 2.2 and later a DistBackendError (Python's
-/// RuntimeError subclass, which elastic code catches), and a deadline's error begins "Timed out",
-/// as Gloo's and NCCL's do. Anything but a dtrain error passes through unchanged.
+/// An error as torch reports one of a backend's: under torch 2.2 and later a DistBackendError
+/// (Python's RuntimeError subclass, which elastic code catches, as Gloo's and NCCL's failures
+/// are), before that a runtime_error (Python's RuntimeError).
+std::exception_ptr torch_error(const std::string& text);
+
+/// A dtrain error as `torch_error`, a deadline's beginning "Timed out", as Gloo's and NCCL's do.
+/// Anything but a dtrain error passes through unchanged.
 std::exception_ptr as_torch_error(std::exception_ptr failure);
 
 /// A c10d `Work` that dtrain's thread completes: `wait(timeout)` as c10d's, a future of the
