@@ -72,13 +72,13 @@ dtrain_process_group::work_ptr dtrain_process_group::receive(::c10d::OpType type
       });
 }
 
-dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, tensors outputs, host_staging staging,
+dtrain_process_group::work_ptr dtrain_process_group::post(::c10d::OpType type, tensors t, host_staging staging,
                                                           std::string what, deadline due,
                                                           std::function<point_to_point::request()> start,
                                                           std::function<int(point_to_point::request&)> finish) {
   TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
   const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(due.remaining());
-  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging), what, timeout);
+  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, t, t, std::move(staging), what, timeout);
   point_to_point::call c;
   c.post = [work, start = std::move(start)] {
     work->staging().await_host_copies();

@@ -85,20 +85,24 @@ std::chrono::milliseconds dtrain_process_group::timeout_of(std::chrono::millisec
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::enqueue(detail::call_queue& queue, ::c10d::OpType type,
-                                                             tensors outputs, std::chrono::milliseconds timeout,
-                                                             host_staging staging, std::function<void()> body) {
-  return enqueue_from(queue, type, std::move(outputs), timeout, std::move(staging), [body = std::move(body)] {
-    body();
-    return -1;
-  });
+                                                             tensors inputs, tensors outputs,
+                                                             std::chrono::milliseconds timeout, host_staging staging,
+                                                             std::function<void()> body) {
+  return enqueue_from(queue, type, std::move(inputs), std::move(outputs), timeout, std::move(staging),
+                      [body = std::move(body)] {
+                        body();
+                        return -1;
+                      });
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_queue& queue, ::c10d::OpType type,
-                                                                  tensors outputs, std::chrono::milliseconds timeout,
+                                                                  tensors inputs, tensors outputs,
+                                                                  std::chrono::milliseconds timeout,
                                                                   host_staging staging, std::function<int()> body) {
   TORCH_CHECK(comm_.has_value(), "dtrain: ", ::c10d::opTypeToString(type), " on a group that was shut down");
-  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(outputs), std::move(staging),
-                                               profiling_title(type) + std::string_view("dtrain:").size(), timeout);
+  const char* what = profiling_title(type) + std::string_view("dtrain:").size();
+  auto work = c10::make_intrusive<dtrain_work>(getRank(), type, std::move(inputs), std::move(outputs),
+                                               std::move(staging), what, timeout);
   calls_.fetch_add(1);
   queue.submit([this, &queue, work, timeout, body = std::move(body)] {
     // c10d's calls are not differentiable: they write their tensors as NCCL does, without
@@ -129,7 +133,7 @@ dtrain_process_group::work_ptr dtrain_process_group::broadcast(tensors& t, const
   const int root = static_cast<int>(o.rootRank);
   host_staging staging(host_staging::device_of(t), "broadcast");
   tensors hosts = staging.read_write(t);
-  return enqueue(collectives_, ::c10d::OpType::BROADCAST, t, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::BROADCAST, t, t, timeout_of(o.timeout), std::move(staging),
                  [this, hosts, root] {
                    for (const auto& x : hosts) {
                      dense d(x);
@@ -145,7 +149,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allreduce(tensors& t, const
   const reduce_op op = reduction_of(o.reduceOp, "allreduce");
   host_staging staging(host_staging::device_of(t), "allreduce");
   tensors hosts = staging.read_write(t);
-  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE, t, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE, t, t, timeout_of(o.timeout), std::move(staging),
                  [this, hosts, op] {
                    for (const auto& x : hosts) {
                      dense d(x);
@@ -161,7 +165,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allreduce_coalesced(tensors
   const reduce_op op = reduction_of(o.reduceOp, "allreduce_coalesced");
   host_staging staging(host_staging::device_of(t), "allreduce_coalesced");
   tensors hosts = staging.read_write(t);
-  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE_COALESCED, t, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE_COALESCED, t, t, timeout_of(o.timeout), std::move(staging),
                  [this, xs = hosts, op]() mutable {
                    at::Tensor flat = joined(xs);
                    with_element(flat, "allreduce_coalesced",
@@ -176,7 +180,7 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce(tensors& t, const ::
   const int root = static_cast<int>(o.rootRank);
   host_staging staging(t[0].device(), "reduce");
   at::Tensor host = staging.read_write(t[0]);
-  return enqueue(collectives_, ::c10d::OpType::REDUCE, t, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::REDUCE, t, t, timeout_of(o.timeout), std::move(staging),
                  [this, x = host, op, root] {
                    dense d(x);
                    with_element(x, "reduce", [&]<class T>(T) { comm_->reduce(span_of<T>(d.data), op, root); });
@@ -191,7 +195,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather(tensor_lists& out
   host_staging staging(in[0].device(), "allgather");
   at::Tensor x = staging.read(in[0]);
   tensors ys = staging.write(out[0]);
-  return enqueue(collectives_, ::c10d::OpType::ALLGATHER, out[0], timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::ALLGATHER, in, out[0], timeout_of(o.timeout), std::move(staging),
                  [this, x, ys]() mutable {
                    const at::Tensor src = x.contiguous();
                    at::Tensor flat = at::empty({src.numel() * getSize()}, src.options());
@@ -208,7 +212,7 @@ dtrain_process_group::work_ptr dtrain_process_group::_allgather_base(at::Tensor&
   host_staging staging(in.device(), "allgather into one tensor");
   at::Tensor x = staging.read(in);
   at::Tensor y = staging.write(out);
-  return enqueue(collectives_, ::c10d::OpType::_ALLGATHER_BASE, {out}, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::_ALLGATHER_BASE, {in}, {out}, timeout_of(o.timeout), std::move(staging),
                  [this, x, y] {
                    const at::Tensor src = x.contiguous();
                    dense d(y);
@@ -244,7 +248,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather_coalesced(tensor_
   tensors xs = staging.read(in);
   tensor_lists ys;
   for (const auto& from_rank : out) ys.push_back(staging.write(from_rank));
-  return enqueue(collectives_, ::c10d::OpType::ALLGATHER_COALESCED, outputs, timeout_of(o.timeout),
+  return enqueue(collectives_, ::c10d::OpType::ALLGATHER_COALESCED, in, outputs, timeout_of(o.timeout),
                  std::move(staging), [this, xs, ys]() mutable {
                    const at::Tensor rows = allgather_joined(xs);
                    for (int r = 0; r < getSize(); ++r) split_into(rows[r], ys[static_cast<std::size_t>(r)]);
@@ -258,7 +262,7 @@ dtrain_process_group::work_ptr dtrain_process_group::allgather_into_tensor_coale
   host_staging staging(in[0].device(), "allgather_into_tensor_coalesced");
   tensors xs = staging.read(in);
   tensors ys = staging.write(out);
-  return enqueue(collectives_, ::c10d::OpType::COALESCED, out, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::COALESCED, in, out, timeout_of(o.timeout), std::move(staging),
                  [this, xs, ys]() mutable {
                    const at::Tensor rows = allgather_joined(xs);
                    std::int64_t at = 0;
@@ -276,7 +280,7 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter_tensor_coale
   host_staging staging(in[0].device(), "reduce_scatter_tensor_coalesced");
   tensors xs = staging.read(in);
   tensors ys = staging.write(out);
-  return enqueue(collectives_, ::c10d::OpType::COALESCED, out, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::COALESCED, in, out, timeout_of(o.timeout), std::move(staging),
                  [this, xs, ys, op]() mutable {
                    // Rank r's blocks of every input, side by side in row r: one reduce_scatter for all.
                    tensors rows;
@@ -299,7 +303,7 @@ dtrain_process_group::work_ptr dtrain_process_group::gather(tensor_lists& out, t
   host_staging staging(in[0].device(), "gather");
   at::Tensor x = staging.read(in[0]);
   tensors ys = staging.write(outputs);
-  return enqueue(collectives_, ::c10d::OpType::GATHER, outputs, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::GATHER, in, outputs, timeout_of(o.timeout), std::move(staging),
                  [this, x, ys, root]() mutable {
                    const at::Tensor src = x.contiguous();
                    at::Tensor flat = ys.empty() ? at::empty({0}, src.options())
@@ -319,7 +323,7 @@ dtrain_process_group::work_ptr dtrain_process_group::scatter(tensors& out, tenso
   host_staging staging(out[0].device(), "scatter");
   tensors xs = staging.read(inputs);
   at::Tensor y = staging.write(out[0]);
-  return enqueue(collectives_, ::c10d::OpType::SCATTER, out, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::SCATTER, inputs, out, timeout_of(o.timeout), std::move(staging),
                  [this, xs, y, root] {
                    const at::Tensor flat = xs.empty() ? at::empty({0}, y.options()) : joined(xs);
                    dense d(y);
@@ -339,7 +343,7 @@ dtrain_process_group::work_ptr dtrain_process_group::reduce_scatter(tensors& out
   host_staging staging(out[0].device(), "reduce_scatter");
   tensors xs = staging.read(in[0]);
   at::Tensor y = staging.write(out[0]);
-  return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER, out, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::REDUCE_SCATTER, in[0], out, timeout_of(o.timeout), std::move(staging),
                  [this, xs, y, op, counts, even] {
                    const at::Tensor flat = joined(xs);
                    dense d(y);
@@ -361,7 +365,8 @@ dtrain_process_group::work_ptr dtrain_process_group::_reduce_scatter_base(at::Te
   host_staging staging(in.device(), "reduce_scatter from one tensor");
   at::Tensor x = staging.read(in);
   at::Tensor y = staging.write(out);
-  return enqueue(collectives_, ::c10d::OpType::_REDUCE_SCATTER_BASE, {out}, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::_REDUCE_SCATTER_BASE, {in}, {out}, timeout_of(o.timeout),
+                 std::move(staging),
                  [this, x, y, op] {
                    const at::Tensor src = x.contiguous();
                    dense d(y);
@@ -385,7 +390,7 @@ dtrain_process_group::work_ptr dtrain_process_group::alltoall_base(at::Tensor& o
   host_staging staging(in.device(), "alltoall");
   at::Tensor x = staging.read(in);
   at::Tensor y = staging.write(out);
-  return enqueue(collectives_, ::c10d::OpType::ALLTOALL_BASE, {out}, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::ALLTOALL_BASE, {in}, {out}, timeout_of(o.timeout), std::move(staging),
                  [this, x, y, send, receive, even] {
                    const at::Tensor src = x.contiguous();
                    dense d(y);
@@ -412,7 +417,7 @@ dtrain_process_group::work_ptr dtrain_process_group::alltoall(tensors& out, tens
   host_staging staging(in[0].device(), "alltoall");
   tensors xs = staging.read(in);
   tensors ys = staging.write(out);
-  return enqueue(collectives_, ::c10d::OpType::ALLTOALL, out, timeout_of(o.timeout), std::move(staging),
+  return enqueue(collectives_, ::c10d::OpType::ALLTOALL, in, out, timeout_of(o.timeout), std::move(staging),
                  [this, xs, ys]() mutable {
                    const at::Tensor flat_in = joined(xs);
                    const auto send = counts_of(xs), receive = counts_of(ys);
@@ -426,8 +431,8 @@ dtrain_process_group::work_ptr dtrain_process_group::alltoall(tensors& out, tens
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::barrier(const ::c10d::BarrierOptions& o) {
-  return enqueue(collectives_, ::c10d::OpType::BARRIER, {}, timeout_of(o.timeout), host_staging(c10::kCPU, "barrier"),
-                 [this] { comm_->barrier(); });
+  return enqueue(collectives_, ::c10d::OpType::BARRIER, {}, {}, timeout_of(o.timeout),
+                 host_staging(c10::kCPU, "barrier"), [this] { comm_->barrier(); });
 }
 
 }  // namespace dtrain::torch_backend

@@ -118,19 +118,20 @@ class dtrain_process_group final : public c10d_backend {
 
  private:
   // Queues `body` on `queue`; the work completes when it has run (or failed). `body` works on
-  // the host tensors `staging` gave out; `outputs` are the caller's.
-  work_ptr enqueue(detail::call_queue& queue, ::c10d::OpType type, tensors outputs, std::chrono::milliseconds timeout,
-                   host_staging staging, std::function<void()> body);
+  // the host tensors `staging` gave out; `inputs` (the profilers' shapes, as Gloo records them)
+  // and `outputs` are the caller's.
+  work_ptr enqueue(detail::call_queue& queue, ::c10d::OpType type, tensors inputs, tensors outputs,
+                   std::chrono::milliseconds timeout, host_staging staging, std::function<void()> body);
   // The same, for a body that returns the rank its message came from (`Work::sourceRank`).
-  work_ptr enqueue_from(detail::call_queue& queue, ::c10d::OpType type, tensors outputs,
+  work_ptr enqueue_from(detail::call_queue& queue, ::c10d::OpType type, tensors inputs, tensors outputs,
                         std::chrono::milliseconds timeout, host_staging staging, std::function<int()> body);
   // A receive on the user's `tag` into `t[0]`, from `src` or any peer; the work's source rank is
   // the sender.
   work_ptr receive(::c10d::OpType type, tensors& t, int src, int tag);
   // Posts a send or receive (`start`) on the point-to-point thread, to finish before `due`;
   // `finish` runs once it has succeeded and returns the sender (none: -1). `what` names it in
-  // errors ("send to rank 2 (tag 7)").
-  work_ptr post(::c10d::OpType type, tensors outputs, host_staging staging, std::string what, deadline due,
+  // errors ("send to rank 2 (tag 7)"). The profilers show `t` as its input, as Gloo's do.
+  work_ptr post(::c10d::OpType type, tensors t, host_staging staging, std::string what, deadline due,
                 std::function<point_to_point::request()> start,
                 std::function<int(point_to_point::request&)> finish = nullptr);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds asked) const;

@@ -39,7 +39,7 @@ dtrain_process_group::work_ptr dtrain_process_group::sparse_allreduce(tensors& t
               ": dtrain reduces sparse tensors on the CPU (move it with .cpu())");
   TORCH_CHECK(o.reduceOp == ::c10d::ReduceOp::SUM, "dtrain: allreduce of a sparse tensor with reduce op ",
               static_cast<int>(o.reduceOp.op_), ": sparse tensors are summed (ReduceOp.SUM), as Gloo's are");
-  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE, t, timeout_of(o.timeout),
+  return enqueue(collectives_, ::c10d::OpType::ALLREDUCE, t, t, timeout_of(o.timeout),
                  host_staging(c10::kCPU, "allreduce"), [this, x = t[0]]() mutable {
                    const c10::NoGradGuard no_autograd;  // the result lands in the caller's tensor
                    const at::Tensor mine = x.coalesce();

@@ -35,10 +35,11 @@ std::exception_ptr as_torch_error(std::exception_ptr failure);
 /// both order the waiting thread's current stream after the copies back (`host_staging`).
 class dtrain_work final : public ::c10d::Work {
  public:
+  /// `inputs` are the tensors the profilers show the call with (shapes under `record_shapes`);
   /// `what` names the call in a `wait` that runs out ("all_reduce", "send to rank 2 (tag 7)");
   /// `timeout` is the call's own, which dtrain enforces.
-  dtrain_work(int rank, ::c10d::OpType type, std::vector<at::Tensor> outputs, host_staging staging, std::string what,
-              std::chrono::milliseconds timeout);
+  dtrain_work(int rank, ::c10d::OpType type, const std::vector<at::Tensor>& inputs, std::vector<at::Tensor> outputs,
+              host_staging staging, std::string what, std::chrono::milliseconds timeout);
 
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }

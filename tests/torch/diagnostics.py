@@ -10,8 +10,8 @@ logging handler; the profiler's events; Gloo's events for the same calls):
 - work.wait(timeout) that runs out names the call, the rank and where the call is (queued, running
   as dtrain's collective number N, posted), and the work still completes with the right result;
 - c10d's sequence numbers count the group's collectives, alike on every rank;
-- torch's profiler records every call as "dtrain:<call>", for each call Gloo records as
-  "gloo:<call>" in the same run.
+- torch's profiler records every call as "dtrain:<call>" with the call's input shapes, event for
+  event as it records Gloo's "gloo:<call>" in the same run.
 The ranks say they are on different hosts (DTRAIN_HOST_ID), so their groups form over TCP and
 log the addresses they listen on. The launcher passes only if every rank reports every check passed.
 """
@@ -130,22 +130,30 @@ def profiled(c, dist, torch, rank, size, gloo):
     def calls(group):
         x = torch.ones(16)
         dist.all_reduce(x, group=group)
-        dist.broadcast(x, 0, group=group)
-        dist.all_gather([torch.zeros(16) for _ in range(size)], x, group=group)
+        dist.broadcast(torch.ones(2, 5), 0, group=group)
+        dist.all_gather([torch.zeros(3, 4) for _ in range(size)], torch.ones(3, 4), group=group)
+        dist.all_reduce_coalesced([torch.ones(7), torch.ones(2, 2)], group=group)
+        dist.all_gather_coalesced([[torch.zeros(5), torch.zeros(1, 6)] for _ in range(size)],
+                                  [torch.ones(5), torch.ones(1, 6)], group=group)
+        dist.all_to_all_single(torch.zeros(size * 3), torch.ones(size * 3), group=group)
         dist.barrier(group=group)
         if rank == 0:
-            dist.send(x, 1, group=group)
+            dist.send(torch.ones(9), 1, group=group)
+            dist.send(torch.ones(4, 2), 1, group=group)
         elif rank == 1:
-            dist.recv(x, 0, group=group)
+            dist.recv(torch.zeros(9), 0, group=group)
+            dist.recv(torch.zeros(4, 2), group=group)  # from any rank
 
-    names = {}
+    events = {}
     for backend, group in (("gloo", gloo), ("dtrain", None)):
-        with torch.autograd.profiler.profile() as prof:
+        with torch.autograd.profiler.profile(record_shapes=True) as prof:
             calls(group)
-        names[backend] = {e.name.split(":", 1)[1] for e in prof.function_events if e.name.startswith(backend + ":")}
-    print(f"rank {rank}: profiled {names}", flush=True)
-    c.true("Gloo records its calls (the check sees events)", len(names["gloo"]) >= 3, str(names))
-    c.true("every call Gloo records, dtrain records", names["gloo"] <= names["dtrain"], str(names))
+        events[backend] = sorted((e.name.split(":", 1)[1], str(e.input_shapes)) for e in prof.function_events
+                                 if e.name.startswith(backend + ":"))
+    print(f"rank {rank}: profiled {events}", flush=True)
+    c.true("Gloo records its calls (the check sees events)", len(events["gloo"]) >= 8, str(events))
+    c.true("dtrain records every call as Gloo does: names and input shapes", events["gloo"] == events["dtrain"],
+           str(events))
 
 
 def rank_main(args):
