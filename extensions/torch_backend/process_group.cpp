@@ -88,11 +88,11 @@ dtrain_process_group::work_ptr dtrain_process_group::enqueue(detail::call_queue&
                                                              tensors inputs, tensors outputs,
                                                              std::chrono::milliseconds timeout, host_staging staging,
                                                              std::function<void()> body) {
-  return enqueue_from(queue, type, std::move(inputs), std::move(outputs), timeout, std::move(staging),
-                      [body = std::move(body)] {
-                        body();
-                        return -1;
-                      });
+  auto no_source = [body = std::move(body)] {
+    body();
+    return -1;
+  };
+  return enqueue_from(queue, type, std::move(inputs), std::move(outputs), timeout, std::move(staging), no_source);
 }
 
 dtrain_process_group::work_ptr dtrain_process_group::enqueue_from(detail::call_queue& queue, ::c10d::OpType type,
@@ -366,8 +366,7 @@ dtrain_process_group::work_ptr dtrain_process_group::_reduce_scatter_base(at::Te
   at::Tensor x = staging.read(in);
   at::Tensor y = staging.write(out);
   return enqueue(collectives_, ::c10d::OpType::_REDUCE_SCATTER_BASE, {in}, {out}, timeout_of(o.timeout),
-                 std::move(staging),
-                 [this, x, y, op] {
+                 std::move(staging), [this, x, y, op] {
                    const at::Tensor src = x.contiguous();
                    dense d(y);
                    with_element(y, "reduce_scatter", [&]<class T>(T) {

@@ -1,0 +1,79 @@
+#pragma once
+/// @file
+/// `sharded::shard_layout`: which part of a model's state each rank of a sharded trainer owns.
+///
+/// The unit of sharding is the bucket (allreduce/bucket_plan.hpp), as FSDP's unit is its flat
+/// parameter: bucket b's tensors, packed side by side in plan order, are padded with zeros to a
+/// multiple of the world size P and cut into P equal slices; rank r owns slice r of every
+/// bucket. A rank's shard is its slices of all buckets, one after another, in bucket order, so
+/// its optimizer state, gradient and master parameters are each about 1/P of the model's
+/// (ZeRO, Rajbhandari et al., SC'20). One bucket's reduce-scatter gives each rank exactly its
+/// slice, and one allgather gives everyone the bucket back.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "dtrain/allreduce/bucket_plan.hpp"
+
+namespace dtrain::sharded {
+
+using allreduce::bucket;
+using allreduce::bucket_plan;
+
+class shard_layout {
+ public:
+  shard_layout() = default;
+
+  /// The layout of `plan`'s buckets over `world` ranks.
+  shard_layout(const bucket_plan& plan, int world) : world_(static_cast<std::size_t>(world)) {
+    for (const bucket& b : plan.buckets()) {
+      const std::size_t slice = (b.elements + world_ - 1) / world_;
+      slice_offset_.push_back(shard_elements_);
+      slice_.push_back(slice);
+      shard_elements_ += slice;
+      largest_padded_ = std::max(largest_padded_, slice * world_);
+    }
+  }
+
+  /// Elements of one rank's shard: its slices of every bucket.
+  std::size_t shard_elements() const noexcept { return shard_elements_; }
+  /// Elements of each rank's slice of bucket `b`.
+  std::size_t slice(std::size_t b) const noexcept { return slice_[b]; }
+  /// Where bucket `b`'s slice starts in a rank's shard.
+  std::size_t slice_offset(std::size_t b) const noexcept { return slice_offset_[b]; }
+  /// Bucket `b` padded to a multiple of the world size: P slices.
+  std::size_t padded(std::size_t b) const noexcept { return slice_[b] * world_; }
+  /// The largest padded bucket: a buffer any bucket fits in.
+  std::size_t largest_padded() const noexcept { return largest_padded_; }
+
+ private:
+  std::size_t world_ = 1;
+  std::vector<std::size_t> slice_, slice_offset_;
+  std::size_t shard_elements_ = 0;
+  std::size_t largest_padded_ = 0;
+};
+
+/// Copies bucket `b`'s tensors (`tensor(i)` views tensor i) into `flat`, packed in plan order,
+/// and zeroes the padding after them.
+template <class T, class Tensor>
+void pack(const bucket& b, Tensor&& tensor, std::span<T> flat) {
+  for (std::size_t k = 0; k < b.tensors.size(); ++k) {
+    const auto t = tensor(b.tensors[k]);
+    std::copy(t.begin(), t.end(), flat.begin() + static_cast<std::ptrdiff_t>(b.offsets[k]));
+  }
+  std::fill(flat.begin() + static_cast<std::ptrdiff_t>(b.elements), flat.end(), T(0));
+}
+
+/// Copies `flat` (bucket `b` packed, as `pack` leaves it) back into its tensors.
+template <class T, class Tensor>
+void unpack(const bucket& b, std::span<const T> flat, Tensor&& tensor) {
+  for (std::size_t k = 0; k < b.tensors.size(); ++k) {
+    auto t = tensor(b.tensors[k]);
+    const auto from = flat.subspan(b.offsets[k], t.size());
+    std::copy(from.begin(), from.end(), t.begin());
+  }
+}
+
+}  // namespace dtrain::sharded

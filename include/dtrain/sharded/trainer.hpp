@@ -1,0 +1,280 @@
+#pragma once
+/// @file
+/// `sharded::trainer<Stage, Collective, Updater, Model>`: synchronous data parallelism whose
+/// optimizer state (ZeRO stage 1) and gradients (stage 2) are sharded across the ranks instead
+/// of replicated (Rajbhandari et al., SC'20; PyTorch's ZeroRedundancyOptimizer and FSDP's
+/// SHARD_GRAD_OP). It takes the allreduce trainer's parts: any `collective`, any `updater`,
+/// any `model`, unchanged.
+///
+/// Each step (layout.hpp says which slice a rank owns):
+///  - forward and backward; as each bucket's gradients are final (plan order, as the allreduce
+///    trainer launches them) the communication thread packs the bucket and averages it:
+///    stage 1 allreduces it and writes the average back into the model's gradients (every
+///    rank sees the full averaged gradient, as after DDP); stage 2 reduce-scatters it, so each
+///    rank receives only the average of its own slice, with half of an allreduce's traffic, and
+///    the model's gradients stay this rank's own;
+///  - the updater steps this rank's master slice of the parameters with its slice of the
+///    averaged gradient: its state covers 1/P of the parameters;
+///  - each bucket's updated slices are allgathered into every rank's model.
+/// The result equals the allreduce trainer's (the same averaged gradient, the same update), and
+/// the replicas stay bit-identical, since every rank receives the same allgathered bits.
+///
+/// @code
+/// using comm_t = dtrain::ring<dtrain::tcp_transport>;
+/// dtrain::sharded::trainer<dtrain::sharded::zero2, comm_t, dtrain::adam<float>, my_model> trainer(
+///     comm_t(dtrain::tcp_transport::from_environment()), dtrain::adam<float>(1e-3), model);
+/// for (auto& batch : my_shard) trainer.step(batch);
+/// @endcode
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "dtrain/allreduce/bucket_plan.hpp"
+#include "dtrain/concepts/model.hpp"
+#include "dtrain/concepts/trainable.hpp"
+#include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/error.hpp"
+#include "dtrain/core/hash.hpp"
+#include "dtrain/core/reduce_op.hpp"
+#include "dtrain/core/trace.hpp"
+#include "dtrain/detail/comm_thread.hpp"
+#include "dtrain/sharded/layout.hpp"
+
+namespace dtrain::sharded {
+
+/// ZeRO stage 1: the optimizer state is sharded; gradients are allreduced in full.
+struct zero1 {
+  static constexpr int stage = 1;
+  static constexpr std::string_view name = "zero1";
+};
+/// ZeRO stage 2: the optimizer state and the averaged gradients are sharded; gradients are
+/// reduce-scattered.
+struct zero2 {
+  static constexpr int stage = 2;
+  static constexpr std::string_view name = "zero2";
+};
+
+/// A sharding stage `trainer` knows: `zero1` or `zero2`.
+template <class S>
+concept sharding_stage = std::same_as<S, zero1> || std::same_as<S, zero2>;
+
+struct trainer_options {
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< as DDP's: small, so overlap starts early
+  std::size_t bucket_bytes = std::size_t{25} << 20;       ///< the other buckets' capacity (DDP's default)
+  int root = 0;                                            ///< the rank whose parameters every rank starts from
+  /// The learning rate of step k (0-based); empty: the updater's own rate throughout.
+  std::function<double(std::size_t)> learning_rate;
+};
+
+/// Bytes the trainer itself holds on this rank (not the model's own tensors).
+struct memory_use {
+  std::size_t parameters = 0;       ///< the master slice of the parameters the updater steps
+  std::size_t gradients = 0;        ///< the slice of the averaged gradient
+  std::size_t optimizer_state = 0;  ///< the updater's state for the slice
+  std::size_t buffers = 0;          ///< the bucket buffer collectives run on
+  std::size_t total() const noexcept { return parameters + gradients + optimizer_state + buffers; }
+};
+
+struct step_result {
+  double loss = 0;           ///< this rank's batch's mean loss
+  double learning_rate = 0;  ///< the rate the step used
+};
+
+template <sharding_stage Stage, class Collective, class Updater, model Model>
+  requires trainable<Collective, Updater, Model>
+class trainer {
+ public:
+  using value_type = typename Model::value_type;
+  using batch_type = typename Model::batch_type;
+
+  /// Broadcasts rank `options.root`'s parameters, checks that every rank planned the same
+  /// buckets and stage, and takes this rank's slice. Collective: every rank constructs one.
+  /// @throws dtrain::error `invalid_argument` on every rank if the ranks' models, options or
+  ///   stages differ, or `root` is not a rank; the collective's errors.
+  trainer(Collective comm, Updater updater, Model& model, trainer_options options = {})
+      : comm_(std::move(comm)), updater_(std::move(updater)), model_(model), options_(std::move(options)) {
+    if (options_.root < 0 || options_.root >= comm_.size()) {
+      throw error(errc::invalid_argument, name() + ": root " + std::to_string(options_.root) +
+                                              " is not a rank of this group of " + std::to_string(comm_.size()));
+    }
+    const std::vector<std::size_t> sizes = allreduce::detail::tensor_sizes(model_, name());
+    plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
+    layout_ = shard_layout(plan_, comm_.size());
+    check_ranks_agree();
+    buffer_.resize(layout_.largest_padded());
+    for (std::size_t b = 0; b < plan_.buckets().size(); ++b) broadcast_parameters(b);
+    master_.resize(layout_.shard_elements());
+    gradient_.resize(layout_.shard_elements());
+    for (std::size_t b = 0; b < plan_.buckets().size(); ++b) take_my_slice(b);
+    updater_.resize(layout_.shard_elements());
+    readiness_.emplace(plan_);
+    peak_ = memory();
+    worker_.emplace(trace::recorder::global());
+  }
+
+  trainer(const trainer&) = delete;
+  trainer& operator=(const trainer&) = delete;
+
+  /// One step on this rank's `batch`: forward and backward, gradients averaged into the
+  /// shards, this rank's slice updated, the parameters allgathered.
+  /// Collective: every rank calls `step` the same number of times.
+  /// @throws dtrain::error the collective's errors; `invalid_argument` if the model reported a
+  ///   tensor twice, one out of range, or not all. After an error the trainer is broken.
+  step_result step(const batch_type& batch) {
+    if (broken_) throw error(errc::broken, name() + ": an earlier step failed; rebuild the trainer");
+    step_result result;
+    if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(steps_));
+    result.learning_rate = updater_.learning_rate();
+    readiness_->reset();
+    auto on_ready = [&](std::size_t tensor) {
+      if (!readiness_->report(tensor)) return;
+      while (const bucket* b = readiness_->take_complete()) {
+        worker_->post([this, b] { reduce_gradients(index_of(*b)); });
+      }
+    };
+    try {
+      result.loss = model_.forward_backward(batch, gradient_ready(on_ready));
+      const std::string misuse = readiness_->finish();
+      worker_->drain();
+      if (!misuse.empty()) throw error(errc::invalid_argument, name() + ": " + misuse);
+      while (const bucket* b = readiness_->take_next()) reduce_gradients(index_of(*b));  // the thread is idle
+      step_info info;
+      info.step = steps_ + 1;
+      updater_.step(std::span<value_type>(master_), std::span<const value_type>(gradient_), 0, info);
+      for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);
+      ++steps_;
+    } catch (...) {
+      broken_ = true;
+      try {
+        worker_->drain();  // queued buckets reference this step's gradients
+      } catch (...) {
+      }
+      throw;
+    }
+    return result;
+  }
+
+  /// What the trainer holds now, and the most it has held.
+  memory_use memory() const noexcept {
+    memory_use m;
+    m.parameters = master_.size() * sizeof(value_type);
+    m.gradients = gradient_.size() * sizeof(value_type);
+    m.optimizer_state = updater_.parameters() * Updater::state_slots * sizeof(value_type);
+    m.buffers = buffer_.size() * sizeof(value_type);
+    return m;
+  }
+  memory_use peak_memory() const noexcept { return peak_; }
+
+  int rank() const noexcept { return comm_.rank(); }
+  int size() const noexcept { return comm_.size(); }
+  std::size_t steps() const noexcept { return steps_; }
+  const bucket_plan& plan() const noexcept { return plan_; }
+  const shard_layout& layout() const noexcept { return layout_; }
+  Updater& updater() noexcept { return updater_; }
+
+ private:
+  using span = std::span<value_type>;
+
+  static std::string name() { return "sharded::trainer<" + std::string(Stage::name) + ">"; }
+
+  std::size_t index_of(const bucket& b) const noexcept { return static_cast<std::size_t>(&b - plan_.buckets().data()); }
+  span padded(std::size_t b) noexcept { return span(buffer_.data(), layout_.padded(b)); }
+  span my_slice(span whole, std::size_t b) const noexcept {
+    return whole.subspan(static_cast<std::size_t>(comm_.rank()) * layout_.slice(b), layout_.slice(b));
+  }
+  span shard_part(std::vector<value_type>& shard, std::size_t b) noexcept {
+    return span(shard).subspan(layout_.slice_offset(b), layout_.slice(b));
+  }
+  auto parameters() {
+    return [this](std::size_t i) { return model_.parameters(i); };
+  }
+  auto gradients() {
+    return [this](std::size_t i) { return model_.gradients(i); };
+  }
+
+  // Every rank gathers every rank's digest of its plan and stage; all raise the same error.
+  void check_ranks_agree() {
+    fnv1a h;
+    h.word(plan_.fingerprint());
+    h.word(static_cast<std::uint64_t>(Stage::stage));
+    const std::int64_t mine[3] = {static_cast<std::int64_t>(plan_.tensor_count()),
+                                  static_cast<std::int64_t>(plan_.elements()), static_cast<std::int64_t>(h.value())};
+    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm_.size()));
+    comm_.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+    auto describe = [&](std::size_t r) {
+      return std::to_string(all[3 * r]) + " tensors, " + std::to_string(all[3 * r + 1]) + " elements, digest " +
+             std::to_string(static_cast<std::uint64_t>(all[3 * r + 2]));
+    };
+    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
+      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
+      throw error(errc::invalid_argument,
+                  name() + ": ranks disagree on the model, the buckets or the stage: rank 0 has " + describe(0) +
+                      "; rank " + std::to_string(r) + " has " + describe(r) +
+                      ". Every rank must build the same model, options and stage");
+    }
+  }
+
+  void broadcast_parameters(std::size_t b) {
+    if (comm_.size() == 1) return;
+    const bucket& bk = plan_.buckets()[b];
+    pack<value_type>(bk, parameters(), padded(b));
+    comm_.broadcast(padded(b), options_.root);
+    unpack<value_type>(bk, std::span<const value_type>(padded(b)), parameters());
+  }
+
+  void take_my_slice(std::size_t b) {
+    pack<value_type>(plan_.buckets()[b], parameters(), padded(b));
+    const span mine = my_slice(padded(b), b);
+    std::copy(mine.begin(), mine.end(), shard_part(master_, b).begin());
+  }
+
+  // On the communication thread, or on `step`'s once that one is idle: bucket b's average,
+  // this rank's slice of it into `gradient_` (and, under stage 1, all of it into the model).
+  void reduce_gradients(std::size_t b) {
+    const bucket& bk = plan_.buckets()[b];
+    pack<value_type>(bk, gradients(), padded(b));
+    if constexpr (Stage::stage == 1) {
+      comm_.allreduce(padded(b), reduce_op::avg);
+      unpack<value_type>(bk, std::span<const value_type>(padded(b)), gradients());
+      const span mine = my_slice(padded(b), b);
+      std::copy(mine.begin(), mine.end(), shard_part(gradient_, b).begin());
+    } else {
+      comm_.reduce_scatter(std::span<const value_type>(padded(b)), shard_part(gradient_, b), reduce_op::avg);
+    }
+  }
+
+  // Every rank's updated slice of bucket b, into every rank's model.
+  void gather_parameters(std::size_t b) {
+    const span whole = padded(b);
+    const span from = shard_part(master_, b);
+    std::copy(from.begin(), from.end(), my_slice(whole, b).begin());
+    comm_.allgather(whole);
+    unpack<value_type>(plan_.buckets()[b], std::span<const value_type>(whole), parameters());
+  }
+
+  Collective comm_;
+  Updater updater_;
+  Model& model_;
+  trainer_options options_;
+  bucket_plan plan_;
+  shard_layout layout_;
+  std::vector<value_type> buffer_;    // one padded bucket
+  std::vector<value_type> master_;    // this rank's slices of the parameters
+  std::vector<value_type> gradient_;  // and of the averaged gradient
+  std::optional<allreduce::detail::step_readiness> readiness_;  // refers to plan_
+  memory_use peak_;
+  std::size_t steps_ = 0;
+  bool broken_ = false;
+  std::optional<dtrain::detail::comm_thread> worker_;  // last: destroyed (joined) first
+};
+
+}  // namespace dtrain::sharded

@@ -1,0 +1,198 @@
+// The sharded trainer (ZeRO stages 1 and 2) against serial references of the same equations:
+// the allreduce trainer's simulation for momentum SGD, one Adam over the whole model for Adam;
+// each rank's share of the state against the closed form; start-up agreement and misuse.
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../allreduce/checks.hpp"  // require_close
+#include "../allreduce/linear_model.hpp"
+#include "../allreduce/simulation.hpp"
+#include "../catch.hpp"
+#include "dtrain/allreduce/trainer.hpp"
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/sharded/trainer.hpp"
+#include "dtrain/transport/inproc.hpp"
+#include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/momentum.hpp"
+
+using namespace dtrain;
+using namespace dtrain::testing;
+using comm_t = ring<inproc_transport>;
+
+namespace {
+
+sharded::trainer_options sharded_buckets() {
+  sharded::trainer_options o;
+  o.first_bucket_bytes = 8 * 10;  // several buckets, most of them not a multiple of P long
+  o.bucket_bytes = 8 * 64;
+  return o;
+}
+
+template <class Stage, class Updater>
+std::vector<std::vector<double>> train(int p, int steps, Updater updater, sharded::trainer_options options,
+                                       bool shuffled_ready_order = false, bool gaps = false) {
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(p));
+  run_inproc(p, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    linear_model m(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r, gaps);  // the broadcast must undo r's start
+    if (shuffled_ready_order) {
+      std::mt19937 gen(static_cast<unsigned>(r));
+      std::shuffle(m.ready_order().begin(), m.ready_order().end(), gen);
+    }
+    sharded::trainer<Stage, comm_t, Updater, linear_model> tr(comm_t(std::move(t)), updater, m, options);
+    for (int k = 0; k < steps; ++k) {
+      const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+      tr.step({begin, begin + batch});
+    }
+    out[static_cast<std::size_t>(r)] = m.weights();
+  });
+  return out;
+}
+
+// One Adam over the whole model, stepped with the mean of the P replicas' gradients.
+std::vector<double> serial_adam(int p, int steps, double rate) {
+  std::vector<regression_data> data;
+  for (int r = 0; r < p; ++r) data.push_back(data_of(r));
+  std::vector<double> w(dim(), 0.25), g(dim()), mean(dim());
+  adam<double> a(rate);
+  a.resize(dim());
+  for (int k = 0; k < steps; ++k) {
+    const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+    std::fill(mean.begin(), mean.end(), 0.0);
+    for (int r = 0; r < p; ++r) {
+      least_squares_gradient(data[static_cast<std::size_t>(r)], w, begin, begin + batch, g);
+      for (std::size_t j = 0; j < dim(); ++j) mean[j] += g[j] / static_cast<double>(p);
+    }
+    step_info info;
+    info.step = static_cast<std::uint64_t>(k) + 1;
+    a.step(std::span<double>(w), std::span<const double>(mean), 0, info);
+  }
+  return w;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("sharded trainer equals the serial simulation, replicas bit-identical", "[sharded]", sharded::zero1,
+                   sharded::zero2) {
+  for (int p : {1, 2, 3, 4}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool shuffled = variant == 1, gaps = variant == 2;
+      INFO("ranks " << p << (shuffled ? ", per-rank ready order" : "") << (gaps ? ", tensors apart" : ""));
+      const auto got = train<TestType>(p, 30, momentum<double>(lr, mu), sharded_buckets(), shuffled, gaps);
+      const auto want = simulate(p, 30, 1, 0);
+      require_close(got[0], want[0], 1e-12);
+      for (const auto& w : got) REQUIRE(w == got[0]);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("sharded Adam equals one Adam over the whole model", "[sharded]", sharded::zero1, sharded::zero2) {
+  for (int p : {2, 3}) {
+    INFO("ranks " << p);
+    const auto got = train<TestType>(p, 25, adam<double>(0.01), sharded_buckets());
+    require_close(got[0], serial_adam(p, 25, 0.01), 1e-12);
+    for (const auto& w : got) REQUIRE(w == got[0]);
+  }
+}
+
+TEST_CASE("each rank holds its slice of the optimizer state and gradient, not the whole", "[sharded]") {
+  // One bucket of the model's 130 parameters (the default buckets are 1 MiB): each rank's
+  // slice is ceil(130 / P) long, Adam keeps two values per parameter.
+  const std::size_t slice[] = {0, 130, 65, 44, 33};
+  for (int p : {1, 2, 3, 4}) {
+    INFO("ranks " << p);
+    std::vector<sharded::memory_use> seen(static_cast<std::size_t>(p));
+    std::vector<std::size_t> replicated(static_cast<std::size_t>(p));
+    run_inproc(p, [&](int r, inproc_transport t) {
+      auto data = data_of(r);
+      linear_model m(tensor_sizes, data, 0.25);
+      sharded::trainer<sharded::zero2, comm_t, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(), m);
+      tr.step({0, batch});
+      seen[static_cast<std::size_t>(r)] = tr.peak_memory();
+      REQUIRE(tr.memory().total() == tr.peak_memory().total());
+    });
+    for (const auto& m : seen) {
+      CHECK(m.optimizer_state == 2 * slice[p] * sizeof(double));
+      CHECK(m.parameters == slice[p] * sizeof(double));
+      CHECK(m.gradients == slice[p] * sizeof(double));
+      CHECK(m.buffers == slice[p] * static_cast<std::size_t>(p) * sizeof(double));
+    }
+  }
+}
+
+TEST_CASE("stage 1 leaves the averaged gradient in the model, stage 2 each rank's own", "[sharded]") {
+  // After one step from w = 0.25 everywhere: the mean of the replicas' gradients, or rank r's.
+  constexpr int p = 3;
+  std::vector<std::vector<double>> own(p, std::vector<double>(dim())), mean_of(1, std::vector<double>(dim(), 0.0));
+  std::vector<double> w0(dim(), 0.25);
+  for (int r = 0; r < p; ++r) {
+    least_squares_gradient(data_of(r), w0, 0, batch, own[static_cast<std::size_t>(r)]);
+    for (std::size_t j = 0; j < dim(); ++j) mean_of[0][j] += own[static_cast<std::size_t>(r)][j] / p;
+  }
+  auto gradients_after_one_step = [&]<class Stage>(Stage) {
+    std::vector<std::vector<double>> got(p);
+    run_inproc(p, [&](int r, inproc_transport t) {
+      auto data = data_of(r);
+      linear_model m(tensor_sizes, data, 0.25);
+      sharded::trainer<Stage, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+                                                                         momentum<double>(lr, mu), m, sharded_buckets());
+      tr.step({0, batch});
+      for (std::size_t i = 0; i < m.tensor_count(); ++i) {
+        got[static_cast<std::size_t>(r)].insert(got[static_cast<std::size_t>(r)].end(), m.gradients(i).begin(),
+                                                m.gradients(i).end());
+      }
+    });
+    return got;
+  };
+  const auto stage1 = gradients_after_one_step(sharded::zero1{});
+  const auto stage2 = gradients_after_one_step(sharded::zero2{});
+  for (std::size_t r = 0; r < p; ++r) {
+    INFO("rank " << r);
+    require_close(stage1[r], mean_of[0], 1e-13);
+    require_close(stage2[r], own[r], 1e-15);
+  }
+}
+
+TEST_CASE("ranks with different models or stages fail at start-up, all of them, naming the rank", "[sharded]") {
+  std::vector<std::string> errors(3);
+  run_inproc(3, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    std::vector<std::size_t> sizes = tensor_sizes;
+    if (r == 2) sizes = {3, 40, 1, 17, 59, 10};  // the same total, another split
+    linear_model m(sizes, data, 0.25);
+    try {
+      sharded::trainer<sharded::zero2, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+                                                                                  momentum<double>(lr, mu), m);
+    } catch (const error& e) {
+      if (e.code() == make_error_code(errc::invalid_argument)) errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    INFO(e);
+    CHECK(e.find("ranks disagree on the model") != std::string::npos);
+    CHECK(e.find("rank 2 has") != std::string::npos);
+  }
+}
+
+TEST_CASE("a model that never reports a gradient gets a clear error, and the trainer stays broken", "[sharded]") {
+  std::vector<std::string> errors(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    linear_model m(tensor_sizes, data, 0.25);
+    sharded::trainer<sharded::zero1, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+                                                                                momentum<double>(lr, mu), m);
+    m.unused = [](std::size_t tensor) { return tensor == 3; };
+    try {
+      tr.step({0, batch});
+    } catch (const error& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+    REQUIRE_THROWS_WITH(tr.step({0, batch}), Catch::Contains("sharded::trainer<zero1>: an earlier step failed"));
+  });
+  for (const auto& e : errors) CHECK(e.find("never reported tensor 3") != std::string::npos);
+}
