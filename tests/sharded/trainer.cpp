@@ -13,6 +13,7 @@
 #include "../allreduce/linear_model.hpp"
 #include "../allreduce/simulation.hpp"
 #include "../catch.hpp"
+#include "references.hpp"
 #include "dtrain/allreduce/trainer.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/sharded/trainer.hpp"
@@ -52,27 +53,6 @@ std::vector<std::vector<double>> train(int p, int steps, Updater updater, sharde
     out[static_cast<std::size_t>(r)] = m.weights();
   });
   return out;
-}
-
-// One Adam over the whole model, stepped with the mean of the P replicas' gradients.
-std::vector<double> serial_adam(int p, int steps, double rate) {
-  std::vector<regression_data> data;
-  for (int r = 0; r < p; ++r) data.push_back(data_of(r));
-  std::vector<double> w(dim(), 0.25), g(dim()), mean(dim());
-  adam<double> a(rate);
-  a.resize(dim());
-  for (int k = 0; k < steps; ++k) {
-    const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
-    std::fill(mean.begin(), mean.end(), 0.0);
-    for (int r = 0; r < p; ++r) {
-      least_squares_gradient(data[static_cast<std::size_t>(r)], w, begin, begin + batch, g);
-      for (std::size_t j = 0; j < dim(); ++j) mean[j] += g[j] / static_cast<double>(p);
-    }
-    step_info info;
-    info.step = static_cast<std::uint64_t>(k) + 1;
-    a.step(std::span<double>(w), std::span<const double>(mean), 0, info);
-  }
-  return w;
 }
 
 }  // namespace

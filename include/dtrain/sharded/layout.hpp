@@ -27,9 +27,12 @@ class shard_layout {
   shard_layout() = default;
 
   /// The layout of `plan`'s buckets over `world` ranks.
-  shard_layout(const bucket_plan& plan, int world) : world_(static_cast<std::size_t>(world)) {
-    for (const bucket& b : plan.buckets()) {
-      const std::size_t slice = (b.elements + world_ - 1) / world_;
+  shard_layout(const bucket_plan& plan, int world) : shard_layout(lengths_of(plan), world) {}
+
+  /// The layout of parts (buckets, or stage 3's units) of `lengths[b]` elements over `world` ranks.
+  shard_layout(const std::vector<std::size_t>& lengths, int world) : world_(static_cast<std::size_t>(world)) {
+    for (const std::size_t length : lengths) {
+      const std::size_t slice = (length + world_ - 1) / world_;
       slice_offset_.push_back(shard_elements_);
       slice_.push_back(slice);
       shard_elements_ += slice;
@@ -39,16 +42,22 @@ class shard_layout {
 
   /// Elements of one rank's shard: its slices of every bucket.
   std::size_t shard_elements() const noexcept { return shard_elements_; }
-  /// Elements of each rank's slice of bucket `b`.
+  /// Elements of each rank's slice of part `b`.
   std::size_t slice(std::size_t b) const noexcept { return slice_[b]; }
-  /// Where bucket `b`'s slice starts in a rank's shard.
+  /// Where part `b`'s slice starts in a rank's shard.
   std::size_t slice_offset(std::size_t b) const noexcept { return slice_offset_[b]; }
-  /// Bucket `b` padded to a multiple of the world size: P slices.
+  /// Part `b` padded to a multiple of the world size: P slices.
   std::size_t padded(std::size_t b) const noexcept { return slice_[b] * world_; }
-  /// The largest padded bucket: a buffer any bucket fits in.
+  /// The largest padded part: a buffer any part fits in.
   std::size_t largest_padded() const noexcept { return largest_padded_; }
 
  private:
+  static std::vector<std::size_t> lengths_of(const bucket_plan& plan) {
+    std::vector<std::size_t> lengths;
+    for (const bucket& b : plan.buckets()) lengths.push_back(b.elements);
+    return lengths;
+  }
+
   std::size_t world_ = 1;
   std::vector<std::size_t> slice_, slice_offset_;
   std::size_t shard_elements_ = 0;

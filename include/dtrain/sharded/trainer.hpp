@@ -48,50 +48,14 @@
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
 #include "dtrain/sharded/layout.hpp"
+#include "dtrain/sharded/options.hpp"
 
 namespace dtrain::sharded {
 
-/// ZeRO stage 1: the optimizer state is sharded; gradients are allreduced in full.
-struct zero1 {
-  static constexpr int stage = 1;
-  static constexpr std::string_view name = "zero1";
-};
-/// ZeRO stage 2: the optimizer state and the averaged gradients are sharded; gradients are
-/// reduce-scattered.
-struct zero2 {
-  static constexpr int stage = 2;
-  static constexpr std::string_view name = "zero2";
-};
-
-/// A sharding stage `trainer` knows: `zero1` or `zero2`.
-template <class S>
-concept sharding_stage = std::same_as<S, zero1> || std::same_as<S, zero2>;
-
-struct trainer_options {
-  std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< as DDP's: small, so overlap starts early
-  std::size_t bucket_bytes = std::size_t{25} << 20;       ///< the other buckets' capacity (DDP's default)
-  int root = 0;                                            ///< the rank whose parameters every rank starts from
-  /// The learning rate of step k (0-based); empty: the updater's own rate throughout.
-  std::function<double(std::size_t)> learning_rate;
-};
-
-/// Bytes the trainer itself holds on this rank (not the model's own tensors).
-struct memory_use {
-  std::size_t parameters = 0;       ///< the master slice of the parameters the updater steps
-  std::size_t gradients = 0;        ///< the slice of the averaged gradient
-  std::size_t optimizer_state = 0;  ///< the updater's state for the slice
-  std::size_t buffers = 0;          ///< the bucket buffer collectives run on
-  std::size_t total() const noexcept { return parameters + gradients + optimizer_state + buffers; }
-};
-
-struct step_result {
-  double loss = 0;           ///< this rank's batch's mean loss
-  double learning_rate = 0;  ///< the rate the step used
-};
-
+/// Stages 1 and 2.
 template <sharding_stage Stage, class Collective, class Updater, model Model>
-  requires trainable<Collective, Updater, Model>
-class trainer {
+  requires(Stage::stage <= 2 && trainable<Collective, Updater, Model>)
+class trainer<Stage, Collective, Updater, Model> {
  public:
   using value_type = typename Model::value_type;
   using batch_type = typename Model::batch_type;

@@ -1,0 +1,72 @@
+#pragma once
+/// @file
+/// What every stage of `sharded::trainer` shares: the stages as policies, the options, what a
+/// step returns and what the trainer reports of its memory. `trainer<Stage, ...>` itself is
+/// trainer.hpp (stages 1 and 2) and unit_trainer.hpp (stage 3).
+
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <string_view>
+
+namespace dtrain::sharded {
+
+/// ZeRO stage 1: the optimizer state is sharded; gradients are allreduced in full.
+struct zero1 {
+  static constexpr int stage = 1;
+  static constexpr std::string_view name = "zero1";
+};
+/// ZeRO stage 2: the optimizer state and the averaged gradients are sharded; gradients are
+/// reduce-scattered.
+struct zero2 {
+  static constexpr int stage = 2;
+  static constexpr std::string_view name = "zero2";
+};
+/// ZeRO stage 3 (FSDP's FULL_SHARD): the parameters are sharded too, and gathered unit by unit
+/// around each unit's forward and backward (a `unit_model`).
+struct zero3 {
+  static constexpr int stage = 3;
+  static constexpr std::string_view name = "zero3";
+};
+
+/// A sharding stage: `zero1`, `zero2` or `zero3`.
+template <class S>
+concept sharding_stage = std::same_as<S, zero1> || std::same_as<S, zero2> || std::same_as<S, zero3>;
+
+struct trainer_options {
+  std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< stages 1, 2: as DDP's, so overlap starts early
+  std::size_t bucket_bytes = std::size_t{25} << 20;       ///< stages 1, 2: the other buckets' capacity
+  int root = 0;                                            ///< the rank whose parameters every rank starts from
+  /// Stage 3: the most units whose parameters may be gathered at once, the one running
+  /// included (FSDP's `limit_all_gathers`); at least 1. With 2, the next unit is gathered
+  /// while the current one computes.
+  std::size_t limit_all_gathers = 2;
+  /// The learning rate of step k (0-based); empty: the updater's own rate throughout.
+  std::function<double(std::size_t)> learning_rate;
+};
+
+/// Bytes the trainer itself holds on this rank. At stages 1 and 2 the model's own tensors are
+/// the model's, full size; at stage 3 the model holds no parameters: `gathered` counts the units'
+/// parameters while they are gathered, `unit_gradients` their gradients until reduced.
+struct memory_use {
+  std::size_t parameters = 0;       ///< the master slice of the parameters the updater steps
+  std::size_t gradients = 0;        ///< the slice of the averaged gradient
+  std::size_t optimizer_state = 0;  ///< the updater's state for the slice
+  std::size_t buffers = 0;          ///< the bucket buffer collectives run on (stages 1, 2)
+  std::size_t gathered = 0;         ///< stage 3: the gathered units' parameters (padded)
+  std::size_t unit_gradients = 0;   ///< stage 3: units' gradients, from backward to their reduce-scatter
+  std::size_t total() const noexcept {
+    return parameters + gradients + optimizer_state + buffers + gathered + unit_gradients;
+  }
+};
+
+struct step_result {
+  double loss = 0;           ///< this rank's batch's mean loss
+  double learning_rate = 0;  ///< the rate the step used
+};
+
+/// Sharded data parallelism at `Stage` of `Model`, over `Collective`, updated by `Updater`.
+template <sharding_stage Stage, class Collective, class Updater, class Model>
+class trainer;
+
+}  // namespace dtrain::sharded
