@@ -15,6 +15,7 @@
 #include "dtrain/concepts/model.hpp"
 #include "dtrain/concepts/stage.hpp"
 #include "dtrain/concepts/transport.hpp"
+#include "dtrain/concepts/unit_model.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
@@ -115,6 +116,15 @@ struct model_archetype {
   std::span<float> parameters(std::size_t) { return {}; }
   std::span<float> gradients(std::size_t) { return {}; }
   double forward_backward(const batch_type&, gradient_ready) { return 0; }
+};
+
+struct unit_model_archetype {
+  using value_type = float;
+  struct batch_type {};
+  std::size_t unit_count() const noexcept { return 0; }
+  std::vector<std::size_t> unit_tensors(std::size_t) const { return {}; }
+  void initialize(std::size_t, std::size_t, std::span<float>) {}
+  double forward_backward(const batch_type&, unit_access<float>&) { return 0; }
 };
 
 struct stage_archetype {

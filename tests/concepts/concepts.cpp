@@ -188,6 +188,23 @@ struct model_with_const_gradients : model_archetype {
 };
 static_assert(!model<model_with_const_gradients>, "the trainer averages gradients in place");
 
+// --- unit model ---
+static_assert(unit_model<unit_model_archetype>);
+static_assert(!unit_model<model_archetype> && !model<unit_model_archetype>, "a unit model holds no parameters");
+struct unit_model_with_gradient_ready : unit_model_archetype {
+  double forward_backward(const batch_type&, gradient_ready) { return 0; }
+};
+static_assert(!unit_model<unit_model_with_gradient_ready>, "it reads parameters through unit_access");
+struct unit_model_without_initialize : model_archetype {
+  std::size_t unit_count() const noexcept { return 0; }
+  std::vector<std::size_t> unit_tensors(std::size_t) const { return {}; }
+  double forward_backward(const batch_type&, unit_access<float>&) { return 0; }
+};
+static_assert(!unit_model<unit_model_without_initialize>, "the root initialises each unit");
+// The sharded trainer takes the archetypes: stages 1 and 2 a model, stage 3 a unit model.
+static_assert(sizeof(sharded::trainer<sharded::zero2, ring<inproc_transport>, sgd<float>, model_archetype>) > 0);
+static_assert(sizeof(sharded::trainer<sharded::zero3, ring<inproc_transport>, sgd<float>, unit_model_archetype>) > 0);
+
 // --- updater ---
 static_assert(updater<updater_archetype>);
 static_assert(updater<sgd<>> && updater<momentum<>> && updater<adagrad<>> && updater<rmsprop<>>);
