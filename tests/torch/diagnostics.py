@@ -10,8 +10,9 @@ logging handler; the profiler's events; Gloo's events for the same calls):
 - work.wait(timeout) that runs out names the call, the rank and where the call is (queued, running
   as dtrain's collective number N, posted), and the work still completes with the right result;
 - c10d's sequence numbers count the group's collectives, alike on every rank;
-- torch's profiler records every call as "dtrain:<call>" with the call's input shapes, event for
-  event as it records Gloo's "gloo:<call>" in the same run.
+- torch's profiler records every call as "dtrain:<call>" with the call's input shapes (checked
+  against the shapes the calls were given), event for event as it records Gloo's "gloo:<call>" in
+  the same run.
 The ranks say they are on different hosts (DTRAIN_HOST_ID), so their groups form over TCP and
 log the addresses they listen on. The launcher passes only if every rank reports every check passed.
 """
@@ -136,6 +137,10 @@ def profiled(c, dist, torch, rank, size, gloo):
         dist.all_gather_coalesced([[torch.zeros(5), torch.zeros(1, 6)] for _ in range(size)],
                                   [torch.ones(5), torch.ones(1, 6)], group=group)
         dist.all_to_all_single(torch.zeros(size * 3), torch.ones(size * 3), group=group)
+        dist.reduce(torch.ones(3, 3), 0, group=group)
+        dist.gather(torch.ones(2, 7), [torch.zeros(2, 7) for _ in range(size)] if rank == 0 else None, 0,
+                    group=group)
+        dist.scatter(torch.zeros(8), [torch.ones(8) for _ in range(size)] if rank == 1 else None, 1, group=group)
         dist.barrier(group=group)
         if rank == 0:
             dist.send(torch.ones(9), 1, group=group)
@@ -151,7 +156,14 @@ def profiled(c, dist, torch, rank, size, gloo):
         events[backend] = sorted((e.name.split(":", 1)[1], str(e.input_shapes)) for e in prof.function_events
                                  if e.name.startswith(backend + ":"))
     print(f"rank {rank}: profiled {events}", flush=True)
-    c.true("Gloo records its calls (the check sees events)", len(events["gloo"]) >= 8, str(events))
+    c.true("Gloo records its calls (the check sees events)", len(events["gloo"]) >= 11, str(events))
+    # Shapes recorded at all, and as the calls gave them (not only equal to Gloo's, which could be empty too).
+    expected = {("all_reduce", "[[16]]"), ("broadcast", "[[2, 5]]"), ("all_gather", "[[5], [1, 6]]"),
+                ("reduce", "[[3, 3]]"), ("gather", "[[2, 7]]")}
+    expected |= {("scatter", "[[8], [8]]" if size == 2 else str([[8]] * size))} if rank == 1 else set()
+    expected |= {("send", "[[9]]")} if rank == 0 else {("recvAnySource", "[[4, 2]]")} if rank == 1 else set()
+    c.true("dtrain's events carry the calls' input shapes", expected <= set(events["dtrain"]),
+           f"missing {expected - set(events['dtrain'])}")
     c.true("dtrain records every call as Gloo does: names and input shapes", events["gloo"] == events["dtrain"],
            str(events))
 
