@@ -47,6 +47,7 @@
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
+#include "dtrain/sharded/checkpoint.hpp"
 #include "dtrain/sharded/layout.hpp"
 #include "dtrain/sharded/options.hpp"
 
@@ -127,6 +128,26 @@ class trainer<Stage, Collective, Updater, Model> {
     return result;
   }
 
+  /// Writes this rank's shard to `<prefix>.shard-<rank>-of-<size>` and, once every rank has,
+  /// `<prefix>.manifest` (checkpoint.hpp). Collective, between steps.
+  /// @throws dtrain::error the system error where a file cannot be written; `cancelled` on
+  ///   the other ranks, naming that rank.
+  void save(const std::string& prefix) {
+    save_sharded<value_type>(comm_, name(), prefix, identity(), {steps_, updater_.learning_rate()},
+                             std::span<const value_type>(master_), std::span<const value_type>(updater_.state()));
+  }
+
+  /// Restores what `save` wrote, on this or another number of ranks, and gathers the
+  /// parameters into the model: the next step continues that job. Collective, between steps.
+  /// @throws dtrain::error `bad_data` naming the file and the fault (corrupt, another model,
+  ///   updater or bucket size, a shard from another save), on every rank; nothing changes then.
+  void load(const std::string& prefix) {
+    const shard_state at = load_sharded<value_type>(comm_, name(), prefix, identity(), master_, updater_.state());
+    updater_.set_learning_rate(at.learning_rate);
+    steps_ = at.steps;
+    for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);
+  }
+
   /// What the trainer holds now, and the most it has held.
   memory_use memory() const noexcept {
     memory_use m;
@@ -163,6 +184,14 @@ class trainer<Stage, Collective, Updater, Model> {
   }
   auto gradients() {
     return [this](std::size_t i) { return model_.gradients(i); };
+  }
+
+  shard_identity identity() const {
+    shard_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
+                      static_cast<std::uint32_t>(sizeof(value_type)), {}, {}};
+    for (const bucket& b : plan_.buckets()) id.parts.push_back(b.elements);
+    for (std::size_t i = 0; i < plan_.tensor_count(); ++i) id.sizes.push_back(plan_.tensor_size(i));
+    return id;
   }
 
   // Every rank gathers every rank's digest of its plan and stage; all raise the same error.

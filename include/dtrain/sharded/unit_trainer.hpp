@@ -37,6 +37,7 @@
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
+#include "dtrain/sharded/checkpoint.hpp"
 #include "dtrain/sharded/layout.hpp"
 #include "dtrain/sharded/options.hpp"
 
@@ -131,6 +132,21 @@ class trainer<zero3, Collective, Updater, Model> final : private unit_access<typ
     comm_.allgather(std::span<value_type>(whole));
     whole.resize(unit_length(u));
     return whole;
+  }
+
+  /// Writes this rank's shard and, once every rank has, the manifest (checkpoint.hpp), as
+  /// stages 1 and 2 do. Collective, between steps.
+  void save(const std::string& prefix) {
+    save_sharded<value_type>(comm_, name(), prefix, identity(), {steps_, updater_.learning_rate()},
+                             std::span<const value_type>(master_), std::span<const value_type>(updater_.state()));
+  }
+
+  /// Restores what `save` wrote, on this or another number of ranks. Collective, between steps.
+  /// @throws dtrain::error as stages 1 and 2's `load`; nothing changes then.
+  void load(const std::string& prefix) {
+    const shard_state at = load_sharded<value_type>(comm_, name(), prefix, identity(), master_, updater_.state());
+    updater_.set_learning_rate(at.learning_rate);
+    steps_ = at.steps;
   }
 
   /// What the trainer holds now, and the most each part of it has held.
@@ -312,6 +328,16 @@ class trainer<zero3, Collective, Updater, Model> final : private unit_access<typ
     peak_.optimizer_state = std::max(peak_.optimizer_state, now.optimizer_state);
     peak_.gathered = std::max(peak_.gathered, now.gathered);
     peak_.unit_gradients = std::max(peak_.unit_gradients, now.unit_gradients);
+  }
+
+  shard_identity identity() const {
+    shard_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
+                      static_cast<std::uint32_t>(sizeof(value_type)), {}, {}};
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      id.parts.push_back(unit_length(u));
+      id.sizes.insert(id.sizes.end(), units_[u].sizes.begin(), units_[u].sizes.end());
+    }
+    return id;
   }
 
   void check_ranks_agree(const std::vector<std::size_t>& lengths) {
