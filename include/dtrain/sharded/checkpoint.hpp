@@ -115,7 +115,8 @@ shard_state load_shards(const std::string& prefix, int rank, int world, const sh
     auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
     dtrain::detail::byte_reader r(body, "checkpoint " + path);
     if (const auto f = r.get<std::uint32_t>(); f != detail::shard_format) {
-      throw bad("has format " + std::to_string(f) + "; this build reads format " + std::to_string(detail::shard_format));
+      throw bad("has format " + std::to_string(f) + "; this build reads format " +
+                std::to_string(detail::shard_format));
     }
     shard_identity file;
     file.value_bytes = r.get<std::uint32_t>();
