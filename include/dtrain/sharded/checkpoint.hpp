@@ -13,6 +13,7 @@
 /// interleaved). The manifest ("DTRNSHMF"): format, world (u32), steps (u64).
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -24,7 +25,9 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/detail/checkpoint_io.hpp"
+#include "dtrain/sharded/agreement.hpp"
 #include "dtrain/sharded/layout.hpp"
+#include "dtrain/sharded/options.hpp"
 
 namespace dtrain::sharded {
 
@@ -177,19 +180,6 @@ shard_state load_shards(const std::string& prefix, int rank, int world, const sh
   return at;
 }
 
-/// After every rank of `comm` has tried something: rethrows this rank's `failure`, else raises
-/// `code` with `what` and the first rank that failed ("rank 2 could not ..."). Collective.
-template <class Collective>
-void all_succeeded(Collective& comm, std::exception_ptr failure, errc code, const std::string& what) {
-  const std::int64_t mine = failure ? 0 : 1;
-  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
-  comm.allgather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
-  if (failure) std::rethrow_exception(failure);
-  for (std::size_t r = 0; r < all.size(); ++r) {
-    if (all[r] == 0) throw error(code, "rank " + std::to_string(r) + " " + what);
-  }
-}
-
 /// A trainer's `save`: every rank writes its shard; once all have, rank 0 writes the manifest.
 /// Collective. @throws dtrain::error the system error on the rank that could not write, and
 ///   `cancelled` naming that rank on the others; the set then has no manifest and will not load.
@@ -210,6 +200,25 @@ void save_sharded(Collective& comm, const std::string& who, const std::string& p
                   if (comm.rank() == 0) save_manifest(prefix, comm.size(), at.steps);
                 }),
                 errc::cancelled, "could not write the manifest of " + prefix + " (" + who + ")");
+}
+
+/// A trainer's `save` under hybrid sharding: the first replica's group writes (`write`), and
+/// every replica learns whether it did. Collective over `replicas` (nothing without them).
+template <class Replicas, class Write>
+void save_replicated(Replicas& replicas, Write&& write) {
+  if constexpr (std::same_as<Replicas, no_replicas>) {
+    write();
+  } else {
+    std::exception_ptr failure;
+    if (replicas.rank() == 0) {
+      try {
+        write();
+      } catch (const error&) {
+        failure = std::current_exception();
+      }
+    }
+    all_succeeded(replicas, failure, errc::cancelled, "of the replicas could not save its group's set");
+  }
 }
 
 /// A trainer's `load`: every rank reads its new slices into `master` and `state` (sized for

@@ -65,8 +65,18 @@ struct step_result {
   double learning_rate = 0;  ///< the rate the step used
 };
 
-/// Sharded data parallelism at `Stage` of `Model`, over `Collective`, updated by `Updater`.
-template <sharding_stage Stage, class Collective, class Updater, class Model>
+/// No replica groups: the sharded trainer's group is the whole job.
+struct no_replicas {};
+
+/// Sharded data parallelism at `Stage` of `Model`, sharded over `Collective`'s group and, when
+/// `Replicas` is a collective, replicated across its group (hybrid sharding: FSDP's
+/// HYBRID_SHARD, shard within a host and replicate across hosts), updated by `Updater`.
+template <sharding_stage Stage, class Collective, class Updater, class Model, class Replicas = no_replicas>
 class trainer;
+
+namespace detail {
+template <class Replicas>
+inline constexpr bool has_replicas = !std::same_as<Replicas, no_replicas>;
+}  // namespace detail
 
 }  // namespace dtrain::sharded

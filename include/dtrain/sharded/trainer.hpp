@@ -17,7 +17,9 @@
 ///    averaged gradient: its state covers 1/P of the parameters;
 ///  - each bucket's updated slices are allgathered into every rank's model.
 /// The result equals the allreduce trainer's (the same averaged gradient, the same update), and
-/// the replicas stay bit-identical, since every rank receives the same allgathered bits.
+/// the replicas stay bit-identical, since every rank receives the same allgathered bits. With a
+/// `Replicas` collective (hybrid sharding), each slice's average is averaged again across the
+/// replica group before the update.
 ///
 /// @code
 /// using comm_t = dtrain::ring<dtrain::tcp_transport>;
@@ -47,6 +49,7 @@
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
+#include "dtrain/sharded/agreement.hpp"
 #include "dtrain/sharded/checkpoint.hpp"
 #include "dtrain/sharded/layout.hpp"
 #include "dtrain/sharded/options.hpp"
@@ -54,9 +57,10 @@
 namespace dtrain::sharded {
 
 /// Stages 1 and 2.
-template <sharding_stage Stage, class Collective, class Updater, model Model>
-  requires(Stage::stage <= 2 && trainable<Collective, Updater, Model>)
-class trainer<Stage, Collective, Updater, Model> {
+template <sharding_stage Stage, class Collective, class Updater, model Model, class Replicas>
+  requires(Stage::stage <= 2 && trainable<Collective, Updater, Model> &&
+           (!detail::has_replicas<Replicas> || trainable<Replicas, Updater, Model>))
+class trainer<Stage, Collective, Updater, Model, Replicas> {
  public:
   using value_type = typename Model::value_type;
   using batch_type = typename Model::batch_type;
@@ -66,7 +70,18 @@ class trainer<Stage, Collective, Updater, Model> {
   /// @throws dtrain::error `invalid_argument` on every rank if the ranks' models, options or
   ///   stages differ, or `root` is not a rank; the collective's errors.
   trainer(Collective comm, Updater updater, Model& model, trainer_options options = {})
-      : comm_(std::move(comm)), updater_(std::move(updater)), model_(model), options_(std::move(options)) {
+    requires(!detail::has_replicas<Replicas>)
+      : trainer(std::move(comm), Replicas{}, std::move(updater), model, std::move(options)) {}
+
+  /// Hybrid sharding: sharded over `comm`'s group, replicated across `replicas`' (every rank in
+  /// one of each; rank 0 of `replicas` gives every replica its start). Each bucket's slice is
+  /// averaged within the group, then across the replicas, and the updates agree bit for bit.
+  trainer(Collective comm, Replicas replicas, Updater updater, Model& model, trainer_options options = {})
+      : comm_(std::move(comm)),
+        replicas_(std::move(replicas)),
+        updater_(std::move(updater)),
+        model_(model),
+        options_(std::move(options)) {
     if (options_.root < 0 || options_.root >= comm_.size()) {
       throw error(errc::invalid_argument, name() + ": root " + std::to_string(options_.root) +
                                               " is not a rank of this group of " + std::to_string(comm_.size()));
@@ -133,8 +148,10 @@ class trainer<Stage, Collective, Updater, Model> {
   /// @throws dtrain::error the system error where a file cannot be written; `cancelled` on
   ///   the other ranks, naming that rank.
   void save(const std::string& prefix) {
-    save_sharded<value_type>(comm_, name(), prefix, identity(), {steps_, updater_.learning_rate()},
-                             std::span<const value_type>(master_), std::span<const value_type>(updater_.state()));
+    save_replicated(replicas_, [&] {
+      save_sharded<value_type>(comm_, name(), prefix, identity(), {steps_, updater_.learning_rate()},
+                               std::span<const value_type>(master_), std::span<const value_type>(updater_.state()));
+    });
   }
 
   /// Restores what `save` wrote, on this or another number of ranks, and gathers the
@@ -194,33 +211,25 @@ class trainer<Stage, Collective, Updater, Model> {
     return id;
   }
 
-  // Every rank gathers every rank's digest of its plan and stage; all raise the same error.
+  // Every rank of the group, and of the replicas, compares its plan and stage with the others'.
   void check_ranks_agree() {
     fnv1a h;
     h.word(plan_.fingerprint());
     h.word(static_cast<std::uint64_t>(Stage::stage));
-    const std::int64_t mine[3] = {static_cast<std::int64_t>(plan_.tensor_count()),
-                                  static_cast<std::int64_t>(plan_.elements()), static_cast<std::int64_t>(h.value())};
-    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm_.size()));
-    comm_.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
-    auto describe = [&](std::size_t r) {
-      return std::to_string(all[3 * r]) + " tensors, " + std::to_string(all[3 * r + 1]) + " elements, digest " +
-             std::to_string(static_cast<std::uint64_t>(all[3 * r + 2]));
-    };
-    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
-      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
-      throw error(errc::invalid_argument,
-                  name() + ": ranks disagree on the model, the buckets or the stage: rank 0 has " + describe(0) +
-                      "; rank " + std::to_string(r) + " has " + describe(r) +
-                      ". Every rank must build the same model, options and stage");
+    const build_digest mine{static_cast<std::int64_t>(plan_.tensor_count()),
+                            static_cast<std::int64_t>(plan_.elements()), static_cast<std::int64_t>(h.value())};
+    const std::string what = "the model, the buckets or the stage (every rank must build the same)";
+    sharded::check_ranks_agree(comm_, mine, name(), what, "tensors", "elements");
+    if constexpr (detail::has_replicas<Replicas>) {
+      sharded::check_ranks_agree(replicas_, mine, name() + " across replicas", what, "tensors", "elements");
     }
   }
 
   void broadcast_parameters(std::size_t b) {
-    if (comm_.size() == 1) return;
     const bucket& bk = plan_.buckets()[b];
     pack<value_type>(bk, parameters(), padded(b));
     comm_.broadcast(padded(b), options_.root);
+    if constexpr (detail::has_replicas<Replicas>) replicas_.broadcast(padded(b), 0);
     unpack<value_type>(bk, std::span<const value_type>(padded(b)), parameters());
   }
 
@@ -237,11 +246,13 @@ class trainer<Stage, Collective, Updater, Model> {
     pack<value_type>(bk, gradients(), padded(b));
     if constexpr (Stage::stage == 1) {
       comm_.allreduce(padded(b), reduce_op::avg);
+      if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(padded(b), reduce_op::avg);
       unpack<value_type>(bk, std::span<const value_type>(padded(b)), gradients());
       const span mine = my_slice(padded(b), b);
       std::copy(mine.begin(), mine.end(), shard_part(gradient_, b).begin());
     } else {
       comm_.reduce_scatter(std::span<const value_type>(padded(b)), shard_part(gradient_, b), reduce_op::avg);
+      if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(shard_part(gradient_, b), reduce_op::avg);
     }
   }
 
@@ -255,6 +266,7 @@ class trainer<Stage, Collective, Updater, Model> {
   }
 
   Collective comm_;
+  [[no_unique_address]] Replicas replicas_;
   Updater updater_;
   Model& model_;
   trainer_options options_;

@@ -16,7 +16,8 @@
 ///    previous unit's backward, and frees u's parameters and gradients once it has run.
 ///  - the updater steps this rank's slices, as at stages 1 and 2.
 /// Gathers and reductions are posted from the model's thread in its call order, so every rank
-/// issues the same collectives in the same order.
+/// issues the same collectives in the same order. With a `Replicas` collective (hybrid
+/// sharding), each unit's gradient slice is averaged again across the replica group.
 
 #include <algorithm>
 #include <condition_variable>
@@ -37,15 +38,17 @@
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
+#include "dtrain/sharded/agreement.hpp"
 #include "dtrain/sharded/checkpoint.hpp"
 #include "dtrain/sharded/layout.hpp"
 #include "dtrain/sharded/options.hpp"
 
 namespace dtrain::sharded {
 
-template <class Collective, class Updater, unit_model Model>
-  requires trainable<Collective, Updater, Model>
-class trainer<zero3, Collective, Updater, Model> final : private unit_access<typename Model::value_type> {
+template <class Collective, class Updater, unit_model Model, class Replicas>
+  requires(trainable<Collective, Updater, Model> &&
+           (!detail::has_replicas<Replicas> || trainable<Replicas, Updater, Model>))
+class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_access<typename Model::value_type> {
  public:
   using value_type = typename Model::value_type;
   using batch_type = typename Model::batch_type;
@@ -55,7 +58,18 @@ class trainer<zero3, Collective, Updater, Model> final : private unit_access<typ
   /// @throws dtrain::error `invalid_argument` on every rank if the ranks' units differ, or for
   ///   a bad root or `limit_all_gathers` of 0; the collective's errors.
   trainer(Collective comm, Updater updater, Model& model, trainer_options options = {})
-      : comm_(std::move(comm)), updater_(std::move(updater)), model_(model), options_(std::move(options)) {
+    requires(!detail::has_replicas<Replicas>)
+      : trainer(std::move(comm), Replicas{}, std::move(updater), model, std::move(options)) {}
+
+  /// Hybrid sharding: sharded over `comm`'s group, replicated across `replicas`' (rank 0 of
+  /// `replicas` gives every replica its start); each unit's gradient slice is averaged within
+  /// the group, then across the replicas.
+  trainer(Collective comm, Replicas replicas, Updater updater, Model& model, trainer_options options = {})
+      : comm_(std::move(comm)),
+        replicas_(std::move(replicas)),
+        updater_(std::move(updater)),
+        model_(model),
+        options_(std::move(options)) {
     if (options_.root < 0 || options_.root >= comm_.size() || options_.limit_all_gathers == 0) {
       throw error(errc::invalid_argument, name() + ": root " + std::to_string(options_.root) + " of " +
                                               std::to_string(comm_.size()) + " ranks, limit_all_gathers " +
@@ -137,8 +151,10 @@ class trainer<zero3, Collective, Updater, Model> final : private unit_access<typ
   /// Writes this rank's shard and, once every rank has, the manifest (checkpoint.hpp), as
   /// stages 1 and 2 do. Collective, between steps.
   void save(const std::string& prefix) {
-    save_sharded<value_type>(comm_, name(), prefix, identity(), {steps_, updater_.learning_rate()},
-                             std::span<const value_type>(master_), std::span<const value_type>(updater_.state()));
+    save_replicated(replicas_, [&] {
+      save_sharded<value_type>(comm_, name(), prefix, identity(), {steps_, updater_.learning_rate()},
+                               std::span<const value_type>(master_), std::span<const value_type>(updater_.state()));
+    });
   }
 
   /// Restores what `save` wrote, on this or another number of ranks. Collective, between steps.
@@ -238,6 +254,7 @@ class trainer<zero3, Collective, Updater, Model> final : private unit_access<typ
       unit& x = units_[u];
       if (x.gradients.empty()) x.gradients.assign(layout_.padded(u), value_type(0));  // it wrote none
       comm_.reduce_scatter(std::span<const value_type>(x.gradients), shard_part(gradient_, u), reduce_op::avg);
+      if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(shard_part(gradient_, u), reduce_op::avg);
       std::lock_guard lock(mutex_);
       std::vector<value_type>().swap(x.gradients);
     });
@@ -348,19 +365,12 @@ class trainer<zero3, Collective, Updater, Model> final : private unit_access<typ
     }
     std::size_t total = 0;
     for (const std::size_t n : lengths) total += n;
-    const std::int64_t mine[3] = {static_cast<std::int64_t>(units_.size()), static_cast<std::int64_t>(total),
-                                  static_cast<std::int64_t>(h.value())};
-    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm_.size()));
-    comm_.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
-    for (std::size_t r = 1; r < static_cast<std::size_t>(comm_.size()); ++r) {
-      if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
-      auto describe = [&](std::size_t k) {
-        return std::to_string(all[3 * k]) + " units, " + std::to_string(all[3 * k + 1]) + " elements, digest " +
-               std::to_string(static_cast<std::uint64_t>(all[3 * k + 2]));
-      };
-      throw error(errc::invalid_argument, name() + ": ranks disagree on the model's units: rank 0 has " +
-                                              describe(0) + "; rank " + std::to_string(r) + " has " + describe(r) +
-                                              ". Every rank must build the same model");
+    const build_digest mine{static_cast<std::int64_t>(units_.size()), static_cast<std::int64_t>(total),
+                            static_cast<std::int64_t>(h.value())};
+    const std::string what = "the model's units (every rank must build the same model)";
+    sharded::check_ranks_agree(comm_, mine, name(), what, "units", "elements");
+    if constexpr (detail::has_replicas<Replicas>) {
+      sharded::check_ranks_agree(replicas_, mine, name() + " across replicas", what, "units", "elements");
     }
   }
 
@@ -373,11 +383,13 @@ class trainer<zero3, Collective, Updater, Model> final : private unit_access<typ
       }
     }
     comm_.broadcast(span(whole), options_.root);
+    if constexpr (detail::has_replicas<Replicas>) replicas_.broadcast(span(whole), 0);
     const auto mine = span(whole).subspan(static_cast<std::size_t>(comm_.rank()) * layout_.slice(u), layout_.slice(u));
     std::copy(mine.begin(), mine.end(), shard_part(master_, u).begin());
   }
 
   Collective comm_;
+  [[no_unique_address]] Replicas replicas_;
   Updater updater_;
   Model& model_;
   trainer_options options_;

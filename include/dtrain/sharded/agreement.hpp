@@ -1,0 +1,56 @@
+#pragma once
+/// @file
+/// How the ranks of a sharded trainer agree before they go on: on what they built (a digest
+/// every rank compares), and on whether every rank managed a step that can fail on one of them
+/// alone (writing or reading a checkpoint). Every rank raises the same error, instead of some
+/// going on into a collective the others never reach.
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dtrain/core/error.hpp"
+
+namespace dtrain::sharded {
+
+/// What ranks compare: counts of two things and a digest of the rest.
+using build_digest = std::array<std::int64_t, 3>;
+
+/// Every rank of `comm` gathers every rank's `mine`; if they differ, all raise `invalid_argument`:
+/// "<who>: ranks disagree on <what>: rank 0 has <n0> <first>, <n1> <second>, digest ...; rank r
+/// has ...". Collective.
+template <class Collective>
+void check_ranks_agree(Collective& comm, const build_digest& mine, const std::string& who, const std::string& what,
+                       const char* first, const char* second) {
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm.size()));
+  comm.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  auto describe = [&](std::size_t r) {
+    return std::to_string(all[3 * r]) + " " + first + ", " + std::to_string(all[3 * r + 1]) + " " + second +
+           ", digest " + std::to_string(static_cast<std::uint64_t>(all[3 * r + 2]));
+  };
+  for (std::size_t r = 1; r < static_cast<std::size_t>(comm.size()); ++r) {
+    if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
+    throw error(errc::invalid_argument, who + ": ranks disagree on " + what + ": rank 0 has " + describe(0) +
+                                            "; rank " + std::to_string(r) + " has " + describe(r));
+  }
+}
+
+/// After every rank of `comm` has tried something: rethrows this rank's `failure`, else raises
+/// `code` with `what` and the first rank that failed ("rank 2 could not ..."). Collective.
+template <class Collective>
+void all_succeeded(Collective& comm, std::exception_ptr failure, errc code, const std::string& what) {
+  const std::int64_t mine = failure ? 0 : 1;
+  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
+  comm.allgather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+  if (failure) std::rethrow_exception(failure);
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == 0) throw error(code, "rank " + std::to_string(r) + " " + what);
+  }
+}
+
+}  // namespace dtrain::sharded
