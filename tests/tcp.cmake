@@ -171,6 +171,17 @@ endforeach()
 add_test(NAME allreduce_trainer_tcp_resume_2 COMMAND $<TARGET_FILE:dtrain-run> -n 2 $<TARGET_FILE:trainer_worker> resume)
 set_tests_properties(allreduce_trainer_tcp_resume_2 PROPERTIES TIMEOUT 300 LABELS tcp)
 
+# The sharded trainer across real processes, against the serial simulation of every rank.
+add_executable(sharded_worker sharded/sharded_worker.cpp)
+target_link_libraries(sharded_worker PRIVATE dtrain::asio dtrain_warnings)
+foreach(run zero1:3 zero2:3 zero3:3 zero3:4 hybrid:4)
+  string(REPLACE ":" ";" run ${run})
+  list(GET run 0 mode)
+  list(GET run 1 n)
+  add_test(NAME sharded_trainer_tcp_${mode}_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:sharded_worker> ${mode})
+  set_tests_properties(sharded_trainer_tcp_${mode}_${n} PROPERTIES TIMEOUT 300 LABELS tcp)
+endforeach()
+
 # The parameter server across real processes: 2 servers and 2 or 3 workers under dtrain-run.
 add_executable(ps_worker ps/ps_worker.cpp)
 target_link_libraries(ps_worker PRIVATE dtrain::asio dtrain_warnings)
