@@ -162,3 +162,75 @@ TEMPLATE_TEST_CASE("damaged, incomplete, mixed and foreign sets are refused on e
   std::filesystem::remove(sharded::manifest_path(a));
   refused(3, "cannot open " + sharded::manifest_path(a));  // no manifest: the save did not finish
 }
+
+TEST_CASE("a save completes on every rank or on none: no manifest when one rank cannot write", "[sharded]") {
+  temp_dir dir;
+  const std::string a = dir.path + "/a";
+  std::filesystem::create_directories(sharded::shard_path(a, 2, 4));  // rank 2's file cannot be written
+  std::vector<std::string> errors(4);
+  run_inproc(4, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    linear_model m(tensor_sizes, data, 0.25);
+    sharded::trainer<sharded::zero2, comm_t, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(0.01),
+                                                                            m, two_buckets());
+    tr.step({0, batch});
+    try {
+      tr.save(a);
+    } catch (const error& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  CHECK(!std::filesystem::exists(sharded::manifest_path(a)));
+  for (int r = 0; r < 4; ++r) {
+    INFO("rank " << r << ": " << errors[static_cast<std::size_t>(r)]);
+    CHECK(errors[static_cast<std::size_t>(r)].find(r == 2 ? "shard-2-of-4" : "rank 2 could not write its shard") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("a shard of another updater, cut or rank, or one short of its values, is refused naming it", "[sharded]") {
+  // The set of a 130-parameter model in buckets of 69 and 61 with Adam (2 state values each),
+  // written on one rank and loaded as rank 0 of 2: slices of 35 + 31 = 66 parameters.
+  temp_dir dir;
+  const std::string a = dir.path + "/a";
+  const sharded::shard_identity adam_id{"adam", 2, 8, {69, 61}, {3, 40, 1, 17, 60, 9}};
+  std::vector<double> whole(130, 1.0), whole_state(260, 0.5), mine(66), mine_state(132);
+  auto load = [&](const sharded::shard_identity& id) {
+    mine_state.assign(mine.size() * id.state_slots, 0.0);
+    return sharded::load_shards<double>(a, 0, 2, id, std::span<double>(mine), std::span<double>(mine_state));
+  };
+  auto refused = [&](const sharded::shard_identity& id, const std::string& text) {
+    try {
+      load(id);
+      FAIL("it loaded");
+    } catch (const error& e) {
+      INFO(e.what());
+      CHECK(e.code() == make_error_code(errc::bad_data));
+      CHECK(std::string(e.what()).find(text) != std::string::npos);
+    }
+  };
+  sharded::save_shard<double>(a, 0, 1, adam_id, {5, 0.01}, whole, whole_state);
+  sharded::save_manifest(a, 1, 5);
+  REQUIRE(load(adam_id).steps == 5);
+  auto momentum_id = adam_id;
+  momentum_id.updater = "momentum";
+  momentum_id.state_slots = 1;
+  refused(momentum_id, "was written with updater adam");
+  auto other_cut = adam_id;
+  other_cut.parts = {43, 18, 60, 9};  // stage 3's units of the same model
+  refused(other_cut, "is cut into parts of [69,61] elements");
+  // A set of 2: rank 1's place taken by a copy of rank 0's shard, then by a short one.
+  sharded::save_shard<double>(a, 0, 2, adam_id, {5, 0.01}, std::span<const double>(whole).first(66),
+                              std::span<const double>(whole_state).first(132));
+  sharded::save_manifest(a, 2, 5);
+  std::filesystem::copy_file(sharded::shard_path(a, 0, 2), sharded::shard_path(a, 1, 2));
+  refused(adam_id, "is rank 0 of 2; the manifest wants rank 1 of 2");
+  sharded::save_shard<double>(a, 1, 2, adam_id, {5, 0.01}, std::span<const double>(whole).first(60),
+                              std::span<const double>(whole_state).first(132));
+  refused(adam_id, "is truncated or holds more than its header says");
+  // Buffers the caller sized for another layout are refused before anything is written.
+  std::vector<double> small(65);
+  CHECK_THROWS_WITH(sharded::load_shards<double>(a, 0, 2, adam_id, std::span<double>(small),
+                                                 std::span<double>(mine_state)),
+                    Catch::Contains("buffers of 65 and 132 values"));
+}

@@ -146,3 +146,27 @@ TEMPLATE_TEST_CASE("a hybrid job's set resumes on plain sharded ranks", "[sharde
   std::filesystem::remove_all(dir);
   require_close(weights[0], simulate(4, 20, 1, 0)[0], 1e-12);
 }
+
+TEST_CASE("hybrid stage 1 leaves every rank's model the gradient averaged over all ranks", "[sharded]") {
+  constexpr int p = 4;
+  std::vector<double> mean(dim(), 0.0), g(dim()), w0(dim(), 0.25);
+  for (int r = 0; r < p; ++r) {
+    least_squares_gradient(data_of(r), w0, 0, batch, g);
+    for (std::size_t j = 0; j < dim(); ++j) mean[j] += g[j] / p;
+  }
+  std::vector<std::vector<double>> got(p);
+  run_inproc(p, [&](int r, inproc_transport t) {
+    group world(std::move(t));
+    group pair = *world.split(r / 2, r), replicas = *world.split(r % 2, r);
+    auto data = data_of(r);
+    linear_model m(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r);
+    sharded::trainer<sharded::zero1, group_comm, momentum<double>, linear_model, group_comm> tr(
+        group_comm(pair), group_comm(replicas), momentum<double>(lr, mu), m, two_buckets());
+    tr.step({0, batch});
+    for (std::size_t i = 0; i < m.tensor_count(); ++i) {
+      got[static_cast<std::size_t>(r)].insert(got[static_cast<std::size_t>(r)].end(), m.gradients(i).begin(),
+                                              m.gradients(i).end());
+    }
+  });
+  for (const auto& gr : got) require_close(gr, mean, 1e-13);
+}

@@ -5,7 +5,9 @@
 // It holds no weights: it reads them through the trainer's `unit_access`.
 
 #include <cstddef>
+#include <functional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -34,13 +36,16 @@ class unit_linear_model {
     for (std::size_t s = 0; s < n; ++s) err[s] = -data_->y[samples.first + s];
     for (std::size_t u = 0, j0 = 0; u < units_.size(); ++u) {  // features in order, as the serial sum
       for (std::size_t k = 0; k < units_[u].size(); j0 += units_[u][k++]) {
+        if (u == skip_in_forward) continue;
         const std::span<const double> w = units.parameters(u, k);
         for (std::size_t s = 0; s < n; ++s) {
           const double* x = &data_->x[(samples.first + s) * dim + j0];
           for (std::size_t j = 0; j < w.size(); ++j) err[s] += x[j] * w[j];
         }
       }
+      if (on) on("forward", u);
       units.forward_done(u);
+      if (on) on("forward_done", u);
     }
     double loss = 0;
     for (double e : err) loss += 0.5 * e * e / static_cast<double>(n);
@@ -58,9 +63,16 @@ class unit_linear_model {
         }
       }
       units.backward_done(u);
+      if (on) on("backward_done", u);
     }
     return loss;
   }
+
+  // Called at each event ("forward": the unit computed, before its forward_done; "forward_done";
+  // "backward_done") with the unit, from inside the pass.
+  std::function<void(const std::string& event, std::size_t u)> on;
+  // A unit whose parameters the forward pass does not read (its part of x . w left out).
+  std::size_t skip_in_forward = static_cast<std::size_t>(-1);
 
  private:
   std::vector<std::vector<std::size_t>> units_;

@@ -2,8 +2,10 @@
 // references: the allreduce trainer's momentum simulation and one Adam over the whole model;
 // what each rank holds against the closed form; start-up agreement and misuse.
 
+#include <chrono>
 #include <cstddef>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../allreduce/checks.hpp"  // require_close
@@ -93,6 +95,75 @@ TEST_CASE("stage 3: each rank holds its slices, and at most limit_all_gathers un
     CHECK(two.peak[r].gathered >= 60 * d);
     CHECK(two.peak[r].gathered <= 78 * d);
     CHECK(two.peak[r].gathered < 130 * d);  // never the whole model
+  }
+}
+
+TEST_CASE("stage 3 frees each unit when the model lets it go, and gathers the next while one computes",
+          "[sharded]") {
+  // At P = 3 the units pad to 45, 18, 60 and 9 weights. The model looks at the trainer's own
+  // bytes from inside its pass: after forward_done(u) nothing of u is left; with a limit of 1
+  // nothing else is gathered either; with 2 the next unit arrives while u is still computing
+  // (the model waits for it there, up to 5 s); after backward_done(u) its gradients go once
+  // reduced (the model waits for that, up to 5 s).
+  const std::size_t padded[] = {45, 18, 60, 9}, d = sizeof(double);
+  for (std::size_t limit : {1, 2}) {
+    INFO("limit_all_gathers " << limit);
+    std::vector<std::vector<std::string>> faults(3);
+    run_inproc(3, [&](int r, inproc_transport t) {
+      auto data = data_of(r);
+      unit_linear_model m(unit_sizes, data, 0.25);
+      sharded::trainer_options o;
+      o.limit_all_gathers = limit;
+      using trainer_t = sharded::trainer<sharded::zero3, comm_t, adam<double>, unit_linear_model>;
+      trainer_t tr(comm_t(std::move(t)), adam<double>(0.01), m, o);
+      auto& mine = faults[static_cast<std::size_t>(r)];
+      auto wait_for = [&](auto&& done) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+        while (!done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        return done();
+      };
+      m.on = [&](const std::string& event, std::size_t u) {
+        const std::size_t next = u + 1;
+        if (event == "forward" && limit == 2 && next < 4) {
+          if (!wait_for([&] { return tr.memory().gathered == (padded[u] + padded[next]) * d; })) {
+            mine.push_back("unit " + std::to_string(next) + " not gathered while unit " + std::to_string(u) + " ran");
+          }
+        } else if (event == "forward" && limit == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          if (tr.memory().gathered != padded[u] * d) mine.push_back("more than unit " + std::to_string(u) + " gathered");
+        } else if (event == "forward_done") {
+          const std::size_t left = tr.memory().gathered, allowed = limit == 2 && next < 4 ? padded[next] * d : 0;
+          if (left != allowed) mine.push_back("after forward_done(" + std::to_string(u) + "): " + std::to_string(left));
+        } else if (event == "backward_done") {
+          if (!wait_for([&] { return tr.memory().unit_gradients == 0; })) {
+            mine.push_back("unit " + std::to_string(u) + "'s gradients never freed");
+          }
+        }
+      };
+      for (int k = 0; k < 3; ++k) tr.step({0, batch});
+    });
+    for (const auto& f : faults) CHECK(f == std::vector<std::string>{});
+  }
+}
+
+TEST_CASE("stage 3: a unit the forward pass never reads is dropped when its prefetch lands", "[sharded]") {
+  // Unit 1 is prefetched while unit 0 runs, but the model never reads it in forward: its
+  // gather must not survive forward_done(1) (which once left a stale buffer read in backward).
+  std::vector<sharded::memory_use> peak(3);
+  std::vector<std::vector<double>> got(3);
+  run_inproc(3, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    unit_linear_model m(unit_sizes, data, 0.25);
+    m.skip_in_forward = 1;
+    sharded::trainer<sharded::zero3, comm_t, momentum<double>, unit_linear_model> tr(comm_t(std::move(t)),
+                                                                                     momentum<double>(lr, mu), m);
+    for (int k = 0; k < 20; ++k) tr.step({0, batch});
+    peak[static_cast<std::size_t>(r)] = tr.peak_memory();
+    got[static_cast<std::size_t>(r)] = tr.unit_parameters(1);
+  });
+  for (std::size_t r = 0; r < 3; ++r) {
+    CHECK(peak[r].gathered <= 78 * sizeof(double));  // the largest neighbours, 18 + 60
+    CHECK(got[r] == got[0]);
   }
 }
 

@@ -111,6 +111,11 @@ shard_state load_shards(const std::string& prefix, int rank, int world, const sh
   const auto old_world = static_cast<int>(m.get<std::uint32_t>());
   const auto steps = m.get<std::uint64_t>();
   const shard_layout mine(detail::part_lengths(me), world), theirs(detail::part_lengths(me), old_world);
+  if (master.size() != mine.shard_elements() || state.size() != mine.shard_elements() * me.state_slots) {
+    throw error(errc::invalid_argument, "sharded checkpoint: buffers of " + std::to_string(master.size()) + " and " +
+                                            std::to_string(state.size()) + " values for a shard of " +
+                                            std::to_string(mine.shard_elements()) + " parameters");
+  }
   shard_state at;
   for (int from = 0; from < old_world; ++from) {
     const std::string path = shard_path(prefix, from, old_world);

@@ -189,6 +189,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     std::vector<value_type> parameters;       // padded; while gathered
     std::vector<value_type> gradients;        // padded; from its first gradients() to its reduction
     bool ready = false;                       // `parameters` gathered (under mutex_)
+    std::uint64_t released = 0;               // times the model let it go (under mutex_)
     bool live = false;                        // gathered or being gathered (the model's thread only)
     bool forwarded = false, backwarded = false;
   };
@@ -242,17 +243,20 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     if (std::exchange(units_[u].forwarded, true)) return misused("forward_done", u);
     ++forwarded_;
     units_[u].live = false;
-    if (units_[u].ready) free_parameters(u);  // else: it was never asked for
+    release_parameters(u);
   }
 
   void backward_done(std::size_t u) override {
     check_unit(u, 0, "backward_done");
     if (std::exchange(units_[u].backwarded, true)) return misused("backward_done", u);
     units_[u].live = false;
-    if (units_[u].ready) free_parameters(u);
+    release_parameters(u);
     post([this, u] {
       unit& x = units_[u];
-      if (x.gradients.empty()) x.gradients.assign(layout_.padded(u), value_type(0));  // it wrote none
+      {
+        std::lock_guard lock(mutex_);
+        if (x.gradients.empty()) x.gradients.assign(layout_.padded(u), value_type(0));  // it wrote none
+      }
       comm_.reduce_scatter(std::span<const value_type>(x.gradients), shard_part(gradient_, u), reduce_op::avg);
       if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(shard_part(gradient_, u), reduce_op::avg);
       std::lock_guard lock(mutex_);
@@ -281,12 +285,18 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
   // depends only on the model's calls, alike on every rank.
   void gather(std::size_t u) {
     units_[u].live = true;
-    post([this, u] {
+    std::uint64_t released;
+    {
+      std::lock_guard lock(mutex_);
+      released = units_[u].released;
+    }
+    post([this, u, released] {
       std::vector<value_type> whole(layout_.padded(u));
       fill_my_slice(u, whole);
       comm_.allgather(span(whole));
       {
         std::lock_guard lock(mutex_);
+        if (units_[u].released != released) return;  // let go before it landed (never read): drop it
         units_[u].parameters = std::move(whole);
         units_[u].ready = true;
         note_peak();
@@ -295,8 +305,11 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     });
   }
 
-  void free_parameters(std::size_t u) {
+  // The model lets unit u go: its parameters are freed, or, if its gather has not landed yet
+  // (the model never read it), dropped when it lands.
+  void release_parameters(std::size_t u) {
     std::lock_guard lock(mutex_);
+    ++units_[u].released;
     units_[u].ready = false;
     std::vector<value_type>().swap(units_[u].parameters);
   }
