@@ -9,16 +9,16 @@
 #include <vector>
 
 #include "../allreduce/simulation.hpp"
-#include "dtrain/updater/adam.hpp"
+#include "dtrain/concepts/updater.hpp"
 
 namespace dtrain::testing {
 
-// One Adam over the whole model, stepped with the mean of the P replicas' gradients.
-inline std::vector<double> serial_adam(int p, int steps, double rate) {
+// One updater over the whole model, stepped with the mean of the P replicas' gradients.
+template <class Updater>
+std::vector<double> serial_training(int p, int steps, Updater a) {
   std::vector<regression_data> data;
   for (int r = 0; r < p; ++r) data.push_back(data_of(r));
   std::vector<double> w(dim(), 0.25), g(dim()), mean(dim());
-  adam<double> a(rate);
   a.resize(dim());
   for (int k = 0; k < steps; ++k) {
     const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;

@@ -19,8 +19,10 @@
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/sharded/trainer.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/momentum.hpp"
+#include "dtrain/updater/rmsprop.hpp"
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -60,7 +62,7 @@ std::vector<std::vector<double>> train(int p, int steps, Updater updater, sharde
 
 TEMPLATE_TEST_CASE("sharded trainer equals the serial simulation, replicas bit-identical", "[sharded]", sharded::zero1,
                    sharded::zero2) {
-  for (int p : {1, 2, 3, 4}) {
+  for (int p : {1, 2, 3, 4, 5, 8}) {
     for (int variant = 0; variant < 3; ++variant) {
       const bool shuffled = variant == 1, gaps = variant == 2;
       INFO("ranks " << p << (shuffled ? ", per-rank ready order" : "") << (gaps ? ", tensors apart" : ""));
@@ -72,12 +74,17 @@ TEMPLATE_TEST_CASE("sharded trainer equals the serial simulation, replicas bit-i
   }
 }
 
-TEMPLATE_TEST_CASE("sharded Adam equals one Adam over the whole model", "[sharded]", sharded::zero1, sharded::zero2) {
-  for (int p : {2, 3}) {
+TEMPLATE_TEST_CASE("sharded Adam, Adagrad and RMSProp equal one updater over the whole model", "[sharded]",
+                   sharded::zero1, sharded::zero2) {
+  for (int p : {2, 3, 5, 8}) {
     INFO("ranks " << p);
     const auto got = train<TestType>(p, 25, adam<double>(0.01), sharded_buckets());
-    require_close(got[0], serial_adam(p, 25, 0.01), 1e-12);
+    require_close(got[0], serial_training(p, 25, adam<double>(0.01)), 1e-12);
     for (const auto& w : got) REQUIRE(w == got[0]);
+    require_close(train<TestType>(p, 25, adagrad<double>(0.05), sharded_buckets())[0],
+                  serial_training(p, 25, adagrad<double>(0.05)), 1e-12);
+    require_close(train<TestType>(p, 25, rmsprop<double>(0.01), sharded_buckets())[0],
+                  serial_training(p, 25, rmsprop<double>(0.01)), 1e-12);
   }
 }
 

@@ -14,8 +14,10 @@
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/sharded/unit_trainer.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/momentum.hpp"
+#include "dtrain/updater/rmsprop.hpp"
 #include "references.hpp"
 #include "unit_model.hpp"
 
@@ -61,7 +63,7 @@ run_result<Updater> train(int p, int steps, Updater updater, std::size_t limit) 
 }  // namespace
 
 TEST_CASE("stage 3 equals the serial simulation, every rank gathering the same weights", "[sharded]") {
-  for (int p : {1, 2, 3, 4}) {
+  for (int p : {1, 2, 3, 4, 5, 8}) {
     for (std::size_t limit : {1, 2, 4}) {
       INFO("ranks " << p << ", limit_all_gathers " << limit);
       const auto got = train(p, 30, momentum<double>(lr, mu), limit);
@@ -71,11 +73,14 @@ TEST_CASE("stage 3 equals the serial simulation, every rank gathering the same w
   }
 }
 
-TEST_CASE("stage 3 Adam equals one Adam over the whole model", "[sharded]") {
-  for (int p : {2, 3}) {
+TEST_CASE("stage 3 Adam, Adagrad and RMSProp equal one updater over the whole model", "[sharded]") {
+  for (int p : {2, 3, 5, 8}) {
     INFO("ranks " << p);
-    const auto got = train(p, 25, adam<double>(0.01), 2);
-    require_close(got.weights[0], serial_adam(p, 25, 0.01), 1e-12);
+    require_close(train(p, 25, adam<double>(0.01), 2).weights[0], serial_training(p, 25, adam<double>(0.01)), 1e-12);
+    require_close(train(p, 25, adagrad<double>(0.05), 2).weights[0], serial_training(p, 25, adagrad<double>(0.05)),
+                  1e-12);
+    require_close(train(p, 25, rmsprop<double>(0.01), 2).weights[0], serial_training(p, 25, rmsprop<double>(0.01)),
+                  1e-12);
   }
 }
 
