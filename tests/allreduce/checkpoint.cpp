@@ -80,14 +80,6 @@ std::vector<std::vector<double>> job(int p, std::size_t steps, Updater proto, co
   return out;
 }
 
-struct temp_dir {
-  std::string path;
-  temp_dir() : path((std::filesystem::temp_directory_path() / ("dtrain-ckpt-" + std::to_string(::getpid()))).string()) {
-    std::filesystem::create_directories(path);
-  }
-  ~temp_dir() { std::filesystem::remove_all(path); }
-};
-
 }  // namespace
 
 TEST_CASE("a job resumed mid-epoch ends bit-identical to the uninterrupted job", "[allreduce][checkpoint]") {

@@ -30,18 +30,6 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    static std::atomic<int> count{0};
-    path = (std::filesystem::temp_directory_path() /
-            ("dtrain-sharded-" + std::to_string(::getpid()) + "-" + std::to_string(count++)))
-               .string();
-    std::filesystem::create_directories(path);
-  }
-  ~temp_dir() { std::filesystem::remove_all(path); }
-};
-
 const std::vector<std::vector<std::size_t>> unit_sizes{{3, 40}, {1, 17}, {60}, {9}};
 
 sharded::trainer_options two_buckets() {

@@ -252,7 +252,7 @@ TEST_CASE("ranks with different models or stages fail at start-up, all of them, 
   }
   for (const auto& e : stages) {
     INFO(e);
-    CHECK(e.find("ranks disagree on the model, the buckets or the stage") != std::string::npos);
+    CHECK(e.find("ranks disagree on the model, the buckets, the stage or the precision") != std::string::npos);
     CHECK(e.find("rank 1 has") != std::string::npos);
   }
 }

@@ -1,11 +1,31 @@
 #pragma once
-// File surgery for the checkpoint tests: damage a file the way a bad disk or a torn copy would.
+// Files for the checkpoint tests: a directory of their own, and damage done to a file the way a
+// bad disk or a torn copy would.
 
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <ios>
 #include <string>
 
 namespace dtrain::testing {
+
+/// A fresh directory under the system's temporary one, removed with everything in it.
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    static std::atomic<int> count{0};
+    path = (std::filesystem::temp_directory_path() /
+            ("dtrain-test-" + std::to_string(::getpid()) + "-" + std::to_string(count++)))
+               .string();
+    std::filesystem::create_directories(path);
+  }
+  temp_dir(const temp_dir&) = delete;
+  temp_dir& operator=(const temp_dir&) = delete;
+  ~temp_dir() { std::filesystem::remove_all(path); }
+};
 
 /// Flips one bit of the byte at `offset` of `path`, in place.
 inline void flip_bit(const std::string& path, std::streamoff offset) {

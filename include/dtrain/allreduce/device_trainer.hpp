@@ -34,7 +34,8 @@ namespace dtrain::allreduce {
 /// @tparam Model a `device_model`; the trainer keeps a reference
 /// Constructed as `basic_trainer` is (collective, updater, model, options): every rank does.
 template <class Collective, class Updater, device_model Model>
-requires trainable<Collective, Updater, Model> && std::same_as<typename Collective::memory_space, thrust_device_memory>
+  requires trainable<Collective, Updater, Model> && std::floating_point<typename Model::value_type> &&
+           std::same_as<typename Collective::memory_space, thrust_device_memory>
 class device_trainer : public basic_trainer<thrust_backend<Model>, Collective, Updater, Model> {
  public:
   using basic_trainer<thrust_backend<Model>, Collective, Updater, Model>::basic_trainer;

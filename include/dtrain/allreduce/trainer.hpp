@@ -13,6 +13,7 @@
 /// for (auto& batch : my_shard) trainer.step(batch);
 /// @endcode
 
+#include <concepts>
 #include <span>
 
 #include "dtrain/allreduce/basic_trainer.hpp"
@@ -30,8 +31,9 @@ namespace dtrain::allreduce {
 /// @tparam Updater an `updater` of the model's value type (sgd, momentum, adam, ...)
 /// @tparam Model a `model`; the trainer keeps a reference, so it must outlive the trainer
 /// Constructed as `basic_trainer` is (collective, updater, model, options): every rank does.
+/// A model of `float` or `double`: mixed precision (16-bit models) is the sharded trainers' so far.
 template <class Collective, class Updater, model Model>
-  requires trainable<Collective, Updater, Model>
+  requires trainable<Collective, Updater, Model> && std::floating_point<typename Model::value_type>
 class trainer : public basic_trainer<host_backend<Model>, Collective, Updater, Model> {
  public:
   using basic_trainer<host_backend<Model>, Collective, Updater, Model>::basic_trainer;

@@ -9,6 +9,8 @@
 #include <span>
 #include <type_traits>
 
+#include "dtrain/concepts/floating_element.hpp"
+
 namespace dtrain {
 
 /// A non-owning reference to the trainer's "gradient of tensor i is final" callback, passed to
@@ -31,7 +33,8 @@ class gradient_ready {
 };
 
 /// A model for data-parallel training.
-///  1. `M::value_type` is the floating-point type of parameters and gradients.
+///  1. `M::value_type` is the type of parameters and gradients: a `floating_element` (16-bit
+///     types train in mixed precision, with the sharded trainers only so far).
 ///  2. `M::batch_type` is whatever one `forward_backward` call consumes (a range of sample
 ///     indices, a tensor, ...); the trainer only passes it through.
 ///  3. `m.tensor_count()` is the number of parameter tensors (layers' weights, biases, ...).
@@ -50,11 +53,14 @@ class gradient_ready {
 ///  every rank if they differ). The order of `ready` calls is free and may differ between ranks
 ///  and steps: buckets are launched in the plan's order, whatever order they complete in. A
 ///  tensor reported twice, out of range or never fails the step with `errc::invalid_argument`.
+///  Optional: `m.set_loss_scale(s)`, called before each `forward_backward` when the trainer
+///  scales the loss (`loss_scaling`): the gradients written are then s times the mean gradient
+///  (the loss returned stays unscaled).
 ///  A LibTorch module fits by wrapping `module.parameters()` (`.data_ptr<float>()`, `.numel()`)
 ///  and calling `ready(i)` from a gradient hook on tensor i; see docs/concepts/model.md.
 ///  A minimal model: tests/archetypes/archetypes.hpp `model_archetype`.
 template <class M>
-concept model = std::floating_point<typename M::value_type> && requires { typename M::batch_type; } &&
+concept model = floating_element<typename M::value_type> && requires { typename M::batch_type; } &&
                 requires(M& m, const M& cm, std::size_t i, const typename M::batch_type& batch,
                          gradient_ready ready) {
                   { cm.tensor_count() } noexcept -> std::same_as<std::size_t>;

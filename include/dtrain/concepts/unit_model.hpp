@@ -9,6 +9,8 @@
 #include <span>
 #include <vector>
 
+#include "dtrain/concepts/floating_element.hpp"
+
 namespace dtrain {
 
 /// What a stage-3 trainer gives a unit model's pass: each unit's parameters, gathered on
@@ -32,26 +34,28 @@ class unit_access {
 };
 
 /// A model trained with its parameters sharded (ZeRO stage 3).
-///  1. `M::value_type` is the floating-point type of parameters and gradients; `M::batch_type`
-///     whatever one `forward_backward` consumes.
+///  1. `M::value_type` is the type of parameters and gradients, a `floating_element` (16-bit:
+///     mixed precision); `M::batch_type` whatever one `forward_backward` consumes.
 ///  2. `m.unit_count()`: the number of units; noexcept, fixed.
 ///  3. `m.unit_tensors(u)`: the sizes of unit u's tensors; fixed.
-///  4. `m.initialize(u, k, w)`: fills `w` with tensor k of unit u's initial parameters (the
+///  4. `m.initialize(u, k, w)`: fills `w` with tensor k of unit u's initial parameters, in the
+///     master precision (`compute_type_t<value_type>`: `float` for a 16-bit model) (the
 ///     trainer calls it on its root rank, one unit at a time, and shards the result).
 ///  5. `m.forward_backward(batch, units)`: the forward pass, then the backward pass, on `batch`,
 ///     reading parameters only through `units.parameters(u, k)` and writing the mean gradient of
 ///     the batch's loss into `units.gradients(u, k)`; returns the mean loss. It calls
 ///     `forward_done(u)` after unit u's forward and `backward_done(u)` once u's gradients are
 ///     final, exactly once each per unit.
+///  Optional, as for `model`: `m.set_loss_scale(s)`, when the trainer scales the loss.
 ///  Semantics: every rank visits the units in the same order (the trainer's gathers and
 ///  reductions follow it, and ranks must issue the same collectives); a unit's parameters are
 ///  not read after its `forward_done` until asked for again. The allreduce trainer's `model`
 ///  concept is the one-unit case of this with the parameters held by the model.
 template <class M>
 concept unit_model =
-    std::floating_point<typename M::value_type> && requires { typename M::batch_type; } &&
-    requires(M& m, const M& cm, std::size_t u, std::span<typename M::value_type> w, const typename M::batch_type& batch,
-             unit_access<typename M::value_type>& units) {
+    floating_element<typename M::value_type> && requires { typename M::batch_type; } &&
+    requires(M& m, const M& cm, std::size_t u, std::span<compute_type_t<typename M::value_type>> w,
+             const typename M::batch_type& batch, unit_access<typename M::value_type>& units) {
       { cm.unit_count() } noexcept -> std::same_as<std::size_t>;
       { cm.unit_tensors(u) } -> std::convertible_to<std::vector<std::size_t>>;
       { m.initialize(u, u, w) } -> std::same_as<void>;

@@ -173,6 +173,17 @@ template <> struct compute_type<bfloat16> { using type = float; };
 template <class T>
 using compute_type_t = typename compute_type<T>::type;
 
+/// `v` as a `To`, through `From`'s compute type: exact for the wider types, rounded to nearest
+/// (ties to even) into the 16-bit ones.
+template <class To, class From>
+DTRAIN_HOST_DEVICE constexpr To element_cast(From v) noexcept {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else {
+    return static_cast<To>(static_cast<compute_type_t<From>>(v));
+  }
+}
+
 /// Whether collectives may reduce `T`: every element type except raw bytes.
 template <class T>
 inline constexpr bool reducible_v = !std::is_same_v<T, std::byte>;

@@ -15,6 +15,9 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/reduce_op.hpp"
+#include "dtrain/sharded/options.hpp"
+#include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::sharded {
 
@@ -51,6 +54,23 @@ void all_succeeded(Collective& comm, std::exception_ptr failure, errc code, cons
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r] == 0) throw error(code, "rank " + std::to_string(r) + " " + what);
   }
+}
+
+/// The end of a loss-scaled step's reductions: every rank of `comm` and of `replicas` learns
+/// whether any rank's `slice` of the averaged gradient holds an inf or a NaN, and `scaler`
+/// takes that verdict. A good step's slice is then unscaled (divided by the step's scale).
+/// @returns whether to apply the update; always true when scaling is off (nothing is sent).
+/// Collective.
+template <class Collective, class Replicas, class T>
+bool keep_step(Collective& comm, Replicas& replicas, loss_scaler& scaler, std::span<T> slice) {
+  if (!scaler.enabled()) return true;
+  std::int64_t overflow = all_finite<T>(slice) ? 0 : 1;
+  comm.allreduce(std::span<std::int64_t>(&overflow, 1), reduce_op::max);
+  if constexpr (detail::has_replicas<Replicas>) replicas.allreduce(std::span<std::int64_t>(&overflow, 1), reduce_op::max);
+  const T inverse = static_cast<T>(1.0 / scaler.scale());
+  if (!scaler.update(overflow == 0)) return false;
+  for (T& g : slice) g *= inverse;
+  return true;
 }
 
 }  // namespace dtrain::sharded

@@ -9,8 +9,8 @@
 /// Shard format (little-endian, in the "DTRNSHRD" envelope with its FNV-1a-64 checksum):
 /// format (u32), value bytes (u32), updater (string), state slots (u32), world, rank (u32 each),
 /// part count (u32) + lengths (u64), tensor count (u32) + sizes (u64), steps (u64), learning
-/// rate (f64), then the shard's master parameters and its state (slots per parameter,
-/// interleaved). The manifest ("DTRNSHMF"): format, world (u32), steps (u64).
+/// rate (f64), loss scale (f64), good steps since it changed (u64), then the shard's master
+/// parameters and its state (slots per parameter, interleaved). The manifest ("DTRNSHMF"): format, world (u32), steps (u64).
 
 #include <algorithm>
 #include <concepts>
@@ -42,8 +42,10 @@ struct shard_identity {
 
 /// What a checkpoint restores besides the shards.
 struct shard_state {
-  std::uint64_t steps = 0;
+  std::uint64_t steps = 0;  ///< updates applied (steps skipped by loss scaling do not count)
   double learning_rate = 0;
+  double loss_scale = 1;           ///< the loss scaler's scale (1 without loss scaling)
+  std::uint64_t good_steps = 0;    ///< and its good steps in a row
 };
 
 inline std::string shard_path(const std::string& prefix, int rank, int world) {
@@ -55,7 +57,7 @@ namespace detail {
 
 inline constexpr char shard_magic[8] = {'D', 'T', 'R', 'N', 'S', 'H', 'R', 'D'};
 inline constexpr char manifest_magic[8] = {'D', 'T', 'R', 'N', 'S', 'H', 'M', 'F'};
-inline constexpr std::uint32_t shard_format = 1;
+inline constexpr std::uint32_t shard_format = 2;
 
 inline std::vector<std::size_t> part_lengths(const shard_identity& id) {
   return {id.parts.begin(), id.parts.end()};
@@ -80,6 +82,8 @@ void save_shard(const std::string& prefix, int rank, int world, const shard_iden
   for (std::uint64_t n : id.sizes) w.put(n);
   w.put(at.steps);
   w.put(at.learning_rate);
+  w.put(at.loss_scale);
+  w.put(at.good_steps);
   for (T v : master) w.put(v);
   for (T v : state) w.put(v);
   dtrain::detail::write_checkpoint(shard_path(prefix, rank, world), w);
@@ -155,6 +159,8 @@ shard_state load_shards(const std::string& prefix, int rank, int world, const sh
     }
     at.steps = r.get<std::uint64_t>();
     at.learning_rate = r.get<double>();
+    at.loss_scale = r.get<double>();
+    at.good_steps = r.get<std::uint64_t>();
     if (at.steps != steps) {
       throw bad("is from step " + std::to_string(at.steps) + "; its set's manifest says step " + std::to_string(steps) +
                 " (a shard left from another save?)");

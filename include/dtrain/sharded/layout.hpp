@@ -13,9 +13,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/allreduce/bucket_plan.hpp"
+#include "dtrain/core/element.hpp"
 
 namespace dtrain::sharded {
 
@@ -64,13 +66,19 @@ class shard_layout {
   std::size_t largest_padded_ = 0;
 };
 
+/// Copies `from` into `to` (as long), converting each element (`element_cast`).
+template <class From, class To>
+void convert(std::span<From> from, std::span<To> to) {
+  std::transform(from.begin(), from.end(), to.begin(), [](From v) { return element_cast<std::remove_cv_t<To>>(v); });
+}
+
 /// Copies bucket `b`'s tensors (`tensor(i)` views tensor i) into `flat`, packed in plan order,
 /// and zeroes the padding after them.
 template <class T, class Tensor>
 void pack(const bucket& b, Tensor&& tensor, std::span<T> flat) {
   for (std::size_t k = 0; k < b.tensors.size(); ++k) {
     const auto t = tensor(b.tensors[k]);
-    std::copy(t.begin(), t.end(), flat.begin() + static_cast<std::ptrdiff_t>(b.offsets[k]));
+    convert(t, flat.subspan(b.offsets[k], t.size()));
   }
   std::fill(flat.begin() + static_cast<std::ptrdiff_t>(b.elements), flat.end(), T(0));
 }
@@ -80,8 +88,7 @@ template <class T, class Tensor>
 void unpack(const bucket& b, std::span<const T> flat, Tensor&& tensor) {
   for (std::size_t k = 0; k < b.tensors.size(); ++k) {
     auto t = tensor(b.tensors[k]);
-    const auto from = flat.subspan(b.offsets[k], t.size());
-    std::copy(from.begin(), from.end(), t.begin());
+    convert(flat.subspan(b.offsets[k], t.size()), t);
   }
 }
 

@@ -6,8 +6,13 @@
 
 #include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <string_view>
+
+#include "dtrain/core/error.hpp"
+#include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::sharded {
 
@@ -33,6 +38,13 @@ struct zero3 {
 template <class S>
 concept sharding_stage = std::same_as<S, zero1> || std::same_as<S, zero2> || std::same_as<S, zero3>;
 
+/// The precision a 16-bit model's gradients are averaged in (FSDP's `reduce_dtype`). A model of
+/// `float` or `double` averages in its own type either way.
+enum class reduce_precision : std::uint8_t {
+  master,  ///< the master parameters' (`float`): each rank's 16-bit gradient summed exactly
+  model,   ///< the model's own 16-bit type: half the bytes on the wire; every reduction step rounds
+};
+
 struct trainer_options {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< stages 1, 2: as DDP's, so overlap starts early
   std::size_t bucket_bytes = std::size_t{25} << 20;       ///< stages 1, 2: the other buckets' capacity
@@ -43,6 +55,10 @@ struct trainer_options {
   std::size_t limit_all_gathers = 2;
   /// The learning rate of step k (0-based); empty: the updater's own rate throughout.
   std::function<double(std::size_t)> learning_rate;
+  /// Where gradients are averaged, for a 16-bit model (mixed precision).
+  reduce_precision reduce_in = reduce_precision::master;
+  /// Dynamic loss scaling (float16 models); the model must have `set_loss_scale(double)`.
+  loss_scaling scaling;
 };
 
 /// Bytes the trainer itself holds on this rank. At stages 1 and 2 the model's own tensors are
@@ -61,8 +77,10 @@ struct memory_use {
 };
 
 struct step_result {
-  double loss = 0;           ///< this rank's batch's mean loss
+  double loss = 0;           ///< this rank's batch's mean loss (unscaled)
   double learning_rate = 0;  ///< the rate the step used
+  double loss_scale = 1;     ///< the factor the step's loss was scaled by (1 without loss scaling)
+  bool skipped = false;      ///< a gradient was inf or NaN on some rank: no parameter changed
 };
 
 /// No replica groups: the sharded trainer's group is the whole job.
@@ -77,6 +95,24 @@ class trainer;
 namespace detail {
 template <class Replicas>
 inline constexpr bool has_replicas = !std::same_as<Replicas, no_replicas>;
+
+/// Tells `model` the scale of the coming step's loss, when scaling is on.
+template <class Model>
+void set_loss_scale(Model& model, const loss_scaler& scaler) {
+  if constexpr (requires { model.set_loss_scale(1.0); }) {
+    if (scaler.enabled()) model.set_loss_scale(scaler.scale());
+  }
+}
+
+/// @throws dtrain::error `invalid_argument` if scaling is on and `Model` cannot scale its loss.
+template <class Model>
+void check_loss_scaling(const loss_scaler& scaler, const std::string& who) {
+  if constexpr (!requires(Model& m) { m.set_loss_scale(1.0); }) {
+    if (scaler.enabled()) {
+      throw error(errc::invalid_argument, who + ": loss scaling is on, and the model has no set_loss_scale(double)");
+    }
+  }
+}
 }  // namespace detail
 
 }  // namespace dtrain::sharded

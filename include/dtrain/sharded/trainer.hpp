@@ -21,6 +21,12 @@
 /// `Replicas` collective (hybrid sharding), each slice's average is averaged again across the
 /// replica group before the update.
 ///
+/// Mixed precision: a model of `bfloat16` or `float16` computes in 16 bits; the master slice,
+/// the averaged gradient's slice and the updater's state are `float` (`master_type`), gathers
+/// travel in 16 bits, and gradients are averaged in `options.reduce_in`'s precision. With
+/// `options.scaling` the loss is scaled and a step whose gradients overflowed is skipped on
+/// every rank (updater/loss_scaler.hpp).
+///
 /// @code
 /// using comm_t = dtrain::ring<dtrain::tcp_transport>;
 /// dtrain::sharded::trainer<dtrain::sharded::zero2, comm_t, dtrain::adam<float>, my_model> trainer(
@@ -44,6 +50,7 @@
 #include "dtrain/concepts/model.hpp"
 #include "dtrain/concepts/trainable.hpp"
 #include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/hash.hpp"
 #include "dtrain/core/reduce_op.hpp"
@@ -63,6 +70,9 @@ template <sharding_stage Stage, class Collective, class Updater, model Model, cl
 class trainer<Stage, Collective, Updater, Model, Replicas> {
  public:
   using value_type = typename Model::value_type;
+  /// The master parameters', the averaged gradient's and the updater's type: `float` for a
+  /// 16-bit model, `value_type` otherwise.
+  using master_type = compute_type_t<value_type>;
   using batch_type = typename Model::batch_type;
 
   /// Broadcasts rank `options.root`'s parameters, checks that every rank planned the same
@@ -81,16 +91,23 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
         replicas_(std::move(replicas)),
         updater_(std::move(updater)),
         model_(model),
-        options_(std::move(options)) {
+        options_(std::move(options)),
+        scaler_(options_.scaling) {
     if (options_.root < 0 || options_.root >= comm_.size()) {
       throw error(errc::invalid_argument, name() + ": root " + std::to_string(options_.root) +
                                               " is not a rank of this group of " + std::to_string(comm_.size()));
     }
+    detail::check_loss_scaling<Model>(scaler_, name());
     const std::vector<std::size_t> sizes = allreduce::detail::tensor_sizes(model_, name());
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     layout_ = shard_layout(plan_, comm_.size());
     check_ranks_agree();
-    buffer_.resize(layout_.largest_padded());
+    if (!reduces_in_model()) buffer_.resize(layout_.largest_padded());
+    if constexpr (mixed) {
+      low_.resize(layout_.largest_padded());
+      const std::size_t largest_slice = layout_.largest_padded() / static_cast<std::size_t>(comm_.size());
+      if (Stage::stage == 2 && reduces_in_model()) low_slice_.resize(largest_slice);
+    }
     for (std::size_t b = 0; b < plan_.buckets().size(); ++b) broadcast_parameters(b);
     master_.resize(layout_.shard_elements());
     gradient_.resize(layout_.shard_elements());
@@ -114,6 +131,8 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
     step_result result;
     if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(steps_));
     result.learning_rate = updater_.learning_rate();
+    result.loss_scale = scaler_.scale();
+    detail::set_loss_scale(model_, scaler_);
     readiness_->reset();
     auto on_ready = [&](std::size_t tensor) {
       if (!readiness_->report(tensor)) return;
@@ -127,11 +146,14 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
       worker_->drain();
       if (!misuse.empty()) throw error(errc::invalid_argument, name() + ": " + misuse);
       while (const bucket* b = readiness_->take_next()) reduce_gradients(index_of(*b));  // the thread is idle
-      step_info info;
-      info.step = steps_ + 1;
-      updater_.step(std::span<value_type>(master_), std::span<const value_type>(gradient_), 0, info);
-      for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);
-      ++steps_;
+      result.skipped = !keep_step(comm_, replicas_, scaler_, std::span<master_type>(gradient_));
+      if (!result.skipped) {
+        step_info info;
+        info.step = steps_ + 1;
+        updater_.step(std::span<master_type>(master_), std::span<const master_type>(gradient_), 0, info);
+        for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);
+        ++steps_;
+      }
     } catch (...) {
       broken_ = true;
       try {
@@ -149,8 +171,8 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
   ///   the other ranks, naming that rank.
   void save(const std::string& prefix) {
     save_replicated(replicas_, [&] {
-      save_sharded<value_type>(comm_, name(), prefix, identity(), {steps_, updater_.learning_rate()},
-                               std::span<const value_type>(master_), std::span<const value_type>(updater_.state()));
+      save_sharded<master_type>(comm_, name(), prefix, identity(), state(), std::span<const master_type>(master_),
+                                std::span<const master_type>(updater_.state()));
     });
   }
 
@@ -159,42 +181,59 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
   /// @throws dtrain::error `bad_data` naming the file and the fault (corrupt, another model,
   ///   updater or bucket size, a shard from another save), on every rank; nothing changes then.
   void load(const std::string& prefix) {
-    const shard_state at = load_sharded<value_type>(comm_, name(), prefix, identity(), master_, updater_.state());
-    updater_.set_learning_rate(at.learning_rate);
-    steps_ = at.steps;
+    restore(load_sharded<master_type>(comm_, name(), prefix, identity(), master_, updater_.state()));
     for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);
   }
 
   /// What the trainer holds now, and the most it has held.
   memory_use memory() const noexcept {
     memory_use m;
-    m.parameters = master_.size() * sizeof(value_type);
-    m.gradients = gradient_.size() * sizeof(value_type);
-    m.optimizer_state = updater_.parameters() * Updater::state_slots * sizeof(value_type);
-    m.buffers = buffer_.size() * sizeof(value_type);
+    m.parameters = master_.size() * sizeof(master_type);
+    m.gradients = gradient_.size() * sizeof(master_type);
+    m.optimizer_state = updater_.parameters() * Updater::state_slots * sizeof(master_type);
+    m.buffers = buffer_.size() * sizeof(master_type) + (low_.size() + low_slice_.size()) * sizeof(value_type);
     return m;
   }
   memory_use peak_memory() const noexcept { return peak_; }
 
   int rank() const noexcept { return comm_.rank(); }
   int size() const noexcept { return comm_.size(); }
+  /// Updates applied (a step that loss scaling skipped does not count).
   std::size_t steps() const noexcept { return steps_; }
+  const loss_scaler& scaler() const noexcept { return scaler_; }
   const bucket_plan& plan() const noexcept { return plan_; }
   const shard_layout& layout() const noexcept { return layout_; }
   Updater& updater() noexcept { return updater_; }
 
  private:
   using span = std::span<value_type>;
+  static constexpr bool mixed = !std::same_as<value_type, master_type>;
 
   static std::string name() { return "sharded::trainer<" + std::string(Stage::name) + ">"; }
 
   std::size_t index_of(const bucket& b) const noexcept { return static_cast<std::size_t>(&b - plan_.buckets().data()); }
-  span padded(std::size_t b) noexcept { return span(buffer_.data(), layout_.padded(b)); }
-  span my_slice(span whole, std::size_t b) const noexcept {
+  bool reduces_in_model() const noexcept { return mixed && options_.reduce_in == reduce_precision::model; }
+  // One padded bucket in the master precision, and in the model's (the same buffer unless mixed).
+  std::span<master_type> padded(std::size_t b) noexcept { return {buffer_.data(), layout_.padded(b)}; }
+  span wire(std::size_t b) noexcept {
+    if constexpr (mixed) {
+      return span(low_.data(), layout_.padded(b));
+    } else {
+      return padded(b);
+    }
+  }
+  template <class T>
+  std::span<T> my_slice(std::span<T> whole, std::size_t b) const noexcept {
     return whole.subspan(static_cast<std::size_t>(comm_.rank()) * layout_.slice(b), layout_.slice(b));
   }
-  span shard_part(std::vector<value_type>& shard, std::size_t b) noexcept {
-    return span(shard).subspan(layout_.slice_offset(b), layout_.slice(b));
+  std::span<master_type> shard_part(std::vector<master_type>& shard, std::size_t b) noexcept {
+    return std::span<master_type>(shard).subspan(layout_.slice_offset(b), layout_.slice(b));
+  }
+  shard_state state() const { return {steps_, updater_.learning_rate(), scaler_.scale(), scaler_.good_steps()}; }
+  void restore(const shard_state& at) {
+    updater_.set_learning_rate(at.learning_rate);
+    steps_ = at.steps;
+    scaler_.restore(at.loss_scale, at.good_steps);
   }
   auto parameters() {
     return [this](std::size_t i) { return model_.parameters(i); };
@@ -205,7 +244,7 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
 
   shard_identity identity() const {
     shard_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
-                      static_cast<std::uint32_t>(sizeof(value_type)), {}, {}};
+                      static_cast<std::uint32_t>(sizeof(master_type)), {}, {}};
     for (const bucket& b : plan_.buckets()) id.parts.push_back(b.elements);
     for (std::size_t i = 0; i < plan_.tensor_count(); ++i) id.sizes.push_back(plan_.tensor_size(i));
     return id;
@@ -216,9 +255,12 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
     fnv1a h;
     h.word(plan_.fingerprint());
     h.word(static_cast<std::uint64_t>(Stage::stage));
+    h.word(static_cast<std::uint64_t>(dtype_of_v<value_type>));
+    h.word(static_cast<std::uint64_t>(reduces_in_model()));
+    h.word(static_cast<std::uint64_t>(scaler_.enabled()));
     const build_digest mine{static_cast<std::int64_t>(plan_.tensor_count()),
                             static_cast<std::int64_t>(plan_.elements()), static_cast<std::int64_t>(h.value())};
-    const std::string what = "the model, the buckets or the stage (every rank must build the same)";
+    const std::string what = "the model, the buckets, the stage or the precision (every rank must build the same)";
     sharded::check_ranks_agree(comm_, mine, name(), what, "tensors", "elements");
     if constexpr (detail::has_replicas<Replicas>) {
       sharded::check_ranks_agree(replicas_, mine, name() + " across replicas", what, "tensors", "elements");
@@ -227,40 +269,54 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
 
   void broadcast_parameters(std::size_t b) {
     const bucket& bk = plan_.buckets()[b];
-    pack<value_type>(bk, parameters(), padded(b));
-    comm_.broadcast(padded(b), options_.root);
-    if constexpr (detail::has_replicas<Replicas>) replicas_.broadcast(padded(b), 0);
-    unpack<value_type>(bk, std::span<const value_type>(padded(b)), parameters());
+    pack<value_type>(bk, parameters(), wire(b));
+    comm_.broadcast(wire(b), options_.root);
+    if constexpr (detail::has_replicas<Replicas>) replicas_.broadcast(wire(b), 0);
+    unpack<value_type>(bk, std::span<const value_type>(wire(b)), parameters());
   }
 
   void take_my_slice(std::size_t b) {
-    pack<value_type>(plan_.buckets()[b], parameters(), padded(b));
-    const span mine = my_slice(padded(b), b);
-    std::copy(mine.begin(), mine.end(), shard_part(master_, b).begin());
+    pack<value_type>(plan_.buckets()[b], parameters(), wire(b));
+    convert(my_slice(wire(b), b), shard_part(master_, b));
   }
 
   // On the communication thread, or on `step`'s once that one is idle: bucket b's average,
   // this rank's slice of it into `gradient_` (and, under stage 1, all of it into the model).
   void reduce_gradients(std::size_t b) {
-    const bucket& bk = plan_.buckets()[b];
-    pack<value_type>(bk, gradients(), padded(b));
-    if constexpr (Stage::stage == 1) {
-      comm_.allreduce(padded(b), reduce_op::avg);
-      if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(padded(b), reduce_op::avg);
-      unpack<value_type>(bk, std::span<const value_type>(padded(b)), gradients());
-      const span mine = my_slice(padded(b), b);
-      std::copy(mine.begin(), mine.end(), shard_part(gradient_, b).begin());
+    if (reduces_in_model()) {
+      reduce_bucket<value_type>(b, wire(b));
     } else {
-      comm_.reduce_scatter(std::span<const value_type>(padded(b)), shard_part(gradient_, b), reduce_op::avg);
-      if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(shard_part(gradient_, b), reduce_op::avg);
+      reduce_bucket<master_type>(b, padded(b));
     }
   }
 
-  // Every rank's updated slice of bucket b, into every rank's model.
+  // The same, on `flat`: in the model's precision or the master's.
+  template <class W>
+  void reduce_bucket(std::size_t b, std::span<W> flat) {
+    const bucket& bk = plan_.buckets()[b];
+    pack<W>(bk, gradients(), flat);
+    if constexpr (Stage::stage == 1) {
+      comm_.allreduce(flat, reduce_op::avg);
+      if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(flat, reduce_op::avg);
+      unpack<W>(bk, std::span<const W>(flat), gradients());
+      convert(my_slice(flat, b), shard_part(gradient_, b));
+    } else {
+      std::span<W> mine;
+      if constexpr (std::same_as<W, master_type>) {
+        mine = shard_part(gradient_, b);
+      } else {
+        mine = std::span<W>(low_slice_.data(), layout_.slice(b));
+      }
+      comm_.reduce_scatter(std::span<const W>(flat), mine, reduce_op::avg);
+      if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(mine, reduce_op::avg);
+      if constexpr (!std::same_as<W, master_type>) convert(mine, shard_part(gradient_, b));
+    }
+  }
+
+  // Every rank's updated slice of bucket b, into every rank's model (in the model's precision).
   void gather_parameters(std::size_t b) {
-    const span whole = padded(b);
-    const span from = shard_part(master_, b);
-    std::copy(from.begin(), from.end(), my_slice(whole, b).begin());
+    const span whole = wire(b);
+    convert(shard_part(master_, b), my_slice(whole, b));
     comm_.allgather(whole);
     unpack<value_type>(plan_.buckets()[b], std::span<const value_type>(whole), parameters());
   }
@@ -270,11 +326,14 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
   Updater updater_;
   Model& model_;
   trainer_options options_;
+  loss_scaler scaler_;
   bucket_plan plan_;
   shard_layout layout_;
-  std::vector<value_type> buffer_;    // one padded bucket
-  std::vector<value_type> master_;    // this rank's slices of the parameters
-  std::vector<value_type> gradient_;  // and of the averaged gradient
+  std::vector<master_type> buffer_;    // one padded bucket, in the master precision (when reduced in it)
+  std::vector<value_type> low_;        // mixed: one padded bucket in the model's (gathers, reductions)
+  std::vector<value_type> low_slice_;  // mixed stage 2 reducing in the model's precision: a slice
+  std::vector<master_type> master_;    // this rank's slices of the parameters
+  std::vector<master_type> gradient_;  // and of the averaged gradient
   std::optional<allreduce::detail::step_readiness> readiness_;  // refers to plan_
   memory_use peak_;
   std::size_t steps_ = 0;

@@ -18,6 +18,8 @@
 /// Gathers and reductions are posted from the model's thread in its call order, so every rank
 /// issues the same collectives in the same order. With a `Replicas` collective (hybrid
 /// sharding), each unit's gradient slice is averaged again across the replica group.
+/// Mixed precision as at stages 1 and 2 (trainer.hpp): `float` master slices and state, units
+/// gathered in the model's 16-bit type, gradients averaged in `options.reduce_in`'s precision.
 
 #include <algorithm>
 #include <condition_variable>
@@ -33,6 +35,7 @@
 
 #include "dtrain/concepts/trainable.hpp"
 #include "dtrain/concepts/unit_model.hpp"
+#include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/hash.hpp"
 #include "dtrain/core/reduce_op.hpp"
@@ -51,6 +54,8 @@ template <class Collective, class Updater, unit_model Model, class Replicas>
 class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_access<typename Model::value_type> {
  public:
   using value_type = typename Model::value_type;
+  /// The master parameters', the averaged gradient's and the updater's type (trainer.hpp).
+  using master_type = compute_type_t<value_type>;
   using batch_type = typename Model::batch_type;
 
   /// Initialises every unit on rank `options.root` (`Model::initialize`, one unit at a time),
@@ -69,12 +74,14 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
         replicas_(std::move(replicas)),
         updater_(std::move(updater)),
         model_(model),
-        options_(std::move(options)) {
+        options_(std::move(options)),
+        scaler_(options_.scaling) {
     if (options_.root < 0 || options_.root >= comm_.size() || options_.limit_all_gathers == 0) {
       throw error(errc::invalid_argument, name() + ": root " + std::to_string(options_.root) + " of " +
                                               std::to_string(comm_.size()) + " ranks, limit_all_gathers " +
                                               std::to_string(options_.limit_all_gathers) + ": both must be in range");
     }
+    detail::check_loss_scaling<Model>(scaler_, name());
     std::vector<std::size_t> lengths;
     units_.resize(model_.unit_count());
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -111,6 +118,8 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     step_result result;
     if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(steps_));
     result.learning_rate = updater_.learning_rate();
+    result.loss_scale = scaler_.scale();
+    detail::set_loss_scale(model_, scaler_);
     for (unit& x : units_) x.forwarded = x.backwarded = false;
     forwarded_ = 0;
     misuse_.clear();
@@ -122,10 +131,13 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
       worker_->drain();
       release_all();
       if (!misuse_.empty()) throw error(errc::invalid_argument, name() + ": " + misuse_);
-      step_info info;
-      info.step = steps_ + 1;
-      updater_.step(std::span<value_type>(master_), std::span<const value_type>(gradient_), 0, info);
-      ++steps_;
+      result.skipped = !keep_step(comm_, replicas_, scaler_, std::span<master_type>(gradient_));
+      if (!result.skipped) {
+        step_info info;
+        info.step = steps_ + 1;
+        updater_.step(std::span<master_type>(master_), std::span<const master_type>(gradient_), 0, info);
+        ++steps_;
+      }
     } catch (...) {
       broken_ = true;
       try {
@@ -138,12 +150,12 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     return result;
   }
 
-  /// Unit `u`'s parameters, whole (its tensors side by side): for an export, or a check.
+  /// Unit `u`'s master parameters, whole (its tensors side by side): for an export, or a check.
   /// Collective: every rank calls it alike, between steps.
-  std::vector<value_type> unit_parameters(std::size_t u) {
-    std::vector<value_type> whole(layout_.padded(u));
-    fill_my_slice(u, whole);
-    comm_.allgather(std::span<value_type>(whole));
+  std::vector<master_type> unit_parameters(std::size_t u) {
+    std::vector<master_type> whole(layout_.padded(u));
+    fill_my_slice(u, std::span<master_type>(whole));
+    comm_.allgather(std::span<master_type>(whole));
     whole.resize(unit_length(u));
     return whole;
   }
@@ -152,17 +164,18 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
   /// stages 1 and 2 do. Collective, between steps.
   void save(const std::string& prefix) {
     save_replicated(replicas_, [&] {
-      save_sharded<value_type>(comm_, name(), prefix, identity(), {steps_, updater_.learning_rate()},
-                               std::span<const value_type>(master_), std::span<const value_type>(updater_.state()));
+      save_sharded<master_type>(comm_, name(), prefix, identity(), state(), std::span<const master_type>(master_),
+                                std::span<const master_type>(updater_.state()));
     });
   }
 
   /// Restores what `save` wrote, on this or another number of ranks. Collective, between steps.
   /// @throws dtrain::error as stages 1 and 2's `load`; nothing changes then.
   void load(const std::string& prefix) {
-    const shard_state at = load_sharded<value_type>(comm_, name(), prefix, identity(), master_, updater_.state());
+    const shard_state at = load_sharded<master_type>(comm_, name(), prefix, identity(), master_, updater_.state());
     updater_.set_learning_rate(at.learning_rate);
     steps_ = at.steps;
+    scaler_.restore(at.loss_scale, at.good_steps);
   }
 
   /// What the trainer holds now, and the most each part of it has held.
@@ -177,7 +190,9 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
 
   int rank() const noexcept { return comm_.rank(); }
   int size() const noexcept { return comm_.size(); }
+  /// Updates applied (a step that loss scaling skipped does not count).
   std::size_t steps() const noexcept { return steps_; }
+  const loss_scaler& scaler() const noexcept { return scaler_; }
   const shard_layout& layout() const noexcept { return layout_; }
   Updater& updater() noexcept { return updater_; }
 
@@ -188,6 +203,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     std::vector<std::size_t> sizes, offsets;  // of its tensors, in the unit
     std::vector<value_type> parameters;       // padded; while gathered
     std::vector<value_type> gradients;        // padded; from its first gradients() to its reduction
+    std::vector<master_type> wide;            // mixed, reduced in the master precision: while reduced
     bool ready = false;                       // `parameters` gathered (under mutex_)
     std::uint64_t released = 0;               // times the model let it go (under mutex_)
     bool live = false;                        // gathered or being gathered (the model's thread only)
@@ -257,11 +273,32 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
         std::lock_guard lock(mutex_);
         if (x.gradients.empty()) x.gradients.assign(layout_.padded(u), value_type(0));  // it wrote none
       }
-      comm_.reduce_scatter(std::span<const value_type>(x.gradients), shard_part(gradient_, u), reduce_op::avg);
-      if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(shard_part(gradient_, u), reduce_op::avg);
+      if constexpr (std::same_as<value_type, master_type>) {
+        reduce(std::span<const master_type>(x.gradients), shard_part(gradient_, u));
+      } else if (options_.reduce_in == reduce_precision::model) {
+        std::vector<value_type> mine(layout_.slice(u));
+        reduce(std::span<const value_type>(x.gradients), std::span<value_type>(mine));
+        convert(std::span<const value_type>(mine), shard_part(gradient_, u));
+      } else {
+        {
+          std::lock_guard lock(mutex_);
+          x.wide.resize(x.gradients.size());
+          note_peak();
+        }
+        convert(std::span<const value_type>(x.gradients), std::span<master_type>(x.wide));
+        reduce(std::span<const master_type>(x.wide), shard_part(gradient_, u));
+      }
       std::lock_guard lock(mutex_);
       std::vector<value_type>().swap(x.gradients);
+      std::vector<master_type>().swap(x.wide);
     });
+  }
+
+  // A unit's gradients averaged over the group (and the replicas) into this rank's slice `mine`.
+  template <class W>
+  void reduce(std::span<const W> whole, std::span<W> mine) {
+    comm_.reduce_scatter(whole, mine, reduce_op::avg);
+    if constexpr (detail::has_replicas<Replicas>) replicas_.allreduce(mine, reduce_op::avg);
   }
 
   void misused(const char* call, std::size_t u) {
@@ -272,14 +309,17 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     return static_cast<std::size_t>(std::count_if(units_.begin(), units_.end(), [](const unit& x) { return x.live; }));
   }
 
-  span shard_part(std::vector<value_type>& shard, std::size_t u) {
-    return span(shard).subspan(layout_.slice_offset(u), layout_.slice(u));
+  std::span<master_type> shard_part(std::vector<master_type>& shard, std::size_t u) {
+    return std::span<master_type>(shard).subspan(layout_.slice_offset(u), layout_.slice(u));
   }
 
-  void fill_my_slice(std::size_t u, std::vector<value_type>& whole) {
-    const span from = shard_part(master_, u);
-    std::copy(from.begin(), from.end(), whole.begin() + static_cast<std::ptrdiff_t>(comm_.rank() * layout_.slice(u)));
+  // This rank's slice of unit u, into its place in `whole` (of the model's or the master's type).
+  template <class T>
+  void fill_my_slice(std::size_t u, std::span<T> whole) {
+    convert(shard_part(master_, u), whole.subspan(static_cast<std::size_t>(comm_.rank()) * layout_.slice(u),
+                                                  layout_.slice(u)));
   }
+  shard_state state() const { return {steps_, updater_.learning_rate(), scaler_.scale(), scaler_.good_steps()}; }
 
   // Posts unit u's allgather; the model's thread marks it live now, so the decision to gather
   // depends only on the model's calls, alike on every rank.
@@ -292,7 +332,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     }
     post([this, u, released] {
       std::vector<value_type> whole(layout_.padded(u));
-      fill_my_slice(u, whole);
+      fill_my_slice(u, span(whole));
       comm_.allgather(span(whole));
       {
         std::lock_guard lock(mutex_);
@@ -321,6 +361,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
       x.live = x.ready = false;
       std::vector<value_type>().swap(x.parameters);
       std::vector<value_type>().swap(x.gradients);
+      std::vector<master_type>().swap(x.wide);
     }
   }
 
@@ -342,12 +383,12 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
 
   memory_use memory_locked() const {
     memory_use m;
-    m.parameters = master_.size() * sizeof(value_type);
-    m.gradients = gradient_.size() * sizeof(value_type);
-    m.optimizer_state = updater_.parameters() * Updater::state_slots * sizeof(value_type);
+    m.parameters = master_.size() * sizeof(master_type);
+    m.gradients = gradient_.size() * sizeof(master_type);
+    m.optimizer_state = updater_.parameters() * Updater::state_slots * sizeof(master_type);
     for (const unit& x : units_) {
       m.gathered += x.parameters.size() * sizeof(value_type);
-      m.unit_gradients += x.gradients.size() * sizeof(value_type);
+      m.unit_gradients += x.gradients.size() * sizeof(value_type) + x.wide.size() * sizeof(master_type);
     }
     return m;
   }
@@ -362,7 +403,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
 
   shard_identity identity() const {
     shard_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
-                      static_cast<std::uint32_t>(sizeof(value_type)), {}, {}};
+                      static_cast<std::uint32_t>(sizeof(master_type)), {}, {}};
     for (std::size_t u = 0; u < units_.size(); ++u) {
       id.parts.push_back(unit_length(u));
       id.sizes.insert(id.sizes.end(), units_[u].sizes.begin(), units_[u].sizes.end());
@@ -372,6 +413,9 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
 
   void check_ranks_agree(const std::vector<std::size_t>& lengths) {
     fnv1a h;
+    h.word(static_cast<std::uint64_t>(dtype_of_v<value_type>));
+    h.word(static_cast<std::uint64_t>(options_.reduce_in));
+    h.word(static_cast<std::uint64_t>(scaler_.enabled()));
     for (const unit& x : units_) {
       h.word(x.sizes.size());
       for (const std::size_t n : x.sizes) h.word(n);
@@ -380,7 +424,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     for (const std::size_t n : lengths) total += n;
     const build_digest mine{static_cast<std::int64_t>(units_.size()), static_cast<std::int64_t>(total),
                             static_cast<std::int64_t>(h.value())};
-    const std::string what = "the model's units (every rank must build the same model)";
+    const std::string what = "the model's units or the precision (every rank must build the same)";
     sharded::check_ranks_agree(comm_, mine, name(), what, "units", "elements");
     if constexpr (detail::has_replicas<Replicas>) {
       sharded::check_ranks_agree(replicas_, mine, name() + " across replicas", what, "units", "elements");
@@ -389,15 +433,16 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
 
   // Unit u, initialised on the root and broadcast; this rank keeps its slice. One unit at a time.
   void take_my_slice(std::size_t u) {
-    std::vector<value_type> whole(layout_.padded(u), value_type(0));
+    std::vector<master_type> whole(layout_.padded(u), master_type(0));
+    const std::span<master_type> all(whole);
     if (comm_.rank() == options_.root) {
       for (std::size_t k = 0; k < units_[u].sizes.size(); ++k) {
-        model_.initialize(u, k, span(whole).subspan(units_[u].offsets[k], units_[u].sizes[k]));
+        model_.initialize(u, k, all.subspan(units_[u].offsets[k], units_[u].sizes[k]));
       }
     }
-    comm_.broadcast(span(whole), options_.root);
-    if constexpr (detail::has_replicas<Replicas>) replicas_.broadcast(span(whole), 0);
-    const auto mine = span(whole).subspan(static_cast<std::size_t>(comm_.rank()) * layout_.slice(u), layout_.slice(u));
+    comm_.broadcast(all, options_.root);
+    if constexpr (detail::has_replicas<Replicas>) replicas_.broadcast(all, 0);
+    const auto mine = all.subspan(static_cast<std::size_t>(comm_.rank()) * layout_.slice(u), layout_.slice(u));
     std::copy(mine.begin(), mine.end(), shard_part(master_, u).begin());
   }
 
@@ -406,10 +451,11 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
   Updater updater_;
   Model& model_;
   trainer_options options_;
+  loss_scaler scaler_;
   shard_layout layout_;
   std::vector<unit> units_;
-  std::vector<value_type> master_;    // this rank's slices of the parameters
-  std::vector<value_type> gradient_;  // and of the averaged gradient
+  std::vector<master_type> master_;    // this rank's slices of the parameters
+  std::vector<master_type> gradient_;  // and of the averaged gradient
   std::size_t forwarded_ = 0;         // units whose forward is done this step
   std::string misuse_;
   mutable std::mutex mutex_;          // units' buffers and readiness, peak_, failed_
