@@ -19,6 +19,9 @@ static_assert(element<float16> && element<bfloat16>);
 static_assert(!element<char>, "no dtype tag");
 static_assert(!element<std::string>, "not trivially copyable and no tag");
 static_assert(element<std::uint8_t> && element<std::int8_t> && element<bool> && element<std::byte>);
+static_assert(floating_element<float> && floating_element<double> && floating_element<bfloat16> &&
+              floating_element<float16>);
+static_assert(!floating_element<std::int32_t> && !floating_element<long double> && !floating_element<bool>);
 static_assert(!element<std::uint16_t>, "no dtype tag");
 
 // --- completion ---

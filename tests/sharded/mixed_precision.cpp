@@ -228,7 +228,7 @@ TEMPLATE_TEST_CASE("scaling by powers of two changes no bit of a step that does 
   for (std::size_t r = 0; r < a.size(); ++r) CHECK(a[r].weights == b[r].weights);
 }
 
-TEMPLATE_TEST_CASE("the loss scale and its count come back from a checkpoint; the job goes on bit for bit",
+TEMPLATE_TEST_CASE("the loss scale and its count come back from a checkpoint, and the job goes on bit for bit",
                    "[sharded][mixed]", sharded::zero2, sharded::zero3) {
   temp_dir dir;
   sharded::trainer_options o = small_buckets16();

@@ -65,8 +65,9 @@ template <class Collective, class Replicas, class T>
 bool keep_step(Collective& comm, Replicas& replicas, loss_scaler& scaler, std::span<T> slice) {
   if (!scaler.enabled()) return true;
   std::int64_t overflow = all_finite<T>(slice) ? 0 : 1;
-  comm.allreduce(std::span<std::int64_t>(&overflow, 1), reduce_op::max);
-  if constexpr (detail::has_replicas<Replicas>) replicas.allreduce(std::span<std::int64_t>(&overflow, 1), reduce_op::max);
+  const std::span<std::int64_t> flag(&overflow, 1);
+  comm.allreduce(flag, reduce_op::max);
+  if constexpr (detail::has_replicas<Replicas>) replicas.allreduce(flag, reduce_op::max);
   const T inverse = static_cast<T>(1.0 / scaler.scale());
   if (!scaler.update(overflow == 0)) return false;
   for (T& g : slice) g *= inverse;

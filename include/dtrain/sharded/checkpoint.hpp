@@ -10,7 +10,8 @@
 /// format (u32), value bytes (u32), updater (string), state slots (u32), world, rank (u32 each),
 /// part count (u32) + lengths (u64), tensor count (u32) + sizes (u64), steps (u64), learning
 /// rate (f64), loss scale (f64), good steps since it changed (u64), then the shard's master
-/// parameters and its state (slots per parameter, interleaved). The manifest ("DTRNSHMF"): format, world (u32), steps (u64).
+/// parameters and its state (slots per parameter, interleaved). The manifest ("DTRNSHMF"):
+/// format, world (u32), steps (u64).
 
 #include <algorithm>
 #include <concepts>
