@@ -46,14 +46,17 @@ class mixed_linear_model {
   std::size_t tensor_count() const noexcept { return tensor_sizes.size(); }
   std::span<T> parameters(std::size_t i) { return std::span(w_).subspan(offsets_[i], tensor_sizes[i]); }
   std::span<T> gradients(std::size_t i) { return std::span(g_).subspan(offsets_[i], tensor_sizes[i]); }
-  void set_loss_scale(double s) { scale_ = s; }
+  void set_loss_scale(double s) {
+    scale_ = s;
+    if (on_scale) on_scale(s);
+  }
 
   double forward_backward(const batch_type& samples, gradient_ready ready) {
     std::vector<double> w(dim()), g(dim());
     for (std::size_t j = 0; j < dim(); ++j) w[j] = element_cast<double>(w_[j]);
     const double loss = least_squares_gradient(*data_, w, samples.first, samples.second, g);
     for (std::size_t j = 0; j < dim(); ++j) g_[j] = scaled_gradient<T>(g[j], scale_);
-    if (overflow && overflow(passes_)) g_[0] = element_cast<T>(std::numeric_limits<float>::infinity());
+    if (overflow && overflow(passes_)) g_[overflow_at] = element_cast<T>(overflow_value);
     ++passes_;
     for (std::size_t i = tensor_sizes.size(); i-- > 0;) ready(i);
     return loss;
@@ -65,7 +68,10 @@ class mixed_linear_model {
     for (const T v : w_) out.push_back(element_cast<double>(v));
     return out;
   }
-  std::function<bool(std::size_t pass)> overflow;  // this pass's first gradient becomes inf
+  std::function<bool(std::size_t pass)> overflow;  // this pass's gradient `overflow_at` becomes:
+  std::size_t overflow_at = 0;
+  float overflow_value = std::numeric_limits<float>::infinity();
+  std::function<void(double)> on_scale;  // told each scale set_loss_scale receives
 
  private:
   const regression_data* data_;

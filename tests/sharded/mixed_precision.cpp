@@ -21,6 +21,7 @@
 #include "dtrain/sharded/unit_trainer.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/momentum.hpp"
 #include "mixed_models.hpp"
 #include "references.hpp"
 #include "unit_model.hpp"
@@ -55,16 +56,23 @@ struct rank_run {
   std::vector<double> weights, master;
   std::vector<bool> skipped;
   std::vector<double> scales;
-  int skipped_changed = 0;  // skipped steps after which the parameters had changed
+  int skipped_changed = 0;  // skipped steps after which the parameters, the state or steps() had changed
+  std::size_t updates = 0;  // the trainer's steps() at the end
+  std::vector<double> scales_seen;  // what the model was told by set_loss_scale, step by step
 };
 
 // `p` ranks train `steps` steps from `first_step` (loading `load` first if given, saving to
 // `save` after); `overflow(k, r)` puts an inf into rank r's gradient at step k.
 struct run_spec {
   int p = 3, steps = 12, first_step = 0;
-  std::function<bool(int step, int rank)> overflow;
+  std::function<bool(int step, int rank)> overflow;  // an inf (or -inf) in rank r's gradient at step k
   std::string load, save;
 };
+
+// Where rank r's injected overflow lands: each rank its own tensor and sign, so that no one
+// bucket, slice or rank sees them all, and two at once make a NaN of the average.
+std::size_t overflow_at(int r) { return r == 0 ? 129 : r == 1 ? 0 : 64; }
+float overflow_value(int r) { return r % 2 ? -INFINITY : INFINITY; }
 
 template <class Stage, class T, class Updater>
 std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trainer_options options) {
@@ -77,11 +85,15 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trai
       for (int k = spec.first_step; k < spec.first_step + spec.steps; ++k) {
         const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
         const std::vector<double> before = parameters();
+        const std::vector<compute_type_t<T>> state(tr.updater().state().begin(), tr.updater().state().end());
+        const std::size_t updates = tr.steps();
         const sharded::step_result res = tr.step({begin, begin + batch});
         mine.skipped.push_back(res.skipped);
         mine.scales.push_back(res.loss_scale);
-        if (res.skipped && parameters() != before) ++mine.skipped_changed;
+        const bool same_state = std::equal(state.begin(), state.end(), tr.updater().state().begin());
+        if (res.skipped && (parameters() != before || !same_state || tr.steps() != updates)) ++mine.skipped_changed;
       }
+      mine.updates = tr.steps();
       if (!spec.save.empty()) tr.save(spec.save);
     };
     auto injected = [&](std::size_t pass) {
@@ -90,7 +102,10 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trai
     if constexpr (std::same_as<Stage, sharded::zero3>) {
       using model_t = basic_unit_linear_model<T>;
       model_t m(unit_sizes, data, 0.25);
-      m.overflow = [&](std::size_t pass, std::size_t u, std::size_t k) { return u == 0 && k == 0 && injected(pass); };
+      m.overflow = [&](std::size_t pass, std::size_t u, std::size_t k) {  // a unit of its own per rank
+        return u == static_cast<std::size_t>(r) % unit_sizes.size() && k == 0 && injected(pass);
+      };
+      m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
       sharded::trainer<Stage, comm_t, Updater, model_t> tr(comm_t(std::move(t)), updater, m, options);
       auto master = [&] {
         std::vector<double> all;
@@ -107,6 +122,9 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trai
     } else {
       mixed_linear_model<T> m(data, r == 0 ? 0.25 : 1.0 + r);  // the broadcast must undo r's start
       m.overflow = injected;
+      m.overflow_at = overflow_at(r);
+      m.overflow_value = overflow_value(r);
+      m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
       sharded::trainer<Stage, comm_t, Updater, mixed_linear_model<T>> tr(comm_t(std::move(t)), updater, m, options);
       run(tr, [&] { return m.weights(); });
       mine.weights = m.weights();
@@ -153,9 +171,12 @@ TEMPLATE_TEST_CASE("a 16-bit model with float master weights and state equals th
     require_matches<float16>(train<TestType, float16>(spec, adam<float>(1e-2), small_buckets16()),
                              mixed_training<float16>(p, 30, adam<float>(1e-2)));
   }
-  // Adam's steps of 1e-2 are below bfloat16's spacing near 1: a master kept in 16 bits would stall.
-  const auto moved = mixed_training<bfloat16>(3, 30, adam<float>(1e-2));
-  CHECK(std::abs(moved.master[5] - 0.25f) > 0.05f);
+  // Adam's steps of 5e-4 are below half of bfloat16's spacing at 0.25 (2^-9): a master kept in
+  // 16 bits would round every update away and never move.
+  run_spec spec;
+  spec.steps = 30;
+  const auto slow = train<TestType, bfloat16>(spec, adam<float>(5e-4), small_buckets16());
+  CHECK(std::count(slow[0].weights.begin(), slow[0].weights.end(), 0.25) < 10);
 }
 
 TEMPLATE_TEST_CASE("mixed precision stays within a stated bound of fp64 training, reducing in either precision",
@@ -176,6 +197,11 @@ TEMPLATE_TEST_CASE("mixed precision stays within a stated bound of fp64 training
     CHECK(fp < 6e-4);
     CHECK(fp < bf);
   }
+  // The two reductions round differently: `reduce_in` reaches the wire.
+  sharded::trainer_options in_model = small_buckets16();
+  in_model.reduce_in = sharded::reduce_precision::model;
+  CHECK(train<TestType, bfloat16>(spec, adam<float>(1e-2), small_buckets16())[0].weights !=
+        train<TestType, bfloat16>(spec, adam<float>(1e-2), in_model)[0].weights);
 }
 
 TEMPLATE_TEST_CASE("loss scaling skips exactly the steps whose gradients overflowed, on every rank",
@@ -183,9 +209,11 @@ TEMPLATE_TEST_CASE("loss scaling skips exactly the steps whose gradients overflo
   sharded::trainer_options o = small_buckets16();
   o.scaling = {true, 1024.0, 2.0, 0.5, 3};
   run_spec spec;
-  spec.overflow = [](int k, int r) { return (k == 2 && r == 1) || (k == 5 && r == 2); };  // one rank at a time
-  const auto got = train<TestType, float16>(spec, adam<float>(1e-2), o);
-  const auto want = mixed_training<float16>(3, 12, adam<float>(1e-2), o.scaling, spec.overflow);
+  // Rank 0 alone at step 2; ranks 1 and 2 at step 5, -inf and inf in one weight at stages 1 and
+  // 2 (a NaN average). Momentum, unlike Adam, moves by the gradient's size: a step left scaled shows.
+  spec.overflow = [](int k, int r) { return (k == 2 && r == 0) || (k == 5 && r > 0); };
+  const auto got = train<TestType, float16>(spec, momentum<float>(1e-2), o);
+  const auto want = mixed_training<float16>(3, 12, momentum<float>(1e-2), o.scaling, spec.overflow);
   const std::vector<bool> expected{false, false, true, false, false, true, false, false, false, false, false, false};
   const std::vector<double> scales{1024, 1024, 1024, 512, 512, 512, 256, 256, 256, 512, 512, 512};
   REQUIRE(want.skipped == expected);
@@ -194,6 +222,8 @@ TEMPLATE_TEST_CASE("loss scaling skips exactly the steps whose gradients overflo
     CHECK(r.skipped == expected);
     CHECK(r.scales == scales);
     CHECK(r.skipped_changed == 0);
+    CHECK(r.updates == 10);
+    CHECK(r.scales_seen == scales);
   }
   require_matches<float16>(got, want);
 }
@@ -225,11 +255,13 @@ TEMPLATE_TEST_CASE("scaling by powers of two changes no bit of a step that does 
   const auto b = train<TestType, double>(spec, adam<double>(1e-2), scaled);
   REQUIRE(b[0].scales == std::vector<double>{1024, 1024, 2048, 2048, 4096, 4096, 8192, 8192, 16384, 16384, 32768,
                                              32768});
+  CHECK(b[0].scales_seen == b[0].scales);  // the model did scale its loss
+  CHECK(a[0].scales_seen.empty());
   for (std::size_t r = 0; r < a.size(); ++r) CHECK(a[r].weights == b[r].weights);
 }
 
 TEMPLATE_TEST_CASE("the loss scale and its count come back from a checkpoint, and the job goes on bit for bit",
-                   "[sharded][mixed]", sharded::zero2, sharded::zero3) {
+                   "[sharded][mixed]", sharded::zero1, sharded::zero2, sharded::zero3) {
   temp_dir dir;
   sharded::trainer_options o = small_buckets16();
   o.scaling = {true, 1024.0, 2.0, 0.5, 3};
@@ -255,33 +287,49 @@ TEST_CASE("a bf16 Adam shard holds ZeRO's 16/P bytes per parameter, besides its 
   // ZeRO's mixed-precision Adam: float master (4), gradient slice (4) and two moments (8) per
   // parameter, over P; the model's own 16-bit weights and gradients are the model's.
   for (const auto precision : {sharded::reduce_precision::master, sharded::reduce_precision::model}) {
+    std::vector<sharded::memory_use> now(4), peak(4);
+    std::vector<std::size_t> state_bytes(4);
     run_inproc(4, [&](int r, inproc_transport t) {
       const auto data = data_of(r);
       mixed_linear_model<bfloat16> m(data, 0.25);
       sharded::trainer_options o;  // one bucket of 130, padded to 132: slices of 33
       o.reduce_in = precision;
+      o.scaling.enabled = true;
       sharded::trainer<sharded::zero2, comm_t, adam<float>, mixed_linear_model<bfloat16>> tr(comm_t(std::move(t)),
                                                                                            adam<float>(), m, o);
-      const sharded::memory_use use = tr.memory();
-      CHECK(use.parameters == 33 * 4);
-      CHECK(use.gradients == 33 * 4);
-      CHECK(use.optimizer_state == 33 * 8);
-      // A padded bucket in 16 bits for the gathers, and one to reduce in: in float, or a 16-bit slice.
-      CHECK(use.buffers == (precision == sharded::reduce_precision::master ? 132 * 2 + 132 * 4 : 132 * 2 + 33 * 2));
+      for (std::size_t k = 0; k < 3; ++k) tr.step({k * batch, (k + 1) * batch});
+      const auto i = static_cast<std::size_t>(r);
+      now[i] = tr.memory();
+      peak[i] = tr.peak_memory();
+      state_bytes[i] = tr.updater().state().size() * sizeof(float);
     });
+    for (std::size_t r = 0; r < 4; ++r) {
+      CHECK(now[r].parameters == 33 * 4);
+      CHECK(now[r].gradients == 33 * 4);
+      CHECK(now[r].optimizer_state == 33 * 8);
+      CHECK(state_bytes[r] == 33 * 8);  // what the updater holds, not only what the trainer says
+      // A padded bucket in 16 bits for the gathers, and one to reduce in: in float, or a 16-bit slice.
+      CHECK(now[r].buffers == (precision == sharded::reduce_precision::master ? 132 * 2 + 132 * 4 : 132 * 2 + 33 * 2));
+      CHECK(peak[r].total() == now[r].total());  // allocated once, at construction
+    }
   }
 }
 
 TEST_CASE("loss scaling refuses a model that cannot scale its loss, and options out of range", "[sharded][mixed]") {
-  run_inproc(2, [](int r, inproc_transport t) {
+  std::vector<std::string> errors(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
     const auto data = data_of(r);
     linear_model m(tensor_sizes, data, 0.25);
     sharded::trainer_options o;
     o.scaling.enabled = true;
-    using tr_t = sharded::trainer<sharded::zero2, comm_t, adam<double>, linear_model>;
-    CHECK_THROWS_WITH(tr_t(comm_t(std::move(t)), adam<double>(), m, o),
-                      Catch::Contains("loss scaling is on, and the model has no set_loss_scale(double)"));
+    try {
+      sharded::trainer<sharded::zero2, comm_t, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(), m,
+                                                                              o);
+    } catch (const error& e) {
+      errors[static_cast<std::size_t>(r)] = e.what();
+    }
   });
+  for (const std::string& e : errors) CHECK(e.find("the model has no set_loss_scale(double)") != std::string::npos);
   CHECK_THROWS_WITH(loss_scaler({true, 0.0}), Catch::Contains("initial_scale"));
   CHECK_THROWS_WITH(loss_scaler({true, 1024.0, 1.0}), Catch::Contains("growth_factor"));
   CHECK_THROWS_WITH(loss_scaler({true, 1024.0, 2.0, 1.0}), Catch::Contains("backoff_factor"));

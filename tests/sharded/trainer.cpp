@@ -21,6 +21,7 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/ftrl.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "dtrain/updater/rmsprop.hpp"
 
@@ -74,7 +75,7 @@ TEMPLATE_TEST_CASE("sharded trainer equals the serial simulation, replicas bit-i
   }
 }
 
-TEMPLATE_TEST_CASE("sharded Adam, Adagrad and RMSProp equal one updater over the whole model", "[sharded]",
+TEMPLATE_TEST_CASE("sharded Adam, Adagrad, RMSProp and FTRL equal one updater over the whole model", "[sharded]",
                    sharded::zero1, sharded::zero2) {
   for (int p : {2, 3, 5, 8}) {
     INFO("ranks " << p);
@@ -85,6 +86,10 @@ TEMPLATE_TEST_CASE("sharded Adam, Adagrad and RMSProp equal one updater over the
                   serial_training(p, 25, adagrad<double>(0.05)), 1e-12);
     require_close(train<TestType>(p, 25, rmsprop<double>(0.01), sharded_buckets())[0],
                   serial_training(p, 25, rmsprop<double>(0.01)), 1e-12);
+    const ftrl<double> proximal(0.5, 1.0, 0.01, 0.01);  // two slots, and weights computed from them
+    const std::vector<double> want = serial_training(p, 25, proximal);
+    REQUIRE(std::count(want.begin(), want.end(), 0.0) < 13);  // l1 leaves most weights non-zero
+    require_close(train<TestType>(p, 25, proximal, sharded_buckets())[0], want, 1e-12);
   }
 }
 

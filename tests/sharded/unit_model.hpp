@@ -34,7 +34,10 @@ class basic_unit_linear_model {
   void initialize(std::size_t, std::size_t, std::span<compute_type_t<T>> w) {
     for (auto& x : w) x = static_cast<compute_type_t<T>>(init_);
   }
-  void set_loss_scale(double s) { scale_ = s; }
+  void set_loss_scale(double s) {
+    scale_ = s;
+    if (on_scale) on_scale(s);
+  }
 
   double forward_backward(const batch_type& samples, unit_access<T>& units) {
     const std::size_t n = samples.second - samples.first, dim = data_->dim;
@@ -86,6 +89,7 @@ class basic_unit_linear_model {
   std::size_t skip_in_forward = static_cast<std::size_t>(-1);
   // Gradients made to overflow: tensor k of unit u gets an inf in pass `pass` (0-based) if true.
   std::function<bool(std::size_t pass, std::size_t u, std::size_t k)> overflow;
+  std::function<void(double)> on_scale;  // told each scale set_loss_scale receives
 
  private:
   std::vector<std::vector<std::size_t>> units_;

@@ -16,6 +16,7 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/ftrl.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "dtrain/updater/rmsprop.hpp"
 #include "references.hpp"
@@ -73,7 +74,7 @@ TEST_CASE("stage 3 equals the serial simulation, every rank gathering the same w
   }
 }
 
-TEST_CASE("stage 3 Adam, Adagrad and RMSProp equal one updater over the whole model", "[sharded]") {
+TEST_CASE("stage 3 Adam, Adagrad, RMSProp and FTRL equal one updater over the whole model", "[sharded]") {
   for (int p : {2, 3, 5, 8}) {
     INFO("ranks " << p);
     require_close(train(p, 25, adam<double>(0.01), 2).weights[0], serial_training(p, 25, adam<double>(0.01)), 1e-12);
@@ -81,6 +82,8 @@ TEST_CASE("stage 3 Adam, Adagrad and RMSProp equal one updater over the whole mo
                   1e-12);
     require_close(train(p, 25, rmsprop<double>(0.01), 2).weights[0], serial_training(p, 25, rmsprop<double>(0.01)),
                   1e-12);
+    const ftrl<double> proximal(0.5, 1.0, 0.01, 0.01);
+    require_close(train(p, 25, proximal, 2).weights[0], serial_training(p, 25, proximal), 1e-12);
   }
 }
 
