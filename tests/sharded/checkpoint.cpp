@@ -30,8 +30,6 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-const std::vector<std::vector<std::size_t>> unit_sizes{{3, 40}, {1, 17}, {60}, {9}};
-
 sharded::trainer_options two_buckets() {
   sharded::trainer_options o;
   o.first_bucket_bytes = 8 * 10;  // buckets of 69 and 61 parameters

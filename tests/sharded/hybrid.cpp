@@ -35,8 +35,6 @@ sharded::trainer_options two_buckets() {
   return o;
 }
 
-const std::vector<std::vector<std::size_t>> unit_sizes{{3, 40}, {1, 17}, {60}, {9}};
-
 struct hybrid_run {
   std::vector<std::vector<double>> weights;
   std::vector<std::size_t> slice_bytes;  // each rank's master slice

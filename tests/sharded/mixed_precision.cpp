@@ -32,8 +32,6 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-const std::vector<std::vector<std::size_t>> unit_sizes{{3, 40}, {1, 17}, {60}, {9}};
-
 // Several buckets (of 2-byte values: 20 and 64 elements), none a multiple of P = 3 long.
 sharded::trainer_options small_buckets16() {
   sharded::trainer_options o;

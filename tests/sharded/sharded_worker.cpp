@@ -32,7 +32,6 @@ using comm_t = tuned<group>;
 namespace {
 
 constexpr int steps = 30;
-const std::vector<std::vector<std::size_t>> unit_sizes{{3, 40}, {1, 17}, {60}, {9}};
 
 template <class Trainer>
 void run_steps(Trainer& tr) {

@@ -100,6 +100,10 @@ class basic_unit_linear_model {
 };
 
 using unit_linear_model = basic_unit_linear_model<double>;
+
+// The tests' units: 130 features in units of 43, 18, 60 and 9 weights (at P = 3 they pad to 45,
+// 18, 60 and 9).
+inline const std::vector<std::vector<std::size_t>> unit_sizes{{3, 40}, {1, 17}, {60}, {9}};
 static_assert(unit_model<unit_linear_model>);
 static_assert(unit_model<basic_unit_linear_model<bfloat16>>);
 

@@ -28,9 +28,6 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-// 130 features in units of 43, 18, 60 and 9 weights: at P = 3 they pad to 45, 18, 60 and 9.
-const std::vector<std::vector<std::size_t>> unit_sizes{{3, 40}, {1, 17}, {60}, {9}};
-
 template <class Updater>
 struct run_result {
   std::vector<std::vector<double>> weights;  // per rank: every unit gathered, side by side
