@@ -25,7 +25,7 @@
 /// the averaged gradient's slice and the updater's state are `float` (`master_type`), gathers
 /// travel in 16 bits, and gradients are averaged in `options.reduce_in`'s precision. With
 /// `options.scaling` the loss is scaled and a step whose gradients overflowed is skipped on
-/// every rank (updater/loss_scaler.hpp).
+/// every rank (updater/loss_scaler.hpp); stage 1 then leaves the scaled average in the model.
 ///
 /// @code
 /// using comm_t = dtrain::ring<dtrain::tcp_transport>;
