@@ -29,6 +29,7 @@
 #include "dtrain/sharded/agreement.hpp"
 #include "dtrain/sharded/layout.hpp"
 #include "dtrain/sharded/options.hpp"
+#include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::sharded {
 
@@ -48,6 +49,21 @@ struct shard_state {
   double loss_scale = 1;           ///< the loss scaler's scale (1 without loss scaling)
   std::uint64_t good_steps = 0;    ///< and its good steps in a row
 };
+
+/// What a trainer saves besides its shards: its `steps` (updates applied), its updater's rate and
+/// its loss scale.
+template <class Updater>
+shard_state state_of(std::uint64_t steps, const Updater& updater, const loss_scaler& scaler) {
+  return {steps, updater.learning_rate(), scaler.scale(), scaler.good_steps()};
+}
+
+/// Puts back what `state_of` took.
+template <class Updater>
+void restore_state(const shard_state& at, std::size_t& steps, Updater& updater, loss_scaler& scaler) {
+  steps = at.steps;
+  updater.set_learning_rate(at.learning_rate);
+  scaler.restore(at.loss_scale, at.good_steps);
+}
 
 inline std::string shard_path(const std::string& prefix, int rank, int world) {
   return prefix + ".shard-" + std::to_string(rank) + "-of-" + std::to_string(world);

@@ -96,10 +96,14 @@ namespace detail {
 template <class Replicas>
 inline constexpr bool has_replicas = !std::same_as<Replicas, no_replicas>;
 
+/// Whether `Model` has the optional `set_loss_scale(double)` (concepts/model.hpp).
+template <class Model>
+inline constexpr bool scales_loss = requires(Model& m) { m.set_loss_scale(1.0); };
+
 /// Tells `model` the scale of the coming step's loss, when scaling is on.
 template <class Model>
 void set_loss_scale(Model& model, const loss_scaler& scaler) {
-  if constexpr (requires { model.set_loss_scale(1.0); }) {
+  if constexpr (scales_loss<Model>) {
     if (scaler.enabled()) model.set_loss_scale(scaler.scale());
   }
 }
@@ -107,7 +111,7 @@ void set_loss_scale(Model& model, const loss_scaler& scaler) {
 /// @throws dtrain::error `invalid_argument` if scaling is on and `Model` cannot scale its loss.
 template <class Model>
 void check_loss_scaling(const loss_scaler& scaler, const std::string& who) {
-  if constexpr (!requires(Model& m) { m.set_loss_scale(1.0); }) {
+  if constexpr (!scales_loss<Model>) {
     if (scaler.enabled()) {
       throw error(errc::invalid_argument, who + ": loss scaling is on, and the model has no set_loss_scale(double)");
     }

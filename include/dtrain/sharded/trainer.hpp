@@ -171,8 +171,8 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
   ///   the other ranks, naming that rank.
   void save(const std::string& prefix) {
     save_replicated(replicas_, [&] {
-      save_sharded<master_type>(comm_, name(), prefix, identity(), state(), std::span<const master_type>(master_),
-                                std::span<const master_type>(updater_.state()));
+      save_sharded<master_type>(comm_, name(), prefix, identity(), state_of(steps_, updater_, scaler_),
+                                std::span<const master_type>(master_), std::span<const master_type>(updater_.state()));
     });
   }
 
@@ -181,7 +181,8 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
   /// @throws dtrain::error `bad_data` naming the file and the fault (corrupt, another model,
   ///   updater or bucket size, a shard from another save), on every rank; nothing changes then.
   void load(const std::string& prefix) {
-    restore(load_sharded<master_type>(comm_, name(), prefix, identity(), master_, updater_.state()));
+    const shard_state at = load_sharded<master_type>(comm_, name(), prefix, identity(), master_, updater_.state());
+    restore_state(at, steps_, updater_, scaler_);
     for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);
   }
 
@@ -228,12 +229,6 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
   }
   std::span<master_type> shard_part(std::vector<master_type>& shard, std::size_t b) noexcept {
     return std::span<master_type>(shard).subspan(layout_.slice_offset(b), layout_.slice(b));
-  }
-  shard_state state() const { return {steps_, updater_.learning_rate(), scaler_.scale(), scaler_.good_steps()}; }
-  void restore(const shard_state& at) {
-    updater_.set_learning_rate(at.learning_rate);
-    steps_ = at.steps;
-    scaler_.restore(at.loss_scale, at.good_steps);
   }
   auto parameters() {
     return [this](std::size_t i) { return model_.parameters(i); };

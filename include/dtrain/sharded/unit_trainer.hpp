@@ -164,8 +164,8 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
   /// stages 1 and 2 do. Collective, between steps.
   void save(const std::string& prefix) {
     save_replicated(replicas_, [&] {
-      save_sharded<master_type>(comm_, name(), prefix, identity(), state(), std::span<const master_type>(master_),
-                                std::span<const master_type>(updater_.state()));
+      save_sharded<master_type>(comm_, name(), prefix, identity(), state_of(steps_, updater_, scaler_),
+                                std::span<const master_type>(master_), std::span<const master_type>(updater_.state()));
     });
   }
 
@@ -173,9 +173,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
   /// @throws dtrain::error as stages 1 and 2's `load`; nothing changes then.
   void load(const std::string& prefix) {
     const shard_state at = load_sharded<master_type>(comm_, name(), prefix, identity(), master_, updater_.state());
-    updater_.set_learning_rate(at.learning_rate);
-    steps_ = at.steps;
-    scaler_.restore(at.loss_scale, at.good_steps);
+    restore_state(at, steps_, updater_, scaler_);
   }
 
   /// What the trainer holds now, and the most each part of it has held.
@@ -319,7 +317,6 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     convert(shard_part(master_, u), whole.subspan(static_cast<std::size_t>(comm_.rank()) * layout_.slice(u),
                                                   layout_.slice(u)));
   }
-  shard_state state() const { return {steps_, updater_.learning_rate(), scaler_.scale(), scaler_.good_steps()}; }
 
   // Posts unit u's allgather; the model's thread marks it live now, so the decision to gather
   // depends only on the model's calls, alike on every rank.
