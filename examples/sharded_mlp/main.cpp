@@ -1,0 +1,253 @@
+// A model that does not fit a rank's memory budget, trained with its state sharded: a deep MLP on
+// Fashion-MNIST (784-1024-1024-1024-1024-10 by default, 4.0 M parameters) under Adam, whose
+// parameters, gradients and optimizer state take 16 bytes per parameter (61 MiB) on every rank of
+// a data-parallel trainer, against a per-rank budget of 40 MiB. ZeRO stage 3 (FSDP's FULL_SHARD)
+// keeps 1/P of that state per rank and gathers one layer at a time, so 4 ranks fit where 1 does
+// not.
+//
+//   dtrain-run -n 4 ./sharded_mlp                      # fits: about 30 MiB per rank
+//   dtrain-run -n 1 ./sharded_mlp                      # over the budget: says so, exits 4
+//   dtrain-run -n 4 ./sharded_mlp --precision bf16     # mixed precision, fp32 master weights
+//
+// The budget is checked against the trainer's own accounting of its bytes (the largest over the
+// ranks, after the first step and at every report); the process's peak resident memory over the
+// first epoch's steps is printed beside it. Rank 0 prints progress and a summary.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <fmt/ranges.h>
+
+#include <dtrain/collective/communicator.hpp>
+#include <dtrain/data/sampler.hpp>
+#include <dtrain/sharded/unit_trainer.hpp>
+#include <dtrain/transport/group.hpp>
+#include <dtrain/transport/mixed.hpp>
+#include <dtrain/updater/adam.hpp>
+
+#include "../fashion_mnist/dataset.hpp"
+#include "unit_mlp.hpp"
+
+namespace {
+
+struct settings {
+  std::string data = fashion_mnist::default_directory;
+  int epochs = 2;
+  std::size_t global_batch = 128;
+  double lr = 1e-3;
+  std::vector<int> hidden{1024, 1024, 1024, 1024};
+  std::string precision = "fp32";
+  std::size_t limit_all_gathers = 2;
+  double budget_mib = 40;
+  std::size_t log_every = 50, limit_train = 0;
+  std::uint64_t seed = 1;
+  double min_accuracy = 0;
+  std::string json;
+};
+
+constexpr int over_budget = 4;  // the exit status when the trainer needs more than the budget
+struct over_budget_error {};
+constexpr double mib = 1024.0 * 1024.0;
+
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
+
+using group = dtrain::process_group<dtrain::mixed_transport>;
+
+double in_mib(double bytes) { return bytes / mib; }
+double in_mib(std::size_t bytes) { return static_cast<double>(bytes) / mib; }
+
+// What the trainer holds, part by part.
+std::string breakdown(const dtrain::sharded::memory_use& m) {
+  return fmt::format("parameters {:.1f}, gradients {:.1f}, Adam's state {:.1f}, gathered layers {:.1f}, layer "
+                     "gradients {:.1f}", in_mib(m.parameters), in_mib(m.gradients), in_mib(m.optimizer_state),
+                     in_mib(m.gathered), in_mib(m.unit_gradients));
+}
+
+// A /proc/self/status field in bytes (VmRSS, VmHWM); 0 where there is no /proc.
+double status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) * 1024;  // kB
+  }
+  return 0;
+}
+// Resets the peak resident size to the current one (Linux 4.0+), so VmHWM then counts from here.
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+template <class T>
+int train(const settings& s) {
+  group world(dtrain::mixed_transport::from_environment());
+  group totals = *world.split(0, world.rank());  // the example's own sums, in their own tags
+  dtrain::tuned<group> sum(totals);
+  const int rank = world.rank(), ranks = world.size();
+  const auto P = static_cast<std::size_t>(ranks);
+  if (s.global_batch % P != 0) {
+    throw dtrain::error(dtrain::errc::invalid_argument,
+                        fmt::format("--batch {} does not split evenly across {} ranks", s.global_batch, ranks));
+  }
+  const std::size_t local_batch = s.global_batch / P;
+  const auto train_set = fashion_mnist::load(s.data, "train");
+  const auto test_set = fashion_mnist::load(s.data, "t10k");
+  const std::size_t train_samples = s.limit_train > 0 ? std::min(s.limit_train, train_set.size()) : train_set.size();
+  std::vector<int> widths{static_cast<int>(fashion_mnist::pixels_per_image)};
+  widths.insert(widths.end(), s.hidden.begin(), s.hidden.end());
+  widths.push_back(fashion_mnist::classes);
+  sharded_mlp::unit_mlp<T> model(widths, train_set, s.seed);
+  const auto n = static_cast<double>(model.parameter_count());
+  const double budget = s.budget_mib * mib;
+  if (rank == 0) {
+    fmt::print("sharded_mlp: {} rank(s), ZeRO stage 3, MLP {} ({:.2f} M parameters, {}), Adam lr {}, global batch "
+               "{} ({} per rank), {} training samples\n",
+               ranks, fmt::join(widths, "-"), n / 1e6, s.precision, s.lr, s.global_batch, local_batch, train_samples);
+    fmt::print("memory per rank, budget {:.1f} MiB: a replicated trainer holds 16 B per parameter ({:.1f} MiB: {}); "
+               "stage 3 holds 16/P ({:.1f} MiB at P = {}) plus up to {} gathered layers\n",
+               s.budget_mib, in_mib(16 * n), 16 * n > budget ? "does not fit" : "fits", in_mib(16 * n / static_cast<double>(P)),
+               ranks, s.limit_all_gathers);
+  }
+
+  reset_peak_rss();
+  const double rss_start = status_bytes("VmRSS");
+  dtrain::sharded::trainer_options options;
+  options.limit_all_gathers = s.limit_all_gathers;
+  using trainer_type = dtrain::sharded::trainer<dtrain::sharded::zero3, dtrain::tuned<group>, dtrain::adam<float>,
+                                                sharded_mlp::unit_mlp<T>>;
+  trainer_type trainer(dtrain::tuned<group>(world), dtrain::adam<float>(s.lr), model, options);
+
+  // The largest of every rank's values (each rank's are its own: slices differ by one padding).
+  auto largest = [&](std::vector<double> v) {
+    sum.allreduce(std::span(v), dtrain::reduce_op::max);
+    return v;
+  };
+  auto check_budget = [&] {
+    const auto peak = trainer.peak_memory();
+    const auto worst = largest({static_cast<double>(peak.total())})[0];
+    if (worst <= budget) return worst;
+    if (rank == 0) {
+      fmt::print(stderr, "sharded_mlp: the trainer holds {:.1f} MiB on its fullest rank ({} on rank 0), over the "
+                 "--budget-mib {:.1f}: run on more ranks (dtrain-run -n N), or lower --limit-all-gathers\n",
+                 in_mib(worst), breakdown(peak), s.budget_mib);
+    }
+    throw over_budget_error{};  // on every rank: the maximum is the same everywhere
+  };
+
+  // The test set in chunks of 250 split across ranks, one gathered layer at a time.
+  auto evaluate = [&] {
+    const std::size_t share = (test_set.size() + P - 1) / P, chunk = 250;
+    const std::size_t first = std::min(test_set.size(), share * static_cast<std::size_t>(rank));
+    const std::size_t last = std::min(test_set.size(), first + share);
+    std::vector<double> sums{0.0, 0.0};  // correct, loss
+    const std::size_t chunks = (share + chunk - 1) / chunk;  // the same count on every rank: gathers are collective
+    for (std::size_t c = 0; c < chunks; ++c) {
+      const std::size_t at = std::min(last, first + c * chunk), count = std::min(chunk, last - at);
+      const auto [hits, loss] = model.evaluate(test_set, at, count, [&](std::size_t u) { return trainer.unit_parameters(u); });
+      sums[0] += static_cast<double>(hits);
+      sums[1] += loss;
+    }
+    sum.allreduce(std::span(sums), dtrain::reduce_op::sum);
+    return std::pair(sums[0] / static_cast<double>(test_set.size()), sums[1] / static_cast<double>(test_set.size()));
+  };
+
+  dtrain::data::distributed_sampler sampler(train_samples, rank, ranks, s.seed);
+  const std::size_t steps_per_epoch = sampler.shard_size() / local_batch;
+  double train_seconds = 0, accuracy = 0, test_loss = 0, peak_rss = 0, worst_bytes = 0;
+  for (int epoch = 0; epoch < s.epochs; ++epoch) {
+    const auto order = sampler.indices(static_cast<std::uint64_t>(epoch));
+    const auto start = clock_type::now();
+    auto window_start = start;
+    double window_loss = 0, epoch_loss = 0;
+    std::size_t window_steps = 0;
+    for (std::size_t step = 0; step < steps_per_epoch; ++step) {
+      const auto result = trainer.step(std::span(order).subspan(step * local_batch, local_batch));
+      if (epoch == 0 && step == 0) worst_bytes = check_budget();
+      window_loss += result.loss;
+      epoch_loss += result.loss;
+      ++window_steps;
+      if (s.log_every > 0 && (step + 1) % s.log_every == 0) {
+        worst_bytes = check_budget();
+        const double loss = largest({window_loss})[0];  // the worst rank's, a cheap honest figure
+        if (rank == 0) {
+          fmt::print("epoch {:>2}  step {:>5}  loss {:.4f} (worst rank)  samples/s {:>7.0f}  trainer {:.1f} MiB\n",
+                     epoch + 1, trainer.steps(), loss / static_cast<double>(window_steps),
+                     static_cast<double>(window_steps * s.global_batch) / since(window_start), in_mib(worst_bytes));
+        }
+        window_loss = 0;
+        window_steps = 0;
+        window_start = clock_type::now();
+      }
+    }
+    const double seconds = since(start);
+    train_seconds += seconds;
+    if (epoch == 0) peak_rss = largest({status_bytes("VmHWM") - rss_start})[0];
+    std::vector<double> mean_loss{epoch_loss / static_cast<double>(steps_per_epoch)};
+    sum.allreduce(std::span(mean_loss), dtrain::reduce_op::avg);
+    std::tie(accuracy, test_loss) = evaluate();
+    if (rank == 0) {
+      fmt::print("epoch {:>2}/{}  train loss {:.4f}  test accuracy {:.4f}  test loss {:.4f}  {:.1f} s  {:.0f} "
+                 "samples/s\n", epoch + 1, s.epochs, mean_loss[0], accuracy, test_loss, seconds,
+                 static_cast<double>(steps_per_epoch * s.global_batch) / seconds);
+    }
+  }
+  worst_bytes = check_budget();
+  const double samples_per_second =
+      static_cast<double>(static_cast<std::size_t>(s.epochs) * steps_per_epoch * s.global_batch) / train_seconds;
+  if (rank == 0) {
+    const auto peak = trainer.peak_memory();
+    fmt::print("final test accuracy {:.4f}; {:.0f} samples/s on {} rank(s); per rank: the trainer's peak {:.1f} MiB "
+               "of a {:.1f} MiB budget ({} on rank 0), resident memory grown by {:.1f} MiB over the first epoch's "
+               "steps\n", accuracy, samples_per_second, ranks, in_mib(worst_bytes), s.budget_mib, breakdown(peak),
+               in_mib(peak_rss));
+    if (!s.json.empty()) {
+      std::ofstream out(s.json);
+      out << fmt::format("{{\"ranks\":{},\"parameters\":{},\"precision\":\"{}\",\"samples_per_second\":{:.1f},"
+                         "\"test_accuracy\":{:.4f},\"trainer_peak_bytes\":{:.0f},\"rss_growth_bytes\":{:.0f},"
+                         "\"parameters_bytes\":{},\"gradients_bytes\":{},\"optimizer_state_bytes\":{},"
+                         "\"gathered_bytes\":{},\"unit_gradients_bytes\":{}}}\n",
+                         ranks, model.parameter_count(), s.precision, samples_per_second, accuracy, worst_bytes,
+                         peak_rss, peak.parameters, peak.gradients, peak.optimizer_state, peak.gathered,
+                         peak.unit_gradients);
+      if (!out) throw dtrain::error(dtrain::errc::bad_data, "cannot write " + s.json);
+    }
+  }
+  return accuracy >= s.min_accuracy ? 0 : 3;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows as it happens, through dtrain-run's pipes too
+  settings s;
+  CLI::App app{"A deep MLP on Fashion-MNIST trained with ZeRO stage 3 under a per-rank memory budget (launch "
+               "with dtrain-run)"};
+  app.add_option("--data", s.data, "directory of the IDX files (.gz or plain)")->capture_default_str();
+  app.add_option("--epochs", s.epochs, "passes over the training set")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--batch", s.global_batch, "global batch (split across ranks)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--lr", s.lr, "Adam's learning rate")->capture_default_str();
+  app.add_option("--hidden", s.hidden, "hidden layer widths")->delimiter(',')->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--precision", s.precision, "parameters and gradients: fp32, or bf16 with fp32 master weights and state")
+      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
+  app.add_option("--limit-all-gathers", s.limit_all_gathers, "layers gathered at once, the running one included")
+      ->check(CLI::Range(1, 1 << 10))->capture_default_str();
+  app.add_option("--budget-mib", s.budget_mib, "the most the trainer may hold per rank")->capture_default_str();
+  app.add_option("--log-every", s.log_every, "steps between progress lines (0: none)")->capture_default_str();
+  app.add_option("--limit-train", s.limit_train, "train on the first N samples only (0: all)")->capture_default_str();
+  app.add_option("--seed", s.seed, "initialisation and shuffling")->capture_default_str();
+  app.add_option("--min-accuracy", s.min_accuracy, "exit 3 below this final test accuracy")->capture_default_str();
+  app.add_option("--json", s.json, "write a summary here (rank 0)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return s.precision == "bf16" ? train<dtrain::bfloat16>(s) : train<float>(s);
+  } catch (const over_budget_error&) {
+    return over_budget;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sharded_mlp: %s\n", e.what());
+    return 1;
+  }
+}
