@@ -29,7 +29,8 @@ MIB = 1024.0 * 1024.0
 def run_example(build, ranks, precision, limit_train):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "summary.json")
-        cmd = [os.path.join(build, "tools", "dtrain-run"), "-n", str(ranks), os.path.join(build, "examples", "sharded_mlp"),
+        cmd = [os.path.join(build, "tools", "dtrain-run"), "-n", str(ranks),
+               os.path.join(build, "examples", "sharded_mlp"),
                "--epochs", "1", "--limit-train", str(limit_train), "--log-every", "0", "--budget-mib", "100000",
                "--precision", precision, "--json", out]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -109,8 +109,8 @@ int train(const settings& s) {
                ranks, fmt::join(widths, "-"), n / 1e6, s.precision, s.lr, s.global_batch, local_batch, train_samples);
     fmt::print("memory per rank, budget {:.1f} MiB: a replicated trainer holds 16 B per parameter ({:.1f} MiB: {}); "
                "stage 3 holds 16/P ({:.1f} MiB at P = {}) plus up to {} gathered layers\n",
-               s.budget_mib, in_mib(16 * n), 16 * n > budget ? "does not fit" : "fits", in_mib(16 * n / static_cast<double>(P)),
-               ranks, s.limit_all_gathers);
+               s.budget_mib, in_mib(16 * n), 16 * n > budget ? "does not fit" : "fits",
+               in_mib(16 * n / static_cast<double>(P)), ranks, s.limit_all_gathers);
   }
 
   reset_peak_rss();
@@ -147,7 +147,8 @@ int train(const settings& s) {
     const std::size_t chunks = (share + chunk - 1) / chunk;  // the same count on every rank: gathers are collective
     for (std::size_t c = 0; c < chunks; ++c) {
       const std::size_t at = std::min(last, first + c * chunk), count = std::min(chunk, last - at);
-      const auto [hits, loss] = model.evaluate(test_set, at, count, [&](std::size_t u) { return trainer.unit_parameters(u); });
+      const auto [hits, loss] =
+          model.evaluate(test_set, at, count, [&](std::size_t u) { return trainer.unit_parameters(u); });
       sums[0] += static_cast<double>(hits);
       sums[1] += loss;
     }
@@ -227,11 +228,15 @@ int main(int argc, char** argv) {
   CLI::App app{"A deep MLP on Fashion-MNIST trained with ZeRO stage 3 under a per-rank memory budget (launch "
                "with dtrain-run)"};
   app.add_option("--data", s.data, "directory of the IDX files (.gz or plain)")->capture_default_str();
-  app.add_option("--epochs", s.epochs, "passes over the training set")->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--batch", s.global_batch, "global batch (split across ranks)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--epochs", s.epochs, "passes over the training set")
+      ->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--batch", s.global_batch, "global batch (split across ranks)")
+      ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--lr", s.lr, "Adam's learning rate")->capture_default_str();
-  app.add_option("--hidden", s.hidden, "hidden layer widths")->delimiter(',')->check(CLI::Range(1, 1 << 16))->capture_default_str();
-  app.add_option("--precision", s.precision, "parameters and gradients: fp32, or bf16 with fp32 master weights and state")
+  app.add_option("--hidden", s.hidden, "hidden layer widths")
+      ->delimiter(',')->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--precision", s.precision,
+                 "parameters and gradients: fp32, or bf16 with fp32 master weights and state")
       ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
   app.add_option("--limit-all-gathers", s.limit_all_gathers, "layers gathered at once, the running one included")
       ->check(CLI::Range(1, 1 << 10))->capture_default_str();

@@ -131,7 +131,9 @@ class unit_mlp {
     matrix& out = acts_[u + 1];
     out.resize(b, widths_[u + 1]);
     out.noalias() = acts_[u] * weights(w, u);
-    for (Eigen::Index c = 0; c < out.cols(); ++c) out.col(c).array() += static_cast<float>(bias[static_cast<std::size_t>(c)]);
+    for (Eigen::Index c = 0; c < out.cols(); ++c) {
+      out.col(c).array() += static_cast<float>(bias[static_cast<std::size_t>(c)]);
+    }
     if (u + 1 < unit_count()) out = out.cwiseMax(0.0f);
   }
 
