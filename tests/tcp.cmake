@@ -174,7 +174,7 @@ set_tests_properties(allreduce_trainer_tcp_resume_2 PROPERTIES TIMEOUT 300 LABEL
 # The sharded trainer across real processes, against the serial simulation of every rank.
 add_executable(sharded_worker sharded/sharded_worker.cpp)
 target_link_libraries(sharded_worker PRIVATE dtrain::asio dtrain_warnings)
-foreach(run zero1:3 zero2:3 zero3:3 zero3:4 hybrid:4)
+foreach(run zero1:3 zero2:3 zero3:3 zero3:4 hybrid:4 zero2:8 zero3:8 hybrid:8 bf16:3 bf16:8)
   string(REPLACE ":" ";" run ${run})
   list(GET run 0 mode)
   list(GET run 1 n)

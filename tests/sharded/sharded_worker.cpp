@@ -5,6 +5,9 @@
 //   sharded_worker zero1 | zero2   stages 1 and 2, small buckets, per-rank ready order
 //   sharded_worker zero3           stage 3 on the unit model, one unit gathered ahead
 //   sharded_worker hybrid          stage 3 sharded within pairs of ranks, replicated across
+//   sharded_worker bf16            stage 2, a bfloat16 model with float master weights and Adam,
+//                                  against the serial mixed-precision simulation (within
+//                                  bfloat16's spacing of its master, rounded)
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +24,9 @@
 #include "dtrain/sharded/unit_trainer.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/tcp.hpp"
+#include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/momentum.hpp"
+#include "mixed_models.hpp"
 #include "unit_model.hpp"
 
 using namespace dtrain;
@@ -81,12 +86,39 @@ std::vector<double> stage3(group& world, int rank, bool hybrid) {
   return gathered_units(tr);
 }
 
+// Stage 2 in mixed precision: every rank's weights against the simulation's master rounded to
+// bfloat16; the largest difference in units of bfloat16's relative spacing (1/128), <= 1 passes.
+double bf16(group& world, int rank, int ranks) {
+  auto data = data_of(rank);
+  mixed_linear_model<bfloat16> m(data, rank == 0 ? 0.25 : 1.0 + rank);  // the root's start must win
+  sharded::trainer_options o;
+  o.first_bucket_bytes = 2 * 20;
+  o.bucket_bytes = 2 * 64;
+  sharded::trainer<sharded::zero2, comm_t, adam<float>, mixed_linear_model<bfloat16>> tr(comm_t(world),
+                                                                                          adam<float>(1e-2), m, o);
+  run_steps(tr);
+  const auto want = mixed_training<bfloat16>(ranks, steps, adam<float>(1e-2)).master;
+  const auto got = m.weights();
+  double worst = got.size() == want.size() ? 0 : 1e9;
+  for (std::size_t j = 0; j < want.size() && j < got.size(); ++j) {
+    const double rounded = element_cast<double>(element_cast<bfloat16>(want[j]));
+    worst = std::max(worst, std::abs(got[j] - rounded) / (std::abs(rounded) / 128 + 1e-6));
+  }
+  return worst;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   group world(tcp_transport::from_environment());
   const int rank = world.rank(), ranks = world.size();
+  if (mode == "bf16") {
+    const double worst = bf16(world, rank, ranks);
+    std::printf("rank %d of %d, bf16: largest difference from the simulation %.3g of bfloat16's spacing: %s\n", rank,
+                ranks, worst, worst <= 1 ? "PASS" : "FAIL");
+    return worst <= 1 ? 0 : 1;
+  }
   std::vector<double> got;
   if (mode == "zero1") {
     got = flat<sharded::zero1>(world, rank);
@@ -95,7 +127,7 @@ int main(int argc, char** argv) {
   } else if (mode == "zero3" || mode == "hybrid") {
     got = stage3(world, rank, mode == "hybrid");
   } else {
-    std::fprintf(stderr, "usage: sharded_worker zero1|zero2|zero3|hybrid\n");
+    std::fprintf(stderr, "usage: sharded_worker zero1|zero2|zero3|hybrid|bf16\n");
     return 2;
   }
   const std::vector<double> want = simulate(ranks, steps, 1, 0)[0];
