@@ -166,7 +166,8 @@ struct job {
         counts[1] += loss;
       }
       sums.allreduce(std::span(counts), dtrain::reduce_op::sum);
-      return std::pair(counts[0] / static_cast<double>(test_set.size()), counts[1] / static_cast<double>(test_set.size()));
+      const auto n = static_cast<double>(test_set.size());
+      return std::pair(counts[0] / n, counts[1] / n);
     };
 
     dtrain::data::distributed_sampler sampler(train_samples(), rank, ranks, s.seed);

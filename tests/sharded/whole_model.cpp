@@ -57,7 +57,8 @@ TEST_CASE("a unit model held whole trains under the allreduce trainer and stages
   for (int p : {1, 2, 3, 5}) {
     INFO("ranks " << p);
     const auto want = simulate(p, 30, 1, 0)[0];
-    const auto allreduce = train_whole(p, [&](comm_t c, whole_t& m) { return allreduce::trainer(std::move(c), rule, m); });
+    const auto allreduce =
+        train_whole(p, [&](comm_t c, whole_t& m) { return allreduce::trainer(std::move(c), rule, m); });
     const auto zero1 = train_whole(p, [&](comm_t c, whole_t& m) {
       return sharded::trainer<sharded::zero1, comm_t, momentum<double>, whole_t>(std::move(c), rule, m);
     });
