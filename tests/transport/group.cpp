@@ -188,6 +188,7 @@ TEST_CASE("device_mesh: coordinates, rank order (last axis innermost) and axis g
   const std::vector<mesh_axis> axes{{"dp", 3}, {"pp", 2}, {"tp", 2}};
   constexpr int p = 12;
   std::vector<std::map<std::string, std::vector<int>>> groups(p);
+  std::vector<std::map<std::string, std::string>> names(p);
   std::vector<std::vector<int>> coords(p);
   run_inproc(p, [&](int r, inproc_transport t) {
     device_mesh<inproc_transport> mesh(group(std::move(t)), axes);
@@ -195,8 +196,13 @@ TEST_CASE("device_mesh: coordinates, rank order (last axis innermost) and axis g
     for (const auto& a : axes) {
       const auto m = mesh.group(a.name).members().ranks();
       groups[static_cast<std::size_t>(r)][a.name].assign(m.begin(), m.end());
+      names[static_cast<std::size_t>(r)][a.name] = mesh.group(a.name).name();
     }
   });
+  // Errors name a group as the axis at the other axes' coordinates, without a stray separator.
+  CHECK(names[0]["tp"] == "mesh:tp@dp0,pp0");
+  CHECK(names[0]["dp"] == "mesh:dp@pp0,tp0");
+  CHECK(names[7]["pp"] == "mesh:pp@dp1,tp1");
   for (int r = 0; r < p; ++r) {
     const int dp = r / 4, pp = (r / 2) % 2, tp = r % 2;  // rank = (dp * 2 + pp) * 2 + tp
     INFO("rank " << r);

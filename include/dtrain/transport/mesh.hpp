@@ -108,9 +108,12 @@ class device_mesh {
   group_type form_axis_group(std::size_t a) const {
     std::vector<int> coords = coordinates_;
     std::vector<int> members;
-    std::string label = "mesh:" + axes_[a].name + "@";
+    std::string label = "mesh:" + axes_[a].name + "@";  // "mesh:tp@dp0,pp1"
+    const char* separator = "";
     for (std::size_t b = 0; b < axes_.size(); ++b) {
-      if (b != a) label += axes_[b].name + std::to_string(coords[b]) + (b + 1 < axes_.size() ? "," : "");
+      if (b == a) continue;
+      label += separator + axes_[b].name + std::to_string(coords[b]);
+      separator = ",";
     }
     for (int i = 0; i < axes_[a].size; ++i) {
       coords[a] = i;
