@@ -7,18 +7,23 @@
 /// pipeline parallelism, and with tensor-parallel stages, the three together.
 ///
 /// @code
-/// dtrain::device_mesh mesh(dtrain::process_group(std::move(world)), {{"dp", 2}, {"pp", 2}});
-/// dtrain::ring<group> replicas(mesh.group("dp"));
+/// using group = dtrain::process_group<dtrain::tcp_transport>;
+/// dtrain::device_mesh mesh(group(dtrain::tcp_transport::from_environment()), {{"dp", 2}, {"pp", 2}});
+/// // The stage is told its replica (`dp`): micro_batch carries no replica index.
 /// dtrain::pipeline::trainer<group, dtrain::pipeline::one_f_one_b, dtrain::adam<double>, my_stage,
 ///                           dtrain::ring<group>>
-///     t(mesh.group("pp"), {my_stage(mesh.coordinate("pp"))}, dtrain::adam<double>(1e-3), {}, {}, replicas);
+///     t(mesh.group("pp"), {my_stage(mesh.coordinate("pp"), mesh.coordinate("dp"))}, dtrain::adam<double>(1e-3),
+///       {}, {}, dtrain::ring<group>(mesh.group("dp")));  // the collective is moved in: not copyable
 /// for (int i = 0; i < steps; ++i) t.step();
 /// @endcode
 ///
 /// A flushed schedule's step equals serial mini-batch training with gradient accumulation over
 /// the same micro-batches: every stage adds its micro-batches' gradients in micro-batch order,
-/// the trainer scales them by 1/m, averages them over the replicas, and updates once.
-/// `pipedream` updates after every micro-batch instead, with weight stashing.
+/// the trainer multiplies the sum by 1/m (a serial loop that divides by m instead can differ in
+/// the last bit), averages it over the replicas, and updates once. `pipedream` updates after
+/// every micro-batch instead, with weight stashing. `micro_batch` says which micro-batch of which
+/// step, not which replica: a stage that picks its samples must know its `dp` coordinate, or
+/// every replica trains on the same data. The loss a step reports is this replica's.
 
 #include <algorithm>
 #include <chrono>
