@@ -7,7 +7,10 @@
 /// @code
 /// using trainer = dtrain::ps::trainer<dtrain::tcp_transport, dtrain::ssp<2>, dtrain::adagrad<float>,
 ///                                     dtrain::ps::downpour<float>>;
-/// trainer job(dtrain::tcp_transport::from_environment(), dtrain::adagrad<float>(0.1), {1, 1});
+/// auto transport = dtrain::tcp_transport::from_environment();
+/// const auto roles = dtrain::ps::roles::from_environment(transport.size());  // DTRAIN_PS_SERVERS
+/// trainer job(std::move(transport), dtrain::adagrad<float>(0.1), dtrain::ps::downpour<float>(1, 1), roles);
+/// // gradient_of_my_batch(std::span<const float> w, std::span<float> g, std::int64_t t) writes g
 /// if (job.is_server()) {
 ///   job.serve();
 /// } else {
