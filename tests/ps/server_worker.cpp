@@ -420,6 +420,10 @@ TEST_CASE("start-up: a worker configured differently is refused, naming both sid
   });
   CHECK_THAT(refused, Catch::Contains("configured differently from server 0 (1 servers, 1 workers, bsp"));
   CHECK_THAT(server_error, Catch::Contains("worker 0 (rank 1) never said hello"));
+  // The code is said once, however many hops the error took (not "...: invalid argument: invalid argument").
+  const std::string code = ": " + dtrain::make_error_code(dtrain::errc::invalid_argument).message();
+  CHECK(refused.find(code) != std::string::npos);
+  CHECK(refused.find(code) == refused.rfind(code));
 }
 
 namespace {

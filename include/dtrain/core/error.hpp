@@ -74,6 +74,17 @@ class error : public std::system_error {
  public:
   error(std::error_code code, const std::string& what) : std::system_error(code, what) {}
   error(errc code, const std::string& what) : std::system_error(make_error_code(code), what) {}
+
+  /// `what()` without the ": <the code's message>" std::system_error appends: the text to pass on
+  /// when wrapping or forwarding this error, so that the code is said once, not once per hop.
+  std::string reason() const {
+    std::string text = what();
+    const std::string tail = ": " + code().message();
+    if (text.size() >= tail.size() && text.compare(text.size() - tail.size(), tail.size(), tail) == 0) {
+      text.resize(text.size() - tail.size());
+    }
+    return text;
+  }
 };
 
 /// Throws `error` if `ec` holds one; the throwing half of every `ec`/throwing pair.

@@ -243,7 +243,7 @@ class server {
         job_configuration{ctx_.group, Consistency::name, sizeof(T), ctx_.options.replicas}.check_hello(r.keys, h.worker,
                                                                                                        me());
       } catch (const error& e) {
-        return refuse(code_of(e), e.what());
+        return refuse(code_of(e), e.reason());
       }
       liveness_.greeted(w);
       for (auto& [s, held] : shards_) held.forget(h.worker);
@@ -304,7 +304,7 @@ class server {
         it->second.on_server_message(from, r);
       }
     } catch (const error& e) {
-      fail(code_of(e), e.what());
+      fail(code_of(e), e.reason());
     }
   }
 
@@ -325,7 +325,7 @@ class server {
     try {
       held.install(from, r.values);
     } catch (const error& e) {
-      fail(code_of(e), e.what());
+      fail(code_of(e), e.reason());
     }
     // The move's progress: which shards are here, how big each was, how many are still to come.
     dtrain::detail::log(

@@ -129,7 +129,7 @@ class shard_replica {
                       std::string("a worker sent a ") + op_name(h.what) + " to shard " + std::to_string(shard_));
       }
     } catch (const error& e) {
-      send(from, encode_error(reply_to(h), code_of(e), e.what()));
+      send(from, encode_error(reply_to(h), code_of(e), e.reason()));
     }
   }
 
@@ -429,7 +429,7 @@ class shard_replica {
       ctx_->stats.keys_pulled += k.keys.size();
       send(from, std::move(m));
     } catch (const error& e) {
-      send(from, encode_error(reply, code_of(e), e.what()));
+      send(from, encode_error(reply, code_of(e), e.reason()));
     }
   }
 

@@ -109,7 +109,7 @@ class worker {
       const std::string missing = requests_.unanswered(hello.ids_);
       throw error(code_of(e), "ps::worker " + std::to_string(id_) + ": joining the servers" +
                                   (missing.empty() ? "" : " (no answer from server " + missing + ")") + ": " +
-                                  e.what());
+                                  e.reason());
     }
     // Resumed servers say which clock this worker left off at; all must agree (a server lost
     // before it answered says nothing).

@@ -178,7 +178,7 @@ class process_group : public transport_buffer_forms<process_group<World>> {
       for (auto& q : receives) q.wait(d);
       for (auto& q : sends) q.wait(d);
     } catch (const error& e) {
-      throw error(e.code(), std::string(what) + " on " + describe_rank(rank_) + ": " + e.what());
+      throw error(e.code(), std::string(what) + " on " + describe_rank(rank_) + ": " + e.reason());
     }
     return all;
   }

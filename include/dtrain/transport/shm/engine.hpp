@@ -297,7 +297,7 @@ class engine : protected protocol {
         pump_in(p, policy);
       }
     } catch (const error& e) {
-      fail_group(static_cast<errc>(e.code().value()), e.what());
+      fail_group(static_cast<errc>(e.code().value()), e.reason());
     } catch (const std::bad_alloc&) {
       fail_group(errc::invalid_argument, "dtrain: out of memory holding a message that came before its receive");
     }
