@@ -26,13 +26,14 @@ from ps_throughput import commit, machine
 MIB = 1024.0 * 1024.0
 
 
-def run_example(build, ranks, precision, limit_train):
+def run_example(build, ranks, limit_train, *options):
+    """One epoch of examples/sharded_mlp under dtrain-run with no budget; its JSON summary."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "summary.json")
         cmd = [os.path.join(build, "tools", "dtrain-run"), "-n", str(ranks),
                os.path.join(build, "examples", "sharded_mlp"),
                "--epochs", "1", "--limit-train", str(limit_train), "--log-every", "0", "--budget-mib", "100000",
-               "--precision", precision, "--json", out]
+               "--json", out, *options]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if done.returncode != 0:
             sys.exit(f"{' '.join(cmd)} failed with status {done.returncode}:\n{done.stdout}")
@@ -54,7 +55,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for ranks in (int(r) for r in args.ranks.split(",")):
         for precision in ("fp32", "bf16"):
-            s = run_example(args.build, ranks, precision, args.limit_train)
+            s = run_example(args.build, ranks, args.limit_train, "--precision", precision)
             formula = 16.0 * s["parameters"] / ranks
             state = s["parameters_bytes"] + s["gradients_bytes"] + s["optimizer_state_bytes"]
             peak, rss = s["trainer_peak_bytes"], s["rss_growth_bytes"]

@@ -15,22 +15,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 
 from ps_throughput import commit, machine
-
-
-def dtrain_run(build, ranks, trainer, limit_train):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "summary.json")
-        cmd = [os.path.join(build, "tools", "dtrain-run"), "-n", str(ranks),
-               os.path.join(build, "examples", "sharded_mlp"), "--trainer", trainer, "--epochs", "1",
-               "--limit-train", str(limit_train), "--log-every", "0", "--budget-mib", "100000", "--json", out]
-        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        if done.returncode != 0:
-            sys.exit(f"{' '.join(cmd)} failed with status {done.returncode}:\n{done.stdout}")
-        with open(out) as f:
-            return json.load(f)
+from sharded_memory import run_example
 
 
 def fsdp_run(python, ranks, reshard, limit_train):
@@ -53,9 +40,8 @@ def main():
     ap.add_argument("--limit-train", type=int, default=8192)
     ap.add_argument("--torch-python", default="", help="a Python with torch 2 (FSDP2): adds FSDP's rows")
     args = ap.parse_args()
-    runs = [("zero3", lambda: dtrain_run(args.build, args.ranks, "zero3", args.limit_train)),
-            ("zero2", lambda: dtrain_run(args.build, args.ranks, "zero2", args.limit_train)),
-            ("allreduce", lambda: dtrain_run(args.build, args.ranks, "allreduce", args.limit_train))]
+    runs = [(trainer, lambda t=trainer: run_example(args.build, args.ranks, args.limit_train, "--trainer", t))
+            for trainer in ("zero3", "zero2", "allreduce")]
     if args.torch_python:
         runs += [("fsdp full_shard", lambda: fsdp_run(args.torch_python, args.ranks, 1, args.limit_train)),
                  ("fsdp shard_grad_op", lambda: fsdp_run(args.torch_python, args.ranks, 0, args.limit_train))]

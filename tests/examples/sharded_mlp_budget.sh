@@ -13,7 +13,10 @@ refused() {  # ranks budget
   if [ $code -ne 4 ]; then
     echo "FAIL: $3 rank(s), budget $4 MiB: exit status $code, not 4: $out"; exit 1
   fi
-  held=$(printf '%s\n' "$out" | sed -n 's/.*the trainer holds \([0-9.]*\) MiB on its fullest rank.*/\1/p' | head -n 1)
+  held=$(sed -n 's/.*the trainer holds \([0-9.]*\) MiB on its fullest rank.*/\1/p;T;q' <<EOF
+$out
+EOF
+)
   least=$(awk -v n="$params" -v p="$3" 'BEGIN { printf "%.1f", 16 * n / p / 1048576 }')
   if [ -z "$held" ] || ! awk -v h="$held" -v b="$4" -v l="$least" 'BEGIN { exit !(h > b && h >= l) }'; then
     echo "FAIL: $3 rank(s), budget $4 MiB: want a size above the budget and at least $least MiB in: $out"; exit 1

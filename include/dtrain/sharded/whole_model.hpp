@@ -83,17 +83,22 @@ class whole_model final : private unit_access<typename M::value_type> {
   std::span<value_type> gradients(std::size_t u, std::size_t k) override { return tensor(u, k, gradients_); }
   void forward_done(std::size_t) override {}
   void backward_done(std::size_t u) override {
-    (void)tensor(u, 0, gradients_);  // checks u
-    for (std::size_t i = first_[u]; i < first_[u + 1]; ++i) (*ready_)(i);
+    for (std::size_t i = index(u, 0); i < first_[u + 1]; ++i) (*ready_)(i);
   }
 
   std::span<value_type> tensor(std::size_t u, std::size_t k, std::vector<value_type>& all) {
-    if (u + 1 >= first_.size() || k >= first_[u + 1] - first_[u]) {
-      throw error(errc::invalid_argument, "whole_model: the model asked for unit " + std::to_string(u) + "'s tensor " +
-                                              std::to_string(k) + ", which it does not have");
-    }
-    const std::size_t i = first_[u] + k;
+    const std::size_t i = index(u, k);
+    if (i >= first_[u + 1]) missing(u, k);
     return std::span(all).subspan(offsets_[i], sizes_[i]);
+  }
+  // Tensor k of unit u's index; u must be a unit (k is the caller's to check).
+  std::size_t index(std::size_t u, std::size_t k) const {
+    if (u + 1 >= first_.size()) missing(u, k);
+    return first_[u] + k;
+  }
+  [[noreturn]] static void missing(std::size_t u, std::size_t k) {
+    throw error(errc::invalid_argument, "whole_model: the model asked for unit " + std::to_string(u) + "'s tensor " +
+                                            std::to_string(k) + ", which it does not have");
   }
 
   M* units_;
