@@ -167,6 +167,11 @@ foreach(mode sync local-sgd)
     set_tests_properties(allreduce_trainer_tcp_${mode}_${n} PROPERTIES TIMEOUT 300 LABELS tcp)
   endforeach()
 endforeach()
+# Mixed precision (a bfloat16 model, float master weights) across processes.
+foreach(n 2 3)
+  add_test(NAME allreduce_trainer_tcp_bf16_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:trainer_worker> bf16)
+  set_tests_properties(allreduce_trainer_tcp_bf16_${n} PROPERTIES TIMEOUT 300 LABELS tcp)
+endforeach()
 # A job resumed from a mid-epoch checkpoint ends bit-identical to the straight job (issue 16).
 add_test(NAME allreduce_trainer_tcp_resume_2 COMMAND $<TARGET_FILE:dtrain-run> -n 2 $<TARGET_FILE:trainer_worker> resume)
 set_tests_properties(allreduce_trainer_tcp_resume_2 PROPERTIES TIMEOUT 300 LABELS tcp)

@@ -6,6 +6,9 @@
 //   trainer_worker local-sgd   local SGD, tau = 4 after 3 synchronous steps
 //   trainer_worker resume      Adam, 30 steps straight; and 13 steps, a checkpoint per rank, a
 //                              fresh model and trainer that load it and finish: bit-identical
+//   trainer_worker bf16        a bfloat16 model, float master weights and Adam, averaged in float,
+//                              against the serial mixed-precision simulation (within bfloat16's
+//                              spacing)
 
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include "dtrain/transport/tcp.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/momentum.hpp"
+#include "../sharded/mixed_models.hpp"
 #include "linear_model.hpp"
 #include "simulation.hpp"
 
@@ -78,12 +82,42 @@ int resume() {
   return wrong[0] == 0 ? 0 : 1;
 }
 
+// Mixed precision: every rank's weights, gathered, against the simulation's master rounded to
+// bfloat16; the largest difference in units of bfloat16's relative spacing (1/128), <= 1 passes.
+int bf16() {
+  tuned<tcp_transport> comm(tcp_transport::from_environment());
+  const int rank = comm.rank(), ranks = comm.size();
+  auto data = data_of(rank);
+  mixed_linear_model<bfloat16> m(data, rank == 0 ? 0.25 : 1.0 + rank);  // the root's start must win
+  allreduce::trainer_options o;
+  o.first_bucket_bytes = 2 * 20;
+  o.bucket_bytes = 2 * 64;
+  constexpr int steps = 30;
+  allreduce::trainer tr(std::move(comm), adam<float>(1e-2), m, o);
+  run_steps(tr, 0, steps);
+  const auto mine = m.weights();
+  std::vector<double> all(mine.size() * static_cast<std::size_t>(ranks));
+  tr.with_collective([&](auto& c) { c.allgather(std::span<const double>(mine), std::span<double>(all)); });
+  const auto want = mixed_training<bfloat16>(ranks, steps, adam<float>(1e-2)).master;
+  double worst = mine.size() == want.size() ? 0 : 1e9;
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const double rounded = element_cast<double>(element_cast<bfloat16>(want[i % mine.size()]));
+    worst = std::max(worst, std::abs(all[i] - rounded) / (std::abs(rounded) / 128 + 1e-6));
+  }
+  if (rank == 0) {
+    std::printf("trainer bf16: %d ranks over TCP, %d steps: largest difference from the simulation %.3g of "
+                "bfloat16's spacing\n", ranks, steps, worst);
+  }
+  return worst <= 1 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "sync";
   try {
     if (mode == "resume") return resume();
+    if (mode == "bf16") return bf16();
     tuned<tcp_transport> comm(tcp_transport::from_environment());
     const int rank = comm.rank(), ranks = comm.size();
     auto data = data_of(rank);

@@ -20,6 +20,7 @@
 #include "../allreduce/linear_model.hpp"
 #include "../allreduce/simulation.hpp"
 #include "dtrain/concepts/model.hpp"
+#include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
 

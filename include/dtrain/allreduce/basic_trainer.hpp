@@ -23,6 +23,9 @@
 ///    with no communication and no update; the next `step` averages its gradient with the
 ///    accumulated ones, so k - 1 `accumulate`s and a `step` equal one step on the k batches.
 ///  - `find_unused_parameters` and `clip_grad_norm` as in PyTorch (trainer_options.hpp).
+///  - Mixed precision (a 16-bit model, `mixed_backend`): float master weights and state, gradients
+///    averaged in `options.reduce_in`'s precision, and with `options.scaling` a step whose
+///    gradients overflowed on any rank skipped on every rank.
 
 #include <chrono>
 #include <cmath>
@@ -46,6 +49,7 @@
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
+#include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::allreduce {
 
@@ -70,8 +74,10 @@ class basic_trainer {
         updater_(std::move(updater)),
         model_(model),
         options_(std::move(options)),
-        tracer_(options_.tracer != nullptr ? *options_.tracer : trace::recorder::global()) {
+        tracer_(options_.tracer != nullptr ? *options_.tracer : trace::recorder::global()),
+        scaler_(options_.scaling) {
     const std::vector<std::size_t> sizes = detail::tensor_sizes(model_, name());
+    if constexpr (Backend::mixed) backend_ = Backend(options_.reduce_in);
     if (options_.average_every == 0) options_.average_every = 1;
     if (options_.root < 0 || options_.root >= comm_.size()) {
       throw error(errc::invalid_argument, name() + ": root " + std::to_string(options_.root) +
@@ -86,6 +92,13 @@ class basic_trainer {
       throw error(errc::unsupported,
                   name() + ": top-k, find_unused_parameters and clip_grad_norm are host-only so far");
     }
+    if (Backend::mixed && (options_.average_every > 1 || options_.clip_grad_norm > 0)) {
+      throw error(errc::unsupported, name() + ": local SGD and clip_grad_norm of a 16-bit model are not built yet");
+    }
+    if (!Backend::mixed && scaler_.enabled()) {
+      throw error(errc::invalid_argument, name() + ": loss scaling is for 16-bit models");
+    }
+    dtrain::detail::check_loss_scaling<Model>(scaler_, name());
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     contiguous_ = detail::contiguous_buckets(plan_, model_);
     backend_.reserve(plan_);
@@ -120,12 +133,14 @@ class basic_trainer {
     if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(steps_));
     result.learning_rate = updater_.learning_rate();
     result.batches = accumulated_ + 1;
+    result.loss_scale = scaler_.scale();
+    dtrain::detail::set_loss_scale(model_, scaler_);
     const bool sync = !local_sgd_now();
 
     readiness_->reset();
     auto on_ready = [&](std::size_t tensor) {
       if (!readiness_->report(tensor)) return;
-      if constexpr (Backend::host_tensors) {
+      if constexpr (Backend::host_tensors && !Backend::mixed) {
         if (accumulated_ > 0) {  // this batch's gradient joins the accumulated ones: their mean
           backend_.fold_accumulated(model_.gradients(tensor), accumulation(tensor),
                                     1.0 / static_cast<double>(accumulated_ + 1));
@@ -159,19 +174,8 @@ class basic_trainer {
       }
       accumulated_ = 0;
       const auto t2 = clock::now();
-      if (options_.clip_grad_norm > 0) result.grad_norm = clip_gradients();
-      {
-        trace::scope s("update", "compute", tracer_);
-        for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
-          backend_.update(updater_, model_, i, plan_.parameter_offset(i), steps_ + 1);  // every tensor, every step
-        }
-      }
-      ++steps_;
-      if (!sync && (steps_ - options_.local_sgd_after) % options_.average_every == 0) {
-        trace::scope s("average parameters", "communication", tracer_);
-        average_parameters();
-        result.averaged_parameters = true;
-      }
+      if constexpr (Backend::mixed) result.skipped = !backend_.keep_step(comm_, scaler_);
+      if (!result.skipped) update(result, sync);
       stats_.add_step(t0, t1, t2, clock::now());
       stats_.comm_seconds = worker_->busy_seconds() + inline_seconds_;
       stats_.bytes_reduced = bytes_reduced_;
@@ -193,7 +197,7 @@ class basic_trainer {
   ///   `unsupported` on a backend without accumulation.
   double accumulate(const batch_type& batch) {
     if (broken_) throw error(errc::broken, name() + ": an earlier step failed; rebuild the trainer");
-    if constexpr (!Backend::host_tensors) {
+    if constexpr (!Backend::host_tensors || Backend::mixed) {
       throw error(errc::unsupported, name() + ": gradient accumulation is not implemented on this backend");
     } else {
       trace::scope s("forward+backward (accumulate)", "compute", tracer_);
@@ -232,10 +236,11 @@ class basic_trainer {
       if (accumulated_ > 0) {
         throw error(errc::invalid_argument, name() + ": save between steps, not between accumulate and step");
       }
-      std::vector<span> params;
-      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) params.push_back(model_.parameters(i));
-      save_allreduce_checkpoint<value_type>(path, identity(), {steps_, updater_.learning_rate(), at}, params,
-                                            std::span<const value_type>(updater_.state()));
+      std::vector<std::span<master_type>> params;
+      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) params.push_back(backend_.master(model_, i));
+      const checkpoint_state state{steps_, updater_.learning_rate(), at, scaler_.scale(), scaler_.good_steps()};
+      save_allreduce_checkpoint<master_type>(path, identity(), state, params,
+                                             std::span<const master_type>(updater_.state()));
     }
   }
 
@@ -249,11 +254,11 @@ class basic_trainer {
     if constexpr (!Backend::host_tensors) {
       throw error(errc::unsupported, name() + ": checkpoints are host-only so far");
     } else {
-      std::vector<value_type> params(plan_.elements()), state(updater_.state().size());
+      std::vector<master_type> params(plan_.elements()), state(updater_.state().size());
       checkpoint_state at;
       std::exception_ptr failure;
       try {
-        at = load_allreduce_checkpoint<value_type>(path, identity(), std::span(params), std::span(state));
+        at = load_allreduce_checkpoint<master_type>(path, identity(), std::span(params), std::span(state));
       } catch (const error&) {
         failure = std::current_exception();
       }
@@ -262,21 +267,17 @@ class basic_trainer {
       std::vector<std::int64_t> all;
       with_collective([&](Collective& c) { all = backend_.allgather_digests(c, std::span<const std::int64_t>(mine)); });
       if (failure) std::rethrow_exception(failure);
-      for (std::size_t r = 0; r < all.size() / 2; ++r) {
-        if (all[2 * r] == 0)
-          throw error(errc::bad_data, name() + ": rank " + std::to_string(r) + " could not load its checkpoint");
-        if (all[2 * r + 1] != all[1]) {
-          throw error(errc::bad_data, name() + ": rank " + std::to_string(r) + " loaded a checkpoint of step " +
-                                          std::to_string(all[2 * r + 1]) + ", rank 0 one of step " +
-                                          std::to_string(all[1]));
-        }
+      if (const std::string fault = detail::load_disagreement(all); !fault.empty()) {
+        throw error(errc::bad_data, name() + ": " + fault);
       }
       for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
-        auto from = std::span(params).subspan(plan_.parameter_offset(i), model_.parameters(i).size());
-        std::copy(from.begin(), from.end(), model_.parameters(i).begin());
+        auto from = std::span(params).subspan(plan_.parameter_offset(i), plan_.tensor_size(i));
+        std::copy(from.begin(), from.end(), backend_.master(model_, i).begin());
+        backend_.publish(model_, i);
       }
       std::copy(state.begin(), state.end(), updater_.state().begin());
       updater_.set_learning_rate(at.learning_rate);
+      scaler_.restore(at.loss_scale, at.good_steps);
       steps_ = at.steps;
       return at.position;
     }
@@ -302,6 +303,27 @@ class basic_trainer {
  private:
   enum class role { broadcast_parameters, average_gradients, average_parameters };
   using span = typename Backend::span;
+  using master_type = typename Backend::master_type;
+
+  // Every tensor's update (Adam's state moves even where a gradient is 0), and local SGD's averaging.
+  void update(step_result& result, bool sync) {
+    if constexpr (Backend::host_tensors && !Backend::mixed) {
+      const double max_norm = options_.clip_grad_norm;
+      if (max_norm > 0) result.grad_norm = backend_.clip(model_, plan_.tensor_count(), max_norm);
+    }
+    {
+      trace::scope s("update", "compute", tracer_);
+      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
+        backend_.update(updater_, model_, i, plan_.parameter_offset(i), steps_ + 1);
+      }
+    }
+    ++steps_;
+    if (!sync && (steps_ - options_.local_sgd_after) % options_.average_every == 0) {
+      trace::scope s("average parameters", "communication", tracer_);
+      average_parameters();
+      result.averaged_parameters = true;
+    }
+  }
 
   static std::string name() { return std::string(Backend::trainer_name); }
 
@@ -314,7 +336,7 @@ class basic_trainer {
   // What this rank's checkpoint must match.
   checkpoint_identity identity() const {
     checkpoint_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
-                           static_cast<std::uint32_t>(sizeof(value_type)), static_cast<std::uint32_t>(comm_.size()),
+                           static_cast<std::uint32_t>(sizeof(master_type)), static_cast<std::uint32_t>(comm_.size()),
                            static_cast<std::uint32_t>(comm_.rank()), true,
                            static_cast<std::uint64_t>(detail::digest_of(plan_, contiguous_, options_)[3]), {}};
     // During local SGD the replicas differ, except right after an averaging.
@@ -340,23 +362,6 @@ class basic_trainer {
     return span(accumulation_.data() + plan_.parameter_offset(i), model_.gradients(i).size());
   }
 
-  // Scales the gradients to `clip_grad_norm` if their global L2 norm exceeds it; @returns the
-  // norm before clipping.
-  double clip_gradients() {
-    if constexpr (!Backend::host_tensors) {
-      throw error(errc::unsupported, name() + ": gradient clipping is not implemented on this backend");
-    } else {
-      double squares = 0;
-      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) squares += backend_.squared_norm(model_.gradients(i));
-      const double norm = std::sqrt(squares);
-      const double factor = options_.clip_grad_norm / (norm + 1e-6);
-      if (factor < 1) {
-        for (std::size_t i = 0; i < plan_.tensor_count(); ++i) backend_.scale(model_.gradients(i), factor);
-      }
-      return norm;
-    }
-  }
-
   // Every rank gathers every rank's plan digest and option digest; all raise the same error.
   void check_plan_matches() {
     const auto mine = detail::digest_of(plan_, contiguous_, options_);
@@ -371,7 +376,7 @@ class basic_trainer {
   }
 
   void post_bucket(const bucket& b, role r) {
-    if (comm_.size() == 1) return;  // nothing to average: no hand-off to the other thread either
+    if (comm_.size() == 1 && !Backend::mixed) return;  // nothing to average: no hand-off either
     worker_->post([this, &b, r] {
       trace::scope s(r == role::average_gradients ? "allreduce gradients" : "average parameters", "communication",
                      tracer_);
@@ -385,6 +390,9 @@ class basic_trainer {
 
   // Runs on the communication thread (or the constructor's, or `step`'s once that one is idle).
   void run_bucket(const bucket& b, role r) {
+    if constexpr (Backend::mixed) {  // into the float gradient, whatever the world size
+      if (r == role::average_gradients) return backend_.average_gradients(comm_, b, model_);
+    }
     if (comm_.size() == 1) return;  // the average of one replica is itself
     const bool compress = compressing(r);
     if (r != role::broadcast_parameters) bytes_reduced_ += payload_bytes(b, compress);
@@ -449,6 +457,7 @@ class basic_trainer {
   trainer_options options_;
   trace::recorder& tracer_;
   Backend backend_;
+  loss_scaler scaler_;
   bucket_plan plan_;
   std::vector<bool> contiguous_;  // per bucket
   std::optional<detail::step_readiness> readiness_;  // refers to plan_

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/hash.hpp"
 
@@ -89,6 +90,26 @@ class bucket_plan {
   std::vector<bucket> buckets_;
   std::size_t elements_ = 0;
 };
+
+/// Copies bucket `b`'s tensors (`tensor(i)` views tensor i) into `flat`, packed in plan order,
+/// and zeroes the padding after them.
+template <class T, class Tensor>
+void pack(const bucket& b, Tensor&& tensor, std::span<T> flat) {
+  for (std::size_t k = 0; k < b.tensors.size(); ++k) {
+    const auto t = tensor(b.tensors[k]);
+    convert(t, flat.subspan(b.offsets[k], t.size()));
+  }
+  std::fill(flat.begin() + static_cast<std::ptrdiff_t>(b.elements), flat.end(), T(0));
+}
+
+/// Copies `flat` (bucket `b` packed, as `pack` leaves it) back into its tensors.
+template <class T, class Tensor>
+void unpack(const bucket& b, std::span<const T> flat, Tensor&& tensor) {
+  for (std::size_t k = 0; k < b.tensors.size(); ++k) {
+    auto t = tensor(b.tensors[k]);
+    convert(flat.subspan(b.offsets[k], t.size()), t);
+  }
+}
 
 namespace detail {
 

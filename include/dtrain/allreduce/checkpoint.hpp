@@ -9,8 +9,9 @@
 /// Format (little-endian, inside the "DTRNALLR" envelope with its FNV-1a-64 checksum): format
 /// (u32), value bytes (u32), updater name (string), state slots (u32), world size, rank (u32
 /// each), replicas identical (u8), options digest (u64), tensor count (u32) + sizes (u64),
-/// steps (u64), learning rate (f64), epoch and next sample (u64 each), the parameters of every
-/// tensor in order, then the updater's state.
+/// steps (u64), learning rate (f64), epoch and next sample (u64 each), loss scale (f64) and good
+/// steps (u64) (format 2; format 1 has neither, and loads with scale 1), the parameters of every
+/// tensor in order (a 16-bit model's float master copy), then the updater's state.
 
 #include <cstddef>
 #include <cstdint>
@@ -41,12 +42,14 @@ struct checkpoint_state {
   std::uint64_t steps = 0;
   double learning_rate = 0;
   data::sampler_position position;
+  double loss_scale = 1;          ///< the loss scaler's scale (format 2; 1 without loss scaling)
+  std::uint64_t good_steps = 0;   ///< and its good steps in a row
 };
 
 namespace detail {
 
 inline constexpr char allreduce_checkpoint_magic[8] = {'D', 'T', 'R', 'N', 'A', 'L', 'L', 'R'};
-inline constexpr std::uint32_t allreduce_checkpoint_format = 1;
+inline constexpr std::uint32_t allreduce_checkpoint_format = 2;
 
 // The first difference between the file and this rank, in words; empty if none.
 inline std::string difference(const checkpoint_identity& file, const checkpoint_identity& me) {
@@ -72,6 +75,19 @@ inline std::string difference(const checkpoint_identity& file, const checkpoint_
   return {};
 }
 
+/// Given every rank's (loaded: 0 or 1, step) pair after a collective load, "" if every rank
+/// loaded a checkpoint of rank 0's step, else what the first rank that did not did.
+inline std::string load_disagreement(std::span<const std::int64_t> all) {
+  for (std::size_t r = 0; r < all.size() / 2; ++r) {
+    if (all[2 * r] == 0) return "rank " + std::to_string(r) + " could not load its checkpoint";
+    if (all[2 * r + 1] != all[1]) {
+      return "rank " + std::to_string(r) + " loaded a checkpoint of step " + std::to_string(all[2 * r + 1]) +
+             ", rank 0 one of step " + std::to_string(all[1]);
+    }
+  }
+  return {};
+}
+
 }  // namespace detail
 
 /// Writes `parameters` (every tensor in order) and `state` (the updater's) to `path` atomically.
@@ -93,6 +109,8 @@ void save_allreduce_checkpoint(const std::string& path, const checkpoint_identit
   w.put(at.learning_rate);
   w.put(at.position.epoch);
   w.put(at.position.next);
+  w.put(at.loss_scale);
+  w.put(at.good_steps);
   for (const auto& p : parameters) {
     for (T v : p) w.put(v);
   }
@@ -112,8 +130,9 @@ checkpoint_state load_allreduce_checkpoint(const std::string& path, const checkp
   const auto body = dtrain::detail::read_checkpoint(path, detail::allreduce_checkpoint_magic, "allreduce checkpoint");
   auto bad = [&](const std::string& what) { return error(errc::bad_data, "checkpoint " + path + " " + what); };
   dtrain::detail::byte_reader r(body, "checkpoint " + path);
-  if (const auto f = r.get<std::uint32_t>(); f != detail::allreduce_checkpoint_format) {
-    throw bad("has format " + std::to_string(f) + "; this build reads format " +
+  const auto format = r.get<std::uint32_t>();
+  if (format != 1 && format != detail::allreduce_checkpoint_format) {
+    throw bad("has format " + std::to_string(format) + "; this build reads formats 1 and " +
               std::to_string(detail::allreduce_checkpoint_format));
   }
   checkpoint_identity file;
@@ -133,6 +152,10 @@ checkpoint_state load_allreduce_checkpoint(const std::string& path, const checkp
   at.learning_rate = r.get<double>();
   at.position.epoch = r.get<std::uint64_t>();
   at.position.next = r.get<std::uint64_t>();
+  if (format >= 2) {
+    at.loss_scale = r.get<double>();
+    at.good_steps = r.get<std::uint64_t>();
+  }
   if (r.remaining() != (parameters.size() + state.size()) * sizeof(T)) {
     throw bad("is truncated or holds more than its header says");
   }

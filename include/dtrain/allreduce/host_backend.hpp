@@ -17,11 +17,14 @@
 ///    `allreduce_topk(comm, flat, bucket, k)`.
 
 #include <algorithm>
+#include <concepts>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "dtrain/allreduce/bucket_plan.hpp"
@@ -40,6 +43,9 @@ class host_backend {
   using span = std::span<value_type>;
   template <class Updater>
   using updater_for = Updater;
+  /// The updater steps the model's own parameters (mixed_backend.hpp keeps a float copy).
+  static constexpr bool mixed = false;
+  using master_type = value_type;
 
   static constexpr std::string_view trainer_name = "allreduce::trainer";
   /// Gradients may travel as float16 or bfloat16 (when the collective has those types).
@@ -70,13 +76,20 @@ class host_backend {
       sum[i] = value_type(0);
     }
   }
-  double squared_norm(span g) const noexcept {
-    double s = 0;
-    for (value_type x : g) s += static_cast<double>(x) * static_cast<double>(x);
-    return s;
-  }
-  void scale(span g, double factor) noexcept {
-    for (value_type& x : g) x = static_cast<value_type>(x * factor);
+  /// Scales the first `tensors` gradients to `max_norm` if their global L2 norm exceeds it
+  /// (PyTorch's `clip_grad_norm_`); @returns the norm before clipping.
+  double clip(Model& model, std::size_t tensors, double max_norm) {
+    double squares = 0;
+    for (std::size_t i = 0; i < tensors; ++i) {
+      for (value_type x : model.gradients(i)) squares += static_cast<double>(x) * static_cast<double>(x);
+    }
+    const double norm = std::sqrt(squares);
+    const double factor = max_norm / (norm + 1e-6);
+    if (factor >= 1) return norm;
+    for (std::size_t i = 0; i < tensors; ++i) {
+      for (value_type& x : model.gradients(i)) x = static_cast<value_type>(x * factor);
+    }
+    return norm;
   }
 
   template <class Collective>
@@ -98,6 +111,10 @@ class host_backend {
     info.step = step;
     updater.step(model.parameters(tensor), std::span<const value_type>(model.gradients(tensor)), offset, info);
   }
+
+  /// The parameters a checkpoint saves and restores: the model's own.
+  span master(Model& model, std::size_t i) { return model.parameters(i); }
+  void publish(Model&, std::size_t) noexcept {}
 
   /// Averages `flat` (bucket `bucket`'s gradients) across ranks from each rank's `k` largest
   /// entries after error feedback: the pairs are allgathered, summed in rank order (the same
@@ -138,7 +155,15 @@ class host_backend {
  private:
   std::vector<value_type> scratch_;
   std::tuple<std::vector<float16>, std::vector<bfloat16>> scratch16_;
-  std::vector<topk_compressor<value_type>> topk_;  // per bucket: its residual
+  struct no_topk {};  // a 16-bit model's (mixed_backend) gradients are not sparsified
+  static auto topk_type() {
+    if constexpr (std::floating_point<value_type>) {
+      return std::type_identity<topk_compressor<value_type>>{};
+    } else {
+      return std::type_identity<no_topk>{};
+    }
+  }
+  std::vector<typename decltype(topk_type())::type> topk_;  // per bucket: its residual
   std::vector<std::int32_t> topk_indices_;          // this rank's k, then every rank's
   std::vector<value_type> topk_values_;
 };

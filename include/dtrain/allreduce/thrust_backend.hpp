@@ -54,6 +54,8 @@ class thrust_backend {
   using span = thrust_buffer<value_type>;
   template <class Updater>
   using updater_for = device_updater<Updater>;
+  static constexpr bool mixed = false;  // a 16-bit device model: not yet
+  using master_type = value_type;
 
   static constexpr std::string_view trainer_name = "allreduce::device_trainer";
   static constexpr bool compresses = true;

@@ -17,6 +17,7 @@
 
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/core/trace.hpp"
+#include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::allreduce {
 
@@ -54,6 +55,11 @@ struct trainer_options {
   /// `clip_grad_norm_`: scale by max_norm / (norm + 1e-6) when that is below 1); 0 is off. The
   /// replicas hold the same averaged gradient, so the norm needs no communication.
   double clip_grad_norm = 0;
+  /// A 16-bit model (mixed precision, mixed_backend.hpp): the precision its gradients are
+  /// averaged in. A `float` or `double` model averages in its own type either way.
+  reduce_precision reduce_in = reduce_precision::master;
+  /// A 16-bit model: dynamic loss scaling (for float16); the model must have `set_loss_scale`.
+  loss_scaling scaling;
   /// Where the timeline goes; null: `trace::recorder::global()` (enabled by DTRAIN_TRACE).
   trace::recorder* tracer = nullptr;
 };
@@ -65,6 +71,8 @@ struct step_result {
   bool averaged_parameters = false;  ///< local SGD averaged the parameters after this step
   double grad_norm = 0;              ///< the gradient's L2 norm before clipping (when clipping)
   std::size_t batches = 1;           ///< batches the update averaged: 1 + those `accumulate`d
+  double loss_scale = 1;             ///< the factor the step's loss was scaled by (1 without loss scaling)
+  bool skipped = false;              ///< a gradient was inf or NaN on some rank: no parameter changed
 };
 
 /// Where a trainer's time went, summed over its steps (seconds), for reports and benchmarks.
@@ -93,20 +101,27 @@ struct trainer_stats {
 namespace detail {
 
 /// What ranks compare at start-up: the plan's digest, its size, and a digest of what changes
-/// the traffic: compression, local SGD, and which buckets are contiguous (those reduce in memory
+/// the traffic: compression, local SGD, mixed precision, and which buckets are contiguous (those reduce in memory
 /// order, the others in plan order). Equal on every rank, or the job is misbuilt.
 using plan_digest = std::array<std::int64_t, 4>;
 
 inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& contiguous, const trainer_options& o) {
   std::uint64_t contiguity = 0;
   for (bool c : contiguous) contiguity = contiguity * 3 + (c ? 1 : 2);
-  const std::uint64_t options = (static_cast<std::uint64_t>(o.compress) ^ (contiguity << 2)) |
+  const std::uint64_t traffic = (static_cast<std::uint64_t>(o.compress) ^ (contiguity << 2)) |
                                 (static_cast<std::uint64_t>(o.average_every) << 8) |
                                 (static_cast<std::uint64_t>(o.local_sgd_after) << 32);
+  const std::uint64_t options = traffic ^ (static_cast<std::uint64_t>(o.reduce_in) << 62) ^
+                                (static_cast<std::uint64_t>(o.scaling.enabled) << 63);
   const std::uint64_t density = o.compress == compression::topk ? std::bit_cast<std::uint64_t>(o.topk_density) : 0;
+  const loss_scaling& s = o.scaling;  // every rank must scale alike, or the average mixes scales
+  const std::uint64_t scaling = s.enabled ? (std::bit_cast<std::uint64_t>(s.initial_scale) * 0xff51afd7ed558ccdull) ^
+                                                std::bit_cast<std::uint64_t>(s.growth_factor * s.backoff_factor) ^
+                                                (s.growth_interval * 0xc4ceb9fe1a85ec53ull)
+                                          : 0;
   return {static_cast<std::int64_t>(plan.fingerprint()), static_cast<std::int64_t>(plan.tensor_count()),
           static_cast<std::int64_t>(plan.elements()),
-          static_cast<std::int64_t>(options ^ (density * 0x9e3779b97f4a7c15ull))};
+          static_cast<std::int64_t>(options ^ (density * 0x9e3779b97f4a7c15ull) ^ scaling)};
 }
 
 /// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the

@@ -10,7 +10,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <string_view>
 #include <type_traits>
 
@@ -182,6 +184,12 @@ DTRAIN_HOST_DEVICE constexpr To element_cast(From v) noexcept {
   } else {
     return static_cast<To>(static_cast<compute_type_t<From>>(v));
   }
+}
+
+/// Copies `from` into `to` (as long), converting each element (`element_cast`).
+template <class From, class To>
+void convert(std::span<From> from, std::span<To> to) {
+  std::transform(from.begin(), from.end(), to.begin(), [](From v) { return element_cast<std::remove_cv_t<To>>(v); });
 }
 
 /// Whether collectives may reduce `T`: every element type except raw bytes.

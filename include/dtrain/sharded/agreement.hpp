@@ -56,22 +56,14 @@ void all_succeeded(Collective& comm, std::exception_ptr failure, errc code, cons
   }
 }
 
-/// The end of a loss-scaled step's reductions: every rank of `comm` and of `replicas` learns
-/// whether any rank's `slice` of the averaged gradient holds an inf or a NaN, and `scaler`
-/// takes that verdict. A good step's slice is then unscaled (divided by the step's scale).
-/// @returns whether to apply the update; always true when scaling is off (nothing is sent).
-/// Collective.
+/// `dtrain::keep_step` (updater/loss_scaler.hpp) over `comm` and, under hybrid sharding, `replicas`.
 template <class Collective, class Replicas, class T>
 bool keep_step(Collective& comm, Replicas& replicas, loss_scaler& scaler, std::span<T> slice) {
-  if (!scaler.enabled()) return true;
-  std::int64_t overflow = all_finite<T>(slice) ? 0 : 1;
-  const std::span<std::int64_t> flag(&overflow, 1);
-  comm.allreduce(flag, reduce_op::max);
-  if constexpr (detail::has_replicas<Replicas>) replicas.allreduce(flag, reduce_op::max);
-  const T inverse = static_cast<T>(1.0 / scaler.scale());
-  if (!scaler.update(overflow == 0)) return false;
-  for (T& g : slice) g *= inverse;
-  return true;
+  if constexpr (detail::has_replicas<Replicas>) {
+    return dtrain::keep_step(scaler, slice, comm, replicas);
+  } else {
+    return dtrain::keep_step(scaler, slice, comm);
+  }
 }
 
 }  // namespace dtrain::sharded

@@ -66,30 +66,7 @@ class shard_layout {
   std::size_t largest_padded_ = 0;
 };
 
-/// Copies `from` into `to` (as long), converting each element (`element_cast`).
-template <class From, class To>
-void convert(std::span<From> from, std::span<To> to) {
-  std::transform(from.begin(), from.end(), to.begin(), [](From v) { return element_cast<std::remove_cv_t<To>>(v); });
-}
-
-/// Copies bucket `b`'s tensors (`tensor(i)` views tensor i) into `flat`, packed in plan order,
-/// and zeroes the padding after them.
-template <class T, class Tensor>
-void pack(const bucket& b, Tensor&& tensor, std::span<T> flat) {
-  for (std::size_t k = 0; k < b.tensors.size(); ++k) {
-    const auto t = tensor(b.tensors[k]);
-    convert(t, flat.subspan(b.offsets[k], t.size()));
-  }
-  std::fill(flat.begin() + static_cast<std::ptrdiff_t>(b.elements), flat.end(), T(0));
-}
-
-/// Copies `flat` (bucket `b` packed, as `pack` leaves it) back into its tensors.
-template <class T, class Tensor>
-void unpack(const bucket& b, std::span<const T> flat, Tensor&& tensor) {
-  for (std::size_t k = 0; k < b.tensors.size(); ++k) {
-    auto t = tensor(b.tensors[k]);
-    convert(flat.subspan(b.offsets[k], t.size()), t);
-  }
-}
+using allreduce::pack;
+using allreduce::unpack;
 
 }  // namespace dtrain::sharded

@@ -38,12 +38,7 @@ struct zero3 {
 template <class S>
 concept sharding_stage = std::same_as<S, zero1> || std::same_as<S, zero2> || std::same_as<S, zero3>;
 
-/// The precision a 16-bit model's gradients are averaged in (FSDP's `reduce_dtype`). A model of
-/// `float` or `double` averages in its own type either way.
-enum class reduce_precision : std::uint8_t {
-  master,  ///< the master parameters' (`float`): each rank's 16-bit gradient summed exactly
-  model,   ///< the model's own 16-bit type: half the bytes on the wire; every reduction step rounds
-};
+using dtrain::reduce_precision;
 
 struct trainer_options {
   std::size_t first_bucket_bytes = std::size_t{1} << 20;  ///< stages 1, 2: as DDP's, so overlap starts early
@@ -95,28 +90,6 @@ class trainer;
 namespace detail {
 template <class Replicas>
 inline constexpr bool has_replicas = !std::same_as<Replicas, no_replicas>;
-
-/// Whether `Model` has the optional `set_loss_scale(double)` (concepts/model.hpp).
-template <class Model>
-inline constexpr bool scales_loss = requires(Model& m) { m.set_loss_scale(1.0); };
-
-/// Tells `model` the scale of the coming step's loss, when scaling is on.
-template <class Model>
-void set_loss_scale(Model& model, const loss_scaler& scaler) {
-  if constexpr (scales_loss<Model>) {
-    if (scaler.enabled()) model.set_loss_scale(scaler.scale());
-  }
-}
-
-/// @throws dtrain::error `invalid_argument` if scaling is on and `Model` cannot scale its loss.
-template <class Model>
-void check_loss_scaling(const loss_scaler& scaler, const std::string& who) {
-  if constexpr (!scales_loss<Model>) {
-    if (scaler.enabled()) {
-      throw error(errc::invalid_argument, who + ": loss scaling is on, and the model has no set_loss_scale(double)");
-    }
-  }
-}
 }  // namespace detail
 
 }  // namespace dtrain::sharded

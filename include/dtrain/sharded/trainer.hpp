@@ -97,7 +97,7 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
       throw error(errc::invalid_argument, name() + ": root " + std::to_string(options_.root) +
                                               " is not a rank of this group of " + std::to_string(comm_.size()));
     }
-    detail::check_loss_scaling<Model>(scaler_, name());
+    dtrain::detail::check_loss_scaling<Model>(scaler_, name());
     const std::vector<std::size_t> sizes = allreduce::detail::tensor_sizes(model_, name());
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     layout_ = shard_layout(plan_, comm_.size());
@@ -132,7 +132,7 @@ class trainer<Stage, Collective, Updater, Model, Replicas> {
     if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(steps_));
     result.learning_rate = updater_.learning_rate();
     result.loss_scale = scaler_.scale();
-    detail::set_loss_scale(model_, scaler_);
+    dtrain::detail::set_loss_scale(model_, scaler_);
     readiness_->reset();
     auto on_ready = [&](std::size_t tensor) {
       if (!readiness_->report(tensor)) return;

@@ -81,7 +81,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
                                               std::to_string(comm_.size()) + " ranks, limit_all_gathers " +
                                               std::to_string(options_.limit_all_gathers) + ": both must be in range");
     }
-    detail::check_loss_scaling<Model>(scaler_, name());
+    dtrain::detail::check_loss_scaling<Model>(scaler_, name());
     std::vector<std::size_t> lengths;
     units_.resize(model_.unit_count());
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -119,7 +119,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     if (options_.learning_rate) updater_.set_learning_rate(options_.learning_rate(steps_));
     result.learning_rate = updater_.learning_rate();
     result.loss_scale = scaler_.scale();
-    detail::set_loss_scale(model_, scaler_);
+    dtrain::detail::set_loss_scale(model_, scaler_);
     for (unit& x : units_) x.forwarded = x.backwarded = false;
     forwarded_ = 0;
     misuse_.clear();

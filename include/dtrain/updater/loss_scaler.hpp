@@ -15,8 +15,16 @@
 #include <string>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/reduce_op.hpp"
 
 namespace dtrain {
+
+/// The precision a 16-bit model's gradients are averaged in (FSDP's `reduce_dtype`). A model of
+/// `float` or `double` averages in its own type either way.
+enum class reduce_precision : std::uint8_t {
+  master,  ///< the master parameters' (`float`): each rank's 16-bit gradient summed exactly
+  model,   ///< the model's own 16-bit type: half the bytes on the wire; every reduction step rounds
+};
 
 /// How a trainer scales the loss. Off by default; the defaults are `GradScaler`'s.
 struct loss_scaling {
@@ -92,5 +100,46 @@ bool all_finite(std::span<const T> values) noexcept {
   }
   return true;
 }
+
+/// The end of a loss-scaled step's reductions: every rank of each of `groups` learns whether any
+/// rank's `gradient` (its part of the averaged gradient) holds an inf or a NaN, and `scaler`
+/// takes that verdict. A good step's `gradient` is then unscaled (divided by the step's scale).
+/// @returns whether to apply the update; always true when scaling is off (nothing is sent).
+/// Collective over every group.
+template <class T, class... Groups>
+bool keep_step(loss_scaler& scaler, std::span<T> gradient, Groups&... groups) {
+  if (!scaler.enabled()) return true;
+  std::int64_t overflow = all_finite<T>(gradient) ? 0 : 1;
+  const std::span<std::int64_t> flag(&overflow, 1);
+  (groups.allreduce(flag, reduce_op::max), ...);
+  const T inverse = static_cast<T>(1.0 / scaler.scale());
+  if (!scaler.update(overflow == 0)) return false;
+  for (T& g : gradient) g *= inverse;
+  return true;
+}
+
+namespace detail {
+/// Whether `Model` has the optional `set_loss_scale(double)` (concepts/model.hpp).
+template <class Model>
+inline constexpr bool scales_loss = requires(Model& m) { m.set_loss_scale(1.0); };
+
+/// Tells `model` the scale of the coming step's loss, when scaling is on.
+template <class Model>
+void set_loss_scale(Model& model, const loss_scaler& scaler) {
+  if constexpr (scales_loss<Model>) {
+    if (scaler.enabled()) model.set_loss_scale(scaler.scale());
+  }
+}
+
+/// @throws dtrain::error `invalid_argument` if scaling is on and `Model` cannot scale its loss.
+template <class Model>
+void check_loss_scaling(const loss_scaler& scaler, const std::string& who) {
+  if constexpr (!scales_loss<Model>) {
+    if (scaler.enabled()) {
+      throw error(errc::invalid_argument, who + ": loss scaling is on, and the model has no set_loss_scale(double)");
+    }
+  }
+}
+}  // namespace detail
 
 }  // namespace dtrain

@@ -1,0 +1,270 @@
+// Mixed precision in the allreduce trainer: 16-bit models with float master weights and state
+// (mixed_backend.hpp), against the serial mixed-precision simulation (../sharded/mixed_models.hpp)
+// and fp64 training; dynamic loss scaling skipping exactly the steps whose gradients overflowed,
+// injected and real, on every rank; the master copy and the scaler through a checkpoint; misuse.
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../catch.hpp"
+#include "../sharded/mixed_models.hpp"
+#include "../sharded/references.hpp"
+#include "../support/files.hpp"
+#include "dtrain/allreduce/trainer.hpp"
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/transport/inproc.hpp"
+#include "dtrain/updater/adam.hpp"
+#include "dtrain/updater/momentum.hpp"
+#include "linear_model.hpp"
+#include "simulation.hpp"
+
+using namespace dtrain;
+using namespace dtrain::testing;
+using comm_t = ring<inproc_transport>;
+
+namespace {
+
+// Several buckets (of 2-byte values: 20 and 64 elements).
+allreduce::trainer_options small_buckets16() {
+  allreduce::trainer_options o;
+  o.first_bucket_bytes = 2 * 20;
+  o.bucket_bytes = 2 * 64;
+  return o;
+}
+
+// The spacing of T's values relative to their size: a float that rounds to T moves by at most this.
+template <class T>
+constexpr double spacing() {
+  return std::same_as<T, bfloat16> ? 1.0 / 128 : 1.0 / 1024;
+}
+
+// What one rank saw: its weights after the run, and each step's verdict and scale.
+struct rank_run {
+  std::vector<double> weights;
+  std::vector<bool> skipped;
+  std::vector<double> scales;
+  int skipped_changed = 0;  // skipped steps after which the weights, the state or steps() had changed
+  std::size_t updates = 0;  // the trainer's steps() at the end
+  std::vector<double> scales_seen;  // what the model was told by set_loss_scale, step by step
+};
+
+struct run_spec {
+  int p = 3, steps = 12, first_step = 0;
+  std::function<bool(int step, int rank)> overflow;  // an inf (or -inf) in rank r's gradient at step k
+  std::string load, save;
+};
+
+// `spec.p` ranks train a mixed_linear_model<T> from `spec.first_step` (loading first, saving
+// after, when asked).
+template <class T, class Updater>
+std::vector<rank_run> train(const run_spec& spec, Updater updater, allreduce::trainer_options options) {
+  std::vector<rank_run> out(static_cast<std::size_t>(spec.p));
+  run_inproc(spec.p, [&](int r, inproc_transport t) {
+    rank_run& mine = out[static_cast<std::size_t>(r)];
+    const auto data = data_of(r);
+    mixed_linear_model<T> m(data, r == 0 ? 0.25 : 1.0 + r);  // the broadcast must undo r's start
+    m.overflow = [&](std::size_t pass) {
+      return spec.overflow && spec.overflow(spec.first_step + static_cast<int>(pass), r);
+    };
+    m.overflow_at = r == 0 ? 129 : r == 1 ? 0 : 64;  // each rank its own tensor and sign: a NaN average
+    m.overflow_value = r % 2 ? -INFINITY : INFINITY;
+    m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
+    allreduce::trainer tr(comm_t(std::move(t)), updater, m, options);
+    if (!spec.load.empty()) tr.load(spec.load);
+    for (int k = spec.first_step; k < spec.first_step + spec.steps; ++k) {
+      const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+      const std::vector<double> before = m.weights();
+      const std::vector<float> state(tr.updater().state().begin(), tr.updater().state().end());
+      const std::size_t updates = tr.steps();
+      const allreduce::step_result res = tr.step({begin, begin + batch});
+      mine.skipped.push_back(res.skipped);
+      mine.scales.push_back(res.loss_scale);
+      const bool same_state = std::equal(state.begin(), state.end(), tr.updater().state().begin());
+      if (res.skipped && (m.weights() != before || !same_state || tr.steps() != updates)) ++mine.skipped_changed;
+    }
+    mine.updates = tr.steps();
+    mine.weights = m.weights();
+    if (!spec.save.empty() && r == 0) tr.save(spec.save);  // synchronous: rank 0's file is every rank's
+  });
+  return out;
+}
+
+// Every rank's weights are rank 0's, bit for bit, and within T's rounding of the simulation's master.
+template <class T, class M>
+void require_matches(const std::vector<rank_run>& got, const mixed_run<M>& want) {
+  for (const rank_run& r : got) REQUIRE(r.weights == got[0].weights);
+  REQUIRE(got[0].weights.size() == want.master.size());
+  for (std::size_t j = 0; j < want.master.size(); ++j) {
+    INFO("weight " << j);
+    const double rounded = element_cast<double>(element_cast<T>(want.master[j]));
+    REQUIRE(got[0].weights[j] == Approx(rounded).epsilon(spacing<T>()).margin(1e-6));
+  }
+}
+
+double distance(const std::vector<double>& got, const std::vector<double>& want) {
+  double d = 0, n = 0;
+  for (std::size_t j = 0; j < want.size(); ++j) d += (got[j] - want[j]) * (got[j] - want[j]), n += want[j] * want[j];
+  return std::sqrt(d / n);
+}
+
+}  // namespace
+
+TEST_CASE("allreduce: a 16-bit model with float master weights and state equals the serial mixed simulation",
+          "[allreduce][mixed]") {
+  for (const int p : {1, 3, 4}) {
+    INFO("P = " << p);
+    run_spec spec;
+    spec.p = p;
+    spec.steps = 30;
+    require_matches<bfloat16>(train<bfloat16>(spec, adam<float>(1e-2), small_buckets16()),
+                              mixed_training<bfloat16>(p, 30, adam<float>(1e-2)));
+    require_matches<float16>(train<float16>(spec, adam<float>(1e-2), small_buckets16()),
+                             mixed_training<float16>(p, 30, adam<float>(1e-2)));
+  }
+  // Adam's steps of 5e-4 are below half of bfloat16's spacing at 0.25 (2^-9): a master kept in
+  // 16 bits would round every update away and never move.
+  run_spec spec;
+  spec.steps = 30;
+  const auto slow = train<bfloat16>(spec, adam<float>(5e-4), small_buckets16());
+  CHECK(std::count(slow[0].weights.begin(), slow[0].weights.end(), 0.25) < 10);
+}
+
+TEST_CASE("allreduce: mixed precision stays within a stated bound of fp64 training, reducing in either precision",
+          "[allreduce][mixed]") {
+  // The sharded trainers' bounds (docs/sharded.md: measured bf16 1.6-1.8e-3, float16 1.9-2.1e-4).
+  const std::vector<double> exact = serial_training(3, 40, adam<double>(1e-2));
+  run_spec spec;
+  spec.steps = 40;
+  for (const auto precision : {reduce_precision::master, reduce_precision::model}) {
+    INFO("reduce in " << (precision == reduce_precision::master ? "master" : "model"));
+    allreduce::trainer_options o = small_buckets16();
+    o.reduce_in = precision;
+    const double bf = distance(train<bfloat16>(spec, adam<float>(1e-2), o)[0].weights, exact);
+    const double fp = distance(train<float16>(spec, adam<float>(1e-2), o)[0].weights, exact);
+    CHECK(bf < 5e-3);
+    CHECK(fp < 6e-4);
+    CHECK(fp < bf);
+  }
+  allreduce::trainer_options in_model = small_buckets16();  // the two round differently: reduce_in reaches the wire
+  in_model.reduce_in = reduce_precision::model;
+  CHECK(train<bfloat16>(spec, adam<float>(1e-2), small_buckets16())[0].weights !=
+        train<bfloat16>(spec, adam<float>(1e-2), in_model)[0].weights);
+}
+
+TEST_CASE("allreduce: loss scaling skips exactly the steps whose gradients overflowed, on every rank",
+          "[allreduce][mixed]") {
+  allreduce::trainer_options o = small_buckets16();
+  o.scaling = {true, 1024.0, 2.0, 0.5, 3};
+  run_spec spec;
+  // Rank 0 alone at step 2; ranks 1 and 2 at step 5, -inf and inf (a NaN average). Momentum,
+  // unlike Adam, moves by the gradient's size: a step left scaled shows.
+  spec.overflow = [](int k, int r) { return (k == 2 && r == 0) || (k == 5 && r > 0); };
+  const auto got = train<float16>(spec, momentum<float>(1e-2), o);
+  const auto want = mixed_training<float16>(3, 12, momentum<float>(1e-2), o.scaling, spec.overflow);
+  const std::vector<bool> expected{false, false, true, false, false, true, false, false, false, false, false, false};
+  const std::vector<double> scales{1024, 1024, 1024, 512, 512, 512, 256, 256, 256, 512, 512, 512};
+  REQUIRE(want.skipped == expected);
+  REQUIRE(want.scales == scales);
+  for (const rank_run& r : got) {
+    CHECK(r.skipped == expected);
+    CHECK(r.scales == scales);
+    CHECK(r.skipped_changed == 0);
+    CHECK(r.updates == 10);
+    CHECK(r.scales_seen == scales);
+  }
+  require_matches<float16>(got, want);
+}
+
+TEST_CASE("allreduce: float16 gradients that really overflow are skipped until the scale is small enough",
+          "[allreduce][mixed]") {
+  allreduce::trainer_options o = small_buckets16();
+  o.scaling = {true, 1048576.0, 2.0, 0.5, 1000};  // 2^20: gradients of ~1 overflow float16's 65504
+  run_spec spec;
+  spec.steps = 20;
+  const auto want = mixed_training<float16>(3, 20, adam<float>(1e-2), o.scaling);
+  const auto skips = std::count(want.skipped.begin(), want.skipped.end(), true);
+  REQUIRE(skips >= 3);
+  REQUIRE(skips <= 16);
+  const auto got = train<float16>(spec, adam<float>(1e-2), o);
+  for (const rank_run& r : got) CHECK(r.skipped == want.skipped);
+  require_matches<float16>(got, want);
+}
+
+TEST_CASE("allreduce: the master weights, the loss scale and its count come back from a checkpoint, bit for bit",
+          "[allreduce][mixed]") {
+  temp_dir dir;
+  allreduce::trainer_options o = small_buckets16();
+  o.scaling = {true, 1024.0, 2.0, 0.5, 3};
+  run_spec whole;
+  whole.steps = 10;
+  whole.overflow = [](int k, int r) { return k == 3 && r == 0; };  // at the save: scale 512, 1 good step
+  // Adam's steps of 5e-4 round away in bfloat16 alone: resuming from the rounded weights, not the
+  // float master, would go on from another point.
+  const auto straight = train<bfloat16>(whole, adam<float>(5e-4), o);
+  run_spec first = whole, second = whole;
+  first.steps = 5;
+  first.save = dir.path + "/rank0";
+  second.first_step = 5;
+  second.steps = 5;
+  second.load = first.save;
+  train<bfloat16>(first, adam<float>(5e-4), o);
+  const auto resumed = train<bfloat16>(second, adam<float>(5e-4), o);
+  for (std::size_t r = 0; r < straight.size(); ++r) {
+    CHECK(resumed[r].weights == straight[r].weights);
+    CHECK(resumed[r].scales == std::vector<double>(straight[r].scales.begin() + 5, straight[r].scales.end()));
+  }
+}
+
+TEST_CASE("allreduce: mixed precision refuses what it does not do, on every rank, naming it", "[allreduce][mixed]") {
+  auto errors_of = [](auto&& build) {
+    std::vector<std::string> errors(2);
+    run_inproc(2, [&](int r, inproc_transport t) {
+      try {
+        build(r, comm_t(std::move(t)));
+      } catch (const error& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+    return errors;
+  };
+  auto mixed = [](allreduce::trainer_options o) {
+    return [o](int r, comm_t c) {
+      const auto data = data_of(r);
+      mixed_linear_model<bfloat16> m(data, 0.25);
+      allreduce::trainer tr(std::move(c), adam<float>(), m, o);
+      tr.accumulate({0, batch});
+    };
+  };
+  allreduce::trainer_options local_sgd, compressed, in_model;
+  local_sgd.average_every = 4;
+  compressed.compress = allreduce::compression::bf16;
+  for (const std::string& e : errors_of(mixed(local_sgd))) CHECK(e.find("local SGD") != std::string::npos);
+  for (const std::string& e : errors_of(mixed(compressed))) {
+    CHECK(e.find("compression is for float") != std::string::npos);
+  }
+  for (const std::string& e : errors_of(mixed({}))) CHECK(e.find("gradient accumulation") != std::string::npos);
+  // Ranks that average in different precisions would mix the two: refused at construction.
+  const auto disagree = errors_of([](int r, comm_t c) {
+    allreduce::trainer_options o;
+    o.reduce_in = r == 0 ? reduce_precision::master : reduce_precision::model;
+    const auto data = data_of(r);
+    mixed_linear_model<bfloat16> m(data, 0.25);
+    allreduce::trainer tr(std::move(c), adam<float>(), m, o);
+  });
+  for (const std::string& e : disagree) {
+    CHECK(e.find("ranks disagree on the model or trainer options") != std::string::npos);
+  }
+  const auto float_model = errors_of([](int r, comm_t c) {
+    allreduce::trainer_options o;
+    o.scaling.enabled = true;
+    const auto data = data_of(r);
+    linear_model m(tensor_sizes, data, 0.25);
+    allreduce::trainer tr(std::move(c), adam<double>(), m, o);
+  });
+  for (const std::string& e : float_model) CHECK(e.find("loss scaling is for 16-bit models") != std::string::npos);
+}
