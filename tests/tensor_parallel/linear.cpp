@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <mutex>
 #include <span>
 #include <string>
@@ -85,6 +86,7 @@ struct counting {
     ++allreduces;
     c.allreduce(v, op);
   }
+  void allgather(std::span<const std::int64_t> mine, std::span<std::int64_t> all) { c.allgather(mine, all); }
 };
 
 bool near(double got, double want) { return std::abs(got - want) <= 1e-12 * std::max(1.0, std::abs(want)); }
@@ -177,4 +179,33 @@ TEST_CASE("tensor parallel: slices cover the features once, the first ranks one 
     }
   });
   CHECK(refused);
+}
+
+TEST_CASE("tensor parallel: ranks that build layers of different shapes are refused at construction, on every rank",
+          "[tensor_parallel]") {
+  // Rank 1 is given a hidden size of 14 where the others have 12: no allreduce's length depends
+  // on it, so without the check the block would train on, wrong.
+  for (const bool column : {true, false}) {
+    std::vector<std::string> errors(3);
+    run_inproc(3, [&](int r, inproc_transport t) {
+      communicator<inproc_transport> comm(std::move(t));
+      const std::size_t hidden = r == 1 ? 14 : 12;
+      try {
+        if (column) {
+          tp::column_parallel_linear<double, communicator<inproc_transport>> fc(comm, 4, hidden);
+        } else {
+          tp::row_parallel_linear<double, communicator<inproc_transport>> fc(comm, hidden, 4);
+        }
+      } catch (const dtrain::error& e) {
+        if (e.code() == errc::invalid_argument) errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+    const std::string want =
+        column ? "rank 0 builds 4 -> 12, rank 1 builds 4 -> 14" : "rank 0 builds 12 -> 4, rank 1 builds 14 -> 4";
+    for (const std::string& e : errors) {
+      INFO(e);
+      CHECK(e.find(column ? "column_parallel_linear" : "row_parallel_linear") != std::string::npos);
+      CHECK(e.find(want) != std::string::npos);
+    }
+  }
 }

@@ -20,8 +20,14 @@
 /// stages do); the caller zeroes them. The arithmetic is the `Kernels` policy's: `loop_kernels`
 /// (plain loops, the reference) by default, or a user's (a BLAS or Eigen product) with the same
 /// two static functions.
+///
+/// `Collective` provides `rank()`, `size()`, `allreduce` of `T` (f and g) and `allgather` of
+/// `std::int64_t`: constructing a layer is collective, every rank of `tp` building the same layer
+/// in the same order, and the ranks compare the layer's shape then (a rank given another hidden
+/// size would otherwise train on, since no allreduce's length depends on it).
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
@@ -101,6 +107,23 @@ inline void check_size(std::size_t got, std::size_t want, const char* what) {
   }
 }
 
+/// Every rank of `tp` gathers every rank's (in, out); if they differ, all raise the same
+/// `invalid_argument` naming rank 0's shape and the first that differs. Collective.
+template <class Collective>
+void check_same_shape(Collective& tp, std::size_t in, std::size_t out, const std::string& who) {
+  const std::int64_t mine[2] = {static_cast<std::int64_t>(in), static_cast<std::int64_t>(out)};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(tp.size()));
+  tp.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
+  for (std::size_t r = 1; 2 * r < all.size(); ++r) {
+    if (all[2 * r] == all[0] && all[2 * r + 1] == all[1]) continue;
+    auto shape = [&](std::size_t k) { return std::to_string(all[2 * k]) + " -> " + std::to_string(all[2 * k + 1]); };
+    throw error(errc::invalid_argument,
+                who + ": the tensor-parallel group's ranks disagree on the layer's shape: rank 0 builds " + shape(0) +
+                    ", rank " + std::to_string(r) + " builds " + shape(r) +
+                    " (in -> out features); every rank must build the same layer");
+  }
+}
+
 }  // namespace detail
 
 /// Weights and biases of one slice of a linear layer, with their gradients.
@@ -114,8 +137,10 @@ template <class T, class Collective, class Kernels = loop_kernels>
 class column_parallel_linear {
  public:
   /// Rank tp.rank()'s slice of an `in` -> `out` layer. @param tp outlives the layer.
+  /// Collective over `tp`. @throws dtrain::error `invalid_argument` if the ranks' shapes differ.
   column_parallel_linear(Collective& tp, std::size_t in, std::size_t out)
       : tp_(&tp), in_(in), out_(out), mine_(slice_of(out, tp.rank(), tp.size())) {
+    detail::check_same_shape(tp, in, out, "column_parallel_linear");
     p_.weight.assign(mine_.size * in, T(0));
     p_.bias.assign(mine_.size, T(0));
     p_.weight_grad.assign(p_.weight.size(), T(0));
@@ -170,8 +195,10 @@ template <class T, class Collective, class Kernels = loop_kernels>
 class row_parallel_linear {
  public:
   /// Rank tp.rank()'s slice of an `in` -> `out` layer. @param tp outlives the layer.
+  /// Collective over `tp`. @throws dtrain::error `invalid_argument` if the ranks' shapes differ.
   row_parallel_linear(Collective& tp, std::size_t in, std::size_t out)
       : tp_(&tp), in_(in), out_(out), mine_(slice_of(in, tp.rank(), tp.size())) {
+    detail::check_same_shape(tp, in, out, "row_parallel_linear");
     p_.weight.assign(out * mine_.size, T(0));
     p_.bias.assign(out, T(0));
     p_.weight_grad.assign(p_.weight.size(), T(0));
