@@ -83,7 +83,7 @@ function(dtrain_check_tiers)
   set(DTRAIN_TIER_TABLE
     "unit     | 209 | Catch2"
     "gates    | 5 | Python 3 (the layering and rank-thread checks)"
-    "cmake    | 4 | CMake"
+    "cmake    | 5 | CMake"
     "thrust   | 9 | Thrust (libthrust-dev)"
     "tcp      | 77 | Boost.Asio and libcrypto (libboost-dev, libssl-dev)"
     "shm      | 32 | Boost.Asio and libcrypto (libboost-dev, libssl-dev)"
