@@ -1,4 +1,4 @@
-// The program README's FetchContent block builds (tests/cmake/run_readme_consumer.cmake): one
+// The program README's FetchContent block builds (tests/cmake/run_doc_consumer.cmake): one
 // rank of a job started by dtrain-run, an allreduce over TCP checked against its closed form.
 #include <dtrain/collective/communicator.hpp>
 #include <dtrain/transport/tcp.hpp>
