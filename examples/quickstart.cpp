@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
   for (double& w : truth) w = normal(gen);
 
   // The trainer's parts: a transport, a collective over it, an updater.
-  using collective = dtrain::tuned<dtrain::inproc_transport>;
+  using collective = dtrain::communicator<dtrain::inproc_transport>;
   using updater = dtrain::momentum<double>;
 
   std::vector<std::vector<double>> final_weights(static_cast<std::size_t>(ranks));

@@ -135,7 +135,7 @@ int run_allreduce(const settings& s) {
                                           s.schedule == "cosine" ? steps_per_epoch * s.epochs : 0, 0.0};
   options.learning_rate = schedule;
 
-  using collective = dtrain::tuned<Transport>;
+  using collective = dtrain::communicator<Transport>;
   dtrain::allreduce::trainer trainer(collective(std::move(transport)), dtrain::momentum<float>(s.lr, s.momentum),
                                      model, options);
   if (rank == 0) {

@@ -94,7 +94,7 @@ struct job {
   const settings& s;
   group world{dtrain::mixed_transport::from_environment()};
   group totals = *world.split(0, world.rank());  // the example's own sums, in their own tags
-  dtrain::tuned<group> sums{totals};
+  dtrain::communicator<group> sums{totals};
   int rank = world.rank(), ranks = world.size();
   std::size_t P = static_cast<std::size_t>(ranks), local_batch = s.global_batch / P;
   fashion_mnist::split train_set = fashion_mnist::load(s.data, "train"), test_set = fashion_mnist::load(s.data, "t10k");
@@ -249,7 +249,7 @@ template <class T>
 int train(const settings& s) {
   job<T> j(s);
   dtrain::adam<float> adam(s.lr);
-  using comm = dtrain::tuned<group>;
+  using comm = dtrain::communicator<group>;
   if (s.trainer == "zero3") {
     dtrain::sharded::trainer_options options;
     options.limit_all_gathers = s.limit_all_gathers;

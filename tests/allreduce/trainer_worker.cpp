@@ -58,17 +58,17 @@ int resume() {
   constexpr std::size_t steps = 30, save_at = 13;
 
   linear_model straight_model(tensor_sizes, data, 0.25);
-  allreduce::trainer straight(tuned<group>(all("straight")), adam<double>(0.01), straight_model, o);
+  allreduce::trainer straight(communicator<group>(all("straight")), adam<double>(0.01), straight_model, o);
   run_steps(straight, 0, steps);
 
   const std::string path = "/tmp/dtrain-resume-" + std::to_string(::getppid()) + "-rank" + std::to_string(rank) + ".ckpt";
   linear_model first_model(tensor_sizes, data, 0.25);
-  allreduce::trainer first(tuned<group>(all("first")), adam<double>(0.01), first_model, o);
+  allreduce::trainer first(communicator<group>(all("first")), adam<double>(0.01), first_model, o);
   run_steps(first, 0, save_at);
   first.save(path, {0, save_at * batch % 400});
 
   linear_model resumed_model(tensor_sizes, data, -3.0);
-  allreduce::trainer resumed(tuned<group>(all("resumed")), adam<double>(0.01), resumed_model, o);
+  allreduce::trainer resumed(communicator<group>(all("resumed")), adam<double>(0.01), resumed_model, o);
   const auto at = resumed.load(path);
   std::remove(path.c_str());
   run_steps(resumed, at.next / batch, steps);
@@ -85,7 +85,7 @@ int resume() {
 // Mixed precision: every rank's weights, gathered, against the simulation's master rounded to
 // bfloat16; the largest difference in units of bfloat16's relative spacing (1/128), <= 1 passes.
 int bf16() {
-  tuned<tcp_transport> comm(tcp_transport::from_environment());
+  communicator<tcp_transport> comm(tcp_transport::from_environment());
   const int rank = comm.rank(), ranks = comm.size();
   auto data = data_of(rank);
   mixed_linear_model<bfloat16> m(data, rank == 0 ? 0.25 : 1.0 + rank);  // the root's start must win
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
   try {
     if (mode == "resume") return resume();
     if (mode == "bf16") return bf16();
-    tuned<tcp_transport> comm(tcp_transport::from_environment());
+    communicator<tcp_transport> comm(tcp_transport::from_environment());
     const int rank = comm.rank(), ranks = comm.size();
     auto data = data_of(rank);
     linear_model m(tensor_sizes, data, rank == 0 ? 0.25 : -1.0);

@@ -149,7 +149,7 @@ TEST_CASE("conformance: the automatic choice runs every collective correctly", "
   for (int p : {2, 5, 8}) {
     for (std::size_t n : {std::size_t{3}, std::size_t{5000}, std::size_t{300000}}) {
       run_inproc(p, [&](int r, inproc_transport t) {
-        tuned<inproc_transport> c(std::move(t));
+        communicator<inproc_transport> c(std::move(t));
         std::vector<double> v(n), ref(n);
         for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>((r + 1) * (i % 13));
         for (std::size_t i = 0; i < n; ++i) ref[i] = static_cast<double>(p * (p + 1) / 2 * (i % 13));

@@ -81,7 +81,7 @@ static_assert(collective<collective_archetype, double>);
 static_assert(collective<communicator<inproc_transport>>);
 static_assert(collective<ring<inproc_transport>, std::int64_t>);
 static_assert(collective<halving_doubling<inproc_transport>, float16>);
-static_assert(collective<tuned<inproc_transport>, bfloat16>);
+static_assert(collective<communicator<inproc_transport>, bfloat16>);
 static_assert(!collective<collective_archetype, char>, "not an element type");
 struct collective_without_barrier : collective_archetype {
   void barrier() = delete;

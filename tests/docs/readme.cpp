@@ -19,7 +19,7 @@ void compute_gradients(std::span<double> weights, std::span<double> grads) {
 
 // One rank of a data-parallel job (ranks are threads here; the TCP transport makes them processes).
 void train(dtrain::inproc_transport endpoint, std::span<double> weights, std::span<double> grads) {
-  dtrain::tuned<dtrain::inproc_transport> comm(std::move(endpoint));  // algorithm chosen per call
+  dtrain::communicator<dtrain::inproc_transport> comm(std::move(endpoint));  // algorithm chosen per call
   dtrain::momentum<double> opt(/*lr=*/0.01, /*mu=*/0.9);
   opt.resize(weights.size());
   comm.broadcast(weights, /*root=*/0);                // every replica starts equal

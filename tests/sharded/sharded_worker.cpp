@@ -32,7 +32,7 @@
 using namespace dtrain;
 using namespace dtrain::testing;
 using group = process_group<tcp_transport>;
-using comm_t = tuned<group>;
+using comm_t = communicator<group>;
 
 namespace {
 

@@ -35,7 +35,7 @@ using host_backend_for = std::conditional_t<std::floating_point<typename Model::
                                             mixed_backend<Model>>;
 
 /// Synchronous data-parallel training of `Model` over `Collective`, updated by `Updater`.
-/// @tparam Collective a `collective` of the model's value type (ring<tcp_transport>, tuned<...>)
+/// @tparam Collective a `collective` of the model's value type (ring<tcp_transport>, communicator<...>)
 /// @tparam Updater an `updater` of the model's compute type (sgd, momentum, adam, ...): its
 ///   value type, `float` for a 16-bit model
 /// @tparam Model a `model`; the trainer keeps a reference, so it must outlive the trainer

@@ -1,9 +1,9 @@
 #pragma once
 /// @file
 /// `communicator<Transport>`: every collective operation over any transport, with the algorithm
-/// chosen per call, in blocking, `std::error_code`, nonblocking (`i`) and uneven (`v`) forms;
-/// and the one-line models `ring<T>`, `halving_doubling<T>`, `binomial_tree<T>`, `bruck<T>`,
-/// `tuned<T>` that prefer one family.
+/// chosen per call (the cost model's choice), in blocking, `std::error_code`, nonblocking (`i`)
+/// and uneven (`v`) forms; and the one-line models `ring<T>`, `halving_doubling<T>`,
+/// `binomial_tree<T>`, `bruck<T>` that prefer one family.
 ///
 /// @code
 /// auto ranks = dtrain::make_inproc_group(4);           // one endpoint per thread
@@ -488,9 +488,5 @@ using binomial_tree = family_communicator<algorithm::binomial_tree, Transport, R
 /// Bruck allgather.
 template <transport Transport, reduction Reduction = host_reduction>
 using bruck = family_communicator<algorithm::bruck, Transport, Reduction>;
-
-/// The cost-model choice for every call (the default communicator).
-template <transport Transport, reduction Reduction = host_reduction>
-using tuned = communicator<Transport, Reduction>;
 
 }  // namespace dtrain
