@@ -20,7 +20,7 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
-#include <dtrain/allreduce/schedule.hpp>
+#include <dtrain/updater/lr_schedule.hpp>
 #include <dtrain/allreduce/trainer.hpp>
 #include <dtrain/collective/communicator.hpp>
 #include <dtrain/data/sampler.hpp>
@@ -131,7 +131,7 @@ int run_allreduce(const settings& s) {
   options.average_every = s.local_sgd;
   options.local_sgd_after = s.local_sgd_after;
   options.overlap = !s.no_overlap;
-  dtrain::allreduce::lr_schedule schedule{s.lr, 1.0, static_cast<std::size_t>(s.warmup_epochs * static_cast<double>(steps_per_epoch)),
+  dtrain::lr_schedule schedule{s.lr, 1.0, static_cast<std::size_t>(s.warmup_epochs * static_cast<double>(steps_per_epoch)),
                                           s.schedule == "cosine" ? steps_per_epoch * s.epochs : 0, 0.0};
   options.learning_rate = schedule;
 

@@ -23,7 +23,7 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
-#include <dtrain/allreduce/schedule.hpp>
+#include <dtrain/updater/lr_schedule.hpp>
 #include <dtrain/collective/communicator.hpp>
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/pipeline/partition.hpp>
@@ -151,7 +151,7 @@ int run(const settings& s, Schedule schedule) {
   const std::size_t steps_per_epoch = sampler.shard_size() / local_batch;
   dtrain::pipeline::trainer_options options;
   options.micro_batches = s.micro_batches;
-  options.learning_rate = dtrain::allreduce::lr_schedule{s.lr, 1.0, 0, steps_per_epoch * static_cast<std::size_t>(s.epochs), 0.0};
+  options.learning_rate = dtrain::lr_schedule{s.lr, 1.0, 0, steps_per_epoch * static_cast<std::size_t>(s.epochs), 0.0};
   dtrain::pipeline::trainer<group, Schedule, dtrain::momentum<float>, stage, comm> trainer(
       mesh.group("pp"), std::move(chunks), dtrain::momentum<float>(s.lr, s.momentum), schedule, options, comm(mesh.group("dp")));
 

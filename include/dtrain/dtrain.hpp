@@ -4,7 +4,6 @@
 /// Thrust, CUDA or NCCL have their own headers (dtrain/reduce/thrust.hpp, ...), never pulled in
 /// here.
 
-#include "dtrain/allreduce/schedule.hpp"
 #include "dtrain/allreduce/sync_batch_norm.hpp"
 #include "dtrain/allreduce/trainer.hpp"
 #include "dtrain/concepts/collective.hpp"
@@ -45,6 +44,7 @@
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/ftrl.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
+#include "dtrain/updater/lr_schedule.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "dtrain/updater/rmsprop.hpp"
 #include "dtrain/updater/sgd.hpp"

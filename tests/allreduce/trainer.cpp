@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "../catch.hpp"
-#include "dtrain/allreduce/schedule.hpp"
+#include "dtrain/updater/lr_schedule.hpp"
 #include "dtrain/allreduce/sync_batch_norm.hpp"
 #include "dtrain/allreduce/trainer.hpp"
 #include "dtrain/collective/communicator.hpp"
@@ -272,12 +272,12 @@ TEST_CASE("with_collective runs in order with the buckets, also from inside back
 }
 
 TEST_CASE("lr_schedule: linear scaling, warm-up, cosine decay", "[allreduce]") {
-  auto s = allreduce::lr_schedule::linear_scaling(0.1, 1024, 256, 100);
+  auto s = lr_schedule::linear_scaling(0.1, 1024, 256, 100);
   CHECK(s(0) == Approx(0.1));
   CHECK(s(50) == Approx(0.1 + 0.5 * 0.3));
   CHECK(s(100) == Approx(0.4));
   CHECK(s(100000) == Approx(0.4));
-  allreduce::lr_schedule c{0.1, 2.0, 10, 110, 0.1};
+  lr_schedule c{0.1, 2.0, 10, 110, 0.1};
   CHECK(c(10) == Approx(0.2));
   CHECK(c(60) == Approx(0.02 + 0.18 * 0.5));
   CHECK(c(110) == Approx(0.02));

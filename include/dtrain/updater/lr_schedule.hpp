@@ -1,15 +1,15 @@
 #pragma once
 /// @file
-/// Learning-rate schedules for data-parallel training: the linear scaling rule with gradual
-/// warm-up (Goyal et al., "Accurate, Large Minibatch SGD", 2017), optionally followed by cosine
-/// decay (Loshchilov & Hutter, 2017).
+/// `lr_schedule`: the learning rate step by step, for any trainer's `learning_rate` option: the
+/// linear scaling rule of data-parallel training with gradual warm-up (Goyal et al., "Accurate,
+/// Large Minibatch SGD", 2017), optionally followed by cosine decay (Loshchilov & Hutter, 2017).
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <numbers>
 
-namespace dtrain::allreduce {
+namespace dtrain {
 
 /// The learning rate at each step. A plain value type; call it as `schedule(step)`.
 ///  - Warm-up: from `base_lr` at step 0 rising linearly to `base_lr * scale` at `warmup_steps`.
@@ -43,4 +43,4 @@ struct lr_schedule {
   }
 };
 
-}  // namespace dtrain::allreduce
+}  // namespace dtrain
