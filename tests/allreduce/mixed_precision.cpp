@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../catch.hpp"
+#include "../sharded/mixed_checks.hpp"
 #include "../sharded/mixed_models.hpp"
 #include "../sharded/references.hpp"
 #include "../support/files.hpp"
@@ -37,28 +38,6 @@ allreduce::trainer_options small_buckets16() {
   return o;
 }
 
-// The spacing of T's values relative to their size: a float that rounds to T moves by at most this.
-template <class T>
-constexpr double spacing() {
-  return std::same_as<T, bfloat16> ? 1.0 / 128 : 1.0 / 1024;
-}
-
-// What one rank saw: its weights after the run, and each step's verdict and scale.
-struct rank_run {
-  std::vector<double> weights;
-  std::vector<bool> skipped;
-  std::vector<double> scales;
-  int skipped_changed = 0;  // skipped steps after which the weights, the state or steps() had changed
-  std::size_t updates = 0;  // the trainer's steps() at the end
-  std::vector<double> scales_seen;  // what the model was told by set_loss_scale, step by step
-};
-
-struct run_spec {
-  int p = 3, steps = 12, first_step = 0;
-  std::function<bool(int step, int rank)> overflow;  // an inf (or -inf) in rank r's gradient at step k
-  std::string load, save;
-};
-
 // `spec.p` ranks train a mixed_linear_model<T> from `spec.first_step` (loading first, saving
 // after, when asked).
 template <class T, class Updater>
@@ -71,8 +50,8 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, allreduce::tr
     m.overflow = [&](std::size_t pass) {
       return spec.overflow && spec.overflow(spec.first_step + static_cast<int>(pass), r);
     };
-    m.overflow_at = r == 0 ? 129 : r == 1 ? 0 : 64;  // each rank its own tensor and sign: a NaN average
-    m.overflow_value = r % 2 ? -INFINITY : INFINITY;
+    m.overflow_at = overflow_at(r);
+    m.overflow_value = overflow_value(r);
     m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
     allreduce::trainer tr(comm_t(std::move(t)), updater, m, options);
     if (!spec.load.empty()) tr.load(spec.load);
@@ -92,24 +71,6 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, allreduce::tr
     if (!spec.save.empty() && r == 0) tr.save(spec.save);  // synchronous: rank 0's file is every rank's
   });
   return out;
-}
-
-// Every rank's weights are rank 0's, bit for bit, and within T's rounding of the simulation's master.
-template <class T, class M>
-void require_matches(const std::vector<rank_run>& got, const mixed_run<M>& want) {
-  for (const rank_run& r : got) REQUIRE(r.weights == got[0].weights);
-  REQUIRE(got[0].weights.size() == want.master.size());
-  for (std::size_t j = 0; j < want.master.size(); ++j) {
-    INFO("weight " << j);
-    const double rounded = element_cast<double>(element_cast<T>(want.master[j]));
-    REQUIRE(got[0].weights[j] == Approx(rounded).epsilon(spacing<T>()).margin(1e-6));
-  }
-}
-
-double distance(const std::vector<double>& got, const std::vector<double>& want) {
-  double d = 0, n = 0;
-  for (std::size_t j = 0; j < want.size(); ++j) d += (got[j] - want[j]) * (got[j] - want[j]), n += want[j] * want[j];
-  return std::sqrt(d / n);
 }
 
 }  // namespace
