@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "../catch.hpp"
-#include "../support/process_group.hpp"
+#include "../support/program_group.hpp"
 
 using namespace dtrain;
 using namespace dtrain::testing;
@@ -547,18 +547,11 @@ TEST_CASE("ps membership: a worker that leaves mid-job under BSP, the others go 
 }
 
 namespace {
-// The number a rank printed right after `phrase`; -1 if it did not print it.
-long long number_after(const std::string& out, const std::string& phrase) {
-  long long n = -1;
-  if (const auto p = out.find(phrase); p != std::string::npos) std::sscanf(out.c_str() + p + phrase.size(), "%lld", &n);
-  return n;
-}
-
 // The clock a late worker printed it entered the running job at; -1 if it did not.
-long long entered_at(const std::string& out) { return number_after(out, "entered the running job at clock "); }
+long long entered_at(const std::string& out) { return number_after(out, "entered the running job at clock ").value_or(-1); }
 
 // The step worker 0 printed it resumed at; -1 if it did not.
-long long resumed_at(const std::string& out) { return number_after(out, "worker 0 resumes at step "); }
+long long resumed_at(const std::string& out) { return number_after(out, "worker 0 resumes at step ").value_or(-1); }
 
 // The files through which the harness decides the clock a late worker enters a BSP job at
 // (ps_worker.cpp's DTRAIN_TEST_ENTER_AT): worker 0 holds a round open until the late worker has

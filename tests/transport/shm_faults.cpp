@@ -12,7 +12,7 @@
 #include <string>
 
 #include "../catch.hpp"
-#include "../support/process_group.hpp"
+#include "../support/program_group.hpp"
 #include "../support/shm_segments.hpp"
 
 using namespace dtrain;
@@ -20,12 +20,6 @@ using namespace dtrain::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-std::optional<long long> number_after(const std::string& text, const std::string& marker) {
-  const auto at = text.find(marker);
-  if (at == std::string::npos) return std::nullopt;
-  return std::atoll(text.c_str() + at + marker.size());
-}
 
 template <class Extra, class During>
 group_run run_shm_group(int n, const std::string& mode, Extra extra, During during) {

@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "../catch.hpp"
-#include "../support/process_group.hpp"
+#include "../support/program_group.hpp"
 #include "dtrain/rendezvous/tcp_store.hpp"
 
 using namespace dtrain;
@@ -27,13 +27,6 @@ using namespace dtrain::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-// The number after `marker` in `text` (the workers print CLOCK_MONOTONIC times in microseconds).
-std::optional<long long> number_after(const std::string& text, const std::string& marker) {
-  const auto at = text.find(marker);
-  if (at == std::string::npos) return std::nullopt;
-  return std::atoll(text.c_str() + at + marker.size());
-}
 
 template <class Extra, class During>
 group_run run_group(int n, const std::string& mode, Extra extra, During during, std::chrono::seconds limit = 60s) {

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -137,6 +139,14 @@ inline std::string dump(const group_run& g) {
     s += "--- rank " + std::to_string(r) + " status " + status + "\n" + g.ranks[r].output;
   }
   return s;
+}
+
+// The number a rank printed right after `marker` in `text` (the TCP workers print CLOCK_MONOTONIC
+// times in microseconds); none if it did not print the marker.
+inline std::optional<long long> number_after(const std::string& text, const std::string& marker) {
+  const auto at = text.find(marker);
+  if (at == std::string::npos) return std::nullopt;
+  return std::atoll(text.c_str() + at + marker.size());
 }
 
 inline bool has(const std::string& text, const std::string& word) { return text.find(word) != std::string::npos; }
