@@ -300,7 +300,7 @@ TEST_CASE("shm: malformed or unreadable remote ranges fail the receive as a prot
         detail::wire::put(&raw[64], std::uint64_t{1});
         detail::wire::put(&raw[72], std::uint64_t{16});  // address 16: never mapped
         detail::wire::put(&raw[80], std::uint64_t{add_up ? 4096u : 100u});
-        t.write_raw_for_testing(0, raw);
+        detail::shm::raw_writer::write(t, 0, raw);
         std::this_thread::sleep_for(200ms);
         return;
       }
@@ -333,9 +333,9 @@ TEST_CASE("shm: a receive failed halfway through its message is never written to
       const auto hb = encode_frame(h);
       std::vector<std::byte> raw(hb.begin(), hb.end());
       raw.resize(raw.size() + first, std::byte{7});
-      t.write_raw_for_testing(0, raw);
+      detail::shm::raw_writer::write(t, 0, raw);
       while (stage.load() < 1) std::this_thread::yield();
-      t.write_raw_for_testing(0, std::vector<std::byte>(whole - first, std::byte{7}));
+      detail::shm::raw_writer::write(t, 0, std::vector<std::byte>(whole - first, std::byte{7}));
       stage.store(2);
       return;
     }
@@ -365,7 +365,7 @@ TEST_CASE("shm: garbage in a ring fails the group with a protocol error naming t
   run_shm(2, [&](int r, shm_transport& t) {
     if (r == 1) {
       std::vector<std::byte> junk(200, std::byte{0x5a});
-      t.write_raw_for_testing(0, junk);
+      detail::shm::raw_writer::write(t, 0, junk);
       std::this_thread::sleep_for(200ms);
       return;
     }

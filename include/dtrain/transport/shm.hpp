@@ -98,6 +98,10 @@ using basic_shm_request = transport_request<detail::shm::engine, detail::byte_op
 /// One rank's endpoint of a shared-memory group (a model of `transport`). Move-only; destroying
 /// it leaves the group after everything it sent is in the peers' rings.
 /// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
+namespace detail::shm {
+struct raw_writer;
+}
+
 template <class Progress = blocking>
 class basic_shm_transport
     : public detail::engine_handle<basic_shm_transport<Progress>, detail::shm::engine, basic_shm_request<Progress>> {
@@ -213,12 +217,7 @@ class basic_shm_transport
   /// messages fall back to the ring because the kernel refused this rank reading their memory.
   shm_stats stats() const { return this->engine_->stats(); }
 
-  /// Writes `bytes` unframed into the ring to `peer`, as a corrupt or hostile peer would: for the
-  /// fault tests only. @pre peer != rank(), bytes fit the ring's free room
-  void write_raw_for_testing(int peer, std::span<const std::byte> bytes) {
-    this->engine_->write_raw_for_testing(peer, bytes);
-  }
-
+  friend struct detail::shm::raw_writer;
 
  private:
   explicit basic_shm_transport(std::shared_ptr<detail::shm::engine> e) : handle(std::move(e)) {}
@@ -248,5 +247,16 @@ class basic_shm_transport
 
 using shm_transport = basic_shm_transport<blocking>;
 using shm_request = basic_shm_request<blocking>;
+
+namespace detail::shm {
+/// Writes `bytes` unframed into `t`'s ring to `peer`, as a corrupt or hostile peer would: for the
+/// fault tests only, so it is not the transport's API. @pre peer != t.rank()
+struct raw_writer {
+  template <class Progress>
+  static void write(basic_shm_transport<Progress>& t, int peer, std::span<const std::byte> bytes) {
+    t.engine_->write_raw_for_testing(peer, bytes);
+  }
+};
+}  // namespace detail::shm
 
 }  // namespace dtrain
