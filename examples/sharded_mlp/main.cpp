@@ -58,7 +58,9 @@ struct settings {
 };
 
 constexpr int over_budget = 4;  // the exit status when the trainer needs more than the budget
-struct over_budget_error {};
+struct over_budget_error {
+  int rank;
+};
 constexpr double mib = 1024.0 * 1024.0;
 
 using clock_type = std::chrono::steady_clock;
@@ -150,7 +152,7 @@ struct job {
                    "--budget-mib {:.1f}: run on more ranks (dtrain-run -n N), or lower --limit-all-gathers\n",
                    in_mib(worst), breakdown(peak, s.trainer), s.budget_mib);
       }
-      throw over_budget_error{};  // on every rank: the maximum is the same everywhere
+      throw over_budget_error{rank};  // on every rank: the maximum is the same everywhere
     };
     // The test set in chunks of 250 split across ranks, one whole layer at a time.
     auto evaluate = [&] {
@@ -316,7 +318,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     return s.precision == "bf16" ? train<dtrain::bfloat16>(s) : train<float>(s);
-  } catch (const over_budget_error&) {
+  } catch (const over_budget_error& e) {
+    std::fprintf(stderr, "sharded_mlp: rank %d stops: over the budget\n", e.rank);
     return over_budget;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sharded_mlp: %s\n", e.what());

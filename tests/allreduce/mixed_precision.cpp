@@ -92,7 +92,28 @@ TEST_CASE("allreduce: a 16-bit model with float master weights and state equals 
   run_spec spec;
   spec.steps = 30;
   const auto slow = train<bfloat16>(spec, adam<float>(5e-4), small_buckets16());
+  for (const rank_run& r : slow) CHECK(r.weights == slow[0].weights);
   CHECK(std::count(slow[0].weights.begin(), slow[0].weights.end(), 0.25) < 10);
+  // Two ranks: a float sum of two is the same in either order, so averaging in the master
+  // precision must give the simulation's master rounded, exactly (reducing in 16 bits does not).
+  run_spec two;
+  two.p = 2;
+  two.steps = 30;
+  for (const auto precision : {reduce_precision::master, reduce_precision::model}) {
+    allreduce::trainer_options o = small_buckets16();
+    o.reduce_in = precision;
+    const auto got = train<bfloat16>(two, adam<float>(1e-2), o);
+    const auto want = mixed_training<bfloat16>(2, 30, adam<float>(1e-2)).master;
+    std::size_t equal = 0;
+    for (std::size_t j = 0; j < want.size(); ++j) {
+      equal += got[0].weights[j] == element_cast<double>(element_cast<bfloat16>(want[j]));
+    }
+    if (precision == reduce_precision::master) {
+      CHECK(equal == want.size());
+    } else {
+      CHECK(equal < want.size());
+    }
+  }
 }
 
 TEST_CASE("allreduce: mixed precision stays within a stated bound of fp64 training, reducing in either precision",
@@ -105,8 +126,12 @@ TEST_CASE("allreduce: mixed precision stays within a stated bound of fp64 traini
     INFO("reduce in " << (precision == reduce_precision::master ? "master" : "model"));
     allreduce::trainer_options o = small_buckets16();
     o.reduce_in = precision;
-    const double bf = distance(train<bfloat16>(spec, adam<float>(1e-2), o)[0].weights, exact);
-    const double fp = distance(train<float16>(spec, adam<float>(1e-2), o)[0].weights, exact);
+    const auto bf16_run = train<bfloat16>(spec, adam<float>(1e-2), o);
+    const auto fp16_run = train<float16>(spec, adam<float>(1e-2), o);
+    for (const rank_run& r : bf16_run) CHECK(r.weights == bf16_run[0].weights);
+    for (const rank_run& r : fp16_run) CHECK(r.weights == fp16_run[0].weights);
+    const double bf = distance(bf16_run[0].weights, exact);
+    const double fp = distance(fp16_run[0].weights, exact);
     CHECK(bf < 5e-3);
     CHECK(fp < 6e-4);
     CHECK(fp < bf);
@@ -163,10 +188,13 @@ TEST_CASE("allreduce: the master weights, the loss scale and its count come back
   o.scaling = {true, 1024.0, 2.0, 0.5, 3};
   run_spec whole;
   whole.steps = 10;
-  whole.overflow = [](int k, int r) { return k == 3 && r == 0; };  // at the save: scale 512, 1 good step
+  // Good steps 0 and 1, an overflow at 2 (scale 1024 -> 512), good 3 and 4: the save holds scale
+  // 512 and 2 good steps, neither the starting state, so both must come back.
+  whole.overflow = [](int k, int r) { return k == 2 && r == 0; };
   // Adam's steps of 5e-4 round away in bfloat16 alone: resuming from the rounded weights, not the
   // float master, would go on from another point.
   const auto straight = train<bfloat16>(whole, adam<float>(5e-4), o);
+  REQUIRE(straight[0].scales == std::vector<double>{1024, 1024, 1024, 512, 512, 512, 1024, 1024, 1024, 2048});
   run_spec first = whole, second = whole;
   first.steps = 5;
   first.save = dir.path + "/rank0";
@@ -201,8 +229,10 @@ TEST_CASE("allreduce: mixed precision refuses what it does not do, on every rank
       tr.accumulate({0, batch});
     };
   };
-  allreduce::trainer_options local_sgd, compressed, in_model;
+  allreduce::trainer_options local_sgd, compressed, clipped;
   local_sgd.average_every = 4;
+  clipped.clip_grad_norm = 1.0;
+  for (const std::string& e : errors_of(mixed(clipped))) CHECK(e.find("clip_grad_norm") != std::string::npos);
   compressed.compress = allreduce::compression::bf16;
   for (const std::string& e : errors_of(mixed(local_sgd))) CHECK(e.find("local SGD") != std::string::npos);
   for (const std::string& e : errors_of(mixed(compressed))) {

@@ -210,7 +210,9 @@ TEMPLATE_TEST_CASE("the loss scale and its count come back from a checkpoint, an
   o.scaling = {true, 1024.0, 2.0, 0.5, 3};
   run_spec whole;
   whole.steps = 10;
-  whole.overflow = [](int k, int r) { return k == 3 && r == 0; };  // at the save: scale 512, 1 good step
+  // Good steps 0 and 1, an overflow at 2 (scale 1024 -> 512), good 3 and 4: the save holds scale
+  // 512 and 2 good steps, neither the starting state, so both must come back.
+  whole.overflow = [](int k, int r) { return k == 2 && r == 0; };
   const auto straight = train<TestType, float16>(whole, adam<float>(1e-2), o);
   run_spec first = whole, second = whole;
   first.steps = 5;

@@ -105,6 +105,28 @@ TEST_CASE("whole_model refuses a pass that asks for a unit or tensor it does not
     double forward_backward(const batch_type& b, unit_access<double>& a) { return pass->forward_backward(b, a); }
   } odd{&wider};
   sharded::whole_model<mismatched> holder(odd);
+  std::size_t elements = 0;  // what it holds: the declared units' parameters and gradients
+  for (std::size_t u = 0; u < 4; ++u) {
+    for (const std::size_t n : unit_sizes[u]) elements += n;
+  }
+  CHECK(holder.bytes() == 2 * elements * sizeof(double));
   REQUIRE_THROWS_WITH(holder.forward_backward({0, batch}, gradient_ready(none)),
                       Catch::Contains("asked for unit 4's tensor 0, which it does not have"));
+  // A unit declared with one tensor fewer than its pass uses: tensor 1 of unit 0 would be unit
+  // 1's first tensor, read in silence, without the check.
+  unit_linear_model same(unit_sizes, data, 0.5);
+  struct fewer {
+    using value_type = double;
+    using batch_type = std::pair<std::size_t, std::size_t>;
+    unit_linear_model* pass;
+    std::size_t unit_count() const noexcept { return unit_sizes.size(); }
+    std::vector<std::size_t> unit_tensors(std::size_t u) const {
+      return u == 0 ? std::vector<std::size_t>{unit_sizes[0][0]} : unit_sizes[u];
+    }
+    void initialize(std::size_t, std::size_t, std::span<double> w) { for (auto& x : w) x = 0; }
+    double forward_backward(const batch_type& b, unit_access<double>& a) { return pass->forward_backward(b, a); }
+  } short_unit{&same};
+  sharded::whole_model<fewer> short_holder(short_unit);
+  REQUIRE_THROWS_WITH(short_holder.forward_backward({0, batch}, gradient_ready(none)),
+                      Catch::Contains("asked for unit 0's tensor 1, which it does not have"));
 }

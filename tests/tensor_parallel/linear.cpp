@@ -183,29 +183,36 @@ TEST_CASE("tensor parallel: slices cover the features once, the first ranks one 
 
 TEST_CASE("tensor parallel: ranks that build layers of different shapes are refused at construction, on every rank",
           "[tensor_parallel]") {
-  // Rank 1 is given a hidden size of 14 where the others have 12: no allreduce's length depends
-  // on it, so without the check the block would train on, wrong.
+  // One rank is given a hidden size of 14 where the others have 12 (or another input size): no
+  // allreduce's length depends on it, so without the check the block would train on, wrong.
   for (const bool column : {true, false}) {
-    std::vector<std::string> errors(3);
-    run_inproc(3, [&](int r, inproc_transport t) {
-      communicator<inproc_transport> comm(std::move(t));
-      const std::size_t hidden = r == 1 ? 14 : 12;
-      try {
-        if (column) {
-          tp::column_parallel_linear<double, communicator<inproc_transport>> fc(comm, 4, hidden);
-        } else {
-          tp::row_parallel_linear<double, communicator<inproc_transport>> fc(comm, hidden, 4);
+    for (const int odd : {1, 2}) {          // the rank built differently
+      for (const bool split_dim : {true, false}) {  // the split dimension differs, or the other one
+        INFO((column ? "column" : "row") << ", rank " << odd << (split_dim ? ", split" : ", whole") << " dimension");
+        std::vector<std::string> errors(3);
+        run_inproc(3, [&](int r, inproc_transport t) {
+          communicator<inproc_transport> comm(std::move(t));
+          const std::size_t hidden = r == odd && split_dim ? 14 : 12, other = r == odd && !split_dim ? 5 : 4;
+          try {
+            if (column) {
+              tp::column_parallel_linear<double, communicator<inproc_transport>> fc(comm, other, hidden);
+            } else {
+              tp::row_parallel_linear<double, communicator<inproc_transport>> fc(comm, hidden, other);
+            }
+          } catch (const dtrain::error& e) {
+            if (e.code() == errc::invalid_argument) errors[static_cast<std::size_t>(r)] = e.what();
+          }
+        });
+        const std::string theirs = split_dim ? "14" : "12", odd_other = split_dim ? "4" : "5";
+        const std::string want = "rank 0 builds " + std::string(column ? "4 -> 12" : "12 -> 4") + ", rank " +
+                                 std::to_string(odd) + " builds " +
+                                 (column ? odd_other + " -> " + theirs : theirs + " -> " + odd_other);
+        for (const std::string& e : errors) {
+          INFO(e);
+          CHECK(e.find(column ? "column_parallel_linear" : "row_parallel_linear") != std::string::npos);
+          CHECK(e.find(want) != std::string::npos);
         }
-      } catch (const dtrain::error& e) {
-        if (e.code() == errc::invalid_argument) errors[static_cast<std::size_t>(r)] = e.what();
       }
-    });
-    const std::string want =
-        column ? "rank 0 builds 4 -> 12, rank 1 builds 4 -> 14" : "rank 0 builds 12 -> 4, rank 1 builds 14 -> 4";
-    for (const std::string& e : errors) {
-      INFO(e);
-      CHECK(e.find(column ? "column_parallel_linear" : "row_parallel_linear") != std::string::npos);
-      CHECK(e.find(want) != std::string::npos);
     }
   }
 }
