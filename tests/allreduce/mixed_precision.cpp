@@ -145,25 +145,10 @@ TEST_CASE("allreduce: mixed precision stays within a stated bound of fp64 traini
 TEST_CASE("allreduce: loss scaling skips exactly the steps whose gradients overflowed, on every rank",
           "[allreduce][mixed]") {
   allreduce::trainer_options o = small_buckets16();
-  o.scaling = {true, 1024.0, 2.0, 0.5, 3};
-  run_spec spec;
-  // Rank 0 alone at step 2; ranks 1 and 2 at step 5, -inf and inf (a NaN average). Momentum,
-  // unlike Adam, moves by the gradient's size: a step left scaled shows.
-  spec.overflow = [](int k, int r) { return (k == 2 && r == 0) || (k == 5 && r > 0); };
-  const auto got = train<float16>(spec, momentum<float>(1e-2), o);
-  const auto want = mixed_training<float16>(3, 12, momentum<float>(1e-2), o.scaling, spec.overflow);
-  const std::vector<bool> expected{false, false, true, false, false, true, false, false, false, false, false, false};
-  const std::vector<double> scales{1024, 1024, 1024, 512, 512, 512, 256, 256, 256, 512, 512, 512};
-  REQUIRE(want.skipped == expected);
-  REQUIRE(want.scales == scales);
-  for (const rank_run& r : got) {
-    CHECK(r.skipped == expected);
-    CHECK(r.scales == scales);
-    CHECK(r.skipped_changed == 0);
-    CHECK(r.updates == 10);
-    CHECK(r.scales_seen == scales);
-  }
-  require_matches<float16>(got, want);
+  o.scaling = small_scaling();
+  check_skips_exactly_the_overflows([&](const run_spec& spec) {
+    return train<float16>(spec, momentum<float>(1e-2), o);
+  });
 }
 
 TEST_CASE("allreduce: float16 gradients that really overflow are skipped until the scale is small enough",
@@ -185,28 +170,12 @@ TEST_CASE("allreduce: the master weights, the loss scale and its count come back
           "[allreduce][mixed]") {
   temp_dir dir;
   allreduce::trainer_options o = small_buckets16();
-  o.scaling = {true, 1024.0, 2.0, 0.5, 3};
-  run_spec whole;
-  whole.steps = 10;
-  // Good steps 0 and 1, an overflow at 2 (scale 1024 -> 512), good 3 and 4: the save holds scale
-  // 512 and 2 good steps, neither the starting state, so both must come back.
-  whole.overflow = [](int k, int r) { return k == 2 && r == 0; };
+  o.scaling = small_scaling();
   // Adam's steps of 5e-4 round away in bfloat16 alone: resuming from the rounded weights, not the
   // float master, would go on from another point.
-  const auto straight = train<bfloat16>(whole, adam<float>(5e-4), o);
-  REQUIRE(straight[0].scales == std::vector<double>{1024, 1024, 1024, 512, 512, 512, 1024, 1024, 1024, 2048});
-  run_spec first = whole, second = whole;
-  first.steps = 5;
-  first.save = dir.path + "/rank0";
-  second.first_step = 5;
-  second.steps = 5;
-  second.load = first.save;
-  train<bfloat16>(first, adam<float>(5e-4), o);
-  const auto resumed = train<bfloat16>(second, adam<float>(5e-4), o);
-  for (std::size_t r = 0; r < straight.size(); ++r) {
-    CHECK(resumed[r].weights == straight[r].weights);
-    CHECK(resumed[r].scales == std::vector<double>(straight[r].scales.begin() + 5, straight[r].scales.end()));
-  }
+  check_resumes_bit_for_bit(dir.path + "/rank0", [&](const run_spec& spec) {
+    return train<bfloat16>(spec, adam<float>(5e-4), o);
+  });
 }
 
 TEST_CASE("allreduce: mixed precision refuses what it does not do, on every rank, naming it", "[allreduce][mixed]") {

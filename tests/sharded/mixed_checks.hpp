@@ -12,6 +12,8 @@
 
 #include "../catch.hpp"
 #include "dtrain/core/element.hpp"
+#include "dtrain/updater/loss_scaler.hpp"
+#include "dtrain/updater/momentum.hpp"
 #include "mixed_models.hpp"
 
 namespace dtrain::testing {
@@ -70,6 +72,58 @@ inline double distance(const std::vector<double>& got, const std::vector<double>
   double d = 0, n = 0;
   for (std::size_t j = 0; j < want.size(); ++j) d += (got[j] - want[j]) * (got[j] - want[j]), n += want[j] * want[j];
   return std::sqrt(d / n);
+}
+
+// The loss-scaling scenarios every trainer is tested with: scale 1024, halved after an overflow,
+// doubled after 3 good steps in a row.
+inline loss_scaling small_scaling() { return {true, 1024.0, 2.0, 0.5, 3}; }
+
+// Rank 0 alone overflows at step 2; ranks 1 and 2 at step 5, -inf and inf (a NaN average). With
+// momentum, which moves by the gradient's size, a step left scaled would show. `train(spec)`
+// runs 3 ranks under small_scaling(); every rank must skip exactly steps 2 and 5, use and tell
+// its model the simulation's scales, change nothing on a skipped step, and match the simulation.
+template <class Train>
+void check_skips_exactly_the_overflows(Train&& train) {
+  run_spec spec;
+  spec.overflow = [](int k, int r) { return (k == 2 && r == 0) || (k == 5 && r > 0); };
+  const auto got = train(spec);
+  const auto want = mixed_training<float16>(3, 12, momentum<float>(1e-2), small_scaling(), spec.overflow);
+  const std::vector<bool> expected{false, false, true, false, false, true, false, false, false, false, false, false};
+  const std::vector<double> scales{1024, 1024, 1024, 512, 512, 512, 256, 256, 256, 512, 512, 512};
+  REQUIRE(want.skipped == expected);
+  REQUIRE(want.scales == scales);
+  for (const rank_run& r : got) {
+    CHECK(r.skipped == expected);
+    CHECK(r.scales == scales);
+    CHECK(r.skipped_changed == 0);
+    CHECK(r.updates == 10);
+    CHECK(r.scales_seen == scales);
+  }
+  require_matches<float16>(got, want);
+}
+
+// 10 steps straight, and 5, a save to `path`, a load and 5 more: every rank's weights and scales
+// the same. Good steps 0 and 1, an overflow at 2 (scale 1024 -> 512), good 3 and 4: the save holds
+// scale 512 and 2 good steps, neither the starting state, so both must come back.
+template <class Train>
+void check_resumes_bit_for_bit(const std::string& path, Train&& train) {
+  run_spec whole;
+  whole.steps = 10;
+  whole.overflow = [](int k, int r) { return k == 2 && r == 0; };
+  const auto straight = train(whole);
+  REQUIRE(straight[0].scales == std::vector<double>{1024, 1024, 1024, 512, 512, 512, 1024, 1024, 1024, 2048});
+  run_spec first = whole, second = whole;
+  first.steps = 5;
+  first.save = path;
+  second.first_step = 5;
+  second.steps = 5;
+  second.load = path;
+  train(first);
+  const auto resumed = train(second);
+  for (std::size_t r = 0; r < straight.size(); ++r) {
+    CHECK(resumed[r].weights == straight[r].weights);
+    CHECK(resumed[r].scales == std::vector<double>(straight[r].scales.begin() + 5, straight[r].scales.end()));
+  }
 }
 
 }  // namespace dtrain::testing

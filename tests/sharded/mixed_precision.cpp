@@ -150,25 +150,10 @@ TEMPLATE_TEST_CASE("mixed precision stays within a stated bound of fp64 training
 TEMPLATE_TEST_CASE("loss scaling skips exactly the steps whose gradients overflowed, on every rank",
                    "[sharded][mixed]", sharded::zero1, sharded::zero2, sharded::zero3) {
   sharded::trainer_options o = small_buckets16();
-  o.scaling = {true, 1024.0, 2.0, 0.5, 3};
-  run_spec spec;
-  // Rank 0 alone at step 2; ranks 1 and 2 at step 5, -inf and inf in one weight at stages 1 and
-  // 2 (a NaN average). Momentum, unlike Adam, moves by the gradient's size: a step left scaled shows.
-  spec.overflow = [](int k, int r) { return (k == 2 && r == 0) || (k == 5 && r > 0); };
-  const auto got = train<TestType, float16>(spec, momentum<float>(1e-2), o);
-  const auto want = mixed_training<float16>(3, 12, momentum<float>(1e-2), o.scaling, spec.overflow);
-  const std::vector<bool> expected{false, false, true, false, false, true, false, false, false, false, false, false};
-  const std::vector<double> scales{1024, 1024, 1024, 512, 512, 512, 256, 256, 256, 512, 512, 512};
-  REQUIRE(want.skipped == expected);
-  REQUIRE(want.scales == scales);
-  for (const rank_run& r : got) {
-    CHECK(r.skipped == expected);
-    CHECK(r.scales == scales);
-    CHECK(r.skipped_changed == 0);
-    CHECK(r.updates == 10);
-    CHECK(r.scales_seen == scales);
-  }
-  require_matches<float16>(got, want);
+  o.scaling = small_scaling();
+  check_skips_exactly_the_overflows([&](const run_spec& spec) {
+    return train<TestType, float16>(spec, momentum<float>(1e-2), o);  // the overflows in one weight at stages 1, 2
+  });
 }
 
 TEST_CASE("float16 gradients that really overflow are skipped until the scale is small enough", "[sharded][mixed]") {
@@ -207,25 +192,10 @@ TEMPLATE_TEST_CASE("the loss scale and its count come back from a checkpoint, an
                    "[sharded][mixed]", sharded::zero1, sharded::zero2, sharded::zero3) {
   temp_dir dir;
   sharded::trainer_options o = small_buckets16();
-  o.scaling = {true, 1024.0, 2.0, 0.5, 3};
-  run_spec whole;
-  whole.steps = 10;
-  // Good steps 0 and 1, an overflow at 2 (scale 1024 -> 512), good 3 and 4: the save holds scale
-  // 512 and 2 good steps, neither the starting state, so both must come back.
-  whole.overflow = [](int k, int r) { return k == 2 && r == 0; };
-  const auto straight = train<TestType, float16>(whole, adam<float>(1e-2), o);
-  run_spec first = whole, second = whole;
-  first.steps = 5;
-  first.save = dir.path + "/job";
-  second.first_step = 5;
-  second.steps = 5;
-  second.load = first.save;
-  train<TestType, float16>(first, adam<float>(1e-2), o);
-  const auto resumed = train<TestType, float16>(second, adam<float>(1e-2), o);
-  for (std::size_t r = 0; r < straight.size(); ++r) {
-    CHECK(resumed[r].weights == straight[r].weights);
-    CHECK(resumed[r].scales == std::vector<double>(straight[r].scales.begin() + 5, straight[r].scales.end()));
-  }
+  o.scaling = small_scaling();
+  check_resumes_bit_for_bit(dir.path + "/job", [&](const run_spec& spec) {
+    return train<TestType, float16>(spec, adam<float>(1e-2), o);
+  });
 }
 
 TEST_CASE("a bf16 Adam shard holds ZeRO's 16/P bytes per parameter, besides its 16-bit buffers", "[sharded][mixed]") {

@@ -101,8 +101,8 @@ struct trainer_stats {
 namespace detail {
 
 /// What ranks compare at start-up: the plan's digest, its size, and a digest of what changes
-/// the traffic: compression, local SGD, mixed precision, and which buckets are contiguous (those reduce in memory
-/// order, the others in plan order). Equal on every rank, or the job is misbuilt.
+/// the traffic: compression, local SGD, mixed precision, and which buckets are contiguous (those
+/// reduce in memory order, the others in plan order). Equal on every rank, or the job is misbuilt.
 using plan_digest = std::array<std::int64_t, 4>;
 
 inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& contiguous, const trainer_options& o) {
