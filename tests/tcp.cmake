@@ -18,6 +18,15 @@ target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)
 add_test(NAME dtrain_run_contract COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/dtrain_run.sh $<TARGET_FILE:dtrain-run>)
 set_tests_properties(dtrain_run_contract PROPERTIES TIMEOUT 120 LABELS tcp)
 
+# The flight recorder in real processes: a rank skips a call, calls a different size, aborts, is
+# SIGKILLed, sleeps past the collectives' deadline and past dtrain-run's time limit; each time
+# dtrain-run's report must name that rank and that call (and a clean job must leave no report).
+add_executable(flight_worker tools/flight_worker.cpp)
+target_link_libraries(flight_worker PRIVATE dtrain::asio dtrain_warnings)
+add_test(NAME flight_recorder
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/flight_recorder.sh $<TARGET_FILE:dtrain-run> $<TARGET_FILE:flight_worker>)
+set_tests_properties(flight_recorder PROPERTIES TIMEOUT 300 LABELS tcp)
+
 # Every collective and algorithm across 2..6 processes started by dtrain-run.
 foreach(n RANGE 2 6)
   add_test(NAME tcp_conformance_dtrain_run_${n}

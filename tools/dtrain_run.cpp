@@ -1,13 +1,19 @@
 // dtrain-run: starts N local processes of one dtrain job.
 //
 //   dtrain-run -n 4 [--servers S] [--standby B] [--shards J] [--growing G] [--late-workers L]
-//              [--join-after-ms T] [--keep-going] prog args...
+//              [--join-after-ms T] [--keep-going] [--time-limit S] [--flight-dir D] prog args...
+//   dtrain-run --analyze D [-n 4]      what the flight-recorder dumps in D say
 //
 // It serves the job's rendezvous store, generates a job token (unless DTRAIN_TOKEN or
 // DTRAIN_TOKEN_FILE is set), gives each child DTRAIN_RANK, DTRAIN_WORLD_SIZE,
 // DTRAIN_LOCAL_RANK, DTRAIN_LOCAL_WORLD_SIZE, DTRAIN_STORE and DTRAIN_TOKEN, prefixes every
 // output line with the child's rank, and when a child fails stops the others (unless
 // --keep-going) and exits non-zero naming the rank that failed first.
+//
+// Every rank dumps its flight recorder into the job's flight directory (DTRAIN_FLIGHT_DIR) when
+// a collective of it fails, on a fatal signal, at exit and when asked (SIGUSR2). When a rank fails
+// or the job runs past --time-limit, dtrain-run asks the others for their dumps before it stops
+// them, and prints what the dumps say (tools/flight_analysis.hpp).
 
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
@@ -19,14 +25,18 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dtrain/flight/dump.hpp"
 #include "dtrain/rendezvous/tcp_store.hpp"
+#include "flight_analysis.hpp"
 
 extern char** environ;
 
@@ -90,6 +100,56 @@ std::string describe_status(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
+// Prints what the dumps in `dir` say. @returns whether there was any dump to read.
+bool report_flight(const std::filesystem::path& dir, const dtrain_tools::flight::launch_facts& facts) {
+  std::vector<std::string> problems;
+  const auto dumps = dtrain_tools::flight::read_directory(dir, problems);
+  for (const auto& p : problems) std::fprintf(stderr, "dtrain-run: flight recorder: %s\n", p.c_str());
+  if (dumps.empty()) {
+    std::fprintf(stderr, "dtrain-run: flight recorder: no dump in %s\n", dir.c_str());
+    return false;
+  }
+  std::fprintf(stderr, "dtrain-run: flight recorder (%zu dumps in %s):\n", dumps.size(), dir.c_str());
+  for (const auto& f : dtrain_tools::flight::analyze(dumps, facts)) std::fprintf(stderr, "dtrain-run:   %s\n", f.c_str());
+  return true;
+}
+
+// When the dump at `path` was written (its `dumped_us` line), or 0.
+std::int64_t dumped_us(const std::filesystem::path& path) {
+  dtrain_tools::flight::dump d;
+  std::string ignored;
+  return dtrain_tools::flight::read_dump(path, d, ignored) ? d.dumped_us : 0;
+}
+
+// Whether `c` has ended (left for the main loop to reap).
+bool ended(const child& c) {
+  siginfo_t info{};
+  return ::waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == c.pid;
+}
+
+// Sends the dump signal to every running child that has dumped before (a dtrain process, which
+// handles it; to others it is fatal) and waits, at most `patience`, until each has dumped again
+// or ended.
+void request_dumps(const std::vector<child>& children, const std::filesystem::path& dir,
+                   std::chrono::milliseconds patience) {
+  const std::int64_t asked = dtrain::flight::recorder::now_us();
+  std::vector<const child*> asking;
+  for (const auto& c : children) {
+    if (c.running && dumped_us(dir / fmt::format("flight.{}.txt", c.rank)) > 0) {
+      ::kill(c.pid, dtrain::flight::dump_signal);
+      asking.push_back(&c);
+    }
+  }
+  const auto until = std::chrono::steady_clock::now() + patience;
+  for (bool all = asking.empty(); !all && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    all = true;
+    for (const child* c : asking) {
+      all = all && (ended(*c) || dumped_us(dir / fmt::format("flight.{}.txt", c->rank)) >= asked);
+    }
+  }
+}
+
 // Moves complete lines from `fd` to `sink`, each prefixed with the rank; false at end of file.
 bool pump(int fd, std::string& pending, int rank, FILE* sink) {
   char buf[65536];
@@ -113,10 +173,21 @@ bool pump(int fd, std::string& pending, int rank, FILE* sink) {
 
 int main(int argc, char** argv) {
   CLI::App app{"dtrain-run: start N local processes of one dtrain job"};
-  int n = 1;
+  int n = 0;
   int grace_ms = 5000;
   std::string program;
-  app.add_option("-n,--nproc", n, "number of processes (ranks)")->required()->check(CLI::Range(1, 4096));
+  app.add_option("-n,--nproc", n, "number of processes (ranks)")->check(CLI::Range(1, 4096));
+  double time_limit_s = 0;
+  app.add_option("--time-limit", time_limit_s,
+                 "seconds the job may run; past them every rank is asked for its flight record, then stopped "
+                 "(exit status 124)")
+      ->check(CLI::NonNegativeNumber);
+  std::string flight_dir;
+  app.add_option("--flight-dir", flight_dir,
+                 "where the ranks dump their flight recorders (DTRAIN_FLIGHT_DIR), kept after the job; default: "
+                 "a new directory under $TMPDIR, removed when the job succeeds");
+  std::string analyze_dir;
+  app.add_option("--analyze", analyze_dir, "only print what the flight-recorder dumps in this directory say");
   app.add_option("--grace-ms", grace_ms, "after a failure, how long the others get to exit after SIGTERM");
   bool keep_going = false;
   app.add_flag("--keep-going", keep_going,
@@ -145,9 +216,29 @@ int main(int argc, char** argv) {
   app.add_option("--join-after-ms", join_after_ms,
                  "with --late-workers or --growing: start their processes this long after the others")
       ->check(CLI::Range(0, 86400000));
-  app.add_option("program", program, "the program; everything after it is its arguments")->required();
+  app.add_option("program", program, "the program; everything after it is its arguments");
   app.prefix_command();  // options after the program belong to the program
   CLI11_PARSE(app, argc, argv);
+  if (!analyze_dir.empty()) return report_flight(analyze_dir, {n, {}}) ? 0 : 1;
+  if (n == 0 || program.empty()) {
+    std::fprintf(stderr, "dtrain-run: -n and a program are required (or --analyze DIR); see --help\n");
+    return 2;
+  }
+  const bool own_flight_dir = flight_dir.empty();
+  if (own_flight_dir) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/dtrain-flight-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      std::fprintf(stderr, "dtrain-run: cannot make a flight-recorder directory %s: %s\n", pattern.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
+    flight_dir = pattern;
+  } else if (std::error_code ec; !std::filesystem::create_directories(flight_dir, ec) && ec) {
+    std::fprintf(stderr, "dtrain-run: cannot make the flight directory %s: %s\n", flight_dir.c_str(),
+                 ec.message().c_str());
+    return 2;
+  }
   std::vector<std::string> command{program};
   for (auto& a : app.remaining()) command.push_back(a);
 
@@ -181,6 +272,7 @@ int main(int argc, char** argv) {
     env.push_back(fmt::format("DTRAIN_LOCAL_WORLD_SIZE={}", n));
     env.push_back(fmt::format("DTRAIN_STORE=127.0.0.1:{}", store.port()));
     env.push_back("DTRAIN_TOKEN=" + token);
+    env.push_back("DTRAIN_FLIGHT_DIR=" + flight_dir);
     if (servers > 0) env.push_back(fmt::format("DTRAIN_PS_SERVERS={}", servers));
     if (standby > 0) env.push_back(fmt::format("DTRAIN_PS_STANDBY={}", standby));
     if (shards > 0) env.push_back(fmt::format("DTRAIN_PS_SHARDS={}", shards));
@@ -210,6 +302,8 @@ int main(int argc, char** argv) {
     }
   };
   auto killed_at = std::chrono::steady_clock::time_point::max();
+  const auto dumps_patience = std::chrono::milliseconds(2000);
+  bool over_time = false;
   int running = n;  // counting those not started yet
   while (running > 0) {
     const bool stopping = first_failure && !keep_going;
@@ -244,16 +338,26 @@ int main(int argc, char** argv) {
       c.running = false;
       c.status = status;
       --running;
-      if (failed(status) && !first_failure) {
+      if (failed(status) && !first_failure && !over_time) {  // past the limit: stopped by us
         first_failure = c.rank;
         first_status = status;
         std::fprintf(stderr, "dtrain-run: rank %d %s; %s\n", c.rank, describe_status(status).c_str(),
                      keep_going ? "the others go on (--keep-going)" : "stopping the other ranks");
         if (!keep_going) {
+          request_dumps(children, flight_dir, dumps_patience);
           stop_others();
           killed_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
         }
       }
+    }
+    if (time_limit_s > 0 && !over_time &&
+        std::chrono::steady_clock::now() - began > std::chrono::duration<double>(time_limit_s)) {
+      over_time = true;
+      std::fprintf(stderr, "dtrain-run: the job ran past its time limit of %g s; asking every rank for its flight "
+                   "record, then stopping them\n", time_limit_s);
+      request_dumps(children, flight_dir, dumps_patience);
+      stop_others();
+      killed_at = std::min(killed_at, std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms));
     }
     if (std::chrono::steady_clock::now() > killed_at) {
       for (auto& c : children) if (c.running) ::kill(c.pid, SIGKILL);
@@ -263,6 +367,20 @@ int main(int argc, char** argv) {
   for (auto& c : children) {  // what is left in the pipes
     while (c.out >= 0 && pump(c.out, c.pending_out, c.rank, stdout)) {}
     while (c.err >= 0 && pump(c.err, c.pending_err, c.rank, stderr)) {}
+  }
+  if (first_failure || over_time) {
+    dtrain_tools::flight::launch_facts facts{n, {}};
+    for (const auto& c : children) {
+      if (c.pid > 0) facts.ends[c.rank] = describe_status(c.status);
+    }
+    report_flight(flight_dir, facts);
+  } else if (own_flight_dir) {
+    std::error_code ignored;
+    std::filesystem::remove_all(flight_dir, ignored);
+  }
+  if (over_time) {
+    std::fprintf(stderr, "dtrain-run: failed: the job ran past its time limit of %g s\n", time_limit_s);
+    return 124;
   }
   if (first_failure) {
     std::fprintf(stderr, "dtrain-run: failed: rank %d %s\n", *first_failure, describe_status(first_status).c_str());

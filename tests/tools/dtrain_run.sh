@@ -7,32 +7,7 @@
 #   dtrain_run.sh path/to/dtrain-run
 set -u
 run=$1
-failures=0
-out=$(mktemp) err=$(mktemp)
-trap 'rm -f "$out" "$err"' EXIT
-
-# Runs dtrain-run with the given arguments; sets status and elapsed_ms.
-launch() {
-  local t0 t1
-  t0=$(date +%s%N)
-  "$run" "$@" >"$out" 2>"$err"
-  status=$?
-  t1=$(date +%s%N)
-  elapsed_ms=$(((t1 - t0) / 1000000))
-}
-expect() {  # expect DESCRIPTION CONDITION...
-  local what=$1
-  shift
-  if "$@"; then
-    echo "ok: $what"
-  else
-    echo "FAILED: $what"
-    echo "--- stdout"; cat "$out"; echo "--- stderr"; cat "$err"; echo "---"
-    failures=$((failures + 1))
-  fi
-}
-has_out() { grep -qF -- "$1" "$out"; }
-has_err() { grep -qF -- "$1" "$err"; }
+. "$(dirname "$0")/checks.sh"
 
 # Every rank runs with its rank, world size and store; output lines carry the rank.
 launch -n 3 sh -c 'echo "rank $DTRAIN_RANK of $DTRAIN_WORLD_SIZE local $DTRAIN_LOCAL_RANK store=${DTRAIN_STORE:+set} token=${DTRAIN_TOKEN:+set}"'

@@ -44,6 +44,7 @@
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/detail/error_code_forms.hpp"
 #include "dtrain/detail/scratch_buffer.hpp"
+#include "dtrain/flight/dump.hpp"
 #include "dtrain/reduce/host.hpp"
 
 namespace dtrain {
@@ -102,6 +103,8 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
       options_.algorithms = std::move(from_env);
     }
     options_.algorithms.model().segment_bytes = static_cast<double>(options_.segment_bytes);
+    flight_group_ = flight::flight_group(transport_, options_.tag);
+    flight::dumper::global().set_rank(flight_group_.world_rank);
   }
   communicator(communicator&&) = default;
   communicator& operator=(communicator&&) = default;
@@ -372,12 +375,15 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     }
     const algorithm a = pick != algorithm::automatic ? pick : options_.algorithms.choose(op, bytes, size());
     signature sig{op, a, dtype_of_v<T>, redop, root, count, seq_++};
+    const auto flight = flight::recorder::global().start(flight_group_, sig);
     context ctx(transport_, options_.tag, sig, deadline::after(options_.timeout),
-                options_.timeout, options_.segment_bytes);
+                options_.timeout, options_.segment_bytes, flight);
     try {
       body(ctx, a);
+      flight.completed();
     } catch (const error& e) {
       broken_by_ = e.what();
+      flight::record_failure(flight, broken_by_);
       // One side finds a mismatch; the transport tells the others which calls disagreed, where
       // it can, so that every rank's error names both calls, not only a peer leaving.
       if constexpr (requires { transport_.abort(broken_by_); }) {
@@ -446,6 +452,7 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
   communicator_options options_;
   Reduction reduce_;
   std::uint64_t seq_ = 0;
+  flight::recorder::group_info flight_group_{};
   std::string broken_by_;
   std::string last_error_;
   template <class... T>

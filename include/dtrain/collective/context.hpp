@@ -20,6 +20,7 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/flight/recorder.hpp"
 
 namespace dtrain::detail {
 
@@ -73,10 +74,11 @@ class call_context {
     request clearance{};         // a receive past the cap: the clear-to-send it sent
   };
 
+  /// `flight`: the call's entry in the flight recorder, told whom each wait is on.
   call_context(Transport& t, std::uint64_t tag, const signature& sig, deadline dl,
-               std::chrono::milliseconds timeout, std::size_t segment_bytes)
+               std::chrono::milliseconds timeout, std::size_t segment_bytes, flight::recorder::handle flight = {})
       : t_(t), tag_(tag), sig_(sig), deadline_(dl), timeout_(timeout),
-        segment_bytes_(segment_bytes), rank_(t.rank()), size_(t.size()) {}
+        segment_bytes_(segment_bytes), rank_(t.rank()), size_(t.size()), flight_(flight) {}
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
@@ -191,8 +193,10 @@ class call_context {
   // Waits for the message of `p` that starts at byte `at` (`control`: a clear-to-send).
   void wait_part(pending& p, request& req, std::size_t at, bool control = false) {
     std::error_code ec;
+    flight_.waiting(world_rank_of(p.peer), p.is_send);
     if (!held_.empty()) await(req);
     bool ok = req.wait(deadline_, ec);
+    flight_.resumed();
     if (!p.is_send && !control && (ok || ec == errc::message_truncated)) {
       const envelope& e = req.info();
       if (!(e.sig == sig_)) mismatch(p.peer, e.sig);
@@ -254,6 +258,14 @@ class call_context {
     }
   }
 
+  int world_rank_of(int peer) const {
+    if constexpr (requires { t_.world_rank(peer); }) {
+      return t_.world_rank(peer);
+    } else {
+      return peer;
+    }
+  }
+
   [[noreturn]] void mismatch(int peer, const signature& theirs) const {
     throw error(errc::collective_mismatch,
                 "dtrain: collective mismatch: " + peer_name(rank_) + " is in " +
@@ -271,6 +283,7 @@ class call_context {
   std::size_t segment_bytes_;
   int rank_;
   int size_;
+  flight::recorder::handle flight_;
   std::deque<held_send> held_;  // a deque: `pending::held` indexes stay valid as it grows
 };
 

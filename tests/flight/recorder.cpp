@@ -1,0 +1,280 @@
+// The flight recorder's ring, its dump format and the analysis of dumps: what communicators record
+// is checked against the calls the test itself made, and the analysis against hand-written dumps
+// whose answer is known. The real-process cases are tools/flight_recorder.sh's.
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../catch.hpp"
+#include "../../tools/flight_analysis.hpp"
+#include "dtrain/collective/communicator.hpp"
+#include "dtrain/flight/dump.hpp"
+#include "dtrain/transport/inproc.hpp"
+
+using namespace dtrain;
+namespace analysis = dtrain_tools::flight;
+
+namespace {
+
+signature call_of(coll_op op, std::uint64_t seq, std::uint64_t count, int root = 0) {
+  return signature{op, algorithm::ring, dtype::float32, reduce_op::sum, root, count, seq};
+}
+
+std::vector<flight::call> calls_of(const flight::recorder& r) {
+  std::vector<flight::call> out;
+  r.for_each([&](const flight::call& c) { out.push_back(c); });
+  return out;
+}
+
+// The calls of the global recorder with `count` elements (this test's own, among the others').
+std::vector<analysis::call_record> recorded_with_count(std::uint64_t count, std::vector<int> ranks) {
+  const auto path = std::filesystem::temp_directory_path() / ("dtrain_flight_test." + std::to_string(::getpid()));
+  REQUIRE(flight::dump("test", path.string()) == path.string());
+  analysis::dump d;
+  std::string problem;
+  REQUIRE(analysis::read_dump(path, d, problem));
+  std::filesystem::remove(path);
+  CHECK(d.reason == "test");
+  std::vector<analysis::call_record> out;
+  for (auto& c : d.calls) {
+    if (c.count == count && std::find(ranks.begin(), ranks.end(), c.rank) != ranks.end()) out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the ring keeps the last calls, oldest first; a handle on an overwritten slot writes nothing", "[flight]") {
+  flight::recorder r(4);
+  const flight::recorder::group_info g{"world", 0, 2, 0, 7};
+  std::vector<flight::recorder::handle> handles;
+  for (std::uint64_t seq = 0; seq < 6; ++seq) handles.push_back(r.start(g, call_of(coll_op::allreduce, seq, 10 + seq)));
+  handles[5].waiting(1, true);
+  handles[1].failed("stale");  // call 1's slot now holds call 5
+  handles[3].completed();
+  const auto calls = calls_of(r);
+  REQUIRE(calls.size() == 4);
+  CHECK(r.recorded() == 6);
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    CHECK(calls[i].id == i + 3);
+    CHECK(calls[i].sig.seq == i + 2);
+    CHECK(calls[i].sig.count == 12 + i);
+    CHECK(calls[i].tag == 7);
+  }
+  CHECK(calls[3].where == flight::state::waiting);
+  CHECK(calls[3].peer == 1);
+  CHECK(calls[3].sending);
+  CHECK(std::string(calls[3].note).empty());
+  CHECK(calls[1].where == flight::state::completed);
+  CHECK(calls[1].end_us >= calls[1].start_us);
+  CHECK(calls[0].where == flight::state::started);
+  CHECK(calls[0].end_us == 0);
+}
+
+TEST_CASE("a recorder of size 0 records nothing", "[flight]") {
+  flight::recorder r(0);
+  CHECK_FALSE(r.enabled());
+  const auto h = r.start({"world", 0, 1, 0, 0}, call_of(coll_op::barrier, 0, 0));
+  h.completed();
+  CHECK(calls_of(r).empty());
+}
+
+TEST_CASE("the dump writes numbers and text as they are, each call on one line", "[flight]") {
+  flight::recorder r(2);
+  const char* note = flight::recorder::intern("line one\nline two");
+  r.start({flight::recorder::intern("my group"), 1, 2, 5, std::numeric_limits<std::uint64_t>::max()},
+          call_of(coll_op::broadcast, std::numeric_limits<std::uint64_t>::max() - 1, 123456789012345, 1))
+      .failed(note);
+  const auto path = std::filesystem::temp_directory_path() / ("dtrain_flight_format." + std::to_string(::getpid()));
+  {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    REQUIRE(fd >= 0);
+    flight::detail::signal_safe_writer w(fd);
+    flight::detail::write_dump(w, r, -3, "why\nnot", "first");
+    w << std::numeric_limits<std::int64_t>::min() << '\n';
+    REQUIRE(w.flush());
+    ::close(fd);
+  }
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 10);  // 8 header lines, the call, the number
+  CHECK(lines.back() == std::to_string(std::numeric_limits<std::int64_t>::min()));
+  analysis::dump d;
+  std::string problem;
+  REQUIRE(analysis::read_dump(path, d, problem));  // the last line is no key of a dump: ignored
+  std::filesystem::remove(path);
+  CHECK(d.rank == -3);
+  CHECK(d.reason == "why not");
+  REQUIRE(d.calls.size() == 1);
+  const auto& c = d.calls[0];
+  CHECK(c.group == "my_group");
+  CHECK(c.rank == 5);
+  CHECK(c.group_rank == 1);
+  CHECK(c.tag == std::numeric_limits<std::uint64_t>::max());
+  CHECK(c.seq == std::numeric_limits<std::uint64_t>::max() - 1);
+  CHECK(c.count == 123456789012345);
+  CHECK(c.op == "broadcast");
+  CHECK(c.root == 1);
+  CHECK(c.state == "failed");
+  CHECK(c.note == "line one line two");
+}
+
+TEST_CASE("communicators record each call as made, and whom a waiting call waits on", "[flight]") {
+  constexpr std::uint64_t n = 4321;  // this test's calls, among those of others in the binary
+  auto ranks = make_inproc_group(3);
+  std::atomic<bool> rank2_seen_waiting{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      communicator<inproc_transport> comm(std::move(ranks[r]));
+      std::vector<float> x(n, 1.0f);
+      comm.allreduce(std::span(x), reduce_op::sum);
+      comm.broadcast(std::span(x), 2);
+      if (r == 2) {  // late on purpose: the others must be seen waiting in call 2
+        for (int i = 0; i < 2000 && !rank2_seen_waiting; ++i) {
+          flight::recorder::global().for_each([&](const flight::call& c) {
+            if (c.sig.count == n && c.sig.seq == 2 && c.rank == 0 && c.where == flight::state::waiting) {
+              rank2_seen_waiting = true;
+            }
+          });
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+      comm.allreduce(std::span(x), reduce_op::max);
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(rank2_seen_waiting);
+  const auto calls = recorded_with_count(n, {0, 1, 2});
+  REQUIRE(calls.size() == 9);
+  for (int r = 0; r < 3; ++r) {
+    std::vector<analysis::call_record> mine;
+    for (const auto& c : calls) {
+      if (c.rank == r) mine.push_back(c);
+    }
+    REQUIRE(mine.size() == 3);
+    CHECK(mine[0].op == "allreduce");
+    CHECK(mine[1].op == "broadcast");
+    CHECK(mine[1].root == 2);
+    CHECK(mine[2].redop == "max");
+    for (std::size_t i = 0; i < 3; ++i) {
+      CHECK(mine[i].seq == i);
+      CHECK(mine[i].state == "completed");
+      CHECK(mine[i].group == "world");
+      CHECK(mine[i].group_size == 3);
+      CHECK(mine[i].dtype == "float32");
+    }
+  }
+}
+
+TEST_CASE("a call that times out is recorded failed, with the peer it waited for", "[flight]") {
+  constexpr std::uint64_t n = 3217;
+  auto ranks = make_inproc_group(2);
+  communicator_options o;
+  o.timeout = std::chrono::milliseconds(100);
+  communicator<inproc_transport> comm(std::move(ranks[0]), o);
+  std::vector<float> x(n, 1.0f);
+  CHECK_THROWS_AS(comm.allreduce(std::span(x), reduce_op::sum), dtrain::error);
+  const auto calls = recorded_with_count(n, {0});
+  REQUIRE(calls.size() == 1);
+  CHECK(calls[0].state == "failed");
+  CHECK(calls[0].peer == 1);
+  CHECK(calls[0].note.find("timed out") != std::string::npos);
+}
+
+namespace {
+
+analysis::call_record record(int rank, std::uint64_t seq, const std::string& op, std::uint64_t count,
+                             const std::string& state = "completed", const std::string& group = "world", int root = 0) {
+  analysis::call_record c;
+  c.rank = rank;
+  c.seq = seq;
+  c.op = op;
+  c.count = count;
+  c.state = state;
+  c.group = group;
+  c.root = root;
+  c.dtype = "float32";
+  c.redop = "sum";
+  c.group_size = 3;
+  c.start_us = 1000 + static_cast<std::int64_t>(seq) * 10;
+  c.end_us = state == "completed" ? c.start_us + 5 : 0;
+  return c;
+}
+
+analysis::dump dump_of(int rank, std::vector<analysis::call_record> calls, std::string reason = "exit") {
+  analysis::dump d;
+  d.rank = rank;
+  d.reason = reason;
+  d.first = reason;
+  d.dumped_us = 5000;
+  d.calls = std::move(calls);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("the analysis names the first call where the ranks disagree, by root too", "[flight]") {
+  std::vector<analysis::dump> dumps;
+  for (int r = 0; r < 3; ++r) {
+    dumps.push_back(dump_of(r, {record(r, 0, "allreduce", 8), record(r, 1, "broadcast", 8, "failed", "world", r == 1 ? 2 : 0),
+                               record(r, 2, "allreduce", r == 0 ? 9 : 8, "failed")}));
+  }
+  const auto findings = analysis::analyze(dumps, {3, {}});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0] ==
+        "call 1 of group 'world': the ranks disagree: rank 1 calls broadcast (float32, count 8, root 2); "
+        "ranks 0, 2 call broadcast (float32, count 8, root 0)");
+}
+
+TEST_CASE("the analysis does not take calls a ring dropped for a disagreement", "[flight]") {
+  // Rank 1's ring kept only its last two calls; the others kept all four.
+  std::vector<analysis::dump> dumps;
+  for (int r = 0; r < 3; ++r) {
+    std::vector<analysis::call_record> calls;
+    for (std::uint64_t s = r == 1 ? 2 : 0; s < 4; ++s) calls.push_back(record(r, s, "allreduce", 8));
+    dumps.push_back(dump_of(r, calls));
+  }
+  const auto findings = analysis::analyze(dumps, {3, {}});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0] == "every rank recorded the same calls, and none is missing one");
+}
+
+TEST_CASE("the analysis finds the rank behind in a sub-group, and what it does instead", "[flight]") {
+  // Ranks 0 and 2 form group 'pair'; rank 2 is stuck in a world call waiting on rank 1, which
+  // died; rank 0 waits in pair call 1 for rank 2.
+  std::vector<analysis::dump> dumps;
+  auto waiting = record(0, 1, "allgather", 4, "waiting", "pair");
+  waiting.peer = 2;
+  dumps.push_back(dump_of(0, {record(0, 0, "allreduce", 8), record(0, 0, "allgather", 4, "completed", "pair"), waiting},
+                          "timeout"));
+  dumps.push_back(dump_of(1, {record(1, 0, "allreduce", 8)}, "signal SIGSEGV"));
+  auto stuck = record(2, 1, "allreduce", 8, "waiting");
+  stuck.peer = 1;
+  dumps.push_back(dump_of(2, {record(2, 0, "allreduce", 8), record(2, 0, "allgather", 4, "completed", "pair"), stuck},
+                          "asked (SIGUSR2)"));
+  const auto findings = analysis::analyze(dumps, {3, {}});
+  REQUIRE(findings.size() == 3);
+  CHECK(findings[0] == "rank 2 never reached call 1 of group 'pair', allgather (float32, count 4), which rank 0 "
+                       "entered; its last there was call 0 (completed); it was in call 1 of group 'world', allreduce "
+                       "(float32 sum, count 8), waiting on rank 1");
+  // The rank that died first: the likeliest cause of the world's hang.
+  CHECK(findings[1] == "rank 1 never reached call 1 of group 'world', allreduce (float32 sum, count 8), which rank 2 "
+                       "entered; its last there was call 0 (completed); it died (signal SIGSEGV)");
+  CHECK(findings[2] == "rank 0 never reached call 1 of group 'world', allreduce (float32 sum, count 8), which rank 2 "
+                       "entered; its last there was call 0 (completed); it was in call 1 of group 'pair', allgather "
+                       "(float32, count 4), waiting on rank 2");
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The flight recorder in real processes over TCP (flight_worker.cpp): one rank goes wrong at its
+# fifth world allreduce (call 4), a different rank from case to case, and dtrain-run's report must
+# name that rank, that call and what the rank did instead. A clean job must report nothing.
+#
+#   flight_recorder.sh path/to/dtrain-run path/to/flight_worker
+set -u
+run=$1
+worker=$2
+. "$(dirname "$0")/checks.sh"
+dir=$(mktemp -d)
+trap 'rm -rf "$out" "$err" "$dir"' EXIT
+reports() { grep -qE -- "^dtrain-run:   $1" "$err"; }
+never_reached() {  # never_reached RANK OTHERS: the line's start, as a regular expression
+  echo "rank $1 never reached call 4 of group 'world', allreduce \(float32 sum, count 1024\), which ranks? $2 entered"
+}
+
+launch -- -n 3 "$worker" ok
+expect "a clean job succeeds (status $status)" test "$status" -eq 0
+expect "a clean job prints no flight report" test ! -s "$err"
+
+# Rank 2 asks itself for a dump mid-job (SIGUSR2), finds its 8 calls in it, and goes on.
+launch DTRAIN_TEST_BAD_RANK=2 -- -n 3 "$worker" ask
+expect "ask: the dump signal does not stop the job, and the dump holds the calls (status $status)" test "$status" -eq 0
+
+# Rank 1 returns from main instead of calling allreduce 4: the others wait, then lose it.
+launch DTRAIN_TEST_BAD_RANK=1 -- -n 3 "$worker" skip
+expect "skip: the job fails (status $status)" test "$status" -ne 0
+expect "skip: rank 1 and call 4 are named, and that rank 1 exited" \
+  reports "$(never_reached 1 '0, 2'); its last there was call 3 \(completed\); it was in none of its collectives.*it exited with status 0$"
+
+# Rank 2 passes 512 floats where the others pass 1024.
+launch DTRAIN_TEST_BAD_RANK=2 -- -n 3 "$worker" size
+expect "size: the job fails (status $status)" test "$status" -ne 0
+expect "size: the first disagreement is call 4, rank 2's count against the others'" \
+  reports "call 4 of group 'world': the ranks disagree: rank 2 calls allreduce \(float32 sum, count 512\); ranks 0, 1 call allreduce \(float32 sum, count 1024\)$"
+
+# Rank 1 aborts in user code: its fatal-signal handler dumps before it dies.
+launch DTRAIN_TEST_BAD_RANK=1 -- -n 3 "$worker" abort
+expect "abort: dtrain-run's status is SIGABRT's (got $status)" test "$status" -eq 134
+expect "abort: rank 1 died after call 3, before call 4" \
+  reports "$(never_reached 1 '0, 2'); its last there was call 3 \(completed\); it died \(signal SIGABRT\)$"
+
+# Rank 2 is SIGKILLed: it leaves no dump; the others' dumps and its exit say enough.
+launch DTRAIN_TEST_BAD_RANK=2 -- -n 3 "$worker" kill
+expect "kill: dtrain-run's status is SIGKILL's (got $status)" test "$status" -eq 137
+expect "kill: rank 2 never reached call 4 and left no record" \
+  reports "$(never_reached 2 '[0-9, ]+'); it left no flight record \(it was killed by signal 9 \(SIGKILL\)\)$"
+
+# Rank 1 sleeps in user code past the collectives' 3 s deadline: the others time out and fail;
+# dtrain-run asks rank 1 for its dump before stopping it.
+launch DTRAIN_TEST_BAD_RANK=1 DTRAIN_TIMEOUT_MS=3000 DTRAIN_TEST_SLEEP_S=60 -- -n 3 "$worker" sleep
+expect "sleep: the job fails (status $status)" test "$status" -ne 0
+expect "sleep: stopped after the deadline, not after the sleep (${elapsed_ms} ms)" test "$elapsed_ms" -lt 30000
+expect "sleep: rank 1 was in user code, not in a collective, when asked" \
+  reports "$(never_reached 1 '0, 2'); its last there was call 3 \(completed\); it was in none of its collectives when it dumped, [0-9.]+ s after its last one ended \(user code\)"
+
+# The same sleep with a deadline longer than the job's time limit: dtrain-run asks everyone.
+launch DTRAIN_TEST_BAD_RANK=2 DTRAIN_TIMEOUT_MS=120000 DTRAIN_TEST_SLEEP_S=60 -- \
+  -n 4 --time-limit 4 --flight-dir "$dir" "$worker" sleep
+expect "time limit: status 124 (got $status)" test "$status" -eq 124
+expect "time limit: said" has_err "the job ran past its time limit of 4 s"
+expect "time limit: rank 2 in user code, the others waiting in call 4" \
+  reports "$(never_reached 2 '0, 1, 3'); its last there was call 3 \(completed\); it was in none of its collectives when it dumped"
+expect "time limit: every rank's dump is kept in --flight-dir" \
+  test -s "$dir/flight.0.txt" -a -s "$dir/flight.1.txt" -a -s "$dir/flight.2.txt" -a -s "$dir/flight.3.txt"
+
+# --analyze reads the kept dumps again; a damaged one is named, not read as a record.
+"$run" --analyze "$dir" -n 4 >"$out" 2>"$err"
+analyze_status=$?
+expect "analyze: exit 0 (got $analyze_status)" test "$analyze_status" -eq 0
+expect "analyze: the same finding" reports "$(never_reached 2 '0, 1, 3')"
+echo "call id=x" >"$dir/flight.9.txt"
+"$run" --analyze "$dir" -n 4 >"$out" 2>"$err"
+expect "analyze: a damaged dump is named" has_err "flight.9.txt is not a dtrain flight-recorder dump"
+rm -f "$dir"/flight.*.txt
+"$run" --analyze "$dir" >"$out" 2>"$err"
+analyze_status=$?
+expect "analyze: no dump is an error (status $analyze_status)" test "$analyze_status" -ne 0
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures check(s) failed"
+  exit 1
+fi
+echo "all flight-recorder checks passed"
