@@ -1,0 +1,16 @@
+// Statements in a function that is given the reader's gradients, over TCP (compiled only).
+// links: dtrain::asio
+// needs: asio
+#include <optional>
+#include <span>
+#include <vector>
+
+#include <dtrain/collective/communicator.hpp>
+#include <dtrain/transport/group.hpp>
+#include <dtrain/transport/mesh.hpp>
+#include <dtrain/transport/tcp.hpp>
+
+#pragma GCC diagnostic ignored "-Wunused-variable"
+void doc_block(std::vector<float>& grads) {
+// @block@
+}
