@@ -110,7 +110,9 @@ bool report_flight(const std::filesystem::path& dir, const dtrain_tools::flight:
     return false;
   }
   std::fprintf(stderr, "dtrain-run: flight recorder (%zu dumps in %s):\n", dumps.size(), dir.c_str());
-  for (const auto& f : dtrain_tools::flight::analyze(dumps, facts)) std::fprintf(stderr, "dtrain-run:   %s\n", f.c_str());
+  for (const auto& f : dtrain_tools::flight::analyze(dumps, facts)) {
+    std::fprintf(stderr, "dtrain-run:   %s\n", f.c_str());
+  }
   return true;
 }
 

@@ -231,7 +231,8 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
       if (forms.size() < 2) continue;
       std::vector<std::pair<std::vector<int>, std::string>> sides;
       for (const auto& [what, ranks] : forms) sides.push_back({ranks, what});
-      std::sort(sides.begin(), sides.end(), [](const auto& a, const auto& b) { return a.first.size() < b.first.size(); });
+      std::sort(sides.begin(), sides.end(),
+                [](const auto& a, const auto& b) { return a.first.size() < b.first.size(); });
       std::string s = "call " + std::to_string(seq) + " " + where + ": the ranks disagree:";
       for (std::size_t i = 0; i < sides.size(); ++i) {
         s += (i > 0 ? ";" : "") + std::string(" ") + rank_list(sides[i].first) +

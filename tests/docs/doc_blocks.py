@@ -8,8 +8,8 @@ uses) and a line `// @block@` where the block goes. Its first lines may say what
   // links: dtrain::asio            the targets to link
   // needs: asio | torch | nccl     build it only where the dependency was found
 A block whose frame cannot be written yet is listed in tests/docs/unframed.txt (`page block-index
-reason`), as are, for now, the headers' `/// @code` blocks; the check fails for a block that is in neither place, and for a listed block that has
-a frame now or is gone, so the list only shrinks.
+reason`), as are, for now, the headers' `/// @code` blocks; the check fails for a block that is in
+neither place, and for a listed block that has a frame now or is gone, so the list only shrinks.
 
   doc_blocks.py --root ROOT --out DIR    writes DIR/<page>_<n>.cpp and DIR/doc_blocks.cmake
   doc_blocks.py --root ROOT --check      only the check above

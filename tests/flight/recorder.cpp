@@ -56,7 +56,8 @@ std::vector<analysis::call_record> recorded_with_count(std::uint64_t count, std:
 
 }  // namespace
 
-TEST_CASE("the ring keeps the last calls, oldest first; a handle on an overwritten slot writes nothing", "[flight]") {
+TEST_CASE("flight: the ring keeps the last calls, oldest first; a handle on an overwritten slot writes nothing",
+          "[flight]") {
   flight::recorder r(4);
   const flight::recorder::group_info g{"world", 0, 2, 0, 7};
   std::vector<flight::recorder::handle> handles;
@@ -83,7 +84,7 @@ TEST_CASE("the ring keeps the last calls, oldest first; a handle on an overwritt
   CHECK(calls[0].end_us == 0);
 }
 
-TEST_CASE("a recorder of size 0 records nothing", "[flight]") {
+TEST_CASE("flight: a recorder of size 0 records nothing", "[flight]") {
   flight::recorder r(0);
   CHECK_FALSE(r.enabled());
   const auto h = r.start({"world", 0, 1, 0, 0}, call_of(coll_op::barrier, 0, 0));
@@ -91,7 +92,7 @@ TEST_CASE("a recorder of size 0 records nothing", "[flight]") {
   CHECK(calls_of(r).empty());
 }
 
-TEST_CASE("the dump writes numbers and text as they are, each call on one line", "[flight]") {
+TEST_CASE("flight: the dump writes numbers and text as they are, each call on one line", "[flight]") {
   flight::recorder r(2);
   const char* note = flight::recorder::intern("line one\nline two");
   r.start({flight::recorder::intern("my group"), 1, 2, 5, std::numeric_limits<std::uint64_t>::max()},
@@ -132,7 +133,7 @@ TEST_CASE("the dump writes numbers and text as they are, each call on one line",
   CHECK(c.note == "line one line two");
 }
 
-TEST_CASE("communicators record each call as made, and whom a waiting call waits on", "[flight]") {
+TEST_CASE("flight: communicators record each call as made, and whom a waiting call waits on", "[flight]") {
   constexpr std::uint64_t n = 4321;  // this test's calls, among those of others in the binary
   auto ranks = make_inproc_group(3);
   std::atomic<bool> rank2_seen_waiting{false};
@@ -180,7 +181,7 @@ TEST_CASE("communicators record each call as made, and whom a waiting call waits
   }
 }
 
-TEST_CASE("a call that times out is recorded failed, with the peer it waited for", "[flight]") {
+TEST_CASE("flight: a call that times out is recorded failed, with the peer it waited for", "[flight]") {
   constexpr std::uint64_t n = 3217;
   auto ranks = make_inproc_group(2);
   communicator_options o;
@@ -227,11 +228,12 @@ analysis::dump dump_of(int rank, std::vector<analysis::call_record> calls, std::
 
 }  // namespace
 
-TEST_CASE("the analysis names the first call where the ranks disagree, by root too", "[flight]") {
+TEST_CASE("flight: the analysis names the first call where the ranks disagree, by root too", "[flight]") {
   std::vector<analysis::dump> dumps;
   for (int r = 0; r < 3; ++r) {
-    dumps.push_back(dump_of(r, {record(r, 0, "allreduce", 8), record(r, 1, "broadcast", 8, "failed", "world", r == 1 ? 2 : 0),
-                               record(r, 2, "allreduce", r == 0 ? 9 : 8, "failed")}));
+    dumps.push_back(dump_of(r, {record(r, 0, "allreduce", 8),
+                                record(r, 1, "broadcast", 8, "failed", "world", r == 1 ? 2 : 0),
+                                record(r, 2, "allreduce", r == 0 ? 9 : 8, "failed")}));
   }
   const auto findings = analysis::analyze(dumps, {3, {}});
   REQUIRE(findings.size() == 1);
@@ -240,7 +242,7 @@ TEST_CASE("the analysis names the first call where the ranks disagree, by root t
         "ranks 0, 2 call broadcast (float32, count 8, root 0)");
 }
 
-TEST_CASE("the analysis does not take calls a ring dropped for a disagreement", "[flight]") {
+TEST_CASE("flight: the analysis does not take calls a ring dropped for a disagreement", "[flight]") {
   // Rank 1's ring kept only its last two calls; the others kept all four.
   std::vector<analysis::dump> dumps;
   for (int r = 0; r < 3; ++r) {
@@ -253,7 +255,7 @@ TEST_CASE("the analysis does not take calls a ring dropped for a disagreement", 
   CHECK(findings[0] == "every rank recorded the same calls, and none is missing one");
 }
 
-TEST_CASE("the analysis finds the rank behind in a sub-group, and what it does instead", "[flight]") {
+TEST_CASE("flight: the analysis finds the rank behind in a sub-group, and what it does instead", "[flight]") {
   // Ranks 0 and 2 form group 'pair'; rank 2 is stuck in a world call waiting on rank 1, which
   // died; rank 0 waits in pair call 1 for rank 2.
   std::vector<analysis::dump> dumps;

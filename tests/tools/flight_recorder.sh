@@ -14,6 +14,8 @@ reports() { grep -qE -- "^dtrain-run:   $1" "$err"; }
 never_reached() {  # never_reached RANK OTHERS: the line's start, as a regular expression
   echo "rank $1 never reached call 4 of group 'world', allreduce \(float32 sum, count 1024\), which ranks? $2 entered"
 }
+last_3="its last there was call 3 \(completed\)"
+in_none="it was in none of its collectives when it dumped"
 
 launch -- -n 3 "$worker" ok
 expect "a clean job succeeds (status $status)" test "$status" -eq 0
@@ -27,19 +29,20 @@ expect "ask: the dump signal does not stop the job, and the dump holds the calls
 launch DTRAIN_TEST_BAD_RANK=1 -- -n 3 "$worker" skip
 expect "skip: the job fails (status $status)" test "$status" -ne 0
 expect "skip: rank 1 and call 4 are named, and that rank 1 exited" \
-  reports "$(never_reached 1 '0, 2'); its last there was call 3 \(completed\); it was in none of its collectives.*it exited with status 0$"
+  reports "$(never_reached 1 '0, 2'); $last_3; $in_none.*it exited with status 0$"
 
 # Rank 2 passes 512 floats where the others pass 1024.
 launch DTRAIN_TEST_BAD_RANK=2 -- -n 3 "$worker" size
 expect "size: the job fails (status $status)" test "$status" -ne 0
 expect "size: the first disagreement is call 4, rank 2's count against the others'" \
-  reports "call 4 of group 'world': the ranks disagree: rank 2 calls allreduce \(float32 sum, count 512\); ranks 0, 1 call allreduce \(float32 sum, count 1024\)$"
+  reports "call 4 of group 'world': the ranks disagree: rank 2 calls allreduce \(float32 sum, count 512\);\
+ ranks 0, 1 call allreduce \(float32 sum, count 1024\)$"
 
 # Rank 1 aborts in user code: its fatal-signal handler dumps before it dies.
 launch DTRAIN_TEST_BAD_RANK=1 -- -n 3 "$worker" abort
 expect "abort: dtrain-run's status is SIGABRT's (got $status)" test "$status" -eq 134
 expect "abort: rank 1 died after call 3, before call 4" \
-  reports "$(never_reached 1 '0, 2'); its last there was call 3 \(completed\); it died \(signal SIGABRT\)$"
+  reports "$(never_reached 1 '0, 2'); $last_3; it died \(signal SIGABRT\)$"
 
 # Rank 2 is SIGKILLed: it leaves no dump; the others' dumps and its exit say enough.
 launch DTRAIN_TEST_BAD_RANK=2 -- -n 3 "$worker" kill
@@ -53,7 +56,7 @@ launch DTRAIN_TEST_BAD_RANK=1 DTRAIN_TIMEOUT_MS=3000 DTRAIN_TEST_SLEEP_S=60 -- -
 expect "sleep: the job fails (status $status)" test "$status" -ne 0
 expect "sleep: stopped after the deadline, not after the sleep (${elapsed_ms} ms)" test "$elapsed_ms" -lt 30000
 expect "sleep: rank 1 was in user code, not in a collective, when asked" \
-  reports "$(never_reached 1 '0, 2'); its last there was call 3 \(completed\); it was in none of its collectives when it dumped, [0-9.]+ s after its last one ended \(user code\)"
+  reports "$(never_reached 1 '0, 2'); $last_3; $in_none, [0-9.]+ s after its last one ended \(user code\)"
 
 # The same sleep with a deadline longer than the job's time limit: dtrain-run asks everyone.
 launch DTRAIN_TEST_BAD_RANK=2 DTRAIN_TIMEOUT_MS=120000 DTRAIN_TEST_SLEEP_S=60 -- \
@@ -61,7 +64,7 @@ launch DTRAIN_TEST_BAD_RANK=2 DTRAIN_TIMEOUT_MS=120000 DTRAIN_TEST_SLEEP_S=60 --
 expect "time limit: status 124 (got $status)" test "$status" -eq 124
 expect "time limit: said" has_err "the job ran past its time limit of 4 s"
 expect "time limit: rank 2 in user code, the others waiting in call 4" \
-  reports "$(never_reached 2 '0, 1, 3'); its last there was call 3 \(completed\); it was in none of its collectives when it dumped"
+  reports "$(never_reached 2 '0, 1, 3'); $last_3; $in_none"
 expect "time limit: every rank's dump is kept in --flight-dir" \
   test -s "$dir/flight.0.txt" -a -s "$dir/flight.1.txt" -a -s "$dir/flight.2.txt" -a -s "$dir/flight.3.txt"
 
