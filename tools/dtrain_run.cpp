@@ -116,11 +116,14 @@ bool report_flight(const std::filesystem::path& dir, const dtrain_tools::flight:
   return true;
 }
 
-// When the dump at `path` was written (its `dumped_us` line), or 0.
-std::int64_t dumped_us(const std::filesystem::path& path) {
+// When `c` last dumped (its file's `dumped_us` line), or 0 if it has not (a file of another
+// process, a job's before in a reused directory, does not count).
+std::int64_t dumped_us(const std::filesystem::path& dir, const child& c) {
   dtrain_tools::flight::dump d;
   std::string ignored;
-  return dtrain_tools::flight::read_dump(path, d, ignored) ? d.dumped_us : 0;
+  const bool mine = dtrain_tools::flight::read_dump(dir / fmt::format("flight.{}.txt", c.rank), d, ignored) &&
+                    d.pid == static_cast<long>(c.pid);
+  return mine ? d.dumped_us : 0;
 }
 
 // Whether `c` has ended (left for the main loop to reap).
@@ -137,7 +140,7 @@ void request_dumps(const std::vector<child>& children, const std::filesystem::pa
   const std::int64_t asked = dtrain::flight::recorder::now_us();
   std::vector<const child*> asking;
   for (const auto& c : children) {
-    if (c.running && dumped_us(dir / fmt::format("flight.{}.txt", c.rank)) > 0) {
+    if (c.running && dumped_us(dir, c) > 0) {
       ::kill(c.pid, dtrain::flight::dump_signal);
       asking.push_back(&c);
     }
@@ -147,7 +150,7 @@ void request_dumps(const std::vector<child>& children, const std::filesystem::pa
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     all = true;
     for (const child* c : asking) {
-      all = all && (ended(*c) || dumped_us(dir / fmt::format("flight.{}.txt", c->rank)) >= asked);
+      all = all && (ended(*c) || dumped_us(dir, *c) >= asked);
     }
   }
 }
@@ -240,6 +243,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dtrain-run: cannot make the flight directory %s: %s\n", flight_dir.c_str(),
                  ec.message().c_str());
     return 2;
+  } else {  // a directory used before: its dumps are another job's
+    for (const auto& entry : std::filesystem::directory_iterator(flight_dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("flight.", 0) == 0 && entry.path().extension() == ".txt") std::filesystem::remove(entry, ec);
+    }
   }
   std::vector<std::string> command{program};
   for (auto& a : app.remaining()) command.push_back(a);

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace dtrain_tools::flight {
@@ -20,7 +21,7 @@ namespace dtrain_tools::flight {
 /// One `call` line of a dump.
 struct call_record {
   std::uint64_t id = 0, tag = 0, seq = 0, count = 0;
-  int rank = -1, group_rank = -1, group_size = 0, root = 0, peer = -1;
+  int rank = -1, group_rank = -1, group_size = 0, root = 0, peer = -1, generation = 0;
   std::string group, op, algo, dtype, redop, state, dir, note;
   std::int64_t start_us = 0, end_us = 0;
 
@@ -81,6 +82,7 @@ inline bool read_dump(const std::filesystem::path& path, dump& out, std::string&
           else if (k == "grank") c.group_rank = std::stoi(v);
           else if (k == "gsize") c.group_size = std::stoi(v);
           else if (k == "tag") c.tag = std::stoull(v);
+          else if (k == "gen") c.generation = std::stoi(v);
           else if (k == "seq") c.seq = std::stoull(v);
           else if (k == "op") c.op = v;
           else if (k == "algo") c.algo = v;
@@ -146,10 +148,12 @@ inline bool fatal(const std::string& reason) {
   return reason.rfind("signal SIG", 0) == 0 && reason != "signal SIGTERM";
 }
 
-// One communicator: a group and the tag that tells two communicators of it apart.
+// One communicator: a group, the tag that tells two communicators (and two groups of one name)
+// apart, and which communicator of them it is (one rebuilt after a failure counts again from 0).
 struct channel {
   std::string group;
   std::uint64_t tag;
+  int generation;
   int size;
   std::map<int, std::map<std::uint64_t, call_record>> by_rank;  // world rank -> seq -> its call
 };
@@ -160,20 +164,21 @@ struct channel {
 inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const launch_facts& facts) {
   using detail::rank_list;
   std::vector<std::string> findings;
-  std::map<std::pair<std::string, std::uint64_t>, detail::channel> channels;
+  std::map<std::tuple<std::string, std::uint64_t, int>, detail::channel> channels;
   std::map<int, const dump*> dump_of;  // world rank -> the dump its process wrote
   std::map<int, std::vector<const call_record*>> running;  // world rank -> its calls in progress
   std::map<int, const call_record*> latest;  // world rank -> its last call started
   for (const dump& d : dumps) {
     if (d.rank >= 0) dump_of[d.rank] = &d;
     for (const call_record& c : d.calls) {
-      auto& ch = channels[{c.group, c.tag}];
+      auto& ch = channels[{c.group, c.tag, c.generation}];
       ch.group = c.group;
       ch.tag = c.tag;
+      ch.generation = c.generation;
       ch.size = c.group_size;
       ch.by_rank[c.rank][c.seq] = c;
       dump_of.try_emplace(c.rank, &d);
-      if (c.in_progress()) running[c.rank].push_back(&c);
+      if (c.in_progress()) running[c.rank].push_back(&c);  // oldest first: the ring's order
       if (!latest.count(c.rank) || latest[c.rank]->start_us < c.start_us) latest[c.rank] = &c;
     }
   }
@@ -189,31 +194,39 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
     if (d == dump_of.end() || d->second->reason == "started") {
       return {0, "it left no flight record" + (end != facts.ends.end() ? " (it " + end->second + ")" : std::string())};
     }
+    // How the launcher saw it end, after what its record says (which may be older).
+    const std::string ended = end != facts.ends.end() ? "; it " + end->second : "";
     if (auto r = running.find(rank); r != running.end()) {
-      const call_record& c = *r->second.front();
+      const call_record& c = *r->second.back();  // the latest it entered
       std::string s = "it was in call " + std::to_string(c.seq) + " of group '" + c.group + "', " + c.what();
       if (c.state == "waiting") s += ", waiting on rank " + std::to_string(c.peer);
-      return {2, s};
+      return {2, s + ended};
     }
     const auto l = latest.find(rank);
     if (l != latest.end() && l->second->state == "failed") {
       const call_record& c = *l->second;
       std::string why = c.note.size() > 240 ? c.note.substr(0, 240) + "..." : c.note;
-      return {3, "it failed in call " + std::to_string(c.seq) + " of group '" + c.group + "': " + why};
+      return {3, "it failed in call " + std::to_string(c.seq) + " of group '" + c.group + "': " + why + ended};
     }
     std::string s = "it was in none of its collectives when it dumped";
     if (l != latest.end() && l->second->end_us > 0) {
       s += ", " + detail::seconds(d->second->dumped_us - l->second->end_us) + " after its last one ended (user code)";
     }
-    if (end != facts.ends.end()) s += "; it " + end->second;
-    return {1, s};
+    return {1, s + ended};
   };
 
   for (auto& [key, ch] : channels) {
-    const std::string where = "of group '" + ch.group + "'";
-    // Members: the ranks with a record here, and for the world every rank of the job.
+    std::string where = "of group '" + ch.group + "'";
+    if (ch.generation > 0) where += " (its communicator " + std::to_string(ch.generation + 1) + ")";
+    // Members: the ranks with a record here, those that a call here waited on, and for the world
+    // every rank of the job.
     std::set<int> members;
-    for (const auto& [rank, calls] : ch.by_rank) members.insert(rank);
+    for (const auto& [rank, calls] : ch.by_rank) {
+      members.insert(rank);
+      for (const auto& [seq, c] : calls) {
+        if (c.peer >= 0) members.insert(c.peer);
+      }
+    }
     if (ch.group == "world") {
       for (int r = 0; r < std::max(world, ch.size); ++r) members.insert(r);
     }

@@ -11,7 +11,8 @@ A block whose frame cannot be written yet is listed in tests/docs/unframed.txt (
 reason`), as are, for now, the headers' `/// @code` blocks; the check fails for a block that is in
 neither place, and for a listed block that has a frame now or is gone, so the list only shrinks.
 
-  doc_blocks.py --root ROOT --out DIR    writes DIR/<page>_<n>.cpp and DIR/doc_blocks.cmake
+  doc_blocks.py --root ROOT --out DIR    writes DIR/<page>_<n>.cpp and DIR/doc_blocks.cmake (exit 2
+                                         where it cannot)
   doc_blocks.py --root ROOT --check      only the check above
 """
 import argparse
@@ -22,6 +23,9 @@ import sys
 
 BLOCK = re.compile(r"(?:<!-- frame: ([\w-]+) -->\n)?```cpp\n(.*?)```", re.S)
 HEADER_BLOCK = re.compile(r"^/// @code\n((?:///.*\n)*?)/// @endcode", re.M)
+# Anything that opens a C++ block, however spelled: each must be one BLOCK or HEADER_BLOCK finds.
+ANY_FENCE = re.compile(r"^[ \t]*```[ \t]*(?:c\+\+|cpp|cxx|cc)\b.*$", re.M | re.I)
+ANY_CODE = re.compile(r"^[ \t]*///?[ \t]*[@\\]code\b.*$", re.M)
 
 
 def pages(root):
@@ -63,9 +67,32 @@ def unframed(root):
     return listed
 
 
+def strays(root):
+    """C++ blocks spelled so that no rule here finds them (```c++, an indented fence, a trailing
+    space, an indented @code), and complete programs outside docs/*.md, which CMake builds from
+    there only."""
+    found = []
+    for path in pages(root):
+        text = open(path, encoding="utf-8").read()
+        for m in ANY_FENCE.finditer(text):
+            if m.group(0) != "```cpp":
+                found.append(f"{page_id(root, path)}: '{m.group(0).strip()}' opens a C++ block no rule reads; "
+                             "write ```cpp")
+        in_docs = os.path.dirname(os.path.relpath(path, root)) == "docs"
+        if not in_docs and "```cpp\n// A complete program" in text:
+            found.append(f"{page_id(root, path)}: a complete program outside docs/*.md, which nothing builds")
+    for path in sorted(glob.glob(os.path.join(root, "include", "**", "*.hpp"), recursive=True)):
+        text = open(path, encoding="utf-8").read()
+        for m in ANY_CODE.finditer(text):
+            if m.group(0) != "/// @code":
+                found.append(f"{page_id(root, path)}: '{m.group(0).strip()}' opens an example no rule reads")
+    return found
+
+
 def check(root):
-    """@returns the problems: blocks with neither a frame nor a listing, stale listings, missing frames."""
-    problems = []
+    """@returns the problems: blocks with neither a frame nor a listing, stale listings, missing
+    frames or frames without their `// @block@` line, and blocks no rule reads."""
+    problems = strays(root)
     listed = unframed(root)
     seen = set()
     for page, n, frame, _ in blocks(root):
@@ -74,8 +101,11 @@ def check(root):
             problems.append(f"{page} block {n}: no '<!-- frame: NAME -->' line before it and not in unframed.txt")
         if frame is not None and (page, n) in listed:
             problems.append(f"{page} block {n}: has a frame now; take it out of unframed.txt")
-        if frame is not None and not os.path.exists(os.path.join(root, "tests", "docs", "frames", frame + ".cpp")):
+        frame_path = os.path.join(root, "tests", "docs", "frames", f"{frame}.cpp")
+        if frame is not None and not os.path.exists(frame_path):
             problems.append(f"{page} block {n}: no frame tests/docs/frames/{frame}.cpp")
+        elif frame is not None and "// @block@\n" not in open(frame_path, encoding="utf-8").read():
+            problems.append(f"{page} block {n}: tests/docs/frames/{frame}.cpp has no '// @block@' line")
     for key in listed:
         if key not in seen:
             problems.append(f"unframed.txt lists {key[0]} block {key[1]}, which is no longer an unframed block")
@@ -91,7 +121,7 @@ def write(root, out):
         frame_path = os.path.join(root, "tests", "docs", "frames", frame + ".cpp")
         text = open(frame_path, encoding="utf-8").read()
         if "// @block@\n" not in text:
-            sys.exit(f"doc_blocks: {frame_path} has no '// @block@' line")
+            raise ValueError(f"{frame_path} has no '// @block@' line")
         links = re.search(r"^// links: (.*)$", text, re.M)
         needs = re.search(r"^// needs: (.*)$", text, re.M)
         name = f"{page}_{n}"
@@ -115,7 +145,11 @@ def main():
     for p in problems:
         print(f"doc_blocks: {p}", file=sys.stderr)
     if a.out:
-        write(a.root, a.out)
+        try:
+            write(a.root, a.out)
+        except (OSError, ValueError) as e:  # configure stops: the blocks would not be compiled
+            print(f"doc_blocks: {e}", file=sys.stderr)
+            return 2
     if problems:
         return 1
     print(f"doc_blocks: every C++ block has a frame or is listed in unframed.txt")

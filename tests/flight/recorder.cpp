@@ -21,6 +21,7 @@
 #include "../../tools/flight_analysis.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/flight/dump.hpp"
+#include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
 
 using namespace dtrain;
@@ -56,7 +57,7 @@ std::vector<analysis::call_record> recorded_with_count(std::uint64_t count, std:
 
 }  // namespace
 
-TEST_CASE("flight: the ring keeps the last calls, oldest first; a handle on an overwritten slot writes nothing",
+TEST_CASE("flight: the ring keeps the last calls, oldest first, and a handle on an overwritten slot writes nothing",
           "[flight]") {
   flight::recorder r(4);
   const flight::recorder::group_info g{"world", 0, 2, 0, 7};
@@ -95,9 +96,12 @@ TEST_CASE("flight: a recorder of size 0 records nothing", "[flight]") {
 TEST_CASE("flight: the dump writes numbers and text as they are, each call on one line", "[flight]") {
   flight::recorder r(2);
   const char* note = flight::recorder::intern("line one\nline two");
-  r.start({flight::recorder::intern("my group"), 1, 2, 5, std::numeric_limits<std::uint64_t>::max()},
-          call_of(coll_op::broadcast, std::numeric_limits<std::uint64_t>::max() - 1, 123456789012345, 1))
-      .failed(note);
+  const std::int64_t before = flight::recorder::now_us();
+  constexpr auto most = std::numeric_limits<std::uint64_t>::max();
+  const auto h = r.start({flight::recorder::intern("my group"), 1, 7, 5, most, 3},
+                         call_of(coll_op::broadcast, most - 1, 123456789012345, 1));
+  h.waiting(4, true);
+  h.failed(note);
   const auto path = std::filesystem::temp_directory_path() / ("dtrain_flight_format." + std::to_string(::getpid()));
   {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -118,12 +122,22 @@ TEST_CASE("flight: the dump writes numbers and text as they are, each call on on
   REQUIRE(analysis::read_dump(path, d, problem));  // the last line is no key of a dump: ignored
   std::filesystem::remove(path);
   CHECK(d.rank == -3);
+  CHECK(d.pid == static_cast<long>(::getpid()));
   CHECK(d.reason == "why not");
+  CHECK(d.first == "first");
+  CHECK(d.dumped_us >= before);
   REQUIRE(d.calls.size() == 1);
   const auto& c = d.calls[0];
   CHECK(c.group == "my_group");
   CHECK(c.rank == 5);
   CHECK(c.group_rank == 1);
+  CHECK(c.group_size == 7);
+  CHECK(c.generation == 3);
+  CHECK(c.peer == 4);
+  CHECK(c.dir == "send");
+  CHECK(c.start_us >= before);
+  CHECK(c.end_us >= c.start_us);
+  CHECK(c.end_us <= d.dumped_us);
   CHECK(c.tag == std::numeric_limits<std::uint64_t>::max());
   CHECK(c.seq == std::numeric_limits<std::uint64_t>::max() - 1);
   CHECK(c.count == 123456789012345);
@@ -194,6 +208,43 @@ TEST_CASE("flight: a call that times out is recorded failed, with the peer it wa
   CHECK(calls[0].state == "failed");
   CHECK(calls[0].peer == 1);
   CHECK(calls[0].note.find("timed out") != std::string::npos);
+}
+
+TEST_CASE("flight: a call in a process group records its group and the world rank it waits on", "[flight]") {
+  // World ranks 2 and 0 form "pair" in that order: group rank 0 is world rank 2. World rank 0
+  // must be seen waiting on world rank 2 (its group rank 0), not on "rank 0".
+  constexpr std::uint64_t n = 2741;
+  std::atomic<bool> seen{false};
+  std::atomic<int> done{0};
+  run_inproc(3, [&](int r, inproc_transport t) {
+    process_group<inproc_transport> world(std::move(t));
+    if (r == 1) {  // stays till the pair is done: a rank leaving fails the others' calls
+      while (done < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return;
+    }
+    communicator<process_group<inproc_transport>> pair(*world.form(rank_list({2, 0}), "pair"));
+    std::vector<float> x(n, 1.0f);
+    if (r == 2) {
+      for (int i = 0; i < 2000 && !seen; ++i) {
+        flight::recorder::global().for_each([&](const flight::call& c) {
+          if (c.sig.count == n && c.rank == 0 && c.where == flight::state::waiting && c.peer == 2) seen = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    pair.allreduce(std::span(x), reduce_op::sum);
+    ++done;
+  });
+  CHECK(seen);
+  const auto calls = recorded_with_count(n, {0, 2});
+  REQUIRE(calls.size() == 2);
+  for (const auto& c : calls) {
+    CHECK(c.group == "pair");
+    CHECK(c.group_rank == (c.rank == 2 ? 0 : 1));
+    CHECK(c.tag != communicator_options{}.tag);  // the group's key is in it
+    CHECK(c.state == "completed");
+  }
+  CHECK(calls[0].tag == calls[1].tag);
 }
 
 namespace {
@@ -279,4 +330,43 @@ TEST_CASE("flight: the analysis finds the rank behind in a sub-group, and what i
   CHECK(findings[2] == "rank 0 never reached call 1 of group 'world', allreduce (float32 sum, count 8), which rank 2 "
                        "entered; its last there was call 0 (completed); it was in call 1 of group 'pair', allgather "
                        "(float32, count 4), waiting on rank 2");
+}
+
+TEST_CASE("flight: the analysis finds a group member that never recorded a call there by the wait on it",
+          "[flight]") {
+  // Rank 0 waits on rank 1 in the first call of 'pair'; rank 1 never entered 'pair'.
+  std::vector<analysis::dump> dumps;
+  auto waiting = record(0, 0, "allgather", 4, "waiting", "pair");
+  waiting.peer = 1;
+  dumps.push_back(dump_of(0, {record(0, 0, "allreduce", 8), waiting}, "asked (SIGUSR2)"));
+  dumps.push_back(dump_of(1, {record(1, 0, "allreduce", 8)}, "asked (SIGUSR2)"));
+  for (auto& d : dumps) {
+    for (auto& c : d.calls) c.group_size = 2;  // a world of two
+  }
+  const auto findings = analysis::analyze(dumps, {2, {}});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].rfind("rank 1 never reached call 0 of group 'pair', allgather (float32, count 4), which rank 0 "
+                          "entered; it was in none of its collectives when it dumped", 0) == 0);
+}
+
+TEST_CASE("flight: the analysis keeps apart two groups of one name and a communicator built again", "[flight]") {
+  // Two groups named 'pair' (tags 1 and 2), each with its own count of calls, and a world
+  // communicator built again after a failure whose calls start from 0 once more.
+  std::vector<analysis::dump> dumps;
+  for (int r = 0; r < 4; ++r) {
+    auto pair_call = [&](std::uint64_t seq) {
+      auto c = record(r, seq, "allreduce", 4, "completed", "pair");
+      c.tag = r < 2 ? 1 : 2;
+      return c;
+    };
+    std::vector<analysis::call_record> calls{record(r, 0, "allreduce", 8, "failed"), pair_call(0)};
+    if (r < 2) calls.push_back(pair_call(1));  // ranks 0 and 1 have done one more
+    auto again = record(r, 0, "broadcast", 16);
+    again.generation = 1;
+    calls.push_back(again);
+    dumps.push_back(dump_of(r, calls));
+  }
+  const auto findings = analysis::analyze(dumps, {4, {}});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0] == "every rank recorded the same calls, and none is missing one");
 }

@@ -7,7 +7,9 @@
 //   flight_worker size       it calls it with 512 floats
 //   flight_worker abort      it calls std::abort() before it (a crash in user code)
 //   flight_worker kill       it SIGKILLs itself before it (nothing of it can dump)
-//   flight_worker sleep      it sleeps DTRAIN_TEST_SLEEP_S seconds before it (default 60)
+//   flight_worker sleep      it sleeps DTRAIN_TEST_SLEEP_S seconds before it (default 60), with
+//                            SIGTERM ignored: only the dump dtrain-run asks for (SIGUSR2) records
+//                            it, and SIGKILL ends it
 //   flight_worker ask        it sends itself the dump signal there, checks the dump it wrote
 //                            (its 8 calls so far, all completed) and goes on: the job succeeds
 //
@@ -17,6 +19,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -77,7 +80,10 @@ int main(int argc, char** argv) {
         if (mode == "skip") return 0;
         if (mode == "abort") std::abort();
         if (mode == "kill") ::raise(SIGKILL);
-        if (mode == "sleep") std::this_thread::sleep_for(std::chrono::seconds(env_int("DTRAIN_TEST_SLEEP_S", 60)));
+        if (mode == "sleep") {
+          std::signal(SIGTERM, SIG_IGN);  // every thread's: the transport's threads take signals too
+          std::this_thread::sleep_for(std::chrono::seconds(env_int("DTRAIN_TEST_SLEEP_S", 60)));
+        }
         if (mode == "ask") {
           ::raise(dtrain::flight::dump_signal);  // handled before raise returns
           if (const int calls = completed_calls_in_dump(); calls != 8) {

@@ -375,9 +375,9 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     }
     const algorithm a = pick != algorithm::automatic ? pick : options_.algorithms.choose(op, bytes, size());
     signature sig{op, a, dtype_of_v<T>, redop, root, count, seq_++};
-    const auto flight = flight::recorder::global().start(flight_group_, sig);
+    flight::scoped_call flight(flight::recorder::global().start(flight_group_, sig));
     context ctx(transport_, options_.tag, sig, deadline::after(options_.timeout),
-                options_.timeout, options_.segment_bytes, flight);
+                options_.timeout, options_.segment_bytes, flight.handle());
     try {
       body(ctx, a);
       flight.completed();

@@ -35,6 +35,18 @@ inline constexpr int dump_signal = SIGUSR2;
 
 namespace detail {
 
+// Writes `v` in decimal at `out` (room for 20 digits). @returns the digits written.
+inline std::size_t decimal(std::uint64_t v, char* out) noexcept {
+  char digits[24];
+  std::size_t n = 0;
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  for (std::size_t i = 0; i < n; ++i) out[i] = digits[n - 1 - i];
+  return n;
+}
+
 // Text into a fixed buffer, written out as it fills: no allocation, no stdio.
 class signal_safe_writer {
  public:
@@ -51,13 +63,7 @@ class signal_safe_writer {
   }
   signal_safe_writer& operator<<(std::uint64_t u) {
     char digits[24];
-    int n = 0;
-    do {
-      digits[n++] = static_cast<char>('0' + u % 10);
-      u /= 10;
-    } while (u != 0);
-    while (n > 0) put(digits[--n]);
-    return *this;
+    return *this << std::string_view(digits, decimal(u, digits));
   }
   signal_safe_writer& operator<<(std::int64_t v) {
     if (v < 0) put('-');
@@ -112,7 +118,8 @@ inline void write_dump(signal_safe_writer& w, const recorder& r, int rank, const
   r.for_each([&](const call& c) {
     w << "call id=" << c.id << " rank=" << c.rank << " group=";
     w.word(c.group);
-    w << " grank=" << c.group_rank << " gsize=" << c.group_size << " tag=" << c.tag << " seq=" << c.sig.seq;
+    w << " grank=" << c.group_rank << " gsize=" << c.group_size << " tag=" << c.tag << " gen=" << c.generation
+      << " seq=" << c.sig.seq;
     w << " op=" << coll_op_name(c.sig.op) << " algo=" << algorithm_name(c.sig.algo)
       << " dtype=" << dtype_name(c.sig.type) << " redop=" << reduce_op_name(c.sig.redop) << " root=" << c.sig.root
       << " count=" << c.sig.count << " state=" << state_name(c.where) << " peer=" << c.peer
@@ -163,7 +170,7 @@ class dumper {
   bool dump_to_dir(const char* reason) const noexcept {
     if (dir_.empty()) return false;
     char final_path[4096], temp_path[4096];
-    if (!name_into(final_path, "") || !name_into(temp_path, ".tmp")) return false;
+    if (!name_into(final_path, false) || !name_into(temp_path, true)) return false;
     return write_file(temp_path, final_path, reason);
   }
 
@@ -171,9 +178,12 @@ class dumper {
   bool dump_to(const char* file, const char* reason) const noexcept {
     char temp_path[4096];
     const std::size_t n = std::strlen(file);
-    if (n + 5 > sizeof temp_path) return false;
+    if (n + 32 > sizeof temp_path) return false;
     std::memcpy(temp_path, file, n);
-    std::memcpy(temp_path + n, ".tmp", 5);
+    std::size_t at = n;
+    temp_path[at++] = '.';
+    at += detail::decimal(next_temp_.fetch_add(1), temp_path + at);
+    std::memcpy(temp_path + at, ".tmp", 5);
     return write_file(temp_path, file, reason);
   }
 
@@ -203,8 +213,10 @@ class dumper {
     return r >= 0 ? "flight." + std::to_string(r) + ".txt" : "flight.pid" + std::to_string(::getpid()) + ".txt";
   }
 
-  // `<dir>/flight.<rank><suffix>.txt` (or `flight.pid<pid>`), built without allocating.
-  bool name_into(char (&out)[4096], const char* suffix) const noexcept {
+  // `<dir>/flight.<rank>.txt` (or `flight.pid<pid>`), or a temporary name for it that no other
+  // dump shares (two may run at once: a thread's error and a signal) and that no reader takes for
+  // a dump (`.flight.<rank>.<n>.tmp`), built without allocating.
+  bool name_into(char (&out)[4096], bool temporary) const noexcept {
     std::size_t n = 0;
     auto add = [&](std::string_view s) {
       for (char c : s) {
@@ -213,22 +225,15 @@ class dumper {
       }
       return true;
     };
-    auto add_number = [&](long v) {
+    auto add_number = [&](unsigned long v) {
       char digits[24];
-      int k = 0;
-      do {
-        digits[k++] = static_cast<char>('0' + v % 10);
-        v /= 10;
-      } while (v > 0);
-      while (k > 0) {
-        if (!add(std::string_view(&digits[--k], 1))) return false;
-      }
-      return true;
+      return add(std::string_view(digits, detail::decimal(v, digits)));
     };
     const int r = rank_.load();
-    bool ok = add(dir_) && add("/flight.");
-    ok = ok && (r >= 0 ? add_number(r) : add("pid") && add_number(static_cast<long>(::getpid())));
-    ok = ok && add(suffix) && add(".txt");
+    bool ok = add(dir_) && add(temporary ? "/.flight." : "/flight.");
+    ok = ok && (r >= 0 ? add_number(static_cast<unsigned long>(r))
+                       : add("pid") && add_number(static_cast<unsigned long>(::getpid())));
+    ok = ok && (temporary ? add(".") && add_number(next_temp_.fetch_add(1)) && add(".tmp") : add(".txt"));
     out[n] = '\0';
     return ok;
   }
@@ -296,7 +301,8 @@ class dumper {
       struct sigaction act {};
       act.sa_sigaction = &on_signal;
       act.sa_flags = SA_SIGINFO | SA_RESTART;
-      sigemptyset(&act.sa_mask);
+      sigemptyset(&act.sa_mask);  // no handled signal interrupts a dump of another
+      for (int other : handled) sigaddset(&act.sa_mask, other);
       ::sigaction(sig, &act, &previous(sig));
     }
   }
@@ -304,11 +310,12 @@ class dumper {
   std::string dir_;
   std::atomic<int> rank_{-1};
   std::atomic<const char*> first_{nullptr};
+  mutable std::atomic<unsigned long> next_temp_{0};
 };
 
 /// Marks `call` failed with `what` and dumps (a deadline, a lost peer, a mismatch: the moment a
 /// record is wanted). Never throws: the caller is raising the error itself.
-inline void record_failure(const recorder::handle& call, const std::string& what) noexcept {
+inline void record_failure(scoped_call& call, const std::string& what) noexcept {
   try {
     const char* why = recorder::intern(what);
     call.failed(why);

@@ -51,7 +51,9 @@ struct call {
   const char* group = "";    ///< the group's name ("world", "mesh:tp@dp0")
   int group_rank = 0;
   int group_size = 0;
-  std::uint64_t tag = 0;     ///< the communicator's tag: two communicators of one group differ in it
+  std::uint64_t tag = 0;     ///< the communicator's tag with its group's key: two communicators of one
+                             ///< group, or two groups of one name, differ in it
+  int generation = 0;        ///< communicators of this group and tag built before this one here
   signature sig{};           ///< operation, algorithm, dtype, count, root and sequence number
   state where = state::started;
   int peer = -1;             ///< world rank waited on (`waiting`), else the last one
@@ -67,7 +69,7 @@ class recorder {
   // Every field atomic: a dump reads slots while their threads write them.
   struct slot {
     std::atomic<std::uint64_t> id{0};
-    std::atomic<int> rank{0}, group_rank{0}, group_size{0}, root{0}, peer{-1};
+    std::atomic<int> rank{0}, group_rank{0}, group_size{0}, root{0}, peer{-1}, generation{0};
     std::atomic<const char*> group{""}, note{""};
     std::atomic<std::uint64_t> tag{0}, count{0}, seq{0};
     std::atomic<std::uint32_t> kind{0};
@@ -97,6 +99,7 @@ class recorder {
     const char* name;  // from `intern`: lives as long as the process
     int rank, size, world_rank;
     std::uint64_t tag;
+    int generation = 0;
   };
 
   /// A handle on one recorded call: updates land only while its slot still holds it.
@@ -144,6 +147,7 @@ class recorder {
     s.group_rank.store(g.rank, std::memory_order_relaxed);
     s.group_size.store(g.size, std::memory_order_relaxed);
     s.tag.store(g.tag, std::memory_order_relaxed);
+    s.generation.store(g.generation, std::memory_order_relaxed);
     s.kind.store(pack(sig), std::memory_order_relaxed);
     s.root.store(sig.root, std::memory_order_relaxed);
     s.count.store(sig.count, std::memory_order_relaxed);
@@ -174,6 +178,7 @@ class recorder {
       c.group_rank = s.group_rank.load(std::memory_order_relaxed);
       c.group_size = s.group_size.load(std::memory_order_relaxed);
       c.tag = s.tag.load(std::memory_order_relaxed);
+      c.generation = s.generation.load(std::memory_order_relaxed);
       c.sig = unpack(s.kind.load(std::memory_order_relaxed));
       c.sig.root = s.root.load(std::memory_order_relaxed);
       c.sig.count = s.count.load(std::memory_order_relaxed);
@@ -201,6 +206,20 @@ class recorder {
     }
     if (kept.size() >= max_interned) return "(more groups or errors than the flight recorder keeps)";
     return kept.emplace_back(text).c_str();
+  }
+
+  /// How many communicators of `g` (name, tag, world rank) this process built before: a
+  /// communicator rebuilt after a failure starts its sequence numbers again, and the analysis must
+  /// not take its calls for the old one's.
+  static int generation_of(const group_info& g) {
+    static std::mutex m;
+    static std::deque<std::pair<group_info, int>> built;
+    std::lock_guard lock(m);
+    for (auto& [seen, count] : built) {
+      if (seen.name == g.name && seen.tag == g.tag && seen.world_rank == g.world_rank) return ++count;
+    }
+    if (built.size() < max_interned) built.emplace_back(g, 0);
+    return 0;
   }
 
   /// Wall-clock microseconds since the epoch: the ranks of one host line up.
@@ -247,15 +266,43 @@ class recorder {
   std::atomic<std::uint64_t> next_{1};
 };
 
-/// The group a communicator over `t` records under: a process group's name and world ranks, or
-/// "world".
+/// One call as it runs: marked failed if an exception leaves it before it completed or failed
+/// (an error that is no `dtrain::error`, which nothing else records).
+class scoped_call {
+ public:
+  explicit scoped_call(recorder::handle h) noexcept : handle_(h) {}
+  scoped_call(const scoped_call&) = delete;
+  scoped_call& operator=(const scoped_call&) = delete;
+  ~scoped_call() {
+    if (!done_) handle_.failed("left by an exception that is no dtrain::error");
+  }
+  const recorder::handle& handle() const noexcept { return handle_; }
+  void completed() noexcept {
+    done_ = true;
+    handle_.completed();
+  }
+  /// `why` must live as long as the process (`recorder::intern` it).
+  void failed(const char* why) noexcept {
+    done_ = true;
+    handle_.failed(why);
+  }
+
+ private:
+  recorder::handle handle_;
+  bool done_ = false;
+};
+
+/// The group a communicator over `t` records under (a process group's name, key and world ranks,
+/// or "world"), counting the communicators of it built here before. Call it once per communicator.
 template <class Transport>
 recorder::group_info flight_group(const Transport& t, std::uint64_t tag) {
-  if constexpr (requires { t.name(); t.world_rank(); }) {
-    return {recorder::intern(t.name()), t.rank(), t.size(), t.world_rank(), tag};
-  } else {
-    return {recorder::intern("world"), t.rank(), t.size(), t.rank(), tag};
+  recorder::group_info g{recorder::intern("world"), t.rank(), t.size(), t.rank(), tag};
+  if constexpr (requires { t.name(); t.world_rank(); t.key(); }) {
+    // Two groups may share a name ("pair" of ranks 0, 1 and of 2, 3); their keys differ.
+    g = {recorder::intern(t.name()), t.rank(), t.size(), t.world_rank(), tag ^ t.key()};
   }
+  g.generation = recorder::generation_of(g);
+  return g;
 }
 
 }  // namespace dtrain::flight
