@@ -78,7 +78,6 @@ class signal_safe_writer {
   void word(const char* s) {
     for (; s != nullptr && *s != '\0'; ++s) put(*s == ' ' || *s == '\n' || *s == '\r' ? '_' : *s);
   }
-  bool ok() const noexcept { return ok_; }
   bool flush() {
     for (std::size_t at = 0; at < used_;) {
       const ssize_t n = ::write(fd_, buf_ + at, used_ - at);
@@ -152,7 +151,10 @@ class dumper {
   /// The directory dumps go to; empty: none.
   const std::string& directory() const noexcept { return dir_; }
   /// The file this process dumps to; empty without a directory.
-  std::string path() const { return dir_.empty() ? std::string() : dir_ + "/" + file_name(); }
+  std::string path() const {
+    char p[4096];
+    return !dir_.empty() && name_into(p, false) ? std::string(p) : std::string();
+  }
 
   /// Names the file by world rank when the launcher's environment did not (first caller wins).
   void set_rank(int world_rank) noexcept {
@@ -206,11 +208,6 @@ class dumper {
     install_handlers();
     // An empty dump says to the launcher that this process answers the dump signal.
     dump_to_dir("started");
-  }
-
-  std::string file_name() const {
-    const int r = rank_.load();
-    return r >= 0 ? "flight." + std::to_string(r) + ".txt" : "flight.pid" + std::to_string(::getpid()) + ".txt";
   }
 
   // `<dir>/flight.<rank>.txt` (or `flight.pid<pid>`), or a temporary name for it that no other
