@@ -23,14 +23,14 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
-#include <dtrain/updater/lr_schedule.hpp>
 #include <dtrain/collective/communicator.hpp>
 #include <dtrain/data/sampler.hpp>
 #include <dtrain/pipeline/partition.hpp>
 #include <dtrain/pipeline/trainer.hpp>
+#include <dtrain/topology/mesh.hpp>
 #include <dtrain/transport/group.hpp>
-#include <dtrain/transport/mesh.hpp>
 #include <dtrain/transport/tcp.hpp>
+#include <dtrain/updater/lr_schedule.hpp>
 #include <dtrain/updater/momentum.hpp>
 
 #include "stage.hpp"

@@ -26,9 +26,9 @@
 #include <fmt/core.h>
 #include <fmt/ranges.h>
 
+#include <dtrain/allreduce/trainer.hpp>
 #include <dtrain/collective/communicator.hpp>
 #include <dtrain/data/sampler.hpp>
-#include <dtrain/allreduce/trainer.hpp>
 #include <dtrain/sharded/trainer.hpp>
 #include <dtrain/sharded/unit_trainer.hpp>
 #include <dtrain/sharded/whole_model.hpp>
@@ -255,7 +255,7 @@ int train(const settings& s) {
   if (s.trainer == "zero3") {
     dtrain::sharded::trainer_options options;
     options.limit_all_gathers = s.limit_all_gathers;
-    dtrain::sharded::trainer<dtrain::sharded::zero3, comm, dtrain::adam<float>, sharded_mlp::unit_mlp<T>> trainer(
+    dtrain::sharded::trainer<comm, dtrain::sharded::zero3, dtrain::adam<float>, sharded_mlp::unit_mlp<T>> trainer(
         comm(j.world), adam, j.model, options);
     return j.run(trainer, [&] { return trainer.peak_memory(); },
                  [&](std::size_t u) { return trainer.unit_parameters(u); });
@@ -264,7 +264,7 @@ int train(const settings& s) {
   dtrain::sharded::whole_model whole(j.model);
   auto unit = [&](std::size_t u) { return whole_unit(whole, u); };
   if (s.trainer == "zero2") {
-    dtrain::sharded::trainer<dtrain::sharded::zero2, comm, dtrain::adam<float>, decltype(whole)> trainer(
+    dtrain::sharded::trainer<comm, dtrain::sharded::zero2, dtrain::adam<float>, decltype(whole)> trainer(
         comm(j.world), adam, whole, {});
     return j.run(trainer, [&] {
       auto m = trainer.peak_memory();

@@ -5,17 +5,15 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
 #include <numeric>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_set>
 #include <utility>
 
-#include "dtrain/transport/hosts.hpp"
+#include "dtrain/topology/hosts.hpp"
 #include "tensors.hpp"
 
 namespace dtrain::torch_backend {
@@ -41,11 +39,7 @@ dtrain_process_group::dtrain_process_group(const c10::intrusive_ptr<::c10d::Stor
       comm_(std::in_place, form_group(store, rank, size, timeout, world_)) {
   // The ranks agree whether every host has two cores per rank: large allreduces then take the
   // ring, whose reduction overlaps its transfers (cost_model::reduction_overlaps).
-  const std::array<std::int64_t, 2> mine{host_id_hash(this_host_id()),
-                                         static_cast<std::int64_t>(std::thread::hardware_concurrency())};
-  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(size));
-  comm_->allgather(std::span<const std::int64_t>(mine), std::span(all));
-  comm_->algorithms().model().reduction_overlaps = two_cores_per_rank(all);
+  comm_->algorithms().model().reduction_overlaps = discover_hosts(comm_->transport()).two_cores_per_rank;
   std::lock_guard lock(live_groups_mutex());
   live_groups().insert(this);
 }

@@ -159,3 +159,27 @@ TEST_CASE("device_trainer: fp16 and bf16 compression stay within half precision,
     for (const auto& w : got) CHECK(w == got[0]);
   }
 }
+
+TEST_CASE("device_trainer: memory() counts its bucket and the updater's state, in device memory under CUDA",
+          "[device]") {
+  // 130 doubles (tensors 3, 40, 1, 17, 60, 9), momentum's one slot; buckets of 80 bytes first, then
+  // 400: {9, 60} = 69, {17, 1, 40} = 58, {3}, so the bucket buffer holds 69.
+  allreduce::trainer_options o;
+  o.first_bucket_bytes = 8 * 10;
+  o.bucket_bytes = 8 * 50;
+  std::vector<memory_use> held(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
+    auto data = data_of(r);
+    device_linear_model m(tensor_sizes, data, 0.25, true);
+    allreduce::device_trainer tr(comm_t(std::move(t)), momentum<double>(lr, mu), m, o);
+    tr.step({0, batch});
+    held[static_cast<std::size_t>(r)] = tr.memory();
+  });
+  constexpr bool on_device = allreduce::thrust_backend<device_linear_model>::device_resident;
+  for (const memory_use& m : held) {
+    CHECK(m.buffers == 69 * 8);
+    CHECK(m.optimizer_state == 130 * 8);
+    CHECK(m.parameters + m.gradients == 0);
+    CHECK(m.device == (on_device ? m.buffers + m.optimizer_state : 0));
+  }
+}

@@ -1,6 +1,7 @@
 // The allreduce trainer's DDP essentials against the serial simulation (simulation.hpp):
 // gradient accumulation equals one step on the concatenated batches, tensors a rank does not
-// use get zero gradients on every rank, and global-norm clipping scales as the serial norm says.
+// use get zero gradients on every rank, global-norm clipping scales as the serial norm says, and
+// the trainer counts its own memory by kind.
 
 #include <algorithm>
 #include <cmath>
@@ -11,9 +12,10 @@
 
 #include "../catch.hpp"
 #include "dtrain/allreduce/trainer.hpp"
-#include "dtrain/compress/topk.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/compress/topk.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/momentum.hpp"
 #include "linear_model.hpp"
 #include "checks.hpp"
@@ -204,4 +206,56 @@ TEST_CASE("top-k compressor: sent plus residual is the input, NaN is sent, bad i
     for (std::size_t j = 0; j < k; ++j) REQUIRE(got_values[j] == in[static_cast<std::size_t>(got[j])]);
   }
   CHECK(topk_count(130, 0.01) == 2);
+}
+
+TEST_CASE("allreduce: memory() counts the trainer's own bytes by kind, before and after it grows",
+          "[allreduce]") {
+  // 130 doubles (tensors 3, 40, 1, 17, 60, 9), Adam's two moments, two ranks. Buckets by hand
+  // (reverse order, closing once full): default options give one of 130; small_buckets()' 80
+  // bytes then 512 give {9, 60} = 69 and {17, 1, 40, 3} = 61. Top-k at density 0.1 sends
+  // ceil(0.1 n) of a bucket: 13 of 130, 7 of 69 and of 61. Each figure is a closed form of these
+  // sizes, not the trainer's report of itself.
+  constexpr std::size_t n = 130, p = 2;
+  struct layout {
+    allreduce::trainer_options options;
+    std::size_t largest, k;  // the largest bucket, and the most top-k entries a bucket sends
+  };
+  for (const layout& l : {layout{allreduce::trainer_options{}, 130, 13}, layout{small_buckets(), 69, 7}}) {
+    for (const auto c : {allreduce::compression::none, allreduce::compression::fp16, allreduce::compression::bf16,
+                         allreduce::compression::topk}) {
+      INFO("largest bucket " << l.largest << ", compression " << static_cast<int>(c));
+      std::vector<memory_use> built(p), after(p), peak(p);
+      std::vector<std::size_t> state_bytes(p);
+      run_inproc(static_cast<int>(p), [&](int r, inproc_transport t) {
+        auto data = data_of(r);
+        linear_model m(tensor_sizes, data, 0.25);
+        allreduce::trainer_options o = l.options;
+        o.compress = c;
+        o.topk_density = 0.1;
+        allreduce::trainer tr(comm_t(std::move(t)), adam<double>(1e-2), m, o);
+        const auto i = static_cast<std::size_t>(r);
+        built[i] = tr.memory();
+        tr.accumulate({0, batch});
+        tr.step({batch, 2 * batch});
+        after[i] = tr.memory();
+        peak[i] = tr.peak_memory();
+        state_bytes[i] = tr.updater().state().size() * sizeof(double);
+      });
+      const std::size_t grown = c == allreduce::compression::topk ? n * 8 + l.k * (p + 1) * (4 + 8)  // residuals, pairs
+                                : c == allreduce::compression::none ? 0
+                                                                    : l.largest * 2;  // 16-bit packing
+      for (std::size_t r = 0; r < p; ++r) {
+        CHECK(built[r].parameters == 0);  // a double model's parameters are the model's own
+        CHECK(built[r].gradients == 0);
+        CHECK(built[r].optimizer_state == n * 16);
+        CHECK(state_bytes[r] == n * 16);  // what the updater holds, not only what the trainer says
+        CHECK(built[r].buffers == l.largest * 8);  // the bucket it packs
+        CHECK(after[r].gradients == n * 8);  // the sum `accumulate` keeps
+        CHECK(after[r].buffers == l.largest * 8 + grown);
+        CHECK(after[r].device == 0);
+        CHECK(after[r].total() == n * 16 + n * 8 + l.largest * 8 + grown);
+        CHECK(peak[r].total() == after[r].total());
+      }
+    }
+  }
 }

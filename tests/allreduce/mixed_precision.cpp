@@ -228,3 +228,31 @@ TEST_CASE("allreduce: mixed precision refuses what it does not do, on every rank
   });
   for (const std::string& e : float_model) CHECK(e.find("loss scaling is for 16-bit models") != std::string::npos);
 }
+
+TEST_CASE("allreduce: a bf16 model's trainer holds a float master copy, gradient and Adam state, and no unused "
+          "buffer", "[allreduce][mixed]") {
+  // 130 parameters in one bucket (default options), Adam: master 4 + gradient 4 + moments 8 bytes
+  // per parameter; the bucket packed in bf16 (2), and widened to float (4) only when it is
+  // reduced in the master precision.
+  constexpr std::size_t n = 130;
+  for (const auto precision : {reduce_precision::master, reduce_precision::model}) {
+    std::vector<memory_use> now(3), peak(3);
+    run_inproc(3, [&](int r, inproc_transport t) {
+      const auto data = data_of(r);
+      mixed_linear_model<bfloat16> m(data, 0.25);
+      allreduce::trainer_options o;
+      o.reduce_in = precision;
+      allreduce::trainer tr(comm_t(std::move(t)), adam<float>(1e-2), m, o);
+      for (std::size_t k = 0; k < 3; ++k) tr.step({k * batch, (k + 1) * batch});
+      now[static_cast<std::size_t>(r)] = tr.memory();
+      peak[static_cast<std::size_t>(r)] = tr.peak_memory();
+    });
+    for (std::size_t r = 0; r < 3; ++r) {
+      CHECK(now[r].parameters == n * 4);
+      CHECK(now[r].gradients == n * 4);
+      CHECK(now[r].optimizer_state == n * 8);
+      CHECK(now[r].buffers == (precision == reduce_precision::master ? n * 2 + n * 4 : n * 2));
+      CHECK(peak[r].total() == now[r].total());  // allocated once, at construction
+    }
+  }
+}

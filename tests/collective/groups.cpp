@@ -19,9 +19,9 @@
 #include "conformance_case.hpp"
 #include "group_case.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/topology/mesh.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
-#include "dtrain/transport/mesh.hpp"
 
 using namespace dtrain;
 using namespace dtrain::conformance;

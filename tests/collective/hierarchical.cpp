@@ -15,7 +15,7 @@
 #include "float_case.hpp"
 #include "conformance_case.hpp"
 #include "dtrain/collective/hierarchical.hpp"
-#include "dtrain/transport/hosts.hpp"
+#include "dtrain/topology/hosts.hpp"
 #include "dtrain/transport/inproc.hpp"
 
 using namespace dtrain;

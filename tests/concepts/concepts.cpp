@@ -205,8 +205,8 @@ struct unit_model_without_initialize : model_archetype {
 };
 static_assert(!unit_model<unit_model_without_initialize>, "the root initialises each unit");
 // The sharded trainer takes the archetypes: stages 1 and 2 a model, stage 3 a unit model.
-static_assert(sizeof(sharded::trainer<sharded::zero2, ring<inproc_transport>, sgd<float>, model_archetype>) > 0);
-static_assert(sizeof(sharded::trainer<sharded::zero3, ring<inproc_transport>, sgd<float>, unit_model_archetype>) > 0);
+static_assert(sizeof(sharded::trainer<ring<inproc_transport>, sharded::zero2, sgd<float>, model_archetype>) > 0);
+static_assert(sizeof(sharded::trainer<ring<inproc_transport>, sharded::zero3, sgd<float>, unit_model_archetype>) > 0);
 
 // --- updater ---
 static_assert(updater<updater_archetype>);

@@ -4,12 +4,14 @@
 A block that begins "// A complete program" is built and run as it stands (tests/CMakeLists.txt,
 `doc_program_*`). Every other ```cpp block must follow a line `<!-- frame: NAME -->`: the frame
 tests/docs/frames/NAME.cpp holds what the block leaves to its reader (includes, the variables it
-uses) and a line `// @block@` where the block goes. Its first lines may say what it needs:
+uses) and a line `// @block@` where the block goes. A header's doc-comment example
+(`/// @code` ... `/// @endcode`) names its frame the same way, on the line right before it:
+`/// <!-- frame: NAME -->`. A frame's first lines may say what it needs:
   // links: dtrain::asio            the targets to link
-  // needs: asio | torch | nccl     build it only where the dependency was found
+  // needs: asio eigen thrust nccl  build it only where each was found
 A block whose frame cannot be written yet is listed in tests/docs/unframed.txt (`page block-index
-reason`), as are, for now, the headers' `/// @code` blocks; the check fails for a block that is in
-neither place, and for a listed block that has a frame now or is gone, so the list only shrinks.
+reason`); the check fails for a block that is in neither place, for a listed block that has a
+frame now or is gone, so the list only shrinks, and for a header's frame line no example follows.
 
   doc_blocks.py --root ROOT --out DIR    writes DIR/<page>_<n>.cpp and DIR/doc_blocks.cmake (exit 2
                                          where it cannot)
@@ -22,10 +24,12 @@ import re
 import sys
 
 BLOCK = re.compile(r"(?:<!-- frame: ([\w-]+) -->\n)?```cpp\n(.*?)```", re.S)
-HEADER_BLOCK = re.compile(r"^/// @code\n((?:///.*\n)*?)/// @endcode", re.M)
+HEADER_BLOCK = re.compile(r"^(?:/// <!-- frame: ([\w-]+) -->\n)?/// @code\n((?:///.*\n)*?)/// @endcode", re.M)
 # Anything that opens a C++ block, however spelled: each must be one BLOCK or HEADER_BLOCK finds.
 ANY_FENCE = re.compile(r"^[ \t]*```[ \t]*(?:c\+\+|cpp|cxx|cc)\b.*$", re.M | re.I)
 ANY_CODE = re.compile(r"^[ \t]*///?[ \t]*[@\\]code\b.*$", re.M)
+# A header's frame line, however placed: each must be one that HEADER_BLOCK reads.
+ANY_HEADER_FRAME = re.compile(r"^.*<!-- frame:.*$", re.M)
 
 
 def pages(root):
@@ -41,12 +45,12 @@ def page_id(root, path):
 
 def blocks(root):
     """(page id, index from 1, frame or None, code) for every ```cpp block that is no complete program,
-    and every `@code` block of a header's doc comments (no frame yet: unframed.txt lists them)."""
+    and every `@code` block of a header's doc comments."""
     for path in sorted(glob.glob(os.path.join(root, "include", "**", "*.hpp"), recursive=True)):
         text = open(path, encoding="utf-8").read()
         for n, m in enumerate(HEADER_BLOCK.finditer(text), start=1):
-            code = "".join(line[4:] + "\n" for line in m.group(1).splitlines())
-            yield page_id(root, path), n, None, code
+            code = "".join(line[4:] + "\n" for line in m.group(2).splitlines())
+            yield page_id(root, path), n, m.group(1), code
     for path in pages(root):
         text = open(path, encoding="utf-8").read()
         n = 0
@@ -69,8 +73,8 @@ def unframed(root):
 
 def strays(root):
     """C++ blocks spelled so that no rule here finds them (```c++, an indented fence, a trailing
-    space, an indented @code), and complete programs outside docs/*.md, which CMake builds from
-    there only."""
+    space, an indented @code), a header's frame line that no `/// @code` follows, and complete
+    programs outside docs/*.md, which CMake builds from there only."""
     found = []
     for path in pages(root):
         text = open(path, encoding="utf-8").read()
@@ -86,6 +90,11 @@ def strays(root):
         for m in ANY_CODE.finditer(text):
             if m.group(0) != "/// @code":
                 found.append(f"{page_id(root, path)}: '{m.group(0).strip()}' opens an example no rule reads")
+        read = {m.start() for m in HEADER_BLOCK.finditer(text) if m.group(1) is not None}
+        for m in ANY_HEADER_FRAME.finditer(text):
+            if m.start() not in read:
+                found.append(f"{page_id(root, path)}: '{m.group(0).strip()}' names a frame for no example; "
+                             "write '/// <!-- frame: NAME -->' on the line right before '/// @code'")
     return found
 
 

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "dtrain/core/frame.hpp"
-#include "dtrain/detail/auth.hpp"
+#include "dtrain/net/auth.hpp"
 #include "dtrain/rendezvous/store.hpp"
 
 namespace {

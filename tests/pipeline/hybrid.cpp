@@ -14,9 +14,9 @@
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/pipeline/partition.hpp"
 #include "dtrain/pipeline/trainer.hpp"
+#include "dtrain/topology/mesh.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
-#include "dtrain/transport/mesh.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "hybrid_case.hpp"
 

@@ -40,7 +40,7 @@ case_result run_pipeline_case(Transport pipeline, const Schedule& schedule, cons
   }
   pipeline::trainer_options o;
   o.micro_batches = m;
-  o.overlap_replicas = overlap;
+  o.overlap = overlap;
   o.bucket_bytes = 256;  // several buckets per chunk
   pipeline::trainer<Transport, Schedule, Updater, mlp_stage<double>, Replicas> t(
       std::move(pipeline), std::move(chunks), updater, schedule, o, std::move(replicas));

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/topology/mesh.hpp"
 #include "dtrain/transport/group.hpp"
-#include "dtrain/transport/mesh.hpp"
 #include "dtrain/transport/tcp.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/sgd.hpp"

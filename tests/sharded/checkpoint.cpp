@@ -75,7 +75,7 @@ std::pair<std::vector<std::vector<double>>, std::vector<std::string>> run(const 
       auto sizes = unit_sizes;
       if (other_model) sizes.back() = {8, 1};
       unit_linear_model m(sizes, data, 0.25);
-      sharded::trainer<Stage, comm_t, adam<double>, unit_linear_model> tr(comm_t(std::move(t)), adam<double>(0.01), m);
+      sharded::trainer<comm_t, Stage, adam<double>, unit_linear_model> tr(comm_t(std::move(t)), adam<double>(0.01), m);
       go(tr, [&] {
         std::vector<double> w;
         for (std::size_t u = 0; u < sizes.size(); ++u) {
@@ -88,7 +88,7 @@ std::pair<std::vector<std::vector<double>>, std::vector<std::string>> run(const 
       std::vector<std::size_t> sizes = tensor_sizes;
       if (other_model) sizes = {3, 40, 1, 17, 59, 10};
       linear_model m(sizes, data, 0.25);
-      sharded::trainer<Stage, comm_t, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(0.01), m,
+      sharded::trainer<comm_t, Stage, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(0.01), m,
                                                                      two_buckets());
       go(tr, [&] { return m.weights(); });
     }
@@ -157,7 +157,7 @@ TEST_CASE("a save completes on every rank or on none: no manifest when one rank 
   run_inproc(4, [&](int r, inproc_transport t) {
     auto data = data_of(r);
     linear_model m(tensor_sizes, data, 0.25);
-    sharded::trainer<sharded::zero2, comm_t, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(0.01),
+    sharded::trainer<comm_t, sharded::zero2, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(0.01),
                                                                             m, two_buckets());
     tr.step({0, batch});
     try {

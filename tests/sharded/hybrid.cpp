@@ -65,7 +65,7 @@ hybrid_run train(int groups, int width, int from, int steps, const std::string& 
     };
     if constexpr (std::is_same_v<Stage, sharded::zero3>) {
       unit_linear_model m(unit_sizes, data, start);
-      sharded::trainer<Stage, group_comm, momentum<double>, unit_linear_model, group_comm> tr(
+      sharded::trainer<group_comm, Stage, momentum<double>, unit_linear_model, group_comm> tr(
           group_comm(shard_group), group_comm(replica_group), momentum<double>(lr, mu), m);
       go(tr, [&] {
         std::vector<double> w;
@@ -77,7 +77,7 @@ hybrid_run train(int groups, int width, int from, int steps, const std::string& 
       });
     } else {
       linear_model m(tensor_sizes, data, start);
-      sharded::trainer<Stage, group_comm, momentum<double>, linear_model, group_comm> tr(
+      sharded::trainer<group_comm, Stage, momentum<double>, linear_model, group_comm> tr(
           group_comm(shard_group), group_comm(replica_group), momentum<double>(lr, mu), m, two_buckets());
       go(tr, [&] { return m.weights(); });
     }
@@ -125,7 +125,7 @@ TEMPLATE_TEST_CASE("a hybrid job's set resumes on plain sharded ranks", "[sharde
     };
     if constexpr (std::is_same_v<TestType, sharded::zero3>) {
       unit_linear_model m(unit_sizes, data, 0.25);
-      sharded::trainer<TestType, comm_t, momentum<double>, unit_linear_model> tr(comm_t(std::move(t)),
+      sharded::trainer<comm_t, TestType, momentum<double>, unit_linear_model> tr(comm_t(std::move(t)),
                                                                                  momentum<double>(lr, mu), m);
       go(tr);
       for (std::size_t u = 0; u < unit_sizes.size(); ++u) {
@@ -135,7 +135,7 @@ TEMPLATE_TEST_CASE("a hybrid job's set resumes on plain sharded ranks", "[sharde
       }
     } else {
       linear_model m(tensor_sizes, data, 0.25);
-      sharded::trainer<TestType, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+      sharded::trainer<comm_t, TestType, momentum<double>, linear_model> tr(comm_t(std::move(t)),
                                                                             momentum<double>(lr, mu), m, two_buckets());
       go(tr);
       weights[static_cast<std::size_t>(r)] = m.weights();
@@ -158,7 +158,7 @@ TEST_CASE("hybrid stage 1 leaves every rank's model the gradient averaged over a
     group pair = *world.split(r / 2, r), replicas = *world.split(r % 2, r);
     auto data = data_of(r);
     linear_model m(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r);
-    sharded::trainer<sharded::zero1, group_comm, momentum<double>, linear_model, group_comm> tr(
+    sharded::trainer<group_comm, sharded::zero1, momentum<double>, linear_model, group_comm> tr(
         group_comm(pair), group_comm(replicas), momentum<double>(lr, mu), m, two_buckets());
     tr.step({0, batch});
     for (std::size_t i = 0; i < m.tensor_count(); ++i) {

@@ -73,7 +73,7 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trai
         return u == static_cast<std::size_t>(r) % unit_sizes.size() && k == 0 && injected(pass);
       };
       m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
-      sharded::trainer<Stage, comm_t, Updater, model_t> tr(comm_t(std::move(t)), updater, m, options);
+      sharded::trainer<comm_t, Stage, Updater, model_t> tr(comm_t(std::move(t)), updater, m, options);
       auto master = [&] {
         std::vector<double> all;
         for (std::size_t u = 0; u < unit_sizes.size(); ++u) {
@@ -92,7 +92,7 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trai
       m.overflow_at = overflow_at(r);
       m.overflow_value = overflow_value(r);
       m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
-      sharded::trainer<Stage, comm_t, Updater, mixed_linear_model<T>> tr(comm_t(std::move(t)), updater, m, options);
+      sharded::trainer<comm_t, Stage, Updater, mixed_linear_model<T>> tr(comm_t(std::move(t)), updater, m, options);
       run(tr, [&] { return m.weights(); });
       mine.weights = m.weights();
     }
@@ -210,7 +210,7 @@ TEST_CASE("a bf16 Adam shard holds ZeRO's 16/P bytes per parameter, besides its 
       sharded::trainer_options o;  // one bucket of 130, padded to 132: slices of 33
       o.reduce_in = precision;
       o.scaling.enabled = true;
-      sharded::trainer<sharded::zero2, comm_t, adam<float>, mixed_linear_model<bfloat16>> tr(comm_t(std::move(t)),
+      sharded::trainer<comm_t, sharded::zero2, adam<float>, mixed_linear_model<bfloat16>> tr(comm_t(std::move(t)),
                                                                                            adam<float>(), m, o);
       for (std::size_t k = 0; k < 3; ++k) tr.step({k * batch, (k + 1) * batch});
       const auto i = static_cast<std::size_t>(r);
@@ -238,7 +238,7 @@ TEST_CASE("loss scaling refuses a model that cannot scale its loss, and options 
     sharded::trainer_options o;
     o.scaling.enabled = true;
     try {
-      sharded::trainer<sharded::zero2, comm_t, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(), m,
+      sharded::trainer<comm_t, sharded::zero2, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(), m,
                                                                               o);
     } catch (const error& e) {
       errors[static_cast<std::size_t>(r)] = e.what();
@@ -261,7 +261,7 @@ TEST_CASE("ranks that differ in precision or scaling fail at start-up, all of th
       if (r == 1 && differ_in_scaling) o.scaling.enabled = true;
       if (r == 1 && !differ_in_scaling) o.reduce_in = sharded::reduce_precision::model;
       try {
-        sharded::trainer<sharded::zero2, comm_t, adam<float>, mixed_linear_model<bfloat16>> tr(comm_t(std::move(t)),
+        sharded::trainer<comm_t, sharded::zero2, adam<float>, mixed_linear_model<bfloat16>> tr(comm_t(std::move(t)),
                                                                                              adam<float>(), m, o);
       } catch (const error& e) {
         errors[static_cast<std::size_t>(r)] = e.what();

@@ -65,7 +65,7 @@ std::vector<double> flat(group& world, int rank) {
   sharded::trainer_options o;
   o.first_bucket_bytes = 8 * 10;
   o.bucket_bytes = 8 * 64;
-  sharded::trainer<Stage, comm_t, momentum<double>, linear_model> tr(comm_t(world), momentum<double>(lr, mu), m, o);
+  sharded::trainer<comm_t, Stage, momentum<double>, linear_model> tr(comm_t(world), momentum<double>(lr, mu), m, o);
   run_steps(tr);
   return m.weights();
 }
@@ -74,13 +74,13 @@ std::vector<double> stage3(group& world, int rank, bool hybrid) {
   auto data = data_of(rank);
   unit_linear_model m(unit_sizes, data, rank == 0 ? 0.25 : 1.0 + rank);
   if (!hybrid) {
-    sharded::trainer<sharded::zero3, comm_t, momentum<double>, unit_linear_model> tr(comm_t(world),
+    sharded::trainer<comm_t, sharded::zero3, momentum<double>, unit_linear_model> tr(comm_t(world),
                                                                                      momentum<double>(lr, mu), m);
     run_steps(tr);
     return gathered_units(tr);
   }
   group pair = *world.split(rank / 2, rank), replicas = *world.split(rank % 2, rank);
-  sharded::trainer<sharded::zero3, comm_t, momentum<double>, unit_linear_model, comm_t> tr(
+  sharded::trainer<comm_t, sharded::zero3, momentum<double>, unit_linear_model, comm_t> tr(
       comm_t(pair), comm_t(replicas), momentum<double>(lr, mu), m);
   run_steps(tr);
   return gathered_units(tr);
@@ -94,7 +94,7 @@ double bf16(group& world, int rank, int ranks) {
   sharded::trainer_options o;
   o.first_bucket_bytes = 2 * 20;
   o.bucket_bytes = 2 * 64;
-  sharded::trainer<sharded::zero2, comm_t, adam<float>, mixed_linear_model<bfloat16>> tr(comm_t(world),
+  sharded::trainer<comm_t, sharded::zero2, adam<float>, mixed_linear_model<bfloat16>> tr(comm_t(world),
                                                                                           adam<float>(1e-2), m, o);
   run_steps(tr);
   const auto want = mixed_training<bfloat16>(ranks, steps, adam<float>(1e-2)).master;

@@ -49,7 +49,7 @@ std::vector<std::vector<double>> train(int p, int steps, Updater updater, sharde
       std::mt19937 gen(static_cast<unsigned>(r));
       std::shuffle(m.ready_order().begin(), m.ready_order().end(), gen);
     }
-    sharded::trainer<Stage, comm_t, Updater, linear_model> tr(comm_t(std::move(t)), updater, m, options);
+    sharded::trainer<comm_t, Stage, Updater, linear_model> tr(comm_t(std::move(t)), updater, m, options);
     for (int k = 0; k < steps; ++k) {
       const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
       tr.step({begin, begin + batch});
@@ -109,7 +109,7 @@ TEST_CASE("each rank holds its slice of the optimizer state and gradient, not th
       const auto R = static_cast<std::size_t>(r);
       auto data = data_of(r);
       linear_model m(tensor_sizes, data, 0.25), n(tensor_sizes, data, 0.25);
-      sharded::trainer<sharded::zero2, comm_t, adam<double>, linear_model> a(comm_t(std::move(t)), adam<double>(), m);
+      sharded::trainer<comm_t, sharded::zero2, adam<double>, linear_model> a(comm_t(std::move(t)), adam<double>(), m);
       a.step({0, batch});
       adam_peak[R] = a.peak_memory();
       adam_now[R] = a.memory();
@@ -117,7 +117,7 @@ TEST_CASE("each rank holds its slice of the optimizer state and gradient, not th
     run_inproc(p, [&](int r, inproc_transport t) {
       auto data = data_of(r);
       linear_model m(tensor_sizes, data, 0.25);
-      sharded::trainer<sharded::zero1, comm_t, momentum<double>, linear_model> tr(
+      sharded::trainer<comm_t, sharded::zero1, momentum<double>, linear_model> tr(
           comm_t(std::move(t)), momentum<double>(lr, mu), m, sharded_buckets());
       tr.step({0, batch});
       momentum_peak[static_cast<std::size_t>(r)] = tr.peak_memory();
@@ -173,7 +173,7 @@ TEMPLATE_TEST_CASE("stage 1 allreduces each bucket, stage 2 reduce-scatters it, 
   run_inproc(p, [&](int r, inproc_transport t) {
     auto data = data_of(r);
     linear_model m(tensor_sizes, data, 0.25);
-    sharded::trainer<TestType, counting_ring, momentum<double>, linear_model> tr(
+    sharded::trainer<counting_ring, TestType, momentum<double>, linear_model> tr(
         counting_ring(std::move(t), counts[static_cast<std::size_t>(r)]), momentum<double>(lr, mu), m,
         sharded_buckets());
     for (int k = 0; k < steps; ++k) tr.step({0, batch});
@@ -201,7 +201,7 @@ TEST_CASE("stage 1 leaves the averaged gradient in the model, stage 2 each rank'
     run_inproc(p, [&](int r, inproc_transport t) {
       auto data = data_of(r);
       linear_model m(tensor_sizes, data, 0.25);
-      sharded::trainer<Stage, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+      sharded::trainer<comm_t, Stage, momentum<double>, linear_model> tr(comm_t(std::move(t)),
                                                                          momentum<double>(lr, mu), m, sharded_buckets());
       tr.step({0, batch});
       for (std::size_t i = 0; i < m.tensor_count(); ++i) {
@@ -228,7 +228,7 @@ TEST_CASE("ranks with different models or stages fail at start-up, all of them, 
     if (r == 2) sizes = {3, 40, 1, 17, 59, 10};  // the same total, another split
     linear_model m(sizes, data, 0.25);
     try {
-      sharded::trainer<sharded::zero2, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+      sharded::trainer<comm_t, sharded::zero2, momentum<double>, linear_model> tr(comm_t(std::move(t)),
                                                                                   momentum<double>(lr, mu), m);
     } catch (const error& e) {
       if (e.code() == make_error_code(errc::invalid_argument)) errors[static_cast<std::size_t>(r)] = e.what();
@@ -240,10 +240,10 @@ TEST_CASE("ranks with different models or stages fail at start-up, all of them, 
     linear_model m(tensor_sizes, data, 0.25);
     try {
       if (r == 1) {
-        sharded::trainer<sharded::zero1, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+        sharded::trainer<comm_t, sharded::zero1, momentum<double>, linear_model> tr(comm_t(std::move(t)),
                                                                                     momentum<double>(lr, mu), m);
       } else {
-        sharded::trainer<sharded::zero2, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+        sharded::trainer<comm_t, sharded::zero2, momentum<double>, linear_model> tr(comm_t(std::move(t)),
                                                                                     momentum<double>(lr, mu), m);
       }
     } catch (const error& e) {
@@ -267,7 +267,7 @@ TEST_CASE("a model that never reports a gradient gets a clear error, and the tra
   run_inproc(2, [&](int r, inproc_transport t) {
     auto data = data_of(r);
     linear_model m(tensor_sizes, data, 0.25);
-    sharded::trainer<sharded::zero1, comm_t, momentum<double>, linear_model> tr(comm_t(std::move(t)),
+    sharded::trainer<comm_t, sharded::zero1, momentum<double>, linear_model> tr(comm_t(std::move(t)),
                                                                                 momentum<double>(lr, mu), m);
     m.unused = [](std::size_t tensor) { return tensor == 3; };
     for (auto* message : {&errors, &again}) {

@@ -43,7 +43,7 @@ run_result<Updater> train(int p, int steps, Updater updater, std::size_t limit) 
   run_inproc(p, [&](int r, inproc_transport t) {
     auto data = data_of(r);
     unit_linear_model m(unit_sizes, data, r == 0 ? 0.25 : 1.0 + r);  // the root's start must win
-    sharded::trainer<sharded::zero3, comm_t, Updater, unit_linear_model> tr(comm_t(std::move(t)), updater, m, o);
+    sharded::trainer<comm_t, sharded::zero3, Updater, unit_linear_model> tr(comm_t(std::move(t)), updater, m, o);
     for (int k = 0; k < steps; ++k) {
       const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
       tr.step({begin, begin + batch});
@@ -119,7 +119,7 @@ TEST_CASE("stage 3 frees each unit when the model lets it go, and gathers the ne
       unit_linear_model m(unit_sizes, data, 0.25);
       sharded::trainer_options o;
       o.limit_all_gathers = limit;
-      using trainer_t = sharded::trainer<sharded::zero3, comm_t, adam<double>, unit_linear_model>;
+      using trainer_t = sharded::trainer<comm_t, sharded::zero3, adam<double>, unit_linear_model>;
       trainer_t tr(comm_t(std::move(t)), adam<double>(0.01), m, o);
       auto& mine = faults[static_cast<std::size_t>(r)];
       auto wait_for = [&](auto&& done) {
@@ -160,7 +160,7 @@ TEST_CASE("stage 3: a unit the forward pass never reads is dropped when its pref
     auto data = data_of(r);
     unit_linear_model m(unit_sizes, data, 0.25);
     m.skip_in_forward = 1;
-    sharded::trainer<sharded::zero3, comm_t, momentum<double>, unit_linear_model> tr(comm_t(std::move(t)),
+    sharded::trainer<comm_t, sharded::zero3, momentum<double>, unit_linear_model> tr(comm_t(std::move(t)),
                                                                                      momentum<double>(lr, mu), m);
     for (int k = 0; k < 20; ++k) tr.step({0, batch});
     peak[static_cast<std::size_t>(r)] = tr.peak_memory();
@@ -180,7 +180,7 @@ TEST_CASE("stage 3: ranks with different units fail at start-up, all of them, na
     if (r == 1) mine = {{3, 40}, {1, 17}, {61}, {8}};  // the same total, other units
     unit_linear_model m(mine, data, 0.25);
     try {
-      sharded::trainer<sharded::zero3, comm_t, momentum<double>, unit_linear_model> tr(comm_t(std::move(t)),
+      sharded::trainer<comm_t, sharded::zero3, momentum<double>, unit_linear_model> tr(comm_t(std::move(t)),
                                                                                        momentum<double>(lr, mu), m);
     } catch (const error& e) {
       if (e.code() == make_error_code(errc::invalid_argument)) errors[static_cast<std::size_t>(r)] = e.what();
@@ -219,7 +219,7 @@ TEST_CASE("stage 3: a model that never finishes a unit's backward gets a clear e
   run_inproc(2, [&](int r, inproc_transport t) {
     auto data = data_of(r);
     forgetful m(unit_sizes, data, 0.25);
-    sharded::trainer<sharded::zero3, comm_t, momentum<double>, forgetful> tr(comm_t(std::move(t)),
+    sharded::trainer<comm_t, sharded::zero3, momentum<double>, forgetful> tr(comm_t(std::move(t)),
                                                                              momentum<double>(lr, mu), m);
     for (auto* message : {&first, &second}) {
       try {

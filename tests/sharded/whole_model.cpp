@@ -60,10 +60,10 @@ TEST_CASE("a unit model held whole trains under the allreduce trainer and stages
     const auto allreduce =
         train_whole(p, [&](comm_t c, whole_t& m) { return allreduce::trainer(std::move(c), rule, m); });
     const auto zero1 = train_whole(p, [&](comm_t c, whole_t& m) {
-      return sharded::trainer<sharded::zero1, comm_t, momentum<double>, whole_t>(std::move(c), rule, m);
+      return sharded::trainer<comm_t, sharded::zero1, momentum<double>, whole_t>(std::move(c), rule, m);
     });
     const auto zero2 = train_whole(p, [&](comm_t c, whole_t& m) {
-      return sharded::trainer<sharded::zero2, comm_t, momentum<double>, whole_t>(std::move(c), rule, m);
+      return sharded::trainer<comm_t, sharded::zero2, momentum<double>, whole_t>(std::move(c), rule, m);
     });
     for (const auto* got : {&allreduce, &zero1, &zero2}) {
       require_close((*got)[0], want, 1e-12);

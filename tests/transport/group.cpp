@@ -13,9 +13,9 @@
 
 #include "../catch.hpp"
 #include "dtrain/concepts/transport.hpp"
+#include "dtrain/topology/mesh.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
-#include "dtrain/transport/mesh.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;

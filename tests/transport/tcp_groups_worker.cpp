@@ -19,8 +19,8 @@
 
 #include "../collective/group_case.hpp"
 #include "dtrain/collective/hierarchical.hpp"
+#include "dtrain/topology/mesh.hpp"
 #include "dtrain/transport/group.hpp"
-#include "dtrain/transport/mesh.hpp"
 #include "dtrain/transport/tcp.hpp"
 
 using namespace dtrain;

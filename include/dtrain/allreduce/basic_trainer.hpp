@@ -46,6 +46,7 @@
 #include "dtrain/concepts/model.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_use.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
@@ -299,6 +300,19 @@ class basic_trainer {
   const trainer_options& options() const noexcept { return options_; }
   const trainer_stats& stats() const noexcept { return stats_; }
   updater_type& updater() noexcept { return updater_; }
+
+  /// Bytes the trainer holds now beyond the model's own tensors: its buckets and packing
+  /// buffers, a 16-bit model's master copy and averaged gradient, the updater's state, the
+  /// gradients `accumulate` keeps. Nothing of it shrinks (buffers grow to the largest bucket on
+  /// first use), so between calls the peak so far is what it holds now.
+  memory_use memory() const noexcept {
+    memory_use m = backend_.memory();
+    m.optimizer_state = updater_.parameters() * updater_type::state_slots * sizeof(master_type);
+    if constexpr (Backend::device_resident) m.device += m.optimizer_state;
+    m.gradients += accumulation_.size() * sizeof(value_type);
+    return m;
+  }
+  memory_use peak_memory() const noexcept { return memory(); }
 
  private:
   enum class role { broadcast_parameters, average_gradients, average_parameters };

@@ -7,8 +7,9 @@
 /// `thrust_backend` (thrust_backend.hpp: streams and events; docs/gpu.md has the timeline).
 /// Link `dtrain::thrust` (and `dtrain::cuda` in a CUDA build, compiled by nvcc).
 ///
+/// <!-- frame: header_device_trainer -->
 /// @code
-/// using comm_t = dtrain::nccl_communicator;            // or staged_communicator<tcp_transport>
+/// // comm: a nccl_communicator, or a staged_communicator<tcp_transport>
 /// dtrain::allreduce::device_trainer trainer(std::move(comm), dtrain::momentum<float>(0.05, 0.9), model);
 /// for (auto& batch : my_shard) trainer.step(batch);
 /// @endcode

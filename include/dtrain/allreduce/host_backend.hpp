@@ -15,6 +15,8 @@
 ///  - `prepare(updater, elements, model)` and `update(updater, model, i, offset, step)`;
 ///  - `compresses` and, when it does, `allreduce_compressed<Half>(comm, flat)` and
 ///    `allreduce_topk(comm, flat, bucket, k)`.
+///  - `memory()`: the bytes it holds (core/memory_use.hpp); `device_resident`: they, and the
+///    updater's state, are device memory.
 
 #include <algorithm>
 #include <concepts>
@@ -28,9 +30,10 @@
 #include <vector>
 
 #include "dtrain/allreduce/bucket_plan.hpp"
-#include "dtrain/core/element.hpp"
 #include "dtrain/compress/topk.hpp"
 #include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/element.hpp"
+#include "dtrain/core/memory_use.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/reduce/host.hpp"
 
@@ -64,6 +67,8 @@ class host_backend {
   /// Tensors the compute thread can read and write: gradient accumulation, clipping and
   /// checkpoints work on them directly.
   static constexpr bool host_tensors = true;
+  /// Its buffers and the updater's state are host memory.
+  static constexpr bool device_resident = false;
   void zero(span g) noexcept { std::fill(g.begin(), g.end(), value_type(0)); }
   void add_to(span sum, span g) noexcept {
     for (std::size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
@@ -125,8 +130,8 @@ class host_backend {
     if (topk_.size() <= bucket) topk_.resize(bucket + 1);
     if (topk_[bucket].size() != flat.size()) topk_[bucket] = topk_compressor<value_type>(flat.size());
     const auto p = static_cast<std::size_t>(comm.size());
-    topk_indices_.resize(k * (p + 1));
-    topk_values_.resize(k * (p + 1));
+    at_least(topk_indices_, k * (p + 1));
+    at_least(topk_values_, k * (p + 1));
     std::span<std::int32_t> mine_i(topk_indices_.data(), k), all_i(topk_indices_.data() + k, k * p);
     std::span<value_type> mine_v(topk_values_.data(), k), all_v(topk_values_.data() + k, k * p);
     topk_[bucket].compress(flat, mine_i, mine_v);
@@ -145,14 +150,33 @@ class host_backend {
   template <class Half, class Collective>
   void allreduce_compressed(Collective& comm, span flat) {
     auto& buffer = std::get<std::vector<Half>>(scratch16_);
-    buffer.resize(flat.size());
-    std::span<Half> packed(buffer);
+    at_least(buffer, flat.size());
+    const std::span<Half> packed = std::span(buffer).first(flat.size());
     dtrain::detail::pack_scaled(flat.data(), packed.data(), flat.size(), 1.0f / static_cast<float>(comm.size()));
     comm.allreduce(packed, reduce_op::sum);
     dtrain::detail::unpack(packed.data(), flat.data(), flat.size());
   }
 
+  /// What it holds: the bucket it packs, 16-bit packing, top-k residuals and exchanges.
+  memory_use memory() const noexcept {
+    memory_use m;
+    m.buffers = scratch_.size() * sizeof(value_type) + std::get<0>(scratch16_).size() * sizeof(float16) +
+                std::get<1>(scratch16_).size() * sizeof(bfloat16) + topk_indices_.size() * sizeof(std::int32_t) +
+                topk_values_.size() * sizeof(value_type);
+    if constexpr (std::floating_point<value_type>) {
+      for (const auto& c : topk_) m.buffers += c.size() * sizeof(value_type);
+    }
+    return m;
+  }
+
  private:
+  // Grows `v` to exactly `n` elements where it is smaller, never shrinks it: the largest bucket's
+  // room stays, and what `memory()` counts is what is allocated.
+  template <class U>
+  static void at_least(std::vector<U>& v, std::size_t n) {
+    if (v.size() < n) v = std::vector<U>(n);
+  }
+
   std::vector<value_type> scratch_;
   std::tuple<std::vector<float16>, std::vector<bfloat16>> scratch16_;
   struct no_topk {};  // a 16-bit model's (mixed_backend) gradients are not sparsified

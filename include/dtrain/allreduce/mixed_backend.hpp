@@ -52,7 +52,7 @@ class mixed_backend : public host_backend<Model> {
   void reserve(const bucket_plan& plan) {
     base::reserve(plan);
     plan_ = &plan;
-    wide_.resize(plan.largest_bucket());
+    if (reduce_in_ == reduce_precision::master) wide_.resize(plan.largest_bucket());
   }
 
   /// The master copy starts as the model's (broadcast) parameters, widened.
@@ -96,6 +96,15 @@ class mixed_backend : public host_backend<Model> {
     info.step = step;
     updater.step(master(model, tensor), std::span<const master_type>(master_gradient(tensor)), offset, info);
     publish(model, tensor);
+  }
+
+  /// What it holds: the host backend's buffers, the widened bucket, the master copy and gradient.
+  memory_use memory() const noexcept {
+    memory_use m = base::memory();
+    m.buffers += wide_.size() * sizeof(master_type);
+    m.parameters = master_.size() * sizeof(master_type);
+    m.gradients = gradient_.size() * sizeof(master_type);
+    return m;
   }
 
   std::span<master_type> master(Model&, std::size_t i) { return part(master_, i); }

@@ -5,6 +5,7 @@
 ///
 /// A model calls these inside `forward_backward`, passing the trainer's `sum_across_ranks`
 /// (which runs in order with the gradient buckets, so every rank sums in the same order):
+/// <!-- frame: header_sync_batch_norm -->
 /// @code
 /// auto sum = [&](std::span<double> v) { trainer.sum_across_ranks(v); };
 /// auto m = dtrain::allreduce::sync_batch_moments<float>(activations, channels, sum);

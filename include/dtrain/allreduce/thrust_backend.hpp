@@ -26,9 +26,10 @@
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/concepts/device_model.hpp"
 #include "dtrain/core/element.hpp"
+#include "dtrain/core/memory_use.hpp"
 #include "dtrain/core/reduce_op.hpp"
+#include "dtrain/cuda/thrust_space.hpp"
 #include "dtrain/reduce/thrust.hpp"
-#include "dtrain/reduce/thrust_space.hpp"
 #include "dtrain/updater/device.hpp"
 
 namespace dtrain {
@@ -119,6 +120,17 @@ class thrust_backend {
     updater.step(model.parameters(tensor), thrust_buffer<const value_type>(model.gradients(tensor)), offset, info,
                  model.stream());
   }
+
+  /// Its buffers: the bucket it packs and 16-bit packing, in the device system's memory.
+  memory_use memory() const noexcept {
+    memory_use m;
+    m.buffers = scratch_.size() * sizeof(value_type) + std::get<0>(scratch16_).size() * sizeof(float16) +
+                std::get<1>(scratch16_).size() * sizeof(bfloat16);
+    if constexpr (device_resident) m.device = m.buffers;
+    return m;
+  }
+  /// The buffers and the updater's state are device memory (a CUDA build), not host memory.
+  static constexpr bool device_resident = THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA;
 
  private:
   detail::thrust_space::owned_stream comm_stream_;

@@ -7,6 +7,7 @@
 /// step) with the `host_backend`, or for a model of `bfloat16` or `float16` the `mixed_backend`
 /// (mixed precision: float master weights and updater state; an updater of `float`).
 ///
+/// <!-- frame: header_mlp_tcp -->
 /// @code
 /// using comm_t = dtrain::ring<dtrain::tcp_transport>;
 /// dtrain::allreduce::trainer trainer(comm_t(dtrain::tcp_transport::from_environment()),

@@ -5,6 +5,7 @@
 /// and uneven (`v`) forms; and the one-line models `ring<T>`, `halving_doubling<T>`,
 /// `binomial_tree<T>`, `bruck<T>` that prefer one family.
 ///
+/// <!-- frame: header_inproc_rank -->
 /// @code
 /// auto ranks = dtrain::make_inproc_group(4);           // one endpoint per thread
 /// dtrain::ring<dtrain::inproc_transport> comm(std::move(ranks[r]));

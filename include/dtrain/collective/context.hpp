@@ -194,7 +194,10 @@ class call_context {
   void wait_part(pending& p, request& req, std::size_t at, bool control = false) {
     std::error_code ec;
     flight_.waiting(world_rank_of(p.peer), p.is_send);
-    if (!held_.empty()) await(req);
+    if (!held_.empty()) {
+      await(req);  // may wait on a clearance from another peer, and record so
+      flight_.waiting(world_rank_of(p.peer), p.is_send);
+    }
     bool ok = req.wait(deadline_, ec);
     flight_.resumed();
     if (!p.is_send && !control && (ok || ec == errc::message_truncated)) {

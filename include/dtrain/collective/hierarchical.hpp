@@ -38,8 +38,8 @@
 #include "dtrain/concepts/element.hpp"
 #include "dtrain/concepts/reduction.hpp"
 #include "dtrain/core/reduce_op.hpp"
+#include "dtrain/topology/hosts.hpp"
 #include "dtrain/transport/group.hpp"
-#include "dtrain/transport/hosts.hpp"
 
 namespace dtrain {
 

@@ -3,12 +3,13 @@
 /// `nccl_communicator`: the collective operations on device memory through NCCL (a model of
 /// `collective` over `device_memory`). Link `dtrain::nccl`.
 ///
+/// <!-- frame: header_nccl_store -->
 /// @code
-/// auto store = ...;  // any rendezvous store: the TCP store, the file store
+/// // store: any rendezvous store (the TCP store, the file store); grads: n floats of device memory
 /// auto comm = dtrain::nccl_communicator::connect(store, rank, size);
 /// comm.allreduce(dtrain::device_span<float>(grads, n), dtrain::reduce_op::avg);  // waits
 /// auto r = comm.iallreduce(dtrain::device_span<float>(grads, n), dtrain::reduce_op::sum);
-/// ... other work ...
+/// // ... other work ...
 /// r.wait();                                              // under the communicator's deadline
 /// @endcode
 ///

@@ -4,6 +4,7 @@
 /// `ibroadcast`, ...), to `test` or `wait` on, as MPI_Request or PyTorch's `Work`; and the queue
 /// that runs those collectives on the communicator's own thread.
 ///
+/// <!-- frame: header_inproc_comm -->
 /// @code
 /// auto a = comm.iallreduce(std::span(grads), dtrain::reduce_op::sum);
 /// auto b = comm.ibroadcast(std::span(weights), 0);

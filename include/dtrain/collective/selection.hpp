@@ -66,7 +66,7 @@ struct cost_model {
   /// core for each rank's reducing and another for its sending. Then only one segment's
   /// reduction per step is on the critical path, and at large sizes the ring beats
   /// halving-doubling, whose halves are reduced after they arrive (docs/algorithms.md). Set it
-  /// identically on every rank, from `host_map::two_cores_per_rank` (transport/hosts.hpp).
+  /// identically on every rank, from `host_map::two_cores_per_rank` (topology/hosts.hpp).
   bool reduction_overlaps = false;
 
   /// Estimated seconds for `a` to run `op` over `bytes` on `p` ranks; infinity if unsupported.

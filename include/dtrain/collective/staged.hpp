@@ -17,9 +17,10 @@
 /// algorithm, and stage back. Deadlines, mismatch detection and errors are the host
 /// communicator's.
 ///
+/// <!-- frame: header_staged_tcp -->
 /// @code
 /// dtrain::staged_communicator<dtrain::tcp_transport> comm(dtrain::tcp_transport::from_environment());
-/// comm.allreduce(dtrain::device_span<float>(grads, n), dtrain::reduce_op::avg);
+/// comm.allreduce(dtrain::thrust_buffer<float>(grads, n), dtrain::reduce_op::avg);  // device_span under CUDA
 /// @endcode
 
 #include <algorithm>
@@ -34,8 +35,8 @@
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
+#include "dtrain/cuda/thrust_space.hpp"
 #include "dtrain/detail/error_code_forms.hpp"
-#include "dtrain/reduce/thrust_space.hpp"
 #include "dtrain/reduce/thrust.hpp"
 
 namespace dtrain {
@@ -66,7 +67,7 @@ class memory {
     thrust_space::copy<T>(dst, src, stream_.get());
   }
   void finish() { thrust_space::synchronize(stream_.get()); }
-  auto reduction() const { return thrust_space::reduction_on(stream_.get()); }
+  auto reduction() const { return reduction_on(stream_.get()); }
 
  private:
   thrust_space::owned_stream stream_ = thrust_space::ordered_with_default();

@@ -6,6 +6,7 @@
 /// with a list of tensors of different sizes). Blocks are packed: rank i's block starts where rank
 /// i-1's ends, so a count list is all that describes a buffer; counts may be zero.
 ///
+/// <!-- frame: header_inproc_comm -->
 /// @code
 /// std::vector<std::size_t> counts{3, 0, 5};                 // the same list on every rank
 /// std::vector<float> all(8);

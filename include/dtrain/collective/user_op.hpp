@@ -3,6 +3,7 @@
 /// `user_op<T>(f)`: a reduction operator the user writes (MPI_Op_create, a custom ncclRedOp),
 /// passed where a `reduce_op` goes in allreduce, reduce and reduce_scatter.
 ///
+/// <!-- frame: header_inproc_comm -->
 /// @code
 /// auto gcd = dtrain::user_op<std::int64_t>([](std::int64_t a, std::int64_t b) { return std::gcd(a, b); });
 /// comm.allreduce(std::span(values), gcd);

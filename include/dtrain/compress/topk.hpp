@@ -10,6 +10,7 @@
 /// results). A compressor keeps the residual e of one buffer (a gradient bucket, a pushed
 /// tensor); `sparse_add` sums the pairs the ranks sent back into a dense buffer.
 ///
+/// <!-- frame: header_gradient -->
 /// @code
 /// dtrain::topk_compressor<float> c(n);                         // one per bucket
 /// const std::size_t k = dtrain::topk_count(n, 0.01);

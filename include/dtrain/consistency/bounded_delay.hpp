@@ -12,11 +12,13 @@
 /// SSP, but under bounded delay 0 it runs strictly one task at a time; and two workers of very
 /// different speeds drift apart without bound under bounded delay, at most s + 1 clocks under SSP.
 ///
+/// <!-- frame: header_bounded_delay -->
 /// @code
-/// dtrain::task_window<ps_request_waiter> window(/*tau=*/2);
+/// auto finish = [&](ps_worker::request& r) { worker.wait(r); };  // ps_worker: a ps::worker's type
+/// dtrain::task_window<ps_worker::request, decltype(finish)> window(/*tau=*/2, finish);
 /// for (std::int64_t t = 0; t < steps; ++t) {
 ///   window.admit(t);                     // waits for the tasks before t - 2
-///   window.started(t, worker.push_pull(keys, grads(t), weights));
+///   window.started(t, worker.push_pull(keys, grads(t), weights, 1));
 /// }
 /// window.drain();
 /// @endcode

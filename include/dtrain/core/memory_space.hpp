@@ -8,10 +8,11 @@
 /// `span_in<memory_space, T>`: handing device memory to a host collective (or host memory to
 /// NCCL) does not compile.
 ///
+/// <!-- frame: header_nccl_comm -->
 /// @code
 /// dtrain::device_span<float> grads(device_ptr, n);   // the caller vouches: device memory
 /// nccl.allreduce(grads, dtrain::reduce_op::sum);      // fine
-/// host_comm.allreduce(grads, dtrain::reduce_op::sum); // compile error: not a std::span
+/// // host_comm.allreduce(grads, dtrain::reduce_op::sum);  // does not compile: not a std::span
 /// @endcode
 
 #include <cstddef>

@@ -6,6 +6,7 @@
 /// train on different micro-batches and average their gradients before each update: data x
 /// pipeline parallelism, and with tensor-parallel stages, the three together.
 ///
+/// <!-- frame: header_pipeline_stage -->
 /// @code
 /// using group = dtrain::process_group<dtrain::tcp_transport>;
 /// dtrain::device_mesh mesh(group(dtrain::tcp_transport::from_environment()), {{"dp", 2}, {"pp", 2}});
@@ -38,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/concepts/stage.hpp"
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/concepts/updater.hpp"
@@ -72,14 +74,16 @@ struct trainer_options {
   /// The executor's deadline, tags and lookahead (`rematerialise` and `stash_weights` are set
   /// from the schedule).
   executor_options executor{};
-  /// The learning rate for each step (or, under `pipedream`, each micro-batch update); empty
+  /// The learning rate for each step (under `pipedream`, each micro-batch update counts as one), as
+  /// the other trainers' `learning_rate(step)`; empty
   /// leaves the updater's own.
-  std::function<double(std::uint64_t update)> learning_rate;
+  std::function<double(std::size_t step)> learning_rate;
   /// Average a chunk's gradients over the replicas on a communication thread as soon as its last
   /// backward of the step is done, while the pipeline drains (flushed schedules); off averages
   /// everything at the optimizer step.
-  bool overlap_replicas = true;
-  /// The most bytes averaged in one allreduce (DDP's bucket: 25 MiB).
+  bool overlap = true;
+  /// A bucket of gradients closes once it holds this many bytes (`allreduce::bucket_plan`, DDP's
+  /// bucket: 25 MiB).
   std::size_t bucket_bytes = std::size_t{25} << 20;
 };
 
@@ -231,7 +235,7 @@ class trainer {
   }
 
   // Replicas averaged on the communication thread while the pipeline drains.
-  bool overlapped() const noexcept { return !per_micro_batch && options_.overlap_replicas && replicas_.size() > 1; }
+  bool overlapped() const noexcept { return !per_micro_batch && options_.overlap && replicas_.size() > 1; }
 
   void zero_gradients() {
     for (Stage& s : chunks_) {
@@ -266,8 +270,8 @@ class trainer {
   }
 
   // Scales chunk c's gradients to the micro-batch mean and averages them over the replicas, in
-  // buckets of at most `bucket_bytes`, tensors in order (the same on every replica). With one
-  // replica the scaling is done in place: there is nothing to gather into a bucket.
+  // the buckets the allreduce trainer would form (`bucket_plan`, the same on every replica; no
+  // small first bucket: nothing overlaps here). With one replica the scaling is done in place.
   void average_chunk(std::size_t c) {
     Stage& s = chunks_[c];
     const value_type scale =
@@ -279,23 +283,20 @@ class trainer {
       }
       return;
     }
-    const std::size_t capacity = std::max<std::size_t>(1, options_.bucket_bytes / sizeof(value_type));
-    std::vector<value_type>& bucket = buckets_[c];
-    std::size_t first = 0;  // the first tensor in the bucket
-    for (std::size_t i = 0; i <= s.tensor_count(); ++i) {
-      const bool full = i == s.tensor_count() || (!bucket.empty() && bucket.size() + s.gradients(i).size() > capacity);
-      if (full && !bucket.empty()) {
-        replicas_.allreduce(std::span(bucket), reduce_op::avg);
-        auto at = bucket.begin();
-        for (; first < i; ++first) {
-          auto g = s.gradients(first);
-          std::copy(at, at + static_cast<std::ptrdiff_t>(g.size()), g.begin());
-          at += static_cast<std::ptrdiff_t>(g.size());
-        }
-        bucket.clear();
-      }
-      if (i == s.tensor_count()) break;
-      for (value_type g : s.gradients(i)) bucket.push_back(g * scale);
+    allreduce::bucket_plan& plan = plans_[c];
+    if (plan.tensor_count() != s.tensor_count()) {
+      std::vector<std::size_t> sizes;
+      for (std::size_t i = 0; i < s.tensor_count(); ++i) sizes.push_back(s.gradients(i).size());
+      plan = allreduce::bucket_plan(sizes, sizeof(value_type), options_.bucket_bytes, options_.bucket_bytes);
+      buckets_[c].resize(plan.largest_bucket());
+    }
+    auto gradients = [&](std::size_t i) { return s.gradients(i); };
+    for (const allreduce::bucket& b : plan.buckets()) {
+      const std::span<value_type> flat = std::span(buckets_[c]).first(b.elements);
+      allreduce::pack(b, gradients, flat);
+      for (value_type& g : flat) g *= scale;
+      replicas_.allreduce(flat, reduce_op::avg);
+      allreduce::unpack(b, std::span<const value_type>(flat), gradients);
     }
   }
 
@@ -308,6 +309,7 @@ class trainer {
   executor<Transport, Stage> executor_;
   pipeline_shape shape_{};
   std::vector<action> actions_;
+  std::vector<allreduce::bucket_plan> plans_ = std::vector<allreduce::bucket_plan>(chunks_.size());
   std::vector<std::vector<value_type>> buckets_ = std::vector<std::vector<value_type>>(chunks_.size());
   std::uint64_t step_ = 0;
   std::uint64_t updates_ = 0;

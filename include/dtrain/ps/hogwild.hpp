@@ -5,6 +5,7 @@
 /// (plain moves on x86, and no data race in the C++ sense); a read-modify-write may lose a
 /// concurrent one, which is the algorithm's bet: with sparse updates collisions are rare.
 ///
+/// <!-- frame: header_hogwild -->
 /// @code
 /// dtrain::ps::run_hogwild(std::span(weights), 4, [&](int thread, auto shared) {
 ///   for (auto& sample : my_part(thread))

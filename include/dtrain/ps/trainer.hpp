@@ -4,18 +4,19 @@
 /// parts. Every rank constructs the same trainer; server ranks serve, worker ranks run the
 /// algorithm on their replica of a dense model.
 ///
+/// <!-- frame: ps_job -->
 /// @code
 /// using trainer = dtrain::ps::trainer<dtrain::tcp_transport, dtrain::ssp<2>, dtrain::adagrad<float>,
 ///                                     dtrain::ps::downpour<float>>;
 /// auto transport = dtrain::tcp_transport::from_environment();
 /// const auto roles = dtrain::ps::roles::from_environment(transport.size());  // DTRAIN_PS_SERVERS
 /// trainer job(std::move(transport), dtrain::adagrad<float>(0.1), dtrain::ps::downpour<float>(1, 1), roles);
-/// // gradient_of_my_batch(std::span<const float> w, std::span<float> g, std::int64_t t) writes g
+/// // gradient_of_batch(std::span<const float> w, std::span<float> g, std::int64_t t) writes g
 /// if (job.is_server()) {
 ///   job.serve();
 /// } else {
 ///   job.begin(std::span(weights));
-///   for (int t = 0; t < steps; ++t) job.step(std::span(weights), gradient_of_my_batch, t);
+///   for (int t = 0; t < steps; ++t) job.step(std::span(weights), gradient_of_batch, t);
 ///   job.end(std::span(weights));
 /// }
 /// @endcode

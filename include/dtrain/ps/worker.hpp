@@ -5,13 +5,16 @@
 /// overlap communication with compute, and `wait` blocks under a deadline. A heartbeat thread
 /// tells the servers the worker is alive.
 ///
+/// <!-- frame: header_ps_worker -->
 /// @code
 /// ps::worker<tcp_transport, ssp<2>> w(std::move(t), roles, ps::range_sharding(roles.shard_count(), 1 << 24));
 /// auto pulled = w.pull(keys, std::span(weights), 1);   // sorted, unique keys
 /// w.wait(pulled);                                        // waits while SSP says this clock must
-/// ... compute gradients ...
-/// w.wait(w.push(keys, std::span<const float>(grads), 1));
-/// w.wait(w.clock());
+/// // ... compute gradients ...
+/// auto pushed = w.push(keys, std::span<const float>(grads), 1);
+/// w.wait(pushed);
+/// auto clocked = w.clock();
+/// w.wait(clocked);
 /// w.finish();
 /// @endcode
 /// Not thread-safe: one thread per worker object (the heartbeat thread is internal).

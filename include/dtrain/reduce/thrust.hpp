@@ -18,21 +18,9 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
+#include "dtrain/cuda/thrust_space.hpp"
 
 namespace dtrain {
-
-/// The memory `thrust::device` works on in this build: device memory under CUDA, host memory
-/// under the CPP, OMP and TBB systems.
-/// `thrust_buffer<T>` is the span type of that memory (`device_span`, or `std::span`).
-#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
-using thrust_device_memory = device_memory;
-template <class T>
-using thrust_buffer = device_span<T>;
-#else
-using thrust_device_memory = host_memory;
-template <class T>
-using thrust_buffer = std::span<T>;
-#endif
 
 namespace detail {
 
@@ -124,5 +112,14 @@ inline auto stream_reduction(cudaStream_t stream) {
   return thrust_reduction<decltype(policy)>(policy);
 }
 #endif
+
+namespace detail {
+/// The Thrust reduction that enqueues on `s` (under CPP, OMP and TBB: runs on the calling thread).
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+inline auto reduction_on(thrust_space::stream_handle s) { return stream_reduction(s); }
+#else
+inline auto reduction_on(thrust_space::stream_handle) { return thrust_reduction<>{}; }
+#endif
+}  // namespace detail
 
 }  // namespace dtrain

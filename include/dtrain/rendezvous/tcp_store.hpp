@@ -27,10 +27,10 @@
 #include <vector>
 
 #include "dtrain/core/frame.hpp"
-#include "dtrain/detail/auth.hpp"
 #include "dtrain/detail/backoff.hpp"
-#include "dtrain/detail/handshake.hpp"
 #include "dtrain/detail/log.hpp"
+#include "dtrain/net/auth.hpp"
+#include "dtrain/net/handshake.hpp"
 #include "dtrain/rendezvous/store.hpp"
 
 namespace dtrain {

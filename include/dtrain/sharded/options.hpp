@@ -1,7 +1,7 @@
 #pragma once
 /// @file
 /// What every stage of `sharded::trainer` shares: the stages as policies, the options, what a
-/// step returns and what the trainer reports of its memory. `trainer<Stage, ...>` itself is
+/// step returns and what the trainer reports of its memory. `trainer<Collective, Stage, ...>` itself is
 /// trainer.hpp (stages 1 and 2) and unit_trainer.hpp (stage 3).
 
 #include <concepts>
@@ -12,6 +12,7 @@
 #include <string_view>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_use.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::sharded {
@@ -49,27 +50,19 @@ struct trainer_options {
   /// while the current one computes.
   std::size_t limit_all_gathers = 2;
   /// The learning rate of step k (0-based); empty: the updater's own rate throughout.
-  std::function<double(std::size_t)> learning_rate;
+  std::function<double(std::size_t step)> learning_rate;
   /// Where gradients are averaged, for a 16-bit model (mixed precision).
   reduce_precision reduce_in = reduce_precision::master;
   /// Dynamic loss scaling (float16 models); the model must have `set_loss_scale(double)`.
   loss_scaling scaling;
 };
 
-/// Bytes the trainer itself holds on this rank. At stages 1 and 2 the model's own tensors are
-/// the model's, full size; at stage 3 the model holds no parameters: `gathered` counts the units'
-/// parameters while they are gathered, `unit_gradients` their gradients until reduced.
-struct memory_use {
-  std::size_t parameters = 0;       ///< the master slice of the parameters the updater steps
-  std::size_t gradients = 0;        ///< the slice of the averaged gradient
-  std::size_t optimizer_state = 0;  ///< the updater's state for the slice
-  std::size_t buffers = 0;          ///< the bucket buffer collectives run on (stages 1, 2)
-  std::size_t gathered = 0;         ///< stage 3: the gathered units' parameters (padded)
-  std::size_t unit_gradients = 0;   ///< stage 3: units' gradients, from backward to their reduce-scatter
-  std::size_t total() const noexcept {
-    return parameters + gradients + optimizer_state + buffers + gathered + unit_gradients;
-  }
-};
+/// Bytes the trainer itself holds on this rank (core/memory_use.hpp). At stages 1 and 2 the
+/// model's own tensors are the model's, full size, and `parameters`, `gradients` and
+/// `optimizer_state` are this rank's slices; at stage 3 the model holds no parameters: `gathered`
+/// counts the units' parameters while they are gathered, `unit_gradients` their gradients until
+/// reduced.
+using dtrain::memory_use;
 
 struct step_result {
   double loss = 0;           ///< this rank's batch's mean loss (unscaled)
@@ -84,7 +77,7 @@ struct no_replicas {};
 /// Sharded data parallelism at `Stage` of `Model`, sharded over `Collective`'s group and, when
 /// `Replicas` is a collective, replicated across its group (hybrid sharding: FSDP's
 /// HYBRID_SHARD, shard within a host and replicate across hosts), updated by `Updater`.
-template <sharding_stage Stage, class Collective, class Updater, class Model, class Replicas = no_replicas>
+template <class Collective, sharding_stage Stage, class Updater, class Model, class Replicas = no_replicas>
 class trainer;
 
 namespace detail {

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// `sharded::trainer<Stage, Collective, Updater, Model>`: synchronous data parallelism whose
+/// `sharded::trainer<Collective, Stage, Updater, Model>`: synchronous data parallelism whose
 /// optimizer state (ZeRO stage 1) and gradients (stage 2) are sharded across the ranks instead
 /// of replicated (Rajbhandari et al., SC'20; PyTorch's ZeroRedundancyOptimizer and FSDP's
 /// SHARD_GRAD_OP). It takes the allreduce trainer's parts: any `collective`, any `updater`,
@@ -27,9 +27,10 @@
 /// `options.scaling` the loss is scaled and a step whose gradients overflowed is skipped on
 /// every rank (updater/loss_scaler.hpp); stage 1 then leaves the scaled average in the model.
 ///
+/// <!-- frame: header_mlp_tcp -->
 /// @code
 /// using comm_t = dtrain::ring<dtrain::tcp_transport>;
-/// dtrain::sharded::trainer<dtrain::sharded::zero2, comm_t, dtrain::adam<float>, my_model> trainer(
+/// dtrain::sharded::trainer<comm_t, dtrain::sharded::zero2, dtrain::adam<float>, my_model> trainer(
 ///     comm_t(dtrain::tcp_transport::from_environment()), dtrain::adam<float>(1e-3), model);
 /// for (auto& batch : my_shard) trainer.step(batch);
 /// @endcode
@@ -64,10 +65,10 @@
 namespace dtrain::sharded {
 
 /// Stages 1 and 2.
-template <sharding_stage Stage, class Collective, class Updater, model Model, class Replicas>
+template <class Collective, sharding_stage Stage, class Updater, model Model, class Replicas>
   requires(Stage::stage <= 2 && trainable<Collective, Updater, Model> &&
            (!detail::has_replicas<Replicas> || trainable<Replicas, Updater, Model>))
-class trainer<Stage, Collective, Updater, Model, Replicas> {
+class trainer<Collective, Stage, Updater, Model, Replicas> {
  public:
   using value_type = typename Model::value_type;
   /// The master parameters', the averaged gradient's and the updater's type: `float` for a

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// `sharded::trainer<zero3, Collective, Updater, Model>`: ZeRO stage 3, FSDP's FULL_SHARD. The
+/// `sharded::trainer<Collective, zero3, Updater, Model>`: ZeRO stage 3, FSDP's FULL_SHARD. The
 /// parameters are sharded too: no rank holds the whole model. The model (`unit_model`) runs
 /// unit by unit and reads each unit's parameters through the trainer, which gathers them just
 /// before the unit runs and frees them right after (Zhao et al., VLDB'23).
@@ -51,7 +51,7 @@ namespace dtrain::sharded {
 template <class Collective, class Updater, unit_model Model, class Replicas>
   requires(trainable<Collective, Updater, Model> &&
            (!detail::has_replicas<Replicas> || trainable<Replicas, Updater, Model>))
-class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_access<typename Model::value_type> {
+class trainer<Collective, zero3, Updater, Model, Replicas> final : private unit_access<typename Model::value_type> {
  public:
   using value_type = typename Model::value_type;
   /// The master parameters', the averaged gradient's and the updater's type (trainer.hpp).
@@ -390,12 +390,7 @@ class trainer<zero3, Collective, Updater, Model, Replicas> final : private unit_
     return m;
   }
   void note_peak() {  // under mutex_
-    const memory_use now = memory_locked();
-    peak_.parameters = std::max(peak_.parameters, now.parameters);
-    peak_.gradients = std::max(peak_.gradients, now.gradients);
-    peak_.optimizer_state = std::max(peak_.optimizer_state, now.optimizer_state);
-    peak_.gathered = std::max(peak_.gathered, now.gathered);
-    peak_.unit_gradients = std::max(peak_.unit_gradients, now.unit_gradients);
+    peak_.raise_to(memory_locked());
   }
 
   shard_identity identity() const {

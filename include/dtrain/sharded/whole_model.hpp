@@ -4,8 +4,9 @@
 /// as a `model`. The same model then trains under stage 3, stages 1 and 2 and the allreduce
 /// trainer, which is how a user compares them (and how bench/sharded_speed.py does).
 ///
+/// <!-- frame: header_unit_model -->
 /// @code
-/// my_unit_model units(...);
+/// my_unit_model units(widths, train, seed);  // a unit_model
 /// dtrain::sharded::whole_model whole(units);  // initialised as stage 3's root would
 /// dtrain::allreduce::trainer trainer(comm_t(transport), dtrain::adam<float>(1e-3), whole);
 /// @endcode

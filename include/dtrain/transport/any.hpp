@@ -7,6 +7,7 @@
 /// cannot compile Boost.Asio, so a CUDA file instantiates `staged_communicator<any_transport>`
 /// and a host file builds the `tcp_transport` and hands it over.
 ///
+/// <!-- frame: header_any_transport -->
 /// @code
 /// dtrain::any_transport t(dtrain::tcp_transport::from_environment());   // host .cpp
 /// run_on_gpu(std::move(t));                                               // .cu: staged_communicator<any_transport>

@@ -4,6 +4,7 @@
 /// collective, algorithm and trainer runs on a sub-group unchanged (MPI communicators, PyTorch's
 /// `new_group`, NCCL's `ncclCommSplit`).
 ///
+/// <!-- frame: function_asio -->
 /// @code
 /// dtrain::process_group world(dtrain::tcp_transport::from_environment());
 /// auto row = world.split(world.rank() / 4);            // collective: ranks 0-3, 4-7, ...

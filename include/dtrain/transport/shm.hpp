@@ -29,8 +29,8 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
-#include "dtrain/detail/auth.hpp"
 #include "dtrain/detail/log.hpp"
+#include "dtrain/net/auth.hpp"
 #include "dtrain/rendezvous/environment.hpp"
 #include "dtrain/rendezvous/launch_store.hpp"
 #include "dtrain/rendezvous/store.hpp"
@@ -39,57 +39,10 @@
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/request.hpp"
 #include "dtrain/transport/shm/engine.hpp"
+#include "dtrain/transport/shm/options.hpp"
 #include "dtrain/transport/shm/stats.hpp"
 
 namespace dtrain {
-
-/// How a shared-memory group is formed and behaves.
-struct shm_options {
-  /// Deadline for forming the group (rendezvous, mapping every inbox).
-  std::chrono::milliseconds timeout{60000};
-  /// How long leaving waits for the rings to take what this rank still sends.
-  std::chrono::milliseconds linger{10000};
-  /// Bytes of each ring (one per ordered pair of ranks): a power of two, at least 4 KiB. Every
-  /// rank maps size x ring_bytes of its own and as much of each peer's. Small rings stay in the
-  /// caches: 256 KiB carried a 1 MiB allreduce on 2 ranks 1.3x faster than 1 MiB rings
-  /// (docs/transports.md). $DTRAIN_SHM_RING_BYTES.
-  std::size_t ring_bytes = std::size_t{256} << 10;
-  /// Messages of at least this many bytes are read by the receiver straight from the sender's
-  /// memory (process_vm_readv: one copy instead of two through a ring), to each peer whose
-  /// memory this kernel lets its peers read; 0 sends everything through the rings. The kernel
-  /// pins pages for each read, so below some MiB the pipelined rings are faster; the read also
-  /// waits for its receive, so a huge early message is never held twice. $DTRAIN_SHM_SINGLE_COPY_BYTES.
-  std::size_t single_copy_bytes = std::size_t{16} << 20;
-  /// Largest message sent or accepted (as over TCP).
-  std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
-  /// The job token; unset: $DTRAIN_TOKEN, else the file $DTRAIN_TOKEN_FILE.
-  std::optional<std::string> token;
-  /// A peer that dies fails the whole group (what collectives need); off for a parameter server.
-  bool abort_group_on_peer_loss = true;
-  /// Rendezvous epoch: a group rebuilt without restarting uses a new one.
-  std::uint64_t epoch = 0;
-  /// Prefix of the store keys: distinguishes the groups of several hosts that share one store.
-  std::string group_key = "shm/";
-  /// The names of this group's ranks in messages (their world ranks, where the group is one
-  /// host's part of a larger one); empty: as numbered here.
-  std::vector<int> rank_names;
-
-  /// The options with DTRAIN_SHM_RING_BYTES, DTRAIN_SHM_SINGLE_COPY_BYTES and DTRAIN_TIMEOUT_MS
-  /// applied.
-  shm_options with_environment() const {
-    shm_options o = *this;
-    if (const char* r = std::getenv("DTRAIN_SHM_RING_BYTES")) {
-      o.ring_bytes = static_cast<std::size_t>(detail::env::to_int("DTRAIN_SHM_RING_BYTES", r));
-    }
-    if (const char* b = std::getenv("DTRAIN_SHM_SINGLE_COPY_BYTES")) {
-      o.single_copy_bytes = static_cast<std::size_t>(detail::env::to_int("DTRAIN_SHM_SINGLE_COPY_BYTES", b));
-    }
-    if (const char* t = std::getenv("DTRAIN_TIMEOUT_MS")) {
-      o.timeout = std::chrono::milliseconds(detail::env::to_int("DTRAIN_TIMEOUT_MS", t));
-    }
-    return o;
-  }
-};
 
 /// The completion handle of a shared-memory send or receive (a model of `completion`).
 template <class Progress>
@@ -185,14 +138,9 @@ class basic_shm_transport
     store.get(key("mapped/all"), d);
     own.unlink();
 
-    settings s;
-    s.linger = options.linger;
-    s.max_message_bytes = options.max_message_bytes;
-    s.abort_group_on_peer_loss = options.abort_group_on_peer_loss;
-    s.ring_bytes = ring;
-    s.single_copy_bytes = options.single_copy_bytes;
-    s.rank_names = options.rank_names;
-    s.fallbacks = std::move(fallbacks);
+    settings s{options, std::move(fallbacks)};
+    s.options.ring_bytes = ring;
+    s.options.token.reset();  // proven; the engine has no use for the secret
     auto e = std::make_shared<engine>(rank, size, s, std::move(own), std::move(inboxes), pids);
     e->start();
     return basic_shm_transport(std::move(e));

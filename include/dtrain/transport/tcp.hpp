@@ -29,9 +29,8 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
-#include "dtrain/detail/netif.hpp"
 #include "dtrain/detail/request_error.hpp"
-#include "dtrain/transport/tcp/engine.hpp"
+#include "dtrain/net/netif.hpp"
 #include "dtrain/rendezvous/environment.hpp"
 #include "dtrain/rendezvous/launch_store.hpp"
 #include "dtrain/rendezvous/store.hpp"
@@ -39,6 +38,7 @@
 #include "dtrain/transport/engine_handle.hpp"
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/request.hpp"
+#include "dtrain/transport/tcp/engine.hpp"
 
 namespace dtrain {
 

@@ -7,6 +7,7 @@
 /// device's floating-point library (`sqrt` and `pow` are correctly rounded or within 1-2 ulp
 /// on CUDA). Link `dtrain::thrust` (and `dtrain::cuda` in a CUDA build); nvcc in a CUDA build.
 ///
+/// <!-- frame: header_thrust_buffers -->
 /// @code
 /// dtrain::device_updater<dtrain::adam<float>> opt(dtrain::adam<float>(1e-3));
 /// opt.resize(n);
@@ -23,7 +24,7 @@
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/config.hpp"
 #include "dtrain/core/error.hpp"
-#include "dtrain/reduce/thrust_space.hpp"
+#include "dtrain/cuda/thrust_space.hpp"
 #include "dtrain/updater/basic_updater.hpp"
 
 namespace dtrain {

@@ -6,8 +6,8 @@
 #include <vector>
 
 #include <dtrain/collective/communicator.hpp>
+#include <dtrain/topology/mesh.hpp>
 #include <dtrain/transport/group.hpp>
-#include <dtrain/transport/mesh.hpp>
 #include <dtrain/transport/tcp.hpp>
 
 #pragma GCC diagnostic ignored "-Wunused-variable"

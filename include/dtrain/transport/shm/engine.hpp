@@ -69,10 +69,10 @@ class engine : protected protocol {
       send_to_self(op);
     } else if (at(peer).departed || at(peer).lost) {
       op->complete(make_error_code(errc::peer_lost), left_text(peer));
-    } else if (op->data.bytes() > settings_.max_message_bytes) {
+    } else if (op->data.bytes() > settings_.options.max_message_bytes) {
       op->complete(make_error_code(errc::invalid_argument), "a message of " + std::to_string(op->data.bytes()) +
                                                                 " bytes exceeds the maximum of " +
-                                                                std::to_string(settings_.max_message_bytes));
+                                                                std::to_string(settings_.options.max_message_bytes));
     } else {
       at(peer).sendq.push_back(op);
     }
@@ -153,7 +153,7 @@ class engine : protected protocol {
         }
       }
     }
-    while (!wait(op, deadline::after(settings_.linger), std::chrono::microseconds(0))) {
+    while (!wait(op, deadline::after(settings_.options.linger), std::chrono::microseconds(0))) {
       std::lock_guard lock(m_);
       fail_group(errc::cancelled, "an operation could not be withdrawn within the linger time");
     }
@@ -198,7 +198,7 @@ class engine : protected protocol {
       for (int p = 0; p < size_; ++p) {
         if (p != rank_) frames.push_back(send(p, 0, signature{}, gather_list(parts), frame_kind::abort));
       }
-      const deadline d = deadline::after(settings_.linger);
+      const deadline d = deadline::after(settings_.options.linger);
       for (auto& f : frames) wait(f, d, std::chrono::microseconds(0));
       std::lock_guard lock(m_);
       fail_group(errc::peer_lost, why);  // (fails a frame still queued: `text` goes away)
@@ -214,7 +214,7 @@ class engine : protected protocol {
     for (int p = 0; p < size_; ++p) {
       if (p != rank_) goodbyes.push_back(send(p, 0, signature{}, gather_list{}, frame_kind::goodbye));
     }
-    const deadline d = deadline::after(settings_.linger);
+    const deadline d = deadline::after(settings_.options.linger);
     for (auto& g : goodbyes) wait(g, d, std::chrono::microseconds(0));
     // Peers may still have to read what this rank's remote frames left in its memory.
     drivers_.fetch_add(1);

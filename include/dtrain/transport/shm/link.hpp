@@ -16,18 +16,14 @@
 #include "dtrain/core/frame.hpp"
 #include "dtrain/detail/message_parts.hpp"
 #include "dtrain/transport/byte_operation.hpp"
+#include "dtrain/transport/shm/options.hpp"
 #include "dtrain/transport/shm/ring.hpp"
 #include "dtrain/transport/shm/segment.hpp"
 
 namespace dtrain::detail::shm {
 
 struct settings {
-  std::chrono::milliseconds linger{10000};
-  std::uint64_t max_message_bytes = std::uint64_t{1} << 30;
-  bool abort_group_on_peer_loss = true;
-  std::size_t ring_bytes = std::size_t{256} << 10;
-  std::size_t single_copy_bytes = std::size_t{16} << 20;  // messages this large are read in place; 0: never
-  std::vector<int> rank_names;  // how ranks are named in messages; empty: as numbered here
+  shm_options options;                 // as given, with the ring size the group agreed on
   std::vector<std::string> fallbacks;  // peers this rank may not read though single copy is on, and why
 };
 

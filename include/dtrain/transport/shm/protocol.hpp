@@ -41,12 +41,13 @@ class protocol {
       link& l = at(p);
       l.inbox = std::move(inboxes[static_cast<std::size_t>(p)]);
       l.peer = reinterpret_cast<inbox_header*>(l.inbox.data());
-      l.out = ring_writer(ring_at(l.inbox.data(), rank, s.ring_bytes), s.ring_bytes,
+      l.out = ring_writer(ring_at(l.inbox.data(), rank, s.options.ring_bytes), s.options.ring_bytes,
                           "from " + rank_text(rank) + " to " + rank_text(p).substr(5));
-      l.in = ring_reader(ring_at(own_.data(), p, s.ring_bytes), s.ring_bytes,
+      l.in = ring_reader(ring_at(own_.data(), p, s.options.ring_bytes), s.options.ring_bytes,
                          "from " + rank_text(p) + " to " + rank_text(rank).substr(5));
       l.watch = process_watch(pids[static_cast<std::size_t>(p)]);
-      l.single_copy = s.single_copy_bytes > 0 && ring_at(l.inbox.data(), rank, s.ring_bytes)->single_copy.load() != 0;
+      l.single_copy = s.options.single_copy_bytes > 0 &&
+                      ring_at(l.inbox.data(), rank, s.options.ring_bytes)->single_copy.load() != 0;
     }
   }
   protocol(const protocol&) = delete;
@@ -56,8 +57,8 @@ class protocol {
   ~protocol() = default;
 
   std::string rank_text(int r) const {
-    return "rank " +
-           std::to_string(settings_.rank_names.empty() ? r : settings_.rank_names[static_cast<std::size_t>(r)]);
+    const std::vector<int>& names = settings_.options.rank_names;
+    return "rank " + std::to_string(names.empty() ? r : names[static_cast<std::size_t>(r)]);
   }
   link& at(int p) noexcept { return links_[static_cast<std::size_t>(p)]; }
   // Whether the peer at the other end of `l` has closed its inbox: it left, cleanly or failed.
@@ -106,13 +107,14 @@ class protocol {
       byte_operation& op = *l.sendq.front();
       if (op.state == byte_operation::phase::queued) {
         const bool remote =
-            op.kind == frame_kind::data && l.single_copy && op.data.bytes() >= settings_.single_copy_bytes;
+            op.kind == frame_kind::data && l.single_copy && op.data.bytes() >= settings_.options.single_copy_bytes;
         if (l.out.room() < frame_header::size + (remote ? remote_descriptor_bytes : 0)) break;  // headers go in whole
         op.state = byte_operation::phase::active;
         if (op.kind == frame_kind::data) {
           (remote ? sent_.single_copy_messages : sent_.ring_messages) += 1;
           (remote ? sent_.single_copy_bytes : sent_.ring_bytes) += op.data.bytes();
-          const bool large = settings_.single_copy_bytes > 0 && op.data.bytes() >= settings_.single_copy_bytes;
+          const std::size_t threshold = settings_.options.single_copy_bytes;
+          const bool large = threshold > 0 && op.data.bytes() >= threshold;
           if (large && !remote) ++sent_.large_ring_messages;
         }
         frame_header h;
@@ -158,7 +160,7 @@ class protocol {
         if (ready < frame_header::size) return;
         frame_bytes bytes;
         l.in.peek(bytes.data(), bytes.size());
-        const frame_decode_result d = decode_frame(bytes, l.rx_seq, settings_.max_message_bytes);
+        const frame_decode_result d = decode_frame(bytes, l.rx_seq, settings_.options.max_message_bytes);
         if (policy == unexpected::leave && !wanted(p, d)) return;
         l.in.skip(bytes.size());
         l.in.publish();
@@ -362,7 +364,7 @@ class protocol {
 
   // Fails what needs `p`, or the whole group where the group cannot go on without it.
   void lose(int p, const std::string& why) {
-    if (settings_.abort_group_on_peer_loss) {
+    if (settings_.options.abort_group_on_peer_loss) {
       fail_group(errc::peer_lost, why);
       return;
     }

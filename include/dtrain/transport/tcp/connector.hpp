@@ -23,8 +23,8 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/detail/backoff.hpp"
-#include "dtrain/detail/handshake.hpp"
 #include "dtrain/detail/log.hpp"
+#include "dtrain/net/handshake.hpp"
 #include "dtrain/transport/tcp/operation.hpp"
 
 namespace dtrain::detail::tcp_engine {

@@ -39,7 +39,7 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
-#include "dtrain/detail/handshake.hpp"
+#include "dtrain/net/handshake.hpp"
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/tcp/connector.hpp"
 #include "dtrain/transport/tcp/failures.hpp"

@@ -1,5 +1,5 @@
 #pragma once
-// The authenticated handshake of detail/auth.hpp as asynchronous Asio steps with one deadline,
+// The authenticated handshake of net/auth.hpp as asynchronous Asio steps with one deadline,
 // for both ends of a connection, and the socket options every dtrain connection gets.
 
 #include <utility>  // before Asio (Boost 1.74)
@@ -14,7 +14,7 @@
 #include <string>
 #include <system_error>
 
-#include "dtrain/detail/auth.hpp"
+#include "dtrain/net/auth.hpp"
 
 namespace dtrain::detail {
 

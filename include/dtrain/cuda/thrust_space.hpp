@@ -16,11 +16,28 @@
 
 #include <thrust/execution_policy.h>
 
-#include "dtrain/reduce/thrust.hpp"
+#include "dtrain/core/memory_space.hpp"
 
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include "dtrain/cuda/runtime.hpp"
 #endif
+
+namespace dtrain {
+
+/// The memory `thrust::device` works on in this build: device memory under CUDA, host memory
+/// under the CPP, OMP and TBB systems.
+/// `thrust_buffer<T>` is the span type of that memory (`device_span`, or `std::span`).
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+using thrust_device_memory = device_memory;
+template <class T>
+using thrust_buffer = device_span<T>;
+#else
+using thrust_device_memory = host_memory;
+template <class T>
+using thrust_buffer = std::span<T>;
+#endif
+
+}  // namespace dtrain
 
 namespace dtrain::detail::thrust_space {
 
@@ -39,8 +56,6 @@ using pinned = cuda::pinned_buffer<T>;
 inline owned_stream ordered_with_default() { return owned_stream::ordered_with_default(); }
 /// The execution policy that enqueues on `s` without synchronising.
 inline auto on(stream_handle s) { return thrust::cuda::par_nosync.on(s); }
-/// The Thrust reduction that enqueues on `s`.
-inline auto reduction_on(stream_handle s) { return stream_reduction(s); }
 
 template <class T>
 void copy(thrust_buffer<T> dst, thrust_buffer<const T> src, stream_handle s) {
@@ -96,8 +111,6 @@ template <class T>
 using pinned = buffer<T>;
 
 inline auto on(stream_handle) { return thrust::device; }
-inline auto reduction_on(stream_handle) { return thrust_reduction<>{}; }
-
 template <class T>
 void copy(thrust_buffer<T> dst, thrust_buffer<const T> src, stream_handle) {
   if (!src.empty()) std::memmove(dst.data(), src.data(), src.size_bytes());

@@ -8,6 +8,7 @@
 /// host, when hosts hold consecutive ranks as launchers place them), a pipeline's stages are T
 /// apart, and data-parallel replicas P * T apart.
 ///
+/// <!-- frame: header_tcp_world -->
 /// @code
 /// dtrain::device_mesh mesh(dtrain::process_group(std::move(world)), {{"dp", 2}, {"pp", 2}, {"tp", 2}});
 /// auto& tp = mesh.group("tp");   // a transport: ring<process_group<...>> c(tp) reduces over it
