@@ -10,8 +10,10 @@
 
 namespace dtrain::testing {
 
-inline allreduce::trainer_options small_buckets() {
-  allreduce::trainer_options o;
+// The allreduce trainer's options, or the sharded trainer's (the same two fields).
+template <class Options = allreduce::trainer_options>
+Options small_buckets() {
+  Options o;
   o.first_bucket_bytes = 8 * 10;  // a few tensors per bucket: several buckets in flight
   o.bucket_bytes = 8 * 64;
   return o;

@@ -20,7 +20,7 @@
 #include "dtrain/updater/momentum.hpp"
 #include "dtrain/updater/rmsprop.hpp"
 #include "dtrain/updater/sgd.hpp"
-#include "linear_model.hpp"
+#include "device_linear_model.hpp"
 #include "simulation.hpp"
 
 using namespace dtrain;
@@ -28,14 +28,6 @@ using namespace dtrain::testing;
 using comm_t = staged_communicator<inproc_transport>;
 
 namespace {
-
-// linear_model with the one thing a device model adds: the stream its work runs on.
-class device_linear_model : public linear_model {
- public:
-  using linear_model::linear_model;
-  detail::thrust_space::stream_handle stream() const noexcept { return {}; }
-};
-static_assert(device_model<device_linear_model>);
 
 std::vector<std::vector<double>> train(int p, int steps, allreduce::trainer_options options, bool gaps) {
   std::vector<std::vector<double>> out(static_cast<std::size_t>(p));

@@ -1,10 +1,11 @@
-// The device trainer on the GPU, against the serial simulation of tests/allreduce/simulation.hpp:
-// over the staged communicator with ranks (threads) sharing one GPU, and over NCCL (one rank per
-// GPU); the device updater against the host updaters.
+// The device trainers on the GPU (the allreduce one, and ZeRO stages 1 and 2), against the serial
+// simulation of tests/allreduce/simulation.hpp: over the staged communicator with ranks (threads)
+// sharing one GPU, and over NCCL (one rank per GPU); the device updater against the host updaters.
 
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../allreduce/simulation.hpp"
@@ -14,6 +15,7 @@
 #include "dtrain/collective/nccl.hpp"
 #include "dtrain/collective/staged.hpp"
 #include "dtrain/rendezvous/file_store.hpp"
+#include "dtrain/sharded/device_trainer.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/device.hpp"
@@ -27,8 +29,9 @@ static_assert(device_model<device_linear_model>);
 
 namespace {
 
-// Trains `steps` steps with `make_comm(rank, transport)`'s collective; each rank's final weights.
-template <class MakeComm>
+// Trains `steps` steps with `make_comm(rank, transport)`'s collective, by the allreduce device
+// trainer (`Stage` void) or the sharded one at `Stage`; each rank's final weights.
+template <class Stage = void, class MakeComm>
 std::vector<std::vector<double>> train(int p, int steps, bool gaps, MakeComm make_comm) {
   std::vector<std::vector<double>> out(static_cast<std::size_t>(p));
   std::mutex m;
@@ -36,15 +39,28 @@ std::vector<std::vector<double>> train(int p, int steps, bool gaps, MakeComm mak
   allreduce::trainer_options o;
   o.first_bucket_bytes = 8 * 10;
   o.bucket_bytes = 8 * 50;
+  sharded::trainer_options so;
+  so.first_bucket_bytes = o.first_bucket_bytes;
+  so.bucket_bytes = o.bucket_bytes;
   run_inproc(p, [&](int r, inproc_transport t) {
     try {
       dtrain::cuda::check(cudaSetDevice(r % dtrain::cuda::device_count()), "cudaSetDevice");
       auto data = data_of(r);
       device_linear_model model(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r, gaps);
-      allreduce::device_trainer tr(make_comm(r, std::move(t)), momentum<double>(lr, mu), model, o);
-      for (int k = 0; k < steps; ++k) {
-        const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
-        tr.step({begin, begin + batch});
+      auto run = [&](auto& tr) {
+        for (int k = 0; k < steps; ++k) {
+          const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+          tr.step({begin, begin + batch});
+        }
+      };
+      if constexpr (std::is_void_v<Stage>) {
+        allreduce::device_trainer tr(make_comm(r, std::move(t)), momentum<double>(lr, mu), model, o);
+        run(tr);
+      } else {
+        using comm_t = decltype(make_comm(r, std::move(t)));
+        sharded::device_trainer<comm_t, Stage, momentum<double>, device_linear_model> tr(
+            make_comm(r, std::move(t)), momentum<double>(lr, mu), model, so);
+        run(tr);
       }
       out[static_cast<std::size_t>(r)] = model.weights();
     } catch (const std::exception& e) {
@@ -86,6 +102,33 @@ TEST_CASE("device trainer on the GPU: NCCL, one rank per device, trains as the s
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const auto got = train(p, 10, true, [&](int r, inproc_transport) {
+    file_store store(dir.string());
+    return nccl_communicator::connect(store, r, p);
+  });
+  check_against_simulation(got, p, 10);
+  std::filesystem::remove_all(dir);
+}
+
+TEMPLATE_TEST_CASE("sharded device trainer on the GPU: staged ranks sharing a device train as the serial simulation",
+                   "[gpu][device][sharded]", sharded::zero1, sharded::zero2) {
+  DTRAIN_REQUIRE_GPUS(1);
+  for (int p : {1, 2, 3}) {
+    INFO("p=" << p);
+    const auto got = train<TestType>(p, 10, true, [](int, inproc_transport t) {
+      return staged_communicator<inproc_transport>(std::move(t));
+    });
+    check_against_simulation(got, p, 10);
+  }
+}
+
+TEMPLATE_TEST_CASE("sharded device trainer on the GPU: NCCL, one rank per device, trains as the serial simulation",
+                   "[gpu][device][nccl][sharded]", sharded::zero1, sharded::zero2) {
+  DTRAIN_REQUIRE_GPUS(1);
+  const int p = dtrain::cuda::device_count();
+  const auto dir = std::filesystem::temp_directory_path() / ("dtrain_sharded_device_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto got = train<TestType>(p, 10, true, [&](int r, inproc_transport) {
     file_store store(dir.string());
     return nccl_communicator::connect(store, r, p);
   });

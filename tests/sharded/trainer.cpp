@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "../allreduce/checks.hpp"  // require_close
+#include "../allreduce/checks.hpp"  // require_close, small_buckets
 #include "../allreduce/linear_model.hpp"
 #include "../allreduce/simulation.hpp"
 #include "../catch.hpp"
@@ -31,12 +31,8 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-sharded::trainer_options sharded_buckets() {
-  sharded::trainer_options o;
-  o.first_bucket_bytes = 8 * 10;  // several buckets, most of them not a multiple of P long
-  o.bucket_bytes = 8 * 64;
-  return o;
-}
+// Several buckets, most of them not a multiple of P long.
+sharded::trainer_options sharded_buckets() { return small_buckets<sharded::trainer_options>(); }
 
 template <class Stage, class Updater>
 std::vector<std::vector<double>> train(int p, int steps, Updater updater, sharded::trainer_options options,

@@ -24,23 +24,30 @@ namespace dtrain::sharded {
 /// What ranks compare: counts of two things and a digest of the rest.
 using build_digest = std::array<std::int64_t, 3>;
 
-/// Every rank of `comm` gathers every rank's `mine`; if they differ, all raise `invalid_argument`:
-/// "<who>: ranks disagree on <what>: rank 0 has <n0> <first>, <n1> <second>, digest ...; rank r
-/// has ...". Collective.
+/// Every rank's `build_digest`, gathered in rank order (3 values each): if they differ, raises
+/// `invalid_argument`: "<who>: ranks disagree on <what>: rank 0 has <n0> <first>, <n1> <second>,
+/// digest ...; rank r has ...". Every rank sees the same values, so all raise it.
+inline void check_digests_agree(std::span<const std::int64_t> all, const std::string& who, const std::string& what,
+                                const char* first, const char* second) {
+  auto describe = [&](std::size_t r) {
+    return std::to_string(all[3 * r]) + " " + first + ", " + std::to_string(all[3 * r + 1]) + " " + second +
+           ", digest " + std::to_string(static_cast<std::uint64_t>(all[3 * r + 2]));
+  };
+  for (std::size_t r = 1; r < all.size() / 3; ++r) {
+    if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
+    throw error(errc::invalid_argument, who + ": ranks disagree on " + what + ": rank 0 has " + describe(0) +
+                                            "; rank " + std::to_string(r) + " has " + describe(r));
+  }
+}
+
+/// Every rank of `comm` gathers every rank's `mine` (in host memory) and checks them
+/// (`check_digests_agree`). Collective.
 template <class Collective>
 void check_ranks_agree(Collective& comm, const build_digest& mine, const std::string& who, const std::string& what,
                        const char* first, const char* second) {
   std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm.size()));
   comm.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
-  auto describe = [&](std::size_t r) {
-    return std::to_string(all[3 * r]) + " " + first + ", " + std::to_string(all[3 * r + 1]) + " " + second +
-           ", digest " + std::to_string(static_cast<std::uint64_t>(all[3 * r + 2]));
-  };
-  for (std::size_t r = 1; r < static_cast<std::size_t>(comm.size()); ++r) {
-    if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
-    throw error(errc::invalid_argument, who + ": ranks disagree on " + what + ": rank 0 has " + describe(0) +
-                                            "; rank " + std::to_string(r) + " has " + describe(r));
-  }
+  check_digests_agree(all, who, what, first, second);
 }
 
 /// After every rank of `comm` has tried something: rethrows this rank's `failure`, else raises

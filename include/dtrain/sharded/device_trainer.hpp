@@ -1,0 +1,50 @@
+#pragma once
+/// @file
+/// `sharded::device_trainer<Collective, Stage, Updater, Model>`: ZeRO stages 1 and 2 for models
+/// whose parameters and gradients live where Thrust's device system runs: GPU memory in a CUDA
+/// build (NCCL, or device buffers staged over TCP), host memory under Thrust's CPP and OMP
+/// systems (the same code, tested on machines without a GPU). It is `basic_trainer` with the
+/// `thrust_backend` (thrust_backend.hpp: streams and events); what a step does is trainer.hpp's.
+/// Link `dtrain::thrust` (and `dtrain::cuda` in a CUDA build, compiled by nvcc).
+///
+/// <!-- frame: header_sharded_device_trainer -->
+/// @code
+/// // comm: a nccl_communicator, or a staged_communicator<tcp_transport>; model: a device_model
+/// dtrain::sharded::device_trainer<comm_t, dtrain::sharded::zero2, dtrain::adam<float>, my_model> trainer(
+///     std::move(comm), dtrain::adam<float>(1e-3), model);
+/// for (auto& batch : my_shard) trainer.step(batch);
+/// @endcode
+///
+/// The optimizer state and the averaged gradient's slice are device memory, 1/P of the model's
+/// each (`memory().device`). Hybrid sharding works as on the host; a 16-bit device model, loss
+/// scaling and checkpoints are host-only so far and refused with `unsupported`. Stage 3 on the
+/// device is not built.
+
+#include <concepts>
+
+#include "dtrain/allreduce/thrust_backend.hpp"
+#include "dtrain/concepts/trainable.hpp"
+#include "dtrain/cuda/thrust_space.hpp"
+#include "dtrain/sharded/basic_trainer.hpp"
+#include "dtrain/sharded/options.hpp"
+#include "dtrain/sharded/thrust_backend.hpp"
+
+namespace dtrain::sharded {
+
+/// Stages 1 and 2 of a `device_model` over a collective of device buffers.
+/// @tparam Collective a collective whose memory space is Thrust's device memory
+///   (`nccl_communicator`, `staged_communicator<tcp_transport>`); `Replicas` too, for hybrid
+///   sharding
+/// @tparam Updater a host updater type (sgd, momentum, adam, ...); its rule runs on the device
+/// @tparam Model a `device_model` of a floating-point type; the trainer keeps a reference
+template <class Collective, sharding_stage Stage, class Updater, device_model Model, class Replicas = no_replicas>
+  requires(Stage::stage <= 2 && trainable<Collective, Updater, Model> &&
+           std::floating_point<typename Model::value_type> &&
+           std::same_as<typename Collective::memory_space, thrust_device_memory> &&
+           (!detail::has_replicas<Replicas> || trainable<Replicas, Updater, Model>))
+class device_trainer : public basic_trainer<thrust_backend<Model>, Collective, Stage, Updater, Model, Replicas> {
+ public:
+  using basic_trainer<thrust_backend<Model>, Collective, Stage, Updater, Model, Replicas>::basic_trainer;
+};
+
+}  // namespace dtrain::sharded
