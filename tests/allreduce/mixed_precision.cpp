@@ -30,13 +30,7 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-// Several buckets (of 2-byte values: 20 and 64 elements).
-allreduce::trainer_options small_buckets16() {
-  allreduce::trainer_options o;
-  o.first_bucket_bytes = 2 * 20;
-  o.bucket_bytes = 2 * 64;
-  return o;
-}
+allreduce::trainer_options buckets16() { return small_buckets16<allreduce::trainer_options>(); }
 
 // `spec.p` ranks train a mixed_linear_model<T> from `spec.first_step` (loading first, saving
 // after, when asked).
@@ -47,12 +41,7 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, allreduce::tr
     rank_run& mine = out[static_cast<std::size_t>(r)];
     const auto data = data_of(r);
     mixed_linear_model<T> m(data, r == 0 ? 0.25 : 1.0 + r);  // the broadcast must undo r's start
-    m.overflow = [&](std::size_t pass) {
-      return spec.overflow && spec.overflow(spec.first_step + static_cast<int>(pass), r);
-    };
-    m.overflow_at = overflow_at(r);
-    m.overflow_value = overflow_value(r);
-    m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
+    inject_overflows(m, spec, r, mine);
     allreduce::trainer tr(comm_t(std::move(t)), updater, m, options);
     if (!spec.load.empty()) tr.load(spec.load);
     for (int k = spec.first_step; k < spec.first_step + spec.steps; ++k) {
@@ -82,16 +71,16 @@ TEST_CASE("allreduce: a 16-bit model with float master weights and state equals 
     run_spec spec;
     spec.p = p;
     spec.steps = 30;
-    require_matches<bfloat16>(train<bfloat16>(spec, adam<float>(1e-2), small_buckets16()),
+    require_matches<bfloat16>(train<bfloat16>(spec, adam<float>(1e-2), buckets16()),
                               mixed_training<bfloat16>(p, 30, adam<float>(1e-2)));
-    require_matches<float16>(train<float16>(spec, adam<float>(1e-2), small_buckets16()),
+    require_matches<float16>(train<float16>(spec, adam<float>(1e-2), buckets16()),
                              mixed_training<float16>(p, 30, adam<float>(1e-2)));
   }
   // Adam's steps of 5e-4 are below half of bfloat16's spacing at 0.25 (2^-9): a master kept in
   // 16 bits would round every update away and never move.
   run_spec spec;
   spec.steps = 30;
-  const auto slow = train<bfloat16>(spec, adam<float>(5e-4), small_buckets16());
+  const auto slow = train<bfloat16>(spec, adam<float>(5e-4), buckets16());
   for (const rank_run& r : slow) CHECK(r.weights == slow[0].weights);
   CHECK(std::count(slow[0].weights.begin(), slow[0].weights.end(), 0.25) < 10);
   // Two ranks: a float sum of two is the same in either order, so averaging in the master
@@ -100,7 +89,7 @@ TEST_CASE("allreduce: a 16-bit model with float master weights and state equals 
   two.p = 2;
   two.steps = 30;
   for (const auto precision : {reduce_precision::master, reduce_precision::model}) {
-    allreduce::trainer_options o = small_buckets16();
+    allreduce::trainer_options o = buckets16();
     o.reduce_in = precision;
     const auto got = train<bfloat16>(two, adam<float>(1e-2), o);
     const auto want = mixed_training<bfloat16>(2, 30, adam<float>(1e-2)).master;
@@ -124,7 +113,7 @@ TEST_CASE("allreduce: mixed precision stays within a stated bound of fp64 traini
   spec.steps = 40;
   for (const auto precision : {reduce_precision::master, reduce_precision::model}) {
     INFO("reduce in " << (precision == reduce_precision::master ? "master" : "model"));
-    allreduce::trainer_options o = small_buckets16();
+    allreduce::trainer_options o = buckets16();
     o.reduce_in = precision;
     const auto bf16_run = train<bfloat16>(spec, adam<float>(1e-2), o);
     const auto fp16_run = train<float16>(spec, adam<float>(1e-2), o);
@@ -136,15 +125,15 @@ TEST_CASE("allreduce: mixed precision stays within a stated bound of fp64 traini
     CHECK(fp < 6e-4);
     CHECK(fp < bf);
   }
-  allreduce::trainer_options in_model = small_buckets16();  // the two round differently: reduce_in reaches the wire
+  allreduce::trainer_options in_model = buckets16();  // the two round differently: reduce_in reaches the wire
   in_model.reduce_in = reduce_precision::model;
-  CHECK(train<bfloat16>(spec, adam<float>(1e-2), small_buckets16())[0].weights !=
+  CHECK(train<bfloat16>(spec, adam<float>(1e-2), buckets16())[0].weights !=
         train<bfloat16>(spec, adam<float>(1e-2), in_model)[0].weights);
 }
 
 TEST_CASE("allreduce: loss scaling skips exactly the steps whose gradients overflowed, on every rank",
           "[allreduce][mixed]") {
-  allreduce::trainer_options o = small_buckets16();
+  allreduce::trainer_options o = buckets16();
   o.scaling = small_scaling();
   check_skips_exactly_the_overflows([&](const run_spec& spec) {
     return train<float16>(spec, momentum<float>(1e-2), o);
@@ -153,7 +142,7 @@ TEST_CASE("allreduce: loss scaling skips exactly the steps whose gradients overf
 
 TEST_CASE("allreduce: float16 gradients that really overflow are skipped until the scale is small enough",
           "[allreduce][mixed]") {
-  allreduce::trainer_options o = small_buckets16();
+  allreduce::trainer_options o = buckets16();
   o.scaling = {true, 1048576.0, 2.0, 0.5, 1000};  // 2^20: gradients of ~1 overflow float16's 65504
   run_spec spec;
   spec.steps = 20;
@@ -169,7 +158,7 @@ TEST_CASE("allreduce: float16 gradients that really overflow are skipped until t
 TEST_CASE("allreduce: the master weights, the loss scale and its count come back from a checkpoint, bit for bit",
           "[allreduce][mixed]") {
   temp_dir dir;
-  allreduce::trainer_options o = small_buckets16();
+  allreduce::trainer_options o = buckets16();
   o.scaling = small_scaling();
   // Adam's steps of 5e-4 round away in bfloat16 alone: resuming from the rounded weights, not the
   // float master, would go on from another point.

@@ -10,7 +10,9 @@
 
 #include "../allreduce/simulation.hpp"
 #include "../catch.hpp"
+#include "../sharded/mixed_checks.hpp"
 #include "device_linear_model.cuh"
+#include "device_mixed_model.cuh"
 #include "dtrain/allreduce/device_trainer.hpp"
 #include "dtrain/collective/nccl.hpp"
 #include "dtrain/collective/staged.hpp"
@@ -134,6 +136,64 @@ TEMPLATE_TEST_CASE("sharded device trainer on the GPU: NCCL, one rank per device
   });
   check_against_simulation(got, p, 10);
   std::filesystem::remove_all(dir);
+}
+
+namespace {
+// 16-bit models in mixed precision on the GPU, staged ranks sharing the device: what
+// tests/sharded/device_trainer.cpp checks under Thrust's CPP system.
+template <class Stage, class T, class Updater>
+std::vector<rank_run> train_mixed(const run_spec& spec, Updater updater, sharded::trainer_options options) {
+  using comm_t = staged_communicator<inproc_transport>;
+  std::vector<rank_run> out(static_cast<std::size_t>(spec.p));
+  std::mutex m;
+  std::vector<std::string> errors;
+  run_inproc(spec.p, [&](int r, inproc_transport t) {
+    try {
+      rank_run& mine = out[static_cast<std::size_t>(r)];
+      const auto data = data_of(r);
+      device_mixed_model<T> model(data, r == 0 ? 0.25 : 1.0 + r);
+      inject_overflows(model.host, spec, r, mine);
+      // skipped_changed stays 0: the device updater's state is not read here (the CPU test does)
+      sharded::device_trainer<comm_t, Stage, Updater, device_mixed_model<T>> tr(comm_t(std::move(t)), updater, model,
+                                                                                options);
+      for (int k = spec.first_step; k < spec.first_step + spec.steps; ++k) {
+        const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+        const auto res = tr.step({begin, begin + batch});
+        mine.skipped.push_back(res.skipped);
+        mine.scales.push_back(res.loss_scale);
+      }
+      mine.updates = tr.steps();
+      mine.weights = model.weights();
+    } catch (const std::exception& e) {
+      std::lock_guard lock(m);
+      errors.push_back("rank " + std::to_string(r) + ": " + e.what());
+    }
+  });
+  for (const auto& e : errors) FAIL(e);
+  return out;
+}
+
+sharded::trainer_options buckets16() { return small_buckets16<sharded::trainer_options>(); }
+}  // namespace
+
+TEMPLATE_TEST_CASE("sharded device trainer on the GPU: bf16 and float16 in mixed precision, with loss scaling",
+                   "[gpu][device][sharded][mixed]", sharded::zero1, sharded::zero2) {
+  DTRAIN_REQUIRE_GPUS(1);
+  for (const int p : {1, 3}) {
+    INFO("P = " << p);
+    run_spec spec;
+    spec.p = p;
+    spec.steps = 30;
+    require_matches<bfloat16>(train_mixed<TestType, bfloat16>(spec, adam<float>(1e-2), buckets16()),
+                              mixed_training<bfloat16>(p, 30, adam<float>(1e-2)));
+    require_matches<float16>(train_mixed<TestType, float16>(spec, adam<float>(1e-2), buckets16()),
+                             mixed_training<float16>(p, 30, adam<float>(1e-2)));
+  }
+  sharded::trainer_options o = buckets16();
+  o.scaling = small_scaling();
+  check_skips_exactly_the_overflows([&](const run_spec& spec) {
+    return train_mixed<TestType, float16>(spec, momentum<float>(1e-2), o);
+  });
 }
 
 TEST_CASE("device updater on the GPU: momentum and Adam match the host updaters", "[gpu][device]") {

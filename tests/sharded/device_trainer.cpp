@@ -1,7 +1,9 @@
 // The sharded device trainer (ZeRO stages 1 and 2 on Thrust's device memory) under Thrust's CPP
 // system, where device memory is host memory: the code a CUDA build runs on the GPU, checked
-// against the same serial references as the host sharded trainer, and against that trainer.
+// against the same serial references as the host sharded trainer, and against that trainer;
+// 16-bit models in mixed precision against the serial mixed simulation, with loss scaling.
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <system_error>
@@ -12,11 +14,14 @@
 #include "../allreduce/device_linear_model.hpp"
 #include "../allreduce/simulation.hpp"
 #include "../catch.hpp"
+#include "mixed_checks.hpp"
+#include "mixed_models.hpp"
 #include "references.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/staged.hpp"
 #include "dtrain/sharded/device_trainer.hpp"
 #include "dtrain/sharded/trainer.hpp"
+#include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/adam.hpp"
@@ -33,7 +38,8 @@ namespace {
 // Several buckets, most of them not a multiple of P long.
 sharded::trainer_options sharded_buckets() { return small_buckets<sharded::trainer_options>(); }
 
-// Every rank's weights after `steps` steps of the device trainer (`device`) or the host one.
+// Every rank's weights after `steps` steps of the device trainer (`device`) or the host one, both
+// over the staged communicator: the same reductions in the same order, so the same bits.
 template <class Stage, class Updater>
 std::vector<std::vector<double>> train(bool device, int p, int steps, Updater updater, bool gaps = false) {
   std::vector<std::vector<double>> out(static_cast<std::size_t>(p));
@@ -51,8 +57,7 @@ std::vector<std::vector<double>> train(bool device, int p, int steps, Updater up
                                                                                 sharded_buckets());
       run(tr);
     } else {
-      using ring_t = ring<inproc_transport>;
-      sharded::trainer<ring_t, Stage, Updater, linear_model> tr(ring_t(std::move(t)), updater, m, sharded_buckets());
+      sharded::trainer<staged_t, Stage, Updater, linear_model> tr(staged_t(std::move(t)), updater, m, sharded_buckets());
       run(tr);
     }
     out[static_cast<std::size_t>(r)] = m.weights();
@@ -60,7 +65,87 @@ std::vector<std::vector<double>> train(bool device, int p, int steps, Updater up
   return out;
 }
 
+// mixed_linear_model with the stream a device model names.
+template <class T>
+struct device_mixed_model : mixed_linear_model<T> {
+  using mixed_linear_model<T>::mixed_linear_model;
+  detail::thrust_space::stream_handle stream() const noexcept { return {}; }
+};
+static_assert(device_model<device_mixed_model<bfloat16>>);
+
+sharded::trainer_options buckets16() { return small_buckets16<sharded::trainer_options>(); }
+
+// The device trainer's run, or (`device` false) the host trainer's on the same staged collective.
+template <class Stage, class T, class Updater>
+std::vector<rank_run> train_mixed(const run_spec& spec, Updater updater, sharded::trainer_options options,
+                                  bool device = true) {
+  std::vector<rank_run> out(static_cast<std::size_t>(spec.p));
+  run_inproc(spec.p, [&](int r, inproc_transport t) {
+    rank_run& mine = out[static_cast<std::size_t>(r)];
+    const auto data = data_of(r);
+    device_mixed_model<T> m(data, r == 0 ? 0.25 : 1.0 + r);  // the broadcast must undo r's start
+    inject_overflows(m, spec, r, mine);
+    if (device) {
+      sharded::device_trainer<staged_t, Stage, Updater, device_mixed_model<T>> tr(staged_t(std::move(t)), updater, m,
+                                                                                   options);
+      record_steps(tr, spec, mine, [&] { return m.weights(); });
+    } else {
+      sharded::trainer<staged_t, Stage, Updater, mixed_linear_model<T>> tr(staged_t(std::move(t)), updater, m, options);
+      record_steps(tr, spec, mine, [&] { return m.weights(); });
+    }
+    mine.weights = m.weights();
+  });
+  return out;
+}
+
 }  // namespace
+
+TEMPLATE_TEST_CASE("sharded device trainer: a 16-bit model with float master weights equals the mixed simulation",
+                   "[sharded][device][mixed]", sharded::zero1, sharded::zero2) {
+  for (const int p : {1, 3, 4}) {
+    INFO("P = " << p);
+    run_spec spec;
+    spec.p = p;
+    spec.steps = 30;
+    require_matches<bfloat16>(train_mixed<TestType, bfloat16>(spec, adam<float>(1e-2), buckets16()),
+                              mixed_training<bfloat16>(p, 30, adam<float>(1e-2)));
+    require_matches<float16>(train_mixed<TestType, float16>(spec, adam<float>(1e-2), buckets16()),
+                             mixed_training<float16>(p, 30, adam<float>(1e-2)));
+  }
+  // The device converts with the host's rounding: the host trainer's bits, on the same collective,
+  // in either precision of the reduction (momentum: a sum where an average was due would show).
+  run_spec spec;
+  spec.steps = 40;
+  for (const auto precision : {sharded::reduce_precision::master, sharded::reduce_precision::model}) {
+    sharded::trainer_options o = buckets16();
+    o.reduce_in = precision;
+    CHECK(train_mixed<TestType, bfloat16>(spec, momentum<float>(1e-2, 0.9f), o)[0].weights ==
+          train_mixed<TestType, bfloat16>(spec, momentum<float>(1e-2, 0.9f), o, false)[0].weights);
+    CHECK(train_mixed<TestType, float16>(spec, adam<float>(1e-2), o)[0].weights ==
+          train_mixed<TestType, float16>(spec, adam<float>(1e-2), o, false)[0].weights);
+  }
+  // Reducing in the model's precision rounds the wire to 16 bits: within the host's bound of fp64.
+  sharded::trainer_options in_model = buckets16();
+  in_model.reduce_in = sharded::reduce_precision::model;
+  const auto got = train_mixed<TestType, bfloat16>(spec, adam<float>(1e-2), in_model);
+  CHECK(distance(got[0].weights, serial_training(3, 40, adam<double>(1e-2))) < 5e-3);
+  CHECK(got[0].weights != train_mixed<TestType, bfloat16>(spec, adam<float>(1e-2), buckets16())[0].weights);
+  // Adam's steps of 5e-4 are below half of bfloat16's spacing at 0.25 (2^-9): a master kept in
+  // 16 bits would round every update away and never move.
+  run_spec one;
+  one.steps = 30;
+  const auto slow = train_mixed<TestType, bfloat16>(one, adam<float>(5e-4), buckets16());
+  CHECK(std::count(slow[0].weights.begin(), slow[0].weights.end(), 0.25) < 10);
+}
+
+TEMPLATE_TEST_CASE("sharded device trainer: loss scaling skips exactly the steps whose gradients overflowed",
+                   "[sharded][device][mixed]", sharded::zero1, sharded::zero2) {
+  sharded::trainer_options o = buckets16();
+  o.scaling = small_scaling();
+  check_skips_exactly_the_overflows([&](const run_spec& spec) {
+    return train_mixed<TestType, float16>(spec, momentum<float>(1e-2), o);
+  });
+}
 
 TEMPLATE_TEST_CASE("sharded device trainer equals the serial simulation, replicas bit-identical", "[sharded][device]",
                    sharded::zero1, sharded::zero2) {
@@ -70,7 +155,7 @@ TEMPLATE_TEST_CASE("sharded device trainer equals the serial simulation, replica
       const auto got = train<TestType>(true, p, 30, momentum<double>(lr, mu), gaps);
       require_close(got[0], simulate(p, 30, 1, 0)[0], 1e-12);
       for (const auto& w : got) REQUIRE(w == got[0]);
-      require_close(got[0], train<TestType>(false, p, 30, momentum<double>(lr, mu), gaps)[0], 1e-13);
+      REQUIRE(got[0] == train<TestType>(false, p, 30, momentum<double>(lr, mu), gaps)[0]);  // host backend's bits
     }
   }
 }
@@ -88,6 +173,74 @@ TEMPLATE_TEST_CASE("sharded device Adam, Adagrad, RMSProp and FTRL equal one upd
                   serial_training(p, 25, rmsprop<double>(0.01)), 1e-12);
     const ftrl<double> proximal(0.5, 1.0, 0.01, 0.01);
     require_close(train<TestType>(true, p, 25, proximal)[0], serial_training(p, 25, proximal), 1e-12);
+  }
+}
+
+TEMPLATE_TEST_CASE("sharded device trainer: hybrid sharding trains as every rank averaging, with its group's slice",
+                   "[sharded][device]", sharded::zero1, sharded::zero2) {
+  // `groups` groups of `width` ranks over process groups of one world: rank r shards with
+  // r / width's group and is replicated across its column r % width, all of it staged.
+  using group_t = staged_communicator<process_group<inproc_transport>>;
+  for (const auto& shape : {std::pair{2, 2}, std::pair{2, 3}, std::pair{3, 2}}) {
+    const int groups = shape.first, width = shape.second;
+    const int p = groups * width;
+    INFO(groups << " groups of " << width);
+    std::vector<std::vector<double>> weights(static_cast<std::size_t>(p));
+    std::vector<std::size_t> slice_bytes(static_cast<std::size_t>(p));
+    run_inproc(p, [&](int r, inproc_transport t) {
+      process_group<inproc_transport> world(std::move(t));
+      auto data = data_of(r);
+      device_linear_model m(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r);  // rank 0's start must reach all
+      sharded::device_trainer<group_t, TestType, momentum<double>, device_linear_model, group_t> tr(
+          group_t(*world.split(r / width, r)), group_t(*world.split(r % width, r)), momentum<double>(lr, mu), m,
+          sharded_buckets());
+      for (int k = 0; k < 30; ++k) {
+        const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+        tr.step({begin, begin + batch});
+      }
+      weights[static_cast<std::size_t>(r)] = m.weights();
+      slice_bytes[static_cast<std::size_t>(r)] = tr.memory().parameters;
+    });
+    require_close(weights[0], simulate(p, 30, 1, 0)[0], 1e-12);
+    const auto w = static_cast<std::size_t>(width);
+    for (std::size_t r = 0; r < weights.size(); ++r) {
+      CHECK(weights[r] == weights[0]);
+      CHECK(slice_bytes[r] == ((69 + w - 1) / w + (61 + w - 1) / w) * sizeof(double));  // buckets of 69 and 61
+    }
+  }
+}
+
+TEST_CASE("sharded device trainer: stage 1 leaves the averaged gradient in the model, stage 2 each rank's own",
+          "[sharded][device]") {
+  // After one step from w = 0.25 everywhere: the mean of the replicas' gradients, or rank r's.
+  constexpr int p = 3;
+  std::vector<std::vector<double>> own(p, std::vector<double>(dim()));
+  std::vector<double> mean(dim(), 0.0), w0(dim(), 0.25);
+  for (int r = 0; r < p; ++r) {
+    least_squares_gradient(data_of(r), w0, 0, batch, own[static_cast<std::size_t>(r)]);
+    for (std::size_t j = 0; j < dim(); ++j) mean[j] += own[static_cast<std::size_t>(r)][j] / p;
+  }
+  auto gradients_after_one_step = [&]<class Stage>(Stage) {
+    std::vector<std::vector<double>> got(p);
+    run_inproc(p, [&](int r, inproc_transport t) {
+      auto data = data_of(r);
+      device_linear_model m(tensor_sizes, data, 0.25);
+      sharded::device_trainer<staged_t, Stage, momentum<double>, device_linear_model> tr(
+          staged_t(std::move(t)), momentum<double>(lr, mu), m, sharded_buckets());
+      tr.step({0, batch});
+      auto& mine = got[static_cast<std::size_t>(r)];
+      for (std::size_t i = 0; i < m.tensor_count(); ++i) {
+        mine.insert(mine.end(), m.gradients(i).begin(), m.gradients(i).end());
+      }
+    });
+    return got;
+  };
+  const auto stage1 = gradients_after_one_step(sharded::zero1{});
+  const auto stage2 = gradients_after_one_step(sharded::zero2{});
+  for (std::size_t r = 0; r < p; ++r) {
+    INFO("rank " << r);
+    require_close(stage1[r], mean, 1e-13);
+    require_close(stage2[r], own[r], 1e-15);
   }
 }
 
@@ -119,15 +272,51 @@ TEST_CASE("sharded device trainer: each rank's state and gradient are its slice,
   }
 }
 
-namespace {
-// A device model that could scale its loss: the trainer must still refuse scaling on the device.
-struct scalable_device_model : device_linear_model {
-  using device_linear_model::device_linear_model;
-  void set_loss_scale(double) {}
-};
-}  // namespace
+TEST_CASE("sharded device trainer: a bf16 shard holds float master, gradient and state, and 16-bit buffers",
+          "[sharded][device][mixed]") {
+  // 130 bf16 values in buckets of 69 and 61 (buckets16) on 3 ranks: slices of 23 + 21 = 44 float
+  // values each, Adam two per value; buffers of the larger bucket padded (69): a float one and a
+  // bf16 one reducing in float, a bf16 one and a bf16 slice (23) reducing in bf16 at stage 2.
+  struct expected {
+    sharded::reduce_precision in;
+    bool stage2;
+    std::size_t buffers;
+  };
+  for (const expected e : {expected{sharded::reduce_precision::master, true, 69 * 4 + 69 * 2},
+                           expected{sharded::reduce_precision::model, true, 69 * 2 + 23 * 2},
+                           expected{sharded::reduce_precision::master, false, 69 * 4 + 69 * 2},
+                           expected{sharded::reduce_precision::model, false, 69 * 2}}) {
+    INFO((e.stage2 ? "zero2" : "zero1") << (e.in == sharded::reduce_precision::model ? ", in bf16" : ", in float"));
+    std::vector<memory_use> held(3);
+    run_inproc(3, [&](int r, inproc_transport t) {
+      const auto data = data_of(r);
+      device_mixed_model<bfloat16> m(data, 0.25);
+      sharded::trainer_options o = buckets16();
+      o.reduce_in = e.in;
+      auto step_and_measure = [&](auto& tr) {
+        tr.step({0, batch});
+        held[static_cast<std::size_t>(r)] = tr.memory();
+      };
+      if (e.stage2) {
+        sharded::device_trainer<staged_t, sharded::zero2, adam<float>, device_mixed_model<bfloat16>> tr(
+            staged_t(std::move(t)), adam<float>(), m, o);
+        step_and_measure(tr);
+      } else {
+        sharded::device_trainer<staged_t, sharded::zero1, adam<float>, device_mixed_model<bfloat16>> tr(
+            staged_t(std::move(t)), adam<float>(), m, o);
+        step_and_measure(tr);
+      }
+    });
+    for (const memory_use& m : held) {
+      CHECK(m.parameters == 44 * 4);
+      CHECK(m.gradients == 44 * 4);
+      CHECK(m.optimizer_state == 2 * 44 * 4);
+      CHECK(m.buffers == e.buffers);
+    }
+  }
+}
 
-TEST_CASE("sharded device trainer: mismatched models fail on every rank, checkpoints and scaling are refused",
+TEST_CASE("sharded device trainer: mismatched models fail on every rank, checkpoints are refused",
           "[sharded][device]") {
   std::vector<std::string> errors(2);
   run_inproc(2, [&](int r, inproc_transport t) {
@@ -147,7 +336,7 @@ TEST_CASE("sharded device trainer: mismatched models fail on every rank, checkpo
     CHECK(e.find("rank 1 has 6 tensors, 131 elements") != std::string::npos);
   }
 
-  // Per rank: what save, load and a trainer with loss scaling raised (code, text).
+  // Per rank: what save and load raised (code, text).
   std::vector<std::vector<std::pair<std::error_code, std::string>>> refused(2);
   auto attempt = [](auto&& f) {
     try {
@@ -166,22 +355,9 @@ TEST_CASE("sharded device trainer: mismatched models fail on every rank, checkpo
     mine.push_back(attempt([&] { tr.save("/nonexistent/never-written"); }));
     mine.push_back(attempt([&] { tr.load("/nonexistent/never-read"); }));
   });
-  run_inproc(1, [&](int, inproc_transport t) {
-    auto data = data_of(0);
-    scalable_device_model m(tensor_sizes, data, 0.25);
-    sharded::trainer_options o;
-    o.scaling.enabled = true;
-    refused[0].push_back(attempt([&] {
-      sharded::device_trainer<staged_t, sharded::zero1, adam<double>, scalable_device_model> tr(
-          staged_t(std::move(t)), adam<double>(), m, o);
-    }));
-  });
   const std::string checkpoints = "sharded::device_trainer<zero2>: checkpoints are host-only so far";
   for (const auto& mine : refused) {
     CHECK(mine[0] == std::make_pair(make_error_code(errc::unsupported), checkpoints));
     CHECK(mine[1] == std::make_pair(make_error_code(errc::unsupported), checkpoints));
   }
-  REQUIRE(refused[0].size() == 3);
-  CHECK(refused[0][2].first == make_error_code(errc::unsupported));
-  CHECK(refused[0][2].second.find("sharded::device_trainer<zero1>: loss scaling is host-only") == 0);
 }

@@ -3,11 +3,13 @@
 // mixed-precision simulation (mixed_models.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../catch.hpp"
@@ -45,10 +47,55 @@ struct run_spec {
   std::string load, save;
 };
 
-// Where rank r's injected overflow lands: each rank its own tensor and sign, so that no one
-// bucket, slice or rank sees them all, and two at once make a NaN of the average.
-inline std::size_t overflow_at(int r) { return r == 0 ? 129 : r == 1 ? 0 : 64; }
+// Runs `spec`'s steps of `tr` on this rank's batches (loading and saving where `spec` says),
+// recording into `mine` each step's verdict and scale, whether a skipped step changed anything
+// (`parameters()`: the weights now; the updater's state; `steps()`) and the updates at the end.
+template <class Trainer, class Parameters>
+void record_steps(Trainer& tr, const run_spec& spec, rank_run& mine, Parameters&& parameters) {
+  using master = std::remove_cvref_t<decltype(*tr.updater().state().begin())>;
+  if (!spec.load.empty()) tr.load(spec.load);
+  for (int k = spec.first_step; k < spec.first_step + spec.steps; ++k) {
+    const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+    const std::vector<double> before = parameters();
+    const std::vector<master> state(tr.updater().state().begin(), tr.updater().state().end());
+    const std::size_t updates = tr.steps();
+    const auto res = tr.step({begin, begin + batch});
+    mine.skipped.push_back(res.skipped);
+    mine.scales.push_back(res.loss_scale);
+    const bool same_state = std::equal(state.begin(), state.end(), tr.updater().state().begin());
+    if (res.skipped && (parameters() != before || !same_state || tr.steps() != updates)) ++mine.skipped_changed;
+  }
+  mine.updates = tr.steps();
+  if (!spec.save.empty()) tr.save(spec.save);
+}
+
+// Several buckets of 2-byte values (20 and 64 elements: 69 and 61 parameters), none a multiple
+// of P = 3 long; `Options` is a sharded or allreduce trainer's.
+template <class Options>
+Options small_buckets16() {
+  Options o;
+  o.first_bucket_bytes = 2 * 20;
+  o.bucket_bytes = 2 * 64;
+  return o;
+}
+
+// Where rank r's injected overflow lands: rank 0's in the last tensor, ranks 1's and 2's in the
+// first element with opposite signs, so that no one bucket, slice or rank sees them all, and
+// the two at once make a NaN of the average (inf - inf), not an inf.
+inline std::size_t overflow_at(int r) { return r == 0 ? 129 : 0; }
 inline float overflow_value(int r) { return r % 2 ? -INFINITY : INFINITY; }
+
+// Makes rank r's `model` (a mixed_linear_model) overflow where `spec` says, and record in `mine`
+// each loss scale it is told.
+template <class Model>
+void inject_overflows(Model& model, const run_spec& spec, int r, rank_run& mine) {
+  model.overflow = [&spec, r](std::size_t pass) {
+    return spec.overflow && spec.overflow(spec.first_step + static_cast<int>(pass), r);
+  };
+  model.overflow_at = overflow_at(r);
+  model.overflow_value = overflow_value(r);
+  model.on_scale = [&mine](double s) { mine.scales_seen.push_back(s); };
+}
 
 // Every rank's weights are rank 0's, bit for bit, and within T's rounding of the simulation's master.
 template <class T, class M>

@@ -33,13 +33,7 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-// Several buckets (of 2-byte values: 20 and 64 elements), none a multiple of P = 3 long.
-sharded::trainer_options small_buckets16() {
-  sharded::trainer_options o;
-  o.first_bucket_bytes = 2 * 20;
-  o.bucket_bytes = 2 * 64;
-  return o;
-}
+sharded::trainer_options buckets16() { return small_buckets16<sharded::trainer_options>(); }
 
 template <class Stage, class T, class Updater>
 std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trainer_options options) {
@@ -47,22 +41,7 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trai
   run_inproc(spec.p, [&](int r, inproc_transport t) {
     rank_run& mine = out[static_cast<std::size_t>(r)];
     const auto data = data_of(r);
-    auto run = [&](auto& tr, auto&& parameters) {
-      if (!spec.load.empty()) tr.load(spec.load);
-      for (int k = spec.first_step; k < spec.first_step + spec.steps; ++k) {
-        const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
-        const std::vector<double> before = parameters();
-        const std::vector<compute_type_t<T>> state(tr.updater().state().begin(), tr.updater().state().end());
-        const std::size_t updates = tr.steps();
-        const sharded::step_result res = tr.step({begin, begin + batch});
-        mine.skipped.push_back(res.skipped);
-        mine.scales.push_back(res.loss_scale);
-        const bool same_state = std::equal(state.begin(), state.end(), tr.updater().state().begin());
-        if (res.skipped && (parameters() != before || !same_state || tr.steps() != updates)) ++mine.skipped_changed;
-      }
-      mine.updates = tr.steps();
-      if (!spec.save.empty()) tr.save(spec.save);
-    };
+    auto run = [&](auto& tr, auto&& parameters) { record_steps(tr, spec, mine, parameters); };
     auto injected = [&](std::size_t pass) {
       return spec.overflow && spec.overflow(spec.first_step + static_cast<int>(pass), r);
     };
@@ -88,10 +67,7 @@ std::vector<rank_run> train(const run_spec& spec, Updater updater, sharded::trai
       }
     } else {
       mixed_linear_model<T> m(data, r == 0 ? 0.25 : 1.0 + r);  // the broadcast must undo r's start
-      m.overflow = injected;
-      m.overflow_at = overflow_at(r);
-      m.overflow_value = overflow_value(r);
-      m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
+      inject_overflows(m, spec, r, mine);
       sharded::trainer<comm_t, Stage, Updater, mixed_linear_model<T>> tr(comm_t(std::move(t)), updater, m, options);
       run(tr, [&] { return m.weights(); });
       mine.weights = m.weights();
@@ -109,16 +85,16 @@ TEMPLATE_TEST_CASE("a 16-bit model with float master weights and state equals th
     run_spec spec;
     spec.p = p;
     spec.steps = 30;
-    require_matches<bfloat16>(train<TestType, bfloat16>(spec, adam<float>(1e-2), small_buckets16()),
+    require_matches<bfloat16>(train<TestType, bfloat16>(spec, adam<float>(1e-2), buckets16()),
                               mixed_training<bfloat16>(p, 30, adam<float>(1e-2)));
-    require_matches<float16>(train<TestType, float16>(spec, adam<float>(1e-2), small_buckets16()),
+    require_matches<float16>(train<TestType, float16>(spec, adam<float>(1e-2), buckets16()),
                              mixed_training<float16>(p, 30, adam<float>(1e-2)));
   }
   // Adam's steps of 5e-4 are below half of bfloat16's spacing at 0.25 (2^-9): a master kept in
   // 16 bits would round every update away and never move.
   run_spec spec;
   spec.steps = 30;
-  const auto slow = train<TestType, bfloat16>(spec, adam<float>(5e-4), small_buckets16());
+  const auto slow = train<TestType, bfloat16>(spec, adam<float>(5e-4), buckets16());
   CHECK(std::count(slow[0].weights.begin(), slow[0].weights.end(), 0.25) < 10);
 }
 
@@ -132,7 +108,7 @@ TEMPLATE_TEST_CASE("mixed precision stays within a stated bound of fp64 training
   spec.steps = 40;
   for (const auto precision : {sharded::reduce_precision::master, sharded::reduce_precision::model}) {
     INFO("reduce in " << (precision == sharded::reduce_precision::master ? "master" : "model"));
-    sharded::trainer_options o = small_buckets16();
+    sharded::trainer_options o = buckets16();
     o.reduce_in = precision;
     const double bf = distance(train<TestType, bfloat16>(spec, adam<float>(1e-2), o)[0].weights, exact);
     const double fp = distance(train<TestType, float16>(spec, adam<float>(1e-2), o)[0].weights, exact);
@@ -141,15 +117,15 @@ TEMPLATE_TEST_CASE("mixed precision stays within a stated bound of fp64 training
     CHECK(fp < bf);
   }
   // The two reductions round differently: `reduce_in` reaches the wire.
-  sharded::trainer_options in_model = small_buckets16();
+  sharded::trainer_options in_model = buckets16();
   in_model.reduce_in = sharded::reduce_precision::model;
-  CHECK(train<TestType, bfloat16>(spec, adam<float>(1e-2), small_buckets16())[0].weights !=
+  CHECK(train<TestType, bfloat16>(spec, adam<float>(1e-2), buckets16())[0].weights !=
         train<TestType, bfloat16>(spec, adam<float>(1e-2), in_model)[0].weights);
 }
 
 TEMPLATE_TEST_CASE("loss scaling skips exactly the steps whose gradients overflowed, on every rank",
                    "[sharded][mixed]", sharded::zero1, sharded::zero2, sharded::zero3) {
-  sharded::trainer_options o = small_buckets16();
+  sharded::trainer_options o = buckets16();
   o.scaling = small_scaling();
   check_skips_exactly_the_overflows([&](const run_spec& spec) {
     return train<TestType, float16>(spec, momentum<float>(1e-2), o);  // the overflows in one weight at stages 1, 2
@@ -157,7 +133,7 @@ TEMPLATE_TEST_CASE("loss scaling skips exactly the steps whose gradients overflo
 }
 
 TEST_CASE("float16 gradients that really overflow are skipped until the scale is small enough", "[sharded][mixed]") {
-  sharded::trainer_options o = small_buckets16();
+  sharded::trainer_options o = buckets16();
   o.scaling = {true, 1048576.0, 2.0, 0.5, 1000};  // 2^20: gradients of ~1 overflow float16's 65504
   run_spec spec;
   spec.steps = 20;
@@ -191,7 +167,7 @@ TEMPLATE_TEST_CASE("scaling by powers of two changes no bit of a step that does 
 TEMPLATE_TEST_CASE("the loss scale and its count come back from a checkpoint, and the job goes on bit for bit",
                    "[sharded][mixed]", sharded::zero1, sharded::zero2, sharded::zero3) {
   temp_dir dir;
-  sharded::trainer_options o = small_buckets16();
+  sharded::trainer_options o = buckets16();
   o.scaling = small_scaling();
   check_resumes_bit_for_bit(dir.path + "/job", [&](const run_spec& spec) {
     return train<TestType, float16>(spec, adam<float>(1e-2), o);

@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstddef>
 
+#include "dtrain/concepts/floating_element.hpp"
 #include "dtrain/concepts/model.hpp"
 
 namespace dtrain {
@@ -22,7 +23,7 @@ namespace dtrain {
 ///     enqueues nothing that touches gradient i.
 template <class M, template <class> class Buffer, class Stream>
 concept device_tensor_model =
-    std::floating_point<typename M::value_type> && requires { typename M::batch_type; } &&
+    floating_element<typename M::value_type> && requires { typename M::batch_type; } &&
     requires(M& m, const M& cm, std::size_t i, const typename M::batch_type& batch, gradient_ready ready) {
       { cm.tensor_count() } noexcept -> std::same_as<std::size_t>;
       { m.parameters(i) } -> std::same_as<Buffer<typename M::value_type>>;

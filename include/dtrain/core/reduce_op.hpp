@@ -42,7 +42,7 @@ constexpr std::string_view reduce_op_name(reduce_op op) noexcept {
 }
 
 /// Whether `op` is one of the bitwise operators.
-constexpr bool is_bitwise(reduce_op op) noexcept {
+DTRAIN_HOST_DEVICE constexpr bool is_bitwise(reduce_op op) noexcept {  // device code asserts with it
   return op == reduce_op::band || op == reduce_op::bor || op == reduce_op::bxor;
 }
 

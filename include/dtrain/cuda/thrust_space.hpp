@@ -117,7 +117,7 @@ void copy(thrust_buffer<T> dst, thrust_buffer<const T> src, stream_handle) {
 }
 template <class T>
 void zero(thrust_buffer<T> dst, stream_handle) {
-  if (!dst.empty()) std::memset(dst.data(), 0, dst.size_bytes());
+  if (!dst.empty()) std::memset(static_cast<void*>(dst.data()), 0, dst.size_bytes());  // 16-bit types too
 }
 inline void synchronize(stream_handle) noexcept {}
 template <class T>

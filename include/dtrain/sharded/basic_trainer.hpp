@@ -71,10 +71,6 @@ class basic_trainer {
                                               " is not a rank of this group of " + std::to_string(comm_.size()));
     }
     dtrain::detail::check_loss_scaling<Model>(scaler_, name());
-    if (!Backend::host_tensors && scaler_.enabled()) {
-      throw error(errc::unsupported,
-                  name() + ": loss scaling is host-only so far (a 16-bit device model is not built)");
-    }
     const std::vector<std::size_t> sizes = allreduce::detail::tensor_sizes(model_, name());
     plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
     layout_ = shard_layout(plan_, comm_.size());
@@ -85,6 +81,7 @@ class basic_trainer {
       const std::size_t largest_slice = layout_.largest_padded() / static_cast<std::size_t>(comm_.size());
       if (Stage::stage == 2 && reduces_in_model()) low_slice_ = allocate<value_type>(largest_slice);
     }
+    backend_.settle(model_);  // the model may still be writing its first parameters on its stream
     for (std::size_t b = 0; b < plan_.buckets().size(); ++b) broadcast_parameters(b);
     master_ = allocate<master_type>(layout_.shard_elements());
     gradient_ = allocate<master_type>(layout_.shard_elements());
@@ -125,9 +122,7 @@ class basic_trainer {
       worker_->drain();
       if (!misuse.empty()) throw error(errc::invalid_argument, name() + ": " + misuse);
       while (const bucket* b = readiness_->take_next()) reduce_gradients(index_of(*b));  // the thread is idle
-      if constexpr (Backend::host_tensors) {
-        result.skipped = !keep_step(comm_, replicas_, scaler_, std::span<master_type>(gradient_));
-      }
+      result.skipped = !backend_.keep_step(comm_, replicas_, scaler_, whole(gradient_));
       if (!result.skipped) {
         backend_.update(updater_, model_, whole(master_), span_of<const master_type>(whole(gradient_)), steps_ + 1);
         for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);

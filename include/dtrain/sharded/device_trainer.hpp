@@ -15,10 +15,11 @@
 /// for (auto& batch : my_shard) trainer.step(batch);
 /// @endcode
 ///
-/// The optimizer state and the averaged gradient's slice are device memory, 1/P of the model's
-/// each (`memory().device`). Hybrid sharding works as on the host; a 16-bit device model, loss
-/// scaling and checkpoints are host-only so far and refused with `unsupported`. Stage 3 on the
-/// device is not built.
+/// The master slice, the averaged gradient's slice and the optimizer state are device memory, 1/P
+/// of the model's each (`memory().device`). Hybrid sharding, mixed precision (a `bfloat16` or
+/// `float16` device model with `float` master, gradient and state) and dynamic loss scaling work
+/// as on the host; checkpoints are host-only so far and refused with `unsupported`. Stage 3 on
+/// the device is not built.
 
 #include <concepts>
 
@@ -36,10 +37,10 @@ namespace dtrain::sharded {
 ///   (`nccl_communicator`, `staged_communicator<tcp_transport>`); `Replicas` too, for hybrid
 ///   sharding
 /// @tparam Updater a host updater type (sgd, momentum, adam, ...); its rule runs on the device
-/// @tparam Model a `device_model` of a floating-point type; the trainer keeps a reference
+/// @tparam Model a `device_model`: `float`, `double`, or 16-bit (mixed precision); the trainer
+///   keeps a reference
 template <class Collective, sharding_stage Stage, class Updater, device_model Model, class Replicas = no_replicas>
   requires(Stage::stage <= 2 && trainable<Collective, Updater, Model> &&
-           std::floating_point<typename Model::value_type> &&
            std::same_as<typename Collective::memory_space, thrust_device_memory> &&
            (!detail::has_replicas<Replicas> || trainable<Replicas, Updater, Model>))
 class device_trainer : public basic_trainer<thrust_backend<Model>, Collective, Stage, Updater, Model, Replicas> {

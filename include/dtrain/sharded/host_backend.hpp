@@ -9,11 +9,14 @@
 ///  - `master_type`, `span<T>`, `buffer<T>` (`allocate<T>(n)`, `whole(b)`), `updater_for<U>`;
 ///  - `pack` and `unpack` of a bucket between the model's tensors and a flat span, `convert`
 ///    between spans, and `fence()`: what was copied is there before a collective reads it;
+///  - `settle(model)`: the model's enqueued work is done (its parameters are final);
 ///  - `gradient_final(model, i)` and `await_gradients(tensors)`: a bucket is packed only once
 ///    the model has produced its gradients;
 ///  - `prepare(updater, n, model)` and `update(updater, model, master, gradient, step)`;
+///  - `keep_step(comm, replicas, scaler, gradient)`: a loss-scaled step's verdict, agreed by
+///    every rank (`dtrain::keep_step`), and a good step's slice unscaled;
 ///  - `allgather_digests(comm, mine)`: every rank's start-up digest, in host memory;
-///  - `host_tensors` (loss scaling and checkpoints read the slices on the host) and
+///  - `host_tensors` (checkpoints read and write the slices on the host) and
 ///    `device_resident` (its buffers and the updater's state are device memory).
 
 #include <cstddef>
@@ -25,6 +28,8 @@
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/concepts/updater.hpp"
+#include "dtrain/sharded/agreement.hpp"
+#include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::sharded {
 
@@ -53,6 +58,7 @@ class host_backend {
     return span<T>(b);
   }
 
+  void settle(Model&) noexcept {}
   void gradient_final(Model&, std::size_t) noexcept {}
   void await_gradients(const std::vector<std::size_t>&) noexcept {}
   void fence() noexcept {}
@@ -80,6 +86,11 @@ class host_backend {
     step_info info;
     info.step = step;
     updater.step(master, gradient, 0, info);
+  }
+
+  template <class Collective, class Replicas>
+  bool keep_step(Collective& comm, Replicas& replicas, loss_scaler& scaler, span<master_type> gradient) {
+    return sharded::keep_step(comm, replicas, scaler, gradient);
   }
 
   template <class Collective>

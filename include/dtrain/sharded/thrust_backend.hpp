@@ -10,8 +10,12 @@
 ///    completes before a collective (NCCL, or staging) starts on streams of its own;
 ///  - the updater's rule (`device_updater`) runs on the model's stream over this rank's slice,
 ///    and is complete before the slices are gathered.
-/// A 16-bit device model (a float master copy on the device) is not built yet.
+/// A 16-bit model's master slice, averaged gradient and state are `float`: packing converts with
+/// `element_cast`, the host's rounding, so the two backends agree where their sums do. A
+/// loss-scaled step's verdict is `dtrain::keep_step`'s, computed on the device: whether the slice
+/// is finite, agreed by a max over every group, then the slice unscaled.
 
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -20,19 +24,57 @@
 #include <type_traits>
 #include <vector>
 
+#include <thrust/for_each.h>
+#include <thrust/transform.h>
+
 #include "dtrain/allreduce/bucket_plan.hpp"
+#include "dtrain/concepts/floating_element.hpp"
 #include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/element.hpp"
+#include "dtrain/core/reduce_op.hpp"
 #include "dtrain/cuda/thrust_space.hpp"
+#include "dtrain/sharded/options.hpp"
 #include "dtrain/updater/device.hpp"
+#include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::sharded {
 
+namespace detail {
+/// element_cast<To> as a device functor: the host's rounding, on either side.
+template <class To>
+struct cast_to {
+  template <class From>
+  DTRAIN_HOST_DEVICE To operator()(From v) const {
+    return element_cast<To>(v);
+  }
+};
+/// Sets `*flag` to 1 for an inf or NaN (every writer writes the same value). A for_each, not
+/// thrust::all_of: a reduction's kernel names cuda::std types, which nvcc's stub cannot resolve
+/// where a user's file says `using namespace dtrain` (dtrain::cuda).
+template <class T>
+struct flag_non_finite {
+  std::int64_t* flag;
+  DTRAIN_HOST_DEVICE void operator()(T v) const {
+#ifdef __CUDA_ARCH__
+    if (!isfinite(v)) *flag = 1;
+#else
+    if (!std::isfinite(v)) *flag = 1;
+#endif
+  }
+};
+template <class T>
+struct times {
+  T factor;
+  DTRAIN_HOST_DEVICE T operator()(T v) const { return v * factor; }
+};
+}  // namespace detail
+
 template <class Model>
-  requires std::floating_point<typename Model::value_type>
+  requires floating_element<typename Model::value_type>
 class thrust_backend {
  public:
   using value_type = typename Model::value_type;
-  using master_type = value_type;
+  using master_type = compute_type_t<value_type>;
   template <class T>
   using span = thrust_buffer<T>;
   template <class T>
@@ -53,6 +95,7 @@ class thrust_backend {
     return b.span();
   }
 
+  void settle(Model& model) { dtrain::detail::thrust_space::synchronize(model.stream()); }
   void gradient_final(Model& model, std::size_t tensor) { ready_events_[tensor].record(model.stream()); }
   void await_gradients(const std::vector<std::size_t>& tensors) {
     for (std::size_t t : tensors) ready_events_[t].make_wait(stream());
@@ -63,23 +106,50 @@ class thrust_backend {
   template <class T, class Tensor>
   void pack(const allreduce::bucket& b, Tensor&& tensor, span<T> flat) {
     for (std::size_t k = 0; k < b.tensors.size(); ++k) {
-      const span<T> t = tensor(b.tensors[k]);
-      copy<T>(flat.subspan(b.offsets[k], t.size()), t);
+      const span<value_type> t = tensor(b.tensors[k]);
+      convert(span<const value_type>(t), flat.subspan(b.offsets[k], t.size()));
     }
     dtrain::detail::thrust_space::zero<T>(flat.subspan(b.elements), stream());
   }
   template <class T, class Tensor>
   void unpack(const allreduce::bucket& b, span<const T> flat, Tensor&& tensor) {
     for (std::size_t k = 0; k < b.tensors.size(); ++k) {
-      const span<T> t = tensor(b.tensors[k]);
-      copy<T>(t, flat.subspan(b.offsets[k], t.size()));
+      const span<value_type> t = tensor(b.tensors[k]);
+      convert(flat.subspan(b.offsets[k], t.size()), t);
     }
   }
-  /// One precision on the device: a copy.
+  /// `from` into `to`, each element `element_cast` (a plain copy where the types are one).
   template <class From, class To>
-    requires std::same_as<std::remove_const_t<From>, To>
   void convert(span<From> from, span<To> to) {
-    copy<To>(to, from);
+    if constexpr (std::same_as<std::remove_const_t<From>, To>) {
+      dtrain::detail::thrust_space::copy<To>(to, from, stream());
+    } else {
+      thrust::transform(dtrain::detail::thrust_space::on(stream()), from.data(), from.data() + from.size(), to.data(),
+                        detail::cast_to<To>{});
+    }
+  }
+
+  /// `dtrain::keep_step` on the device: the verdict on this rank's `gradient` slice, agreed by
+  /// every rank of `comm` (and `replicas`), and a good step's slice unscaled. Collective.
+  template <class Collective, class Replicas>
+  bool keep_step(Collective& comm, Replicas& replicas, loss_scaler& scaler, span<master_type> gradient) {
+    if (!scaler.enabled()) return true;
+    const auto on = dtrain::detail::thrust_space::on(stream());
+    buffer<std::int64_t> flag(1);
+    dtrain::detail::thrust_space::zero<std::int64_t>(flag.span(), stream());
+    thrust::for_each(on, gradient.data(), gradient.data() + gradient.size(),
+                     detail::flag_non_finite<master_type>{flag.data()});
+    fence();
+    comm.allreduce(flag.span(), reduce_op::max);
+    if constexpr (sharded::detail::has_replicas<Replicas>) replicas.allreduce(flag.span(), reduce_op::max);
+    std::int64_t overflow = 0;
+    dtrain::detail::thrust_space::download<std::int64_t>(std::span<std::int64_t>(&overflow, 1), flag.span(), stream());
+    const auto inverse = static_cast<master_type>(1.0 / scaler.scale());
+    if (!scaler.update(overflow == 0)) return false;
+    thrust::transform(on, gradient.data(), gradient.data() + gradient.size(), gradient.data(),
+                      detail::times<master_type>{inverse});
+    fence();
+    return true;
   }
 
   template <class Updater>
@@ -112,10 +182,6 @@ class thrust_backend {
 
  private:
   auto stream() const noexcept { return comm_stream_.get(); }
-  template <class T>
-  void copy(span<T> to, span<const T> from) {
-    dtrain::detail::thrust_space::copy<T>(to, from, stream());
-  }
 
   dtrain::detail::thrust_space::owned_stream comm_stream_;
   std::vector<dtrain::detail::thrust_space::event> ready_events_;  // per tensor, on the model's stream
