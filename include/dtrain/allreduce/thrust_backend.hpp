@@ -46,6 +46,20 @@ namespace dtrain::allreduce {
 
 namespace detail {
 namespace thrust_space = dtrain::detail::thrust_space;
+
+/// Every rank's `mine`, in rank order, gathered through device memory (NCCL takes no other),
+/// the copies on `stream`. Collective.
+template <class Collective>
+std::vector<std::int64_t> allgather_through_device(Collective& comm, std::span<const std::int64_t> mine,
+                                                   thrust_space::stream_handle stream) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  thrust_space::buffer<std::int64_t> in(mine.size()), out(mine.size() * n);
+  thrust_space::upload<std::int64_t>(in.span(), mine, stream);
+  comm.allgather(thrust_buffer<const std::int64_t>(in.span()), out.span());
+  std::vector<std::int64_t> all(mine.size() * n);
+  thrust_space::download<std::int64_t>(all, out.span(), stream);
+  return all;
+}
 }  // namespace detail
 
 template <class Model>
@@ -79,16 +93,9 @@ class thrust_backend {
   void copy(span to, span from) { detail::thrust_space::copy<value_type>(to, from, comm_stream_.get()); }
   void fence() { detail::thrust_space::synchronize(comm_stream_.get()); }
 
-  /// Through device memory: the collective takes no other.
   template <class Collective>
   std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
-    const auto n = static_cast<std::size_t>(comm.size());
-    detail::thrust_space::buffer<std::int64_t> in(mine.size()), out(mine.size() * n);
-    detail::thrust_space::upload<std::int64_t>(in.span(), mine, comm_stream_.get());
-    comm.allgather(thrust_buffer<const std::int64_t>(in.span()), out.span());
-    std::vector<std::int64_t> all(mine.size() * n);
-    detail::thrust_space::download<std::int64_t>(all, out.span(), comm_stream_.get());
-    return all;
+    return detail::allgather_through_device(comm, mine, comm_stream_.get());
   }
 
   /// Averages `flat` across ranks in `Half` precision: g/P packed on the communication stream,

@@ -40,14 +40,20 @@ inline void check_digests_agree(std::span<const std::int64_t> all, const std::st
   }
 }
 
+/// Every rank's `mine`, in rank order, gathered through host memory. Collective.
+template <class Collective>
+std::vector<std::int64_t> allgather_on_host(Collective& comm, std::span<const std::int64_t> mine) {
+  std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
+  comm.allgather(mine, std::span<std::int64_t>(all));
+  return all;
+}
+
 /// Every rank of `comm` gathers every rank's `mine` (in host memory) and checks them
 /// (`check_digests_agree`). Collective.
 template <class Collective>
 void check_ranks_agree(Collective& comm, const build_digest& mine, const std::string& who, const std::string& what,
                        const char* first, const char* second) {
-  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm.size()));
-  comm.allgather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
-  check_digests_agree(all, who, what, first, second);
+  check_digests_agree(allgather_on_host(comm, std::span<const std::int64_t>(mine)), who, what, first, second);
 }
 
 /// After every rank of `comm` has tried something: rethrows this rank's `failure`, else raises

@@ -7,7 +7,7 @@
 /// `thrust_backend` (thrust_backend.hpp: streams and events); what a step does is trainer.hpp's.
 /// Link `dtrain::thrust` (and `dtrain::cuda` in a CUDA build, compiled by nvcc).
 ///
-/// <!-- frame: header_sharded_device_trainer -->
+/// <!-- frame: header_device_trainer -->
 /// @code
 /// // comm: a nccl_communicator, or a staged_communicator<tcp_transport>; model: a device_model
 /// dtrain::sharded::device_trainer<comm_t, dtrain::sharded::zero2, dtrain::adam<float>, my_model> trainer(

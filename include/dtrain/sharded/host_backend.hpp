@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "dtrain/allreduce/bucket_plan.hpp"
-#include "dtrain/core/element.hpp"
 #include "dtrain/concepts/updater.hpp"
+#include "dtrain/core/element.hpp"
 #include "dtrain/sharded/agreement.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
 
@@ -95,9 +95,7 @@ class host_backend {
 
   template <class Collective>
   std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
-    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
-    comm.allgather(mine, std::span<std::int64_t>(all));
-    return all;
+    return allgather_on_host(comm, mine);
   }
 };
 

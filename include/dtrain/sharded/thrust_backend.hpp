@@ -28,6 +28,7 @@
 #include <thrust/transform.h>
 
 #include "dtrain/allreduce/bucket_plan.hpp"
+#include "dtrain/allreduce/thrust_backend.hpp"
 #include "dtrain/concepts/floating_element.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/element.hpp"
@@ -135,15 +136,16 @@ class thrust_backend {
   bool keep_step(Collective& comm, Replicas& replicas, loss_scaler& scaler, span<master_type> gradient) {
     if (!scaler.enabled()) return true;
     const auto on = dtrain::detail::thrust_space::on(stream());
-    buffer<std::int64_t> flag(1);
-    dtrain::detail::thrust_space::zero<std::int64_t>(flag.span(), stream());
+    if (flag_.size() == 0) flag_ = buffer<std::int64_t>(1);  // once, not a device allocation per step
+    dtrain::detail::thrust_space::zero<std::int64_t>(flag_.span(), stream());
     thrust::for_each(on, gradient.data(), gradient.data() + gradient.size(),
-                     detail::flag_non_finite<master_type>{flag.data()});
+                     detail::flag_non_finite<master_type>{flag_.data()});
     fence();
-    comm.allreduce(flag.span(), reduce_op::max);
-    if constexpr (sharded::detail::has_replicas<Replicas>) replicas.allreduce(flag.span(), reduce_op::max);
+    comm.allreduce(flag_.span(), reduce_op::max);
+    if constexpr (sharded::detail::has_replicas<Replicas>) replicas.allreduce(flag_.span(), reduce_op::max);
     std::int64_t overflow = 0;
-    dtrain::detail::thrust_space::download<std::int64_t>(std::span<std::int64_t>(&overflow, 1), flag.span(), stream());
+    dtrain::detail::thrust_space::download<std::int64_t>(std::span<std::int64_t>(&overflow, 1), flag_.span(),
+                                                         stream());
     const auto inverse = static_cast<master_type>(1.0 / scaler.scale());
     if (!scaler.update(overflow == 0)) return false;
     thrust::transform(on, gradient.data(), gradient.data() + gradient.size(), gradient.data(),
@@ -168,16 +170,9 @@ class thrust_backend {
     dtrain::detail::thrust_space::synchronize(model.stream());
   }
 
-  /// Through device memory: the collective takes no other.
   template <class Collective>
   std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
-    const auto n = static_cast<std::size_t>(comm.size());
-    buffer<std::int64_t> in(mine.size()), out(mine.size() * n);
-    dtrain::detail::thrust_space::upload<std::int64_t>(in.span(), mine, stream());
-    comm.allgather(thrust_buffer<const std::int64_t>(in.span()), out.span());
-    std::vector<std::int64_t> all(mine.size() * n);
-    dtrain::detail::thrust_space::download<std::int64_t>(all, out.span(), stream());
-    return all;
+    return allreduce::detail::allgather_through_device(comm, mine, stream());
   }
 
  private:
@@ -185,6 +180,7 @@ class thrust_backend {
 
   dtrain::detail::thrust_space::owned_stream comm_stream_;
   std::vector<dtrain::detail::thrust_space::event> ready_events_;  // per tensor, on the model's stream
+  buffer<std::int64_t> flag_;  // a loss-scaled step's verdict: 1 where some slice holds an inf or NaN
 };
 
 }  // namespace dtrain::sharded

@@ -1,6 +1,7 @@
 // Statements given a device model, this rank's batches and a collective of Thrust's device memory
-// (`comm`: the staged communicator over TCP), compiled only, under Thrust's CPP system, where
-// device memory is host memory and a stream is the calling thread.
+// (`comm`, of type `comm_t`: the staged communicator over TCP), compiled only, under Thrust's CPP
+// system, where device memory is host memory and a stream is the calling thread. The allreduce
+// and the sharded device trainers' examples both use it.
 // links: dtrain::asio dtrain_test_thrust_cpp
 // needs: asio thrust
 #include <cstddef>
@@ -8,12 +9,14 @@
 #include <vector>
 
 #include <dtrain/allreduce/device_trainer.hpp>
+#include <dtrain/sharded/device_trainer.hpp>
 #include <dtrain/collective/staged.hpp>
 #include <dtrain/transport/tcp.hpp>
+#include <dtrain/updater/adam.hpp>
 #include <dtrain/updater/momentum.hpp>
 
 // The reader's model: one tensor in Thrust's device memory, its kernels on one stream.
-class my_device_model {
+class my_model {
  public:
   using value_type = float;
   using batch_type = std::size_t;
@@ -28,7 +31,8 @@ class my_device_model {
   dtrain::detail::thrust_space::owned_stream stream_;
 };
 
-void doc_block(dtrain::staged_communicator<dtrain::tcp_transport> comm, my_device_model& model,
-               const std::vector<my_device_model::batch_type>& my_shard) {
+using comm_t = dtrain::staged_communicator<dtrain::tcp_transport>;
+
+void doc_block(comm_t comm, my_model& model, const std::vector<my_model::batch_type>& my_shard) {
 // @block@
 }
