@@ -4,6 +4,10 @@ dtrain_add_test(test_rendezvous SOURCES rendezvous/stores.cpp rendezvous/environ
 dtrain_add_test(test_tcp SOURCES transport/tcp.cpp LIBS dtrain::asio TIER tcp)
 dtrain_add_test(test_shm SOURCES transport/shm.cpp LIBS dtrain::asio TIER shm)
 dtrain_add_test(test_mixed SOURCES transport/mixed.cpp LIBS dtrain::asio TIER mixed)
+if(TARGET dtrain_test_thrust_cpp)
+  # Staged point-to-point of device buffers over TCP, on host memory under Thrust's CPP system.
+  dtrain_add_test(test_staged_p2p SOURCES collective/staged_p2p.cpp LIBS dtrain_test_thrust_cpp dtrain::asio TIER tcp)
+endif()
 
 add_executable(tcp_worker transport/tcp_worker.cpp)
 target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)

@@ -17,6 +17,9 @@
 /// algorithm, and stage back. Deadlines, mismatch detection and errors are the host
 /// communicator's.
 ///
+/// Point-to-point: `isend`/`irecv` (and the blocking `send`/`recv`) move one device buffer to one
+/// peer on a tag, checked on arrival for type and size (collective/staged_p2p.hpp).
+///
 /// <!-- frame: header_staged_tcp -->
 /// @code
 /// dtrain::staged_communicator<dtrain::tcp_transport> comm(dtrain::tcp_transport::from_environment());
@@ -25,12 +28,15 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <span>
 #include <system_error>
 #include <type_traits>
 #include <utility>
 
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/collective/staged_p2p.hpp"
 #include "dtrain/concepts/element.hpp"
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/core/error.hpp"
@@ -125,6 +131,44 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
     in_place_through_host<T>(buf, [&](std::span<T> h) { host_.alltoall(h); });
   }
   void barrier() { host_.barrier(); }
+
+  // --- point-to-point: tagged messages of device buffers ----------------------------------------
+
+  using p2p_request = staged_request<decltype(std::declval<Transport&>().isend(0, 0, signature{},
+                                                                          std::span<const std::byte>{}))>;
+
+  /// Starts sending `buf` to `peer` on `tag` (below 2^32). Copies `buf` out before it returns, so
+  /// the caller may reuse it at once; never waits for the peer.
+  template <class T>
+    requires element<std::remove_const_t<T>>
+  p2p_request isend(int peer, std::uint64_t tag, thrust_buffer<T> buf) {
+    p2p_request r = start_message<std::remove_const_t<T>>(peer, tag, buf.size(), false);
+    const auto bytes = r.block_.bytes();
+    detail::thrust_space::download<std::byte>(bytes, as_bytes(buf), p2p_->stream.get());
+    r.request_ = host_transport().isend(peer, staged_p2p_tag + tag, r.want_, std::span<const std::byte>(bytes));
+    return r;
+  }
+  /// Starts receiving `buf.size()` elements from `peer` on `tag` into `buf`, written when the
+  /// request's `wait` succeeds. A message of another type or size fails it with
+  /// `errc::collective_mismatch`.
+  template <element T>
+  p2p_request irecv(int peer, std::uint64_t tag, thrust_buffer<T> buf) {
+    p2p_request r = start_message<T>(peer, tag, buf.size(), true);
+    r.destination_ = thrust_buffer<std::byte>(reinterpret_cast<std::byte*>(buf.data()), buf.size_bytes());
+    r.request_ = host_transport().irecv(peer, staged_p2p_tag + tag, r.block_.bytes());
+    return r;
+  }
+  /// `isend` waited for under the communicator's timeout.
+  template <class T>
+    requires element<std::remove_const_t<T>>
+  void send(int peer, std::uint64_t tag, thrust_buffer<T> buf) {
+    isend(peer, tag, buf).wait(deadline::after(host_.options().timeout));
+  }
+  /// `irecv` waited for under the communicator's timeout.
+  template <element T>
+  void recv(int peer, std::uint64_t tag, thrust_buffer<T> buf) {
+    irecv(peer, tag, buf).wait(deadline::after(host_.options().timeout));
+  }
 
   // --- reducing operations: alltoall, combine on the device in rank order, allgather -----------
 
@@ -234,6 +278,34 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
     return mine;
   }
 
+  Transport& host_transport() noexcept { return host_.transport(); }
+
+  template <class T>
+  static thrust_buffer<const std::byte> as_bytes(thrust_buffer<T> b) noexcept {
+    return {reinterpret_cast<const std::byte*>(b.data()), b.size_bytes()};
+  }
+
+  // A message's request before the transport's part starts: its block, signature and names.
+  template <class T>
+  p2p_request start_message(int peer, std::uint64_t tag, std::size_t n, bool receive) {
+    if (tag >> 32 != 0 || peer < 0 || peer >= size()) {
+      throw error(errc::invalid_argument, std::string("staged ") + (receive ? "irecv" : "isend") + ": peer " +
+                                              std::to_string(peer) + " of a group of " + std::to_string(size()) +
+                                              ", tag " + std::to_string(tag) + " (tags are below 2^32)");
+    }
+    p2p_request r;
+    r.state_ = p2p_;
+    r.block_ = p2p_->pool->take(n * sizeof(T));
+    r.want_.type = dtype_of<T>::value;
+    r.want_.count = n;
+    r.want_.seq = tag;
+    r.rank_ = rank();
+    r.peer_ = peer;
+    r.tag_ = tag;
+    r.receive_ = receive;
+    return r;
+  }
+
   template <class T>
   thrust_buffer<T> device_scratch(std::size_t n) {
     if (scratch_.size() < n * sizeof(T)) scratch_ = device_block<std::byte>(n * sizeof(T));
@@ -255,6 +327,7 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
   detail::staging::memory mem_;
   host_block_t<std::byte> staging_[4];
   device_block<std::byte> scratch_;
+  std::shared_ptr<detail::staging::p2p_state> p2p_ = std::make_shared<detail::staging::p2p_state>();
 };
 
 }  // namespace dtrain
