@@ -7,6 +7,9 @@ dtrain_add_test(test_mixed SOURCES transport/mixed.cpp LIBS dtrain::asio TIER mi
 if(TARGET dtrain_test_thrust_cpp)
   # Staged point-to-point of device buffers over TCP, on host memory under Thrust's CPP system.
   dtrain_add_test(test_staged_p2p SOURCES collective/staged_p2p.cpp LIBS dtrain_test_thrust_cpp dtrain::asio TIER tcp)
+  # The pipeline executor on device memory, stages talking through those messages.
+  dtrain_add_test(test_device_pipeline SOURCES pipeline/device_executor.cpp
+                  LIBS dtrain_test_thrust_cpp dtrain::asio TIER tcp)
 endif()
 
 add_executable(tcp_worker transport/tcp_worker.cpp)

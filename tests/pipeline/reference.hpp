@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "dtrain/concepts/updater.hpp"
 #include "dtrain/pipeline/partition.hpp"
 #include "mlp_stage.hpp"
 

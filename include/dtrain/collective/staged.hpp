@@ -137,15 +137,18 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
   using p2p_request = staged_request<decltype(std::declval<Transport&>().isend(0, 0, signature{},
                                                                           std::span<const std::byte>{}))>;
 
-  /// Starts sending `buf` to `peer` on `tag` (below 2^32). Copies `buf` out before it returns, so
-  /// the caller may reuse it at once; never waits for the peer.
+  /// Starts sending `buf` to `peer` on `tag` (any tag but the collectives', `host().options().tag`).
+  /// Copies `buf` out before it returns, so the caller may reuse it at once; never waits for the
+  /// peer. `sig`, if given, travels with the message (its type and count are `buf`'s): a caller
+  /// that checks more than type and size (a pipeline's micro-batch) reads it from the receive's
+  /// `info().sig`.
   template <class T>
     requires element<std::remove_const_t<T>>
-  p2p_request isend(int peer, std::uint64_t tag, thrust_buffer<T> buf) {
-    p2p_request r = start_message<std::remove_const_t<T>>(peer, tag, buf.size(), false);
+  p2p_request isend(int peer, std::uint64_t tag, thrust_buffer<T> buf, signature sig = {}) {
+    p2p_request r = start_message<std::remove_const_t<T>>(peer, tag, buf.size(), false, sig);
     const auto bytes = r.block_.bytes();
     detail::thrust_space::download<std::byte>(bytes, as_bytes(buf), p2p_->stream.get());
-    r.request_ = host_transport().isend(peer, staged_p2p_tag + tag, r.want_, std::span<const std::byte>(bytes));
+    r.request_ = host_transport().isend(peer, tag, r.want_, std::span<const std::byte>(bytes));
     return r;
   }
   /// Starts receiving `buf.size()` elements from `peer` on `tag` into `buf`, written when the
@@ -153,9 +156,9 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
   /// `errc::collective_mismatch`.
   template <element T>
   p2p_request irecv(int peer, std::uint64_t tag, thrust_buffer<T> buf) {
-    p2p_request r = start_message<T>(peer, tag, buf.size(), true);
+    p2p_request r = start_message<T>(peer, tag, buf.size(), true, {});
     r.destination_ = thrust_buffer<std::byte>(reinterpret_cast<std::byte*>(buf.data()), buf.size_bytes());
-    r.request_ = host_transport().irecv(peer, staged_p2p_tag + tag, r.block_.bytes());
+    r.request_ = host_transport().irecv(peer, tag, r.block_.bytes());
     return r;
   }
   /// `isend` waited for under the communicator's timeout.
@@ -287,18 +290,19 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
 
   // A message's request before the transport's part starts: its block, signature and names.
   template <class T>
-  p2p_request start_message(int peer, std::uint64_t tag, std::size_t n, bool receive) {
-    if (tag >> 32 != 0 || peer < 0 || peer >= size()) {
+  p2p_request start_message(int peer, std::uint64_t tag, std::size_t n, bool receive, signature sig) {
+    if (tag == host_.options().tag || peer < 0 || peer >= size()) {
       throw error(errc::invalid_argument, std::string("staged ") + (receive ? "irecv" : "isend") + ": peer " +
                                               std::to_string(peer) + " of a group of " + std::to_string(size()) +
-                                              ", tag " + std::to_string(tag) + " (tags are below 2^32)");
+                                              ", tag " + std::to_string(tag) + " (" +
+                                              std::to_string(host_.options().tag) + " is the collectives')");
     }
     p2p_request r;
     r.state_ = p2p_;
     r.block_ = p2p_->pool->take(n * sizeof(T));
+    r.want_ = sig;
     r.want_.type = dtype_of<T>::value;
     r.want_.count = n;
-    r.want_.seq = tag;
     r.rank_ = rank();
     r.peer_ = peer;
     r.tag_ = tag;

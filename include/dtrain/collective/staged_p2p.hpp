@@ -33,10 +33,6 @@
 
 namespace dtrain {
 
-/// The transport tags of staged point-to-point messages: this base plus the caller's tag (below
-/// 2^32), apart from the collectives' tag (`communicator_options::tag`, "dtrain\0").
-inline constexpr std::uint64_t staged_p2p_tag = 0x70327000'00000000;  // "p2p\0"
-
 template <transport Transport>
 class staged_communicator;
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <span>
 
+#include "dtrain/core/memory_space.hpp"
+
 namespace dtrain {
 
 /// Which micro-batch a stage is asked to run: the trainer step it belongs to, its index within
@@ -20,13 +22,13 @@ struct micro_batch {
   int count = 1;
 };
 
-/// It has parameter and gradient tensors, as a `model` has.
-template <class S>
+/// It has parameter and gradient tensors in memory `Space`, as a `model` has.
+template <class S, class Space = host_memory>
 concept tensor_owner = std::floating_point<typename S::value_type> &&
                        requires(S& s, const S& cs, std::size_t i) {
                          { cs.tensor_count() } noexcept -> std::same_as<std::size_t>;
-                         { s.parameters(i) } -> std::same_as<std::span<typename S::value_type>>;
-                         { s.gradients(i) } -> std::same_as<std::span<typename S::value_type>>;
+                         { s.parameters(i) } -> std::same_as<span_in<Space, typename S::value_type>>;
+                         { s.gradients(i) } -> std::same_as<span_in<Space, typename S::value_type>>;
                        };
 
 /// It says how many elements one micro-batch's activation has on each side of it.
@@ -36,11 +38,12 @@ concept activation_shaped = requires(const S& cs) {
   { cs.output_size() } noexcept -> std::same_as<std::size_t>;
 };
 
-/// It runs forward and backward on one micro-batch, and can drop what it kept.
-template <class S>
+/// It runs forward and backward on one micro-batch, activations in memory `Space`, and can drop
+/// what it kept.
+template <class S, class Space = host_memory>
 concept micro_batch_runner =
-    requires(S& s, const micro_batch& mb, std::span<const typename S::value_type> in,
-             std::span<typename S::value_type> out) {
+    requires(S& s, const micro_batch& mb, span_in<Space, const typename S::value_type> in,
+             span_in<Space, typename S::value_type> out) {
       { s.forward(mb, in, out) } -> std::convertible_to<double>;
       { s.backward(mb, in, out) } -> std::same_as<void>;
       { s.discard(mb) } -> std::same_as<void>;
@@ -67,8 +70,12 @@ concept micro_batch_runner =
 ///  not change `parameters(i)`; they may be called for several micro-batches in any interleaving
 ///  (a schedule's order), but each micro-batch's forward comes before its backward. Deterministic:
 ///  the same inputs and parameters give the same bits. One thread at a time.
+///  On a device (`Space` = `device_memory`) parameters, gradients and activations are
+///  `device_span`s; the executor copies activations between stages on the stream its
+///  point-to-point communicator orders after the legacy default stream, so a stage's kernels
+///  run there, or have finished when `forward` and `backward` return.
 ///  A minimal model: tests/archetypes/archetypes.hpp `stage_archetype`.
-template <class S>
-concept stage = tensor_owner<S> && activation_shaped<S> && micro_batch_runner<S>;
+template <class S, class Space = host_memory>
+concept stage = tensor_owner<S, Space> && activation_shaped<S> && micro_batch_runner<S, Space>;
 
 }  // namespace dtrain

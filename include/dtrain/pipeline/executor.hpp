@@ -1,10 +1,12 @@
 #pragma once
 /// @file
-/// `executor<Transport, Stage>`: runs one rank's action sequence of a pipeline schedule on its
+/// `executor<Link, Stage>`: runs one rank's action sequence of a pipeline schedule on its
 /// chunks (stages), whatever the schedule. Activations and their gradients move between
-/// neighbouring stages as tagged messages over any transport; each carries its micro-batch,
-/// stage, element type and count, checked on arrival, so a mismatched schedule or partition fails
-/// with both sides named instead of computing on the wrong data.
+/// neighbouring stages as tagged messages over any transport (host memory), or over a
+/// point-to-point communicator of device memory (pipeline/device_link.hpp: the stages' tensors
+/// and activations then live on the device); each carries its micro-batch, stage, element type
+/// and count, checked on arrival, so a mismatched schedule or partition fails with both sides
+/// named instead of computing on the wrong data.
 ///
 /// Receives are posted a few actions ahead and waited for at their action; sends start at their
 /// action and are waited for at the end of the step (their buffers live until then), so the
@@ -14,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <span>
 #include <string>
@@ -30,6 +33,7 @@
 #include "dtrain/core/signature.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/pipeline/action.hpp"
+#include "dtrain/pipeline/link.hpp"
 
 namespace dtrain::pipeline {
 
@@ -80,8 +84,10 @@ struct step_hooks {
 };
 
 /// Runs action sequences on `chunks` (this rank's stages, chunk c being stage c * p + rank) over
-/// `transport`, the pipeline group (rank r holds chunks of stages r, r + p, ...).
-template <transport Transport, stage Stage>
+/// `transport`, the pipeline group (rank r holds chunks of stages r, r + p, ...): a host
+/// transport, or a device link (pipeline/device_link.hpp) with stages of its memory.
+template <class Transport, class Stage>
+  requires stage<Stage, typename Transport::memory_space>
 class executor {
  public:
   using value_type = typename Stage::value_type;
@@ -99,21 +105,24 @@ class executor {
   /// disagreement; `timeout` or `peer_lost` as receives do.
   void handshake(const pipeline_shape& shape, std::string_view schedule) {
     const auto until = deadline::after(options_.timeout);
-    std::vector<hello> incoming(chunks_.size()), outgoing(chunks_.size());
-    std::vector<request> receives, sends;
+    std::vector<typename words::buffer> incoming(chunks_.size()), outgoing(chunks_.size());
+    std::vector<decltype(words::irecv(transport_, 0, 0, words::view(incoming[0])))> receives, sends;
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const int s = stage_of(shape, static_cast<int>(c));
-      if (s > 0) {
-        receives.push_back(transport_.irecv(rank_of(shape, s - 1), hello_tag(shape, s),
-                                            std::as_writable_bytes(std::span(&incoming[c], 1))));
-      }
+      if (s == 0) continue;
+      words::resize(incoming[c], hello_words);
+      const int from = rank_of(shape, s - 1);
+      receives.push_back(words::irecv(transport_, from, hello_tag(shape, s), words::view(incoming[c])));
     }
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const int s = stage_of(shape, static_cast<int>(c));
       if (s + 1 >= shape.stages()) continue;
-      outgoing[c] = hello_of(shape, schedule, chunks_[c].output_size());
-      sends.push_back(transport_.isend(rank_of(shape, s + 1), hello_tag(shape, s + 1), signature{},
-                                       std::as_bytes(std::span(&outgoing[c], 1))));
+      const hello h = hello_of(shape, schedule, chunks_[c].output_size());
+      std::int64_t w[hello_words];
+      std::memcpy(w, &h, sizeof h);
+      words::put(outgoing[c], std::span<const std::int64_t>(w));
+      sends.push_back(words::isend(transport_, rank_of(shape, s + 1), hello_tag(shape, s + 1), signature{},
+                                   words::view(outgoing[c])));
     }
     for (auto& r : receives) r.wait(until);
     for (auto& r : sends) r.wait(until);
@@ -121,7 +130,10 @@ class executor {
       const int s = stage_of(shape, static_cast<int>(c));
       if (s == 0) continue;
       const hello mine = hello_of(shape, schedule, chunks_[c].input_size());
-      const hello& theirs = incoming[c];
+      std::int64_t w[hello_words];
+      words::get(incoming[c], std::span<std::int64_t>(w));
+      hello theirs;
+      std::memcpy(&theirs, w, sizeof theirs);
       const std::string who = "pipeline: stage " + std::to_string(s) + " (rank " + std::to_string(transport_.rank()) +
                               ") and stage " + std::to_string(s - 1) + " (rank " +
                               std::to_string(rank_of(shape, s - 1)) + ")";
@@ -167,12 +179,16 @@ class executor {
 
  private:
   using clock = std::chrono::steady_clock;
-  using request = decltype(std::declval<Transport&>().isend(0, 0, signature{}, std::span<const std::byte>{}));
+  using values = link<Transport, value_type>;  // activations and their messages
+  using words = link<Transport, std::int64_t>;  // the handshake's
+  using buffer = typename values::buffer;
+  using request = decltype(values::irecv(std::declval<Transport&>(), 0, 0, typename values::span{}));
+  using const_span = typename values::const_span;
 
   // One micro-batch's activation buffers on one chunk (and, under weight stashing, the weights
   // its forward saw), kept across steps.
   struct micro_batch_buffers {
-    std::vector<value_type> input, output, output_grad, input_grad, stashed;
+    buffer input, output, output_grad, input_grad, stashed;
   };
 
   struct step_state {
@@ -192,6 +208,8 @@ class executor {
     std::uint64_t ranks = 0, chunks = 0, micro_batches = 0, elements = 0;
     char schedule[32] = {};
   };
+  static constexpr std::size_t hello_words = sizeof(hello) / sizeof(std::int64_t);
+  static_assert(sizeof(hello) % sizeof(std::int64_t) == 0);
 
   static hello hello_of(const pipeline_shape& shape, std::string_view schedule, std::size_t elements) {
     hello h{static_cast<std::uint64_t>(shape.ranks), static_cast<std::uint64_t>(shape.chunks),
@@ -251,11 +269,11 @@ class executor {
            std::to_string(sig.count) + " elements)";
   }
 
-  std::vector<value_type>& receive_buffer(const action& a) {
+  buffer& receive_buffer(const action& a) {
     auto& b = buffers_[a.chunk][a.mb];
     const Stage& s = chunks_[a.chunk];
     auto& v = a.kind == action_kind::recv_activation ? b.input : b.output_grad;
-    v.resize(a.kind == action_kind::recv_activation ? s.input_size() : s.output_size());
+    values::resize(v, a.kind == action_kind::recv_activation ? s.input_size() : s.output_size());
     return v;
   }
 
@@ -267,9 +285,8 @@ class executor {
       const bool activation = a.kind == action_kind::recv_activation;
       const int s = stage_of(st.shape, a.chunk);
       auto& v = receive_buffer(a);
-      st.receives.emplace_back(st.posted_until,
-                               transport_.irecv(rank_of(st.shape, activation ? s - 1 : s + 1), tag_into(s, activation),
-                                                std::as_writable_bytes(std::span(v))));
+      st.receives.emplace_back(st.posted_until, values::irecv(transport_, rank_of(st.shape, activation ? s - 1 : s + 1),
+                                                              tag_into(s, activation), values::view(v)));
     }
   }
 
@@ -277,11 +294,11 @@ class executor {
     auto it = std::find_if(st.receives.begin(), st.receives.end(), [&](const auto& r) { return r.first == index; });
     const bool activation = a.kind == action_kind::recv_activation;
     const int s = stage_of(st.shape, a.chunk);
-    const signature want = message_signature(s, a.mb, receive_buffer(a).size());
+    const signature want = message_signature(s, a.mb, values::view(receive_buffer(a)).size());
     const std::string from = "stage " + std::to_string(activation ? s - 1 : s + 1) + " (rank " +
                              std::to_string(rank_of(st.shape, activation ? s - 1 : s + 1)) + ")";
     std::error_code ec;
-    if (!it->second.wait(st.until, ec) && ec != errc::message_truncated) {
+    if (!it->second.wait(st.until, ec) && ec != values::mismatch) {
       throw error(ec, "pipeline step " + std::to_string(st.step) + ": waiting for the " +
                           describe_message(activation, s, want) + " from " + from);
     }
@@ -300,9 +317,9 @@ class executor {
     const bool activation = a.kind == action_kind::send_activation;
     const int to = stage_of(st.shape, a.chunk) + (activation ? 1 : -1);
     auto& b = buffers_[a.chunk][a.mb];
-    const auto& v = activation ? b.output : b.input_grad;
-    st.sends.push_back(transport_.isend(rank_of(st.shape, to), tag_into(to, activation),
-                                        message_signature(to, a.mb, v.size()), std::as_bytes(std::span(v))));
+    const const_span v = values::view(activation ? b.output : b.input_grad);
+    st.sends.push_back(values::isend(transport_, rank_of(st.shape, to), tag_into(to, activation),
+                                     message_signature(to, a.mb, v.size()), v));
   }
 
   void run_one(step_state& st, std::size_t index, const step_hooks& hooks) {
@@ -328,12 +345,12 @@ class executor {
   }
 
   // Runs stage forward for `a`, writing its output into `out`; returns the stage's loss.
-  double run_forward(step_state& st, const action& a, std::vector<value_type>& out) {
+  double run_forward(step_state& st, const action& a, buffer& out) {
     Stage& s = chunks_[a.chunk];
     auto& b = buffers_[a.chunk][a.mb];
-    if (stage_of(st.shape, a.chunk) == 0) b.input.clear();
-    out.resize(s.output_size());
-    return s.forward(mb_of(st, a), std::span<const value_type>(b.input), std::span(out));
+    if (stage_of(st.shape, a.chunk) == 0) values::resize(b.input, 0);
+    values::resize(out, s.output_size());
+    return s.forward(mb_of(st, a), const_span(values::view(b.input)), values::view(out));
   }
 
   void forward(step_state& st, const action& a) {
@@ -356,28 +373,32 @@ class executor {
     if (options_.stash_weights) swap_parameters(s, b.stashed);  // the weights forward saw
     if (options_.rematerialise) run_forward(st, a, scratch_);
     const int stage = stage_of(st.shape, a.chunk);
-    if (stage == st.shape.stages() - 1) b.output_grad.clear();
-    b.input_grad.resize(stage == 0 ? 0 : s.input_size());
-    s.backward(mb_of(st, a), std::span<const value_type>(b.output_grad), std::span(b.input_grad));
+    if (stage == st.shape.stages() - 1) values::resize(b.output_grad, 0);
+    values::resize(b.input_grad, stage == 0 ? 0 : s.input_size());
+    s.backward(mb_of(st, a), const_span(values::view(b.output_grad)), values::view(b.input_grad));
     if (options_.stash_weights) swap_parameters(s, b.stashed);  // back to the latest
     --st.live;
     st.report.compute_seconds += seconds_since(start);
   }
 
-  static void copy_parameters(Stage& s, std::vector<value_type>& into) {
-    into.clear();
+  static void copy_parameters(Stage& s, buffer& into) {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < s.tensor_count(); ++i) n += s.parameters(i).size();
+    values::resize(into, n);
+    std::size_t at = 0;
     for (std::size_t i = 0; i < s.tensor_count(); ++i) {
-      auto p = s.parameters(i);
-      into.insert(into.end(), p.begin(), p.end());
+      const auto p = s.parameters(i);
+      values::copy(values::view(into).subspan(at, p.size()), const_span(p));
+      at += p.size();
     }
   }
 
-  static void swap_parameters(Stage& s, std::vector<value_type>& with) {
-    auto at = with.begin();
+  void swap_parameters(Stage& s, buffer& with) {
+    std::size_t at = 0;
     for (std::size_t i = 0; i < s.tensor_count(); ++i) {
-      auto p = s.parameters(i);
-      std::swap_ranges(p.begin(), p.end(), at);
-      at += static_cast<std::ptrdiff_t>(p.size());
+      const auto p = s.parameters(i);
+      values::swap(p, values::view(with).subspan(at, p.size()), swap_scratch_);
+      at += p.size();
     }
   }
 
@@ -385,7 +406,8 @@ class executor {
   std::span<Stage> chunks_;
   executor_options options_;
   std::vector<std::vector<micro_batch_buffers>> buffers_;  // [chunk][micro-batch]
-  std::vector<value_type> scratch_;                         // a re-materialised forward's output
+  buffer scratch_;                                          // a re-materialised forward's output
+  buffer swap_scratch_;                                     // a device link's swap goes through it
 };
 
 }  // namespace dtrain::pipeline

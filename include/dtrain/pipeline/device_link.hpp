@@ -1,0 +1,78 @@
+#pragma once
+/// @file
+/// The pipeline on device memory: `pipeline::link` for a point-to-point communicator of
+/// Thrust's device memory (`staged_communicator<tcp_transport>`: ranks that share a GPU, or hosts
+/// without NCCL), so that `executor<Comm, Stage>` runs stages whose parameters, gradients and
+/// activations are device buffers. Link `dtrain::thrust` (and `dtrain::cuda` in a CUDA build).
+///
+/// Activations live in device buffers the executor keeps across steps; messages are the
+/// communicator's `isend`/`irecv`, carrying the executor's signature (micro-batch and stage,
+/// checked as on the host). Copies for weight stashing and the handshake run on the legacy
+/// default stream, which the staged communicator's copies are ordered after: a stage whose
+/// kernels run there, or have finished when `forward` and `backward` return, needs no more.
+///
+/// <!-- frame: header_device_pipeline -->
+/// @code
+/// using comm = dtrain::staged_communicator<dtrain::tcp_transport>;
+/// comm pipeline(dtrain::tcp_transport::from_environment());
+/// // my_device_stage: a dtrain::stage<S, dtrain::thrust_device_memory> (device_span tensors under CUDA)
+/// std::vector<my_device_stage> chunks{my_device_stage(pipeline.rank())};
+/// dtrain::pipeline::executor<comm, my_device_stage> run(pipeline, std::span(chunks));
+/// @endcode
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "dtrain/concepts/point_to_point.hpp"
+#include "dtrain/concepts/transport.hpp"
+#include "dtrain/core/signature.hpp"
+#include "dtrain/cuda/thrust_space.hpp"
+#include "dtrain/pipeline/executor.hpp"
+
+namespace dtrain::pipeline {
+
+/// A point-to-point communicator of Thrust's device memory.
+template <class Comm, class T>
+  requires(!transport<Comm> && point_to_point<Comm, T> &&
+           std::is_same_v<typename Comm::memory_space, thrust_device_memory>)
+struct link<Comm, T> {
+  // Device memory that grows to the largest size asked of it; `view` is the size last asked.
+  struct buffer {
+    detail::thrust_space::buffer<T> memory;
+    std::size_t size = 0;
+  };
+  using span = thrust_buffer<T>;
+  using const_span = thrust_buffer<const T>;
+  static constexpr errc mismatch = errc::collective_mismatch;
+
+  static void resize(buffer& b, std::size_t n) {
+    if (b.memory.size() < n) b.memory = detail::thrust_space::buffer<T>(n);
+    b.size = n;
+  }
+  static span view(buffer& b) noexcept { return b.memory.span().first(b.size); }
+  static auto isend(Comm& c, int peer, std::uint64_t tag, const signature& sig, const_span values) {
+    return c.isend(peer, tag, values, sig);
+  }
+  static auto irecv(Comm& c, int peer, std::uint64_t tag, span values) { return c.irecv(peer, tag, values); }
+  static void copy(span dst, const_span src) { detail::thrust_space::copy<T>(dst, src, legacy_stream()); }
+  static void swap(span a, span b, buffer& scratch) {
+    resize(scratch, a.size());
+    copy(view(scratch), const_span(a));
+    copy(a, const_span(b));
+    copy(b, const_span(view(scratch)));
+  }
+  static void put(buffer& b, std::span<const T> host) {
+    resize(b, host.size());
+    detail::thrust_space::upload<T>(view(b), host, legacy_stream());
+  }
+  static void get(buffer& b, std::span<T> host) {
+    detail::thrust_space::download<T>(host, const_span(view(b)), legacy_stream());
+  }
+
+ private:
+  static detail::thrust_space::stream_handle legacy_stream() noexcept { return {}; }
+};
+
+}  // namespace dtrain::pipeline
