@@ -4,6 +4,10 @@
 //   dtrain-run -n 1 build-cuda/bench/bench_device_collectives --collective nccl
 //   dtrain-run -n 2 build-cuda/bench/bench_device_collectives --collective staged
 //   dtrain-run -n 1 build-cuda/bench/bench_device_collectives --ops allreduce --peer --rounds 3
+//   dtrain-run -n 2 build-cuda/bench/bench_device_collectives --collective staged --ops sendrecv
+//
+// sendrecv (staged only): the one-way time of a device buffer sent point to point between rank
+// pairs, and beside it the staging alone (cudaMemcpy to pinned memory and back).
 //
 // --peer adds, for NCCL's allreduce, ncclAllReduce called directly (bench/nccl_peer.hpp), each
 // call synchronised as dtrain's blocking calls are, and dtrain's iallreduce against raw calls
@@ -35,6 +39,7 @@ using namespace dtrain;
 namespace {
 
 coll_op op_named(const std::string& s) {
+  if (s == "sendrecv") return coll_op::message;  // point-to-point, staged only
   for (coll_op op : {coll_op::allreduce, coll_op::allgather, coll_op::reduce_scatter, coll_op::alltoall, coll_op::broadcast}) {
     if (coll_op_name(op) == s) return op;
   }
@@ -133,6 +138,7 @@ int main(int argc, char** argv) {
       std::optional<bench::raw_nccl> raw;
       if (peer) raw.emplace(host);
       for (coll_op op : plan.ops) {
+        if (op == coll_op::message) throw error(errc::unsupported, "sendrecv: NCCL point-to-point is not built");
         for (std::size_t bytes : plan.sizes) {
           if (raw && op == coll_op::allreduce) {
             for (auto& p : allreduce_against_raw(nccl, *raw, host, bytes, plan, rounds)) points.push_back(p);
@@ -159,7 +165,7 @@ int main(int argc, char** argv) {
     long wrong = 0;
     for (const auto& p : points) {
       bench::row r;
-      r.op = std::string(coll_op_name(p.op));
+      r.op = p.op == coll_op::message ? "sendrecv" : std::string(coll_op_name(p.op));
       r.algo = p.algo.empty() ? collective : p.algo;
       r.type = "float32";
       r.redop = p.op == coll_op::allreduce || p.op == coll_op::reduce_scatter ? "sum" : "none";

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/signature.hpp"
@@ -31,7 +32,8 @@ struct device_point {
   std::string algo;       ///< what ran, where one op has several rows (empty: the collective's name)
 };
 
-/// What the staged path runs (device_collectives_staged.cu): every op, every size.
+/// What the staged path runs (device_collectives_staged.cu): every op, every size (`message`:
+/// point-to-point, `measure_p2p`).
 struct device_plan {
   std::vector<coll_op> ops;
   std::vector<std::size_t> sizes;  ///< bytes
@@ -57,6 +59,18 @@ struct last_request<Comm> {
   typename Comm::request request;
   void wait() { request.wait(); }
 };
+
+// The slowest rank's `seconds`, through the collective itself.
+template <class Comm>
+double slowest(Comm& c, double seconds) {
+  cuda::device_buffer<float> value(1);
+  const float mine = static_cast<float>(seconds);
+  cuda::check(cudaMemcpy(value.data(), &mine, sizeof mine, cudaMemcpyHostToDevice), "H2D");
+  c.allreduce(value.span(), reduce_op::max);
+  float all = 0;
+  cuda::check(cudaMemcpy(&all, value.data(), sizeof all, cudaMemcpyDeviceToHost), "D2H");
+  return static_cast<double>(all);
+}
 
 inline std::vector<float> download(const cuda::device_buffer<float>& d) {
   std::vector<float> h(d.size());
@@ -130,14 +144,46 @@ device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, 
     }
     wrong += got[i] == want ? 0 : 1;
   }
-  // The slowest rank's time, through the collective itself.
-  cuda::device_buffer<float> slowest(1);
-  const float mine = static_cast<float>(seconds);
-  cuda::check(cudaMemcpy(slowest.data(), &mine, sizeof mine, cudaMemcpyHostToDevice), "H2D");
-  c.allreduce(slowest.span(), reduce_op::max);
-  float all = 0;
-  cuda::check(cudaMemcpy(&all, slowest.data(), sizeof all, cudaMemcpyDeviceToHost), "D2H");
-  return {op, count, std::max(in_n, out_n) * sizeof(float), static_cast<double>(all), wrong, {}};
+  return {op, count, std::max(in_n, out_n) * sizeof(float), detail::slowest(c, seconds), wrong, {}};
+}
+
+/// Point-to-point between the rank pairs (0, 1), (2, 3), ... through `c`'s `send`/`recv`: the
+/// one-way time of a message (half a ping-pong's round trip), checked; then, in the same run, the
+/// staging alone: a `cudaMemcpy` of the same bytes to pinned host memory and back (row
+/// "cudaMemcpy round trip"). The op column says `sendrecv`, as nccl-tests' does.
+template <class Comm>
+std::vector<device_point> measure_p2p(Comm& c, std::size_t bytes, int warmup, int iterations) {
+  const int r = c.rank(), peer = r ^ 1;
+  if (peer >= c.size()) throw error(errc::invalid_argument, "sendrecv pairs the ranks: run an even number of them");
+  const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
+  std::vector<float> host_in(n);
+  for (std::size_t i = 0; i < n; ++i) host_in[i] = detail::input_of(r, i);
+  cuda::device_buffer<float> in(n), out(n);
+  cuda::check(cudaMemcpy(in.data(), host_in.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+  auto ping_pong = [&] {
+    if (r % 2 == 0) c.send(peer, 1, in.span());
+    c.recv(peer, 1, out.span());
+    if (r % 2 == 1) c.send(peer, 1, in.span());
+  };
+  auto timed = [&](auto&& f) {
+    for (int k = 0; k < warmup; ++k) f();
+    cuda::check(cudaDeviceSynchronize(), "sync");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < iterations; ++k) f();
+    cuda::check(cudaDeviceSynchronize(), "sync");
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iterations;
+  };
+  const double one_way = timed(ping_pong) / 2;
+  const std::vector<float> got = detail::download(out);
+  long wrong = 0;
+  for (std::size_t i = 0; i < n; ++i) wrong += got[i] == detail::input_of(peer, i) ? 0 : 1;
+  cuda::pinned_buffer<float> staging(n);
+  const double memcpy_round_trip = timed([&] {
+    cuda::check(cudaMemcpy(staging.data(), in.data(), n * sizeof(float), cudaMemcpyDeviceToHost), "D2H");
+    cuda::check(cudaMemcpy(out.data(), staging.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
+  });
+  return {{coll_op::message, n, n * sizeof(float), detail::slowest(c, one_way), wrong, "staged"},
+          {coll_op::message, n, n * sizeof(float), detail::slowest(c, memcpy_round_trip), 0, "cudaMemcpy round trip"}};
 }
 
 }  // namespace dtrain::bench

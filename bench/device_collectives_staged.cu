@@ -13,7 +13,13 @@ std::vector<device_point> run_staged(any_transport t, const device_plan& plan) {
   staged_communicator<any_transport> c(std::move(t));
   std::vector<device_point> points;
   for (coll_op op : plan.ops) {
-    for (std::size_t bytes : plan.sizes) points.push_back(measure_device(c, op, bytes, plan.warmup, plan.iterations));
+    for (std::size_t bytes : plan.sizes) {
+      if (op == coll_op::message) {
+        for (auto& p : measure_p2p(c, bytes, plan.warmup, plan.iterations)) points.push_back(p);
+      } else {
+        points.push_back(measure_device(c, op, bytes, plan.warmup, plan.iterations));
+      }
+    }
   }
   return points;
 }

@@ -92,6 +92,9 @@ step nccl_1_all_ops 90 "$run" -n 1 "$bdc" --collective nccl -b 1024 -e $((256 <<
 step staged_2 120 "$run" -n 2 "$bdc" --collective staged -b 1024 -e $((64 << 20)) --json "$logs/staged_2.json"
 step staged_4 90 "$run" -n 4 "$bdc" --collective staged --ops allreduce -b 1024 -e $((64 << 20)) \
   --json "$logs/staged_4.json"
+# Point-to-point of device buffers (issue 47): one-way time against cudaMemcpy there and back.
+step staged_sendrecv_2 60 "$run" -n 2 "$bdc" --collective staged --ops sendrecv -b 1024 -e $((64 << 20)) \
+  --json "$logs/staged_sendrecv_2.json"
 step nccl_2_on_one_gpu 80 env NCCL_DEBUG=WARN "$run" -n 2 "$bdc" --collective nccl --ops allreduce -b $((1 << 20)) \
   -e $((1 << 20))
 

@@ -20,7 +20,8 @@ class device_mlp_stage {
  public:
   using value_type = double;
 
-  device_mlp_stage(std::vector<int> widths, int first, int last, int batch) : host_(std::move(widths), first, last, batch) {
+  device_mlp_stage(std::vector<int> widths, int first, int last, int batch, int replica = 0, int replicas = 1)
+      : host_(std::move(widths), first, last, batch, replica, replicas) {
     for (std::size_t i = 0; i < host_.tensor_count(); ++i) {
       w_.emplace_back(host_.parameters(i).size());
       g_.emplace_back(host_.gradients(i).size());

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -16,6 +17,8 @@
 #include "../support/thread_ranks.hpp"
 #include "dtrain/collective/staged.hpp"
 #include "dtrain/pipeline/device_link.hpp"
+#include "dtrain/topology/mesh.hpp"
+#include "dtrain/transport/group.hpp"
 #include "dtrain/transport/tcp.hpp"
 #include "dtrain/updater/adam.hpp"
 #include "dtrain/updater/sgd.hpp"
@@ -31,14 +34,20 @@ using mlp = testing::mlp_stage<double>;
 
 static_assert(stage<mlp, thrust_device_memory>, "under Thrust's CPP system a host stage is a device stage");
 
+// Runs body(rank, transport) on `n` threads, each a TCP rank on loopback.
 template <class Body>
-void run_staged(int n, Body body) {
+void run_tcp_world(int n, Body body) {
   const std::string token = "device-pipeline";
   tcp_options o;
   o.token = token;
   o.timeout = 20s;
   auto connect = [&](tcp_store& store, int r) { return tcp_transport::connect(store, r, n, o, "127.0.0.1"); };
-  testing::run_thread_ranks(n, token, connect, [&](int r, tcp_transport& t) {
+  testing::run_thread_ranks(n, token, connect, body);
+}
+
+template <class Body>
+void run_staged(int n, Body body) {
+  run_tcp_world(n, [&](int r, tcp_transport& t) {
     staged comm(std::move(t));
     body(r, comm);
   });
@@ -93,4 +102,78 @@ TEST_CASE("device pipeline: neighbours built with different partitions fail at t
   CHECK(said[0].empty());
   CHECK_THAT(said[1], Catch::Contains("stage 1 (rank 1) and stage 0 (rank 0) disagree on the activation") &&
                           Catch::Contains("24 elements expected here, 18 sent there"));
+}
+
+namespace {
+
+using group = process_group<tcp_transport>;
+using staged_group = staged_communicator<group>;
+
+mlp make_mlp(std::vector<int> widths, int from, int to, int batch, int replica, int replicas) {
+  return mlp(std::move(widths), from, to, batch, replica, replicas);
+}
+
+template <class Schedule>
+void check_device_trainer(const Schedule& schedule) {
+  for (int dp : {1, 2}) {
+    for (int pp : {1, 2, 3}) {
+      for (int m : {1, 4}) {
+        std::atomic<int> wrong{0};
+        std::string first;
+        std::mutex mu;
+        std::vector<std::vector<std::byte>> bits(static_cast<std::size_t>(dp * pp));
+        run_tcp_world(dp * pp, [&](int, tcp_transport& t) {
+          device_mesh<tcp_transport> mesh(group(std::move(t)), {{"dp", dp}, {"pp", pp}});
+          const int replica = mesh.coordinate("dp");
+          auto r = dp == 1 ? testing::device_trainer_case<mlp>(staged_group(mesh.group("pp")), pipeline::single_replica{},
+                                                                0, schedule, adam<double>(0.01), m, 3, make_mlp)
+                           : testing::device_trainer_case<mlp>(staged_group(mesh.group("pp")),
+                                                                staged_group(mesh.group("dp")), replica, schedule,
+                                                                adam<double>(0.01), m, 3, make_mlp);
+          bits[static_cast<std::size_t>(replica * pp + mesh.coordinate("pp"))] = std::move(r.bits);
+          wrong += r.wrong;
+          std::lock_guard lock(mu);
+          if (r.wrong > 0 && first.empty()) first = r.first;
+        });
+        INFO(Schedule::name << " dp " << dp << " pp " << pp << " m " << m << ": " << first);
+        CHECK(wrong.load() == 0);
+        for (const auto& b : bits) REQUIRE(!b.empty());
+        for (std::size_t i = static_cast<std::size_t>(pp); i < bits.size(); ++i) CHECK(bits[i] == bits[i % pp]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("device pipeline: the trainer on device memory, replicas averaged by a staged collective, equals serial "
+          "training",
+          "[pipeline][staged]") {
+  check_device_trainer(pipeline::one_f_one_b{});
+  check_device_trainer(pipeline::interleaved_one_f_one_b{2});
+  check_device_trainer(pipeline::gpipe{true});
+  check_device_trainer(pipeline::pipedream{});
+}
+
+TEST_CASE("device pipeline: a trainer on device memory resumed from its checkpoint continues bit for bit",
+          "[pipeline][staged][checkpoint]") {
+  for (int p : {1, 2}) {
+    std::atomic<int> wrong{0};
+    std::string first;
+    std::mutex mu;
+    run_tcp_world(p, [&](int r, tcp_transport& t) {
+      const std::string path = (std::filesystem::temp_directory_path() /
+                                ("dtrain_device_pipeline." + std::to_string(p) + "." + std::to_string(r) + ".ckpt"))
+                                   .string();
+      auto result = testing::device_trainer_case<mlp>(staged(std::move(t)), pipeline::single_replica{}, 0,
+                                                      pipeline::one_f_one_b{}, adam<double>(0.01), 3, 4, make_mlp,
+                                                      2, path);
+      std::filesystem::remove(path);
+      wrong += result.wrong;
+      std::lock_guard lock(mu);
+      if (result.wrong > 0 && first.empty()) first = result.first;
+    });
+    INFO("p " << p << ": " << first);
+    CHECK(wrong.load() == 0);
+  }
 }

@@ -24,12 +24,27 @@
 #include <cstdint>
 #include <span>
 #include <type_traits>
+#include <vector>
+
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
 
 #include "dtrain/concepts/point_to_point.hpp"
 #include "dtrain/concepts/transport.hpp"
+#include "dtrain/core/config.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/cuda/thrust_space.hpp"
 #include "dtrain/pipeline/executor.hpp"
+
+namespace dtrain::detail {
+// One thread per element (at namespace scope: nvcc's kernel stubs must reach it).
+template <class T>
+struct scale_by {
+  T* values;
+  T factor;
+  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { values[i] *= factor; }
+};
+}  // namespace dtrain::detail
 
 namespace dtrain::pipeline {
 
@@ -40,7 +55,7 @@ template <class Comm, class T>
 struct link<Comm, T> {
   // Device memory that grows to the largest size asked of it; `view` is the size last asked.
   struct buffer {
-    detail::thrust_space::buffer<T> memory;
+    dtrain::detail::thrust_space::buffer<T> memory;
     std::size_t size = 0;
   };
   using span = thrust_buffer<T>;
@@ -48,7 +63,7 @@ struct link<Comm, T> {
   static constexpr errc mismatch = errc::collective_mismatch;
 
   static void resize(buffer& b, std::size_t n) {
-    if (b.memory.size() < n) b.memory = detail::thrust_space::buffer<T>(n);
+    if (b.memory.size() < n) b.memory = dtrain::detail::thrust_space::buffer<T>(n);
     b.size = n;
   }
   static span view(buffer& b) noexcept { return b.memory.span().first(b.size); }
@@ -56,8 +71,9 @@ struct link<Comm, T> {
     return c.isend(peer, tag, values, sig);
   }
   static auto irecv(Comm& c, int peer, std::uint64_t tag, span values) { return c.irecv(peer, tag, values); }
-  static void copy(span dst, const_span src) { detail::thrust_space::copy<T>(dst, src, legacy_stream()); }
+  static void copy(span dst, const_span src) { dtrain::detail::thrust_space::copy<T>(dst, src, legacy_stream()); }
   static void swap(span a, span b, buffer& scratch) {
+    if (a.empty()) return;
     resize(scratch, a.size());
     copy(view(scratch), const_span(a));
     copy(a, const_span(b));
@@ -65,14 +81,27 @@ struct link<Comm, T> {
   }
   static void put(buffer& b, std::span<const T> host) {
     resize(b, host.size());
-    detail::thrust_space::upload<T>(view(b), host, legacy_stream());
+    dtrain::detail::thrust_space::upload<T>(view(b), host, legacy_stream());
   }
   static void get(buffer& b, std::span<T> host) {
-    detail::thrust_space::download<T>(host, const_span(view(b)), legacy_stream());
+    dtrain::detail::thrust_space::download<T>(host, const_span(view(b)), legacy_stream());
+  }
+  static void zero(span s) { dtrain::detail::thrust_space::zero<T>(s, legacy_stream()); }
+  static void scale(span s, T factor) {
+    thrust::for_each(dtrain::detail::thrust_space::on(legacy_stream()), thrust::counting_iterator<std::size_t>(0),
+                     thrust::counting_iterator<std::size_t>(s.size()), dtrain::detail::scale_by<T>{s.data(), factor});
+  }
+  static std::vector<T> to_host(const_span s) {
+    std::vector<T> host(s.size());
+    dtrain::detail::thrust_space::download<T>(std::span(host), s, legacy_stream());
+    return host;
+  }
+  static void from_host(span s, std::span<const T> host) {
+    dtrain::detail::thrust_space::upload<T>(s, host, legacy_stream());
   }
 
  private:
-  static detail::thrust_space::stream_handle legacy_stream() noexcept { return {}; }
+  static dtrain::detail::thrust_space::stream_handle legacy_stream() noexcept { return {}; }
 };
 
 }  // namespace dtrain::pipeline

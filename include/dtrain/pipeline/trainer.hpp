@@ -35,6 +35,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -44,6 +45,7 @@
 #include "dtrain/concepts/transport.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
@@ -56,15 +58,29 @@ namespace dtrain::pipeline {
 /// The `Replicas` of a trainer with no data parallelism: one replica, nothing to average.
 struct single_replica {
   int size() const noexcept { return 1; }
-  template <class T>
-  void allreduce(std::span<T>, reduce_op) {}
+  template <class Span>
+  void allreduce(Span, reduce_op) {}
 };
 
-/// A data-parallel group the trainer can average gradients over: a size and an allreduce.
-template <class R, class T>
-concept replica_group = requires(R& r, std::span<T> values) {
+/// A data-parallel group the trainer can average gradients over: a size and an allreduce of
+/// `Span`s (`std::span`, or `device_span` for a trainer on device memory).
+template <class R, class Span>
+concept replica_group = requires(R& r, Span values) {
   { r.size() } -> std::convertible_to<int>;
   r.allreduce(values, reduce_op::avg);
+};
+
+/// An updater of parameters in memory `Space`: a host `updater`, or `device_updater<U>` (its
+/// spans are Thrust's device buffers) for a trainer on device memory.
+template <class U, class T, class Space>
+concept updater_in = requires(U& u, span_in<Space, T> params, span_in<Space, const T> grads, std::size_t n,
+                              step_info info, double lr) {
+  { U::name } -> std::convertible_to<std::string_view>;
+  { U::state_slots } -> std::convertible_to<std::size_t>;
+  u.resize(n);
+  u.step(params, grads, n, info);
+  { u.state() } -> std::convertible_to<span_in<Space, T>>;
+  u.set_learning_rate(lr);
 };
 
 /// How a pipeline trainer runs.
@@ -98,9 +114,13 @@ struct step_result {
   double replica_wait_seconds = 0;
 };
 
-/// Trains this rank's chunks of a pipeline-parallel model.
-template <transport Transport, class Schedule, class Updater, stage Stage, class Replicas = single_replica>
-  requires updater<Updater, typename Stage::value_type> && replica_group<Replicas, typename Stage::value_type>
+/// Trains this rank's chunks of a pipeline-parallel model: over a host transport, or over a
+/// point-to-point communicator of device memory (pipeline/device_link.hpp) with device stages, a
+/// `device_updater` and replicas averaging device buffers.
+template <class Transport, class Schedule, class Updater, class Stage, class Replicas = single_replica>
+  requires stage<Stage, typename Transport::memory_space> &&
+           updater_in<Updater, typename Stage::value_type, typename Transport::memory_space> &&
+           replica_group<Replicas, typename link<Transport, typename Stage::value_type>::span>
 class trainer {
  public:
   using value_type = typename Stage::value_type;
@@ -174,8 +194,11 @@ class trainer {
   /// Writes this rank's chunks, updater state and position to `path`, atomically. Call between
   /// steps; one replica's files make the job's checkpoint (every replica holds the same).
   void save(const std::string& path) {
-    save_pipeline_checkpoint<value_type>(path, identity(), {step_, updates_}, parameter_spans(),
-                                         std::span<const value_type>(updater_.state()));
+    std::vector<std::vector<value_type>> params;
+    for (const auto& p : parameter_spans()) params.push_back(values::to_host(const_span(p)));
+    const std::vector<value_type> state = values::to_host(const_span(updater_.state()));
+    save_pipeline_checkpoint<value_type>(path, identity(), {step_, updates_}, host_spans(params),
+                                         std::span<const value_type>(state));
   }
 
   /// Restores what `save` wrote, so the next `step` continues where that job left off, bit for
@@ -183,8 +206,13 @@ class trainer {
   /// (partition, schedule, rank, updater, micro-batches) or that it is corrupt; nothing is
   /// changed then.
   void load(const std::string& path) {
-    const checkpoint_position at =
-        load_pipeline_checkpoint<value_type>(path, identity(), parameter_spans(), updater_.state());
+    const auto spans = parameter_spans();
+    std::vector<std::vector<value_type>> params;
+    for (const auto& p : spans) params.emplace_back(p.size());
+    std::vector<value_type> state(updater_.state().size());
+    const checkpoint_position at = load_pipeline_checkpoint<value_type>(path, identity(), host_spans(params), state);
+    for (std::size_t i = 0; i < spans.size(); ++i) values::from_host(spans[i], params[i]);
+    values::from_host(updater_.state(), state);
     step_ = at.steps;
     updates_ = at.updates;
   }
@@ -199,6 +227,9 @@ class trainer {
   Transport& pipeline() noexcept { return pipeline_; }
 
  private:
+  using values = link<Transport, value_type>;  // the tensors' memory: host or device
+  using span = typename values::span;
+  using const_span = typename values::const_span;
   static constexpr bool per_micro_batch = std::is_same_v<Schedule, pipedream>;
 
   static executor_options executor_options_for(const trainer_options& o, const Schedule& s) {
@@ -226,8 +257,12 @@ class trainer {
     return id;
   }
 
-  std::vector<std::span<value_type>> parameter_spans() {
-    std::vector<std::span<value_type>> spans;
+  static std::vector<std::span<value_type>> host_spans(std::vector<std::vector<value_type>>& v) {
+    return {v.begin(), v.end()};
+  }
+
+  std::vector<span> parameter_spans() {
+    std::vector<span> spans;
     for (Stage& s : chunks_) {
       for (std::size_t i = 0; i < s.tensor_count(); ++i) spans.push_back(s.parameters(i));
     }
@@ -239,9 +274,7 @@ class trainer {
 
   void zero_gradients() {
     for (Stage& s : chunks_) {
-      for (std::size_t i = 0; i < s.tensor_count(); ++i) {
-        for (value_type& g : s.gradients(i)) g = value_type(0);
-      }
+      for (std::size_t i = 0; i < s.tensor_count(); ++i) values::zero(s.gradients(i));
     }
   }
 
@@ -261,7 +294,7 @@ class trainer {
       for (std::size_t i = 0; i < s.tensor_count(); ++i) {
         step_info info;
         info.step = updates_ + 1;  // every tensor is updated at every update
-        updater_.step(s.parameters(i), std::span<const value_type>(s.gradients(i)), offset, info);
+        updater_.step(s.parameters(i), const_span(s.gradients(i)), offset, info);
         offset += s.parameters(i).size();
       }
     }
@@ -278,9 +311,7 @@ class trainer {
         per_micro_batch ? value_type(1) : value_type(1) / static_cast<value_type>(shape_.micro_batches);
     if (replicas_.size() <= 1) {
       if (scale == value_type(1)) return;
-      for (std::size_t i = 0; i < s.tensor_count(); ++i) {
-        for (value_type& g : s.gradients(i)) g *= scale;
-      }
+      for (std::size_t i = 0; i < s.tensor_count(); ++i) values::scale(s.gradients(i), scale);
       return;
     }
     allreduce::bucket_plan& plan = plans_[c];
@@ -288,15 +319,20 @@ class trainer {
       std::vector<std::size_t> sizes;
       for (std::size_t i = 0; i < s.tensor_count(); ++i) sizes.push_back(s.gradients(i).size());
       plan = allreduce::bucket_plan(sizes, sizeof(value_type), options_.bucket_bytes, options_.bucket_bytes);
-      buckets_[c].resize(plan.largest_bucket());
+      values::resize(buckets_[c], plan.largest_bucket());
     }
-    auto gradients = [&](std::size_t i) { return s.gradients(i); };
     for (const allreduce::bucket& b : plan.buckets()) {
-      const std::span<value_type> flat = std::span(buckets_[c]).first(b.elements);
-      allreduce::pack(b, gradients, flat);
-      for (value_type& g : flat) g *= scale;
+      const span flat = values::view(buckets_[c]).first(b.elements);
+      for (std::size_t k = 0; k < b.tensors.size(); ++k) {
+        const span g = s.gradients(b.tensors[k]);
+        values::copy(flat.subspan(b.offsets[k], g.size()), const_span(g));
+      }
+      values::scale(flat, scale);
       replicas_.allreduce(flat, reduce_op::avg);
-      allreduce::unpack(b, std::span<const value_type>(flat), gradients);
+      for (std::size_t k = 0; k < b.tensors.size(); ++k) {
+        const span g = s.gradients(b.tensors[k]);
+        values::copy(g, const_span(flat.subspan(b.offsets[k], g.size())));
+      }
     }
   }
 
@@ -310,7 +346,7 @@ class trainer {
   pipeline_shape shape_{};
   std::vector<action> actions_;
   std::vector<allreduce::bucket_plan> plans_ = std::vector<allreduce::bucket_plan>(chunks_.size());
-  std::vector<std::vector<value_type>> buckets_ = std::vector<std::vector<value_type>>(chunks_.size());
+  std::vector<typename values::buffer> buckets_ = std::vector<typename values::buffer>(chunks_.size());
   std::uint64_t step_ = 0;
   std::uint64_t updates_ = 0;
   bool broken_ = false;
