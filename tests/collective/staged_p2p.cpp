@@ -144,7 +144,7 @@ TEST_CASE("staged p2p: test() finishes a receive, and messages run beside collec
 
 TEST_CASE("staged p2p: a receive of another type or size fails naming both, and the next message still lands",
           "[staged][p2p]") {
-  std::vector<std::string> said(3);
+  std::vector<std::string> said(4);
   std::atomic<int> wrong{0};
   run_staged(2, [&](int r, staged& c) {
     const auto v = message(0, 1, 64);
@@ -152,6 +152,7 @@ TEST_CASE("staged p2p: a receive of another type or size fails naming both, and 
       c.send(1, 5, std::span<const double>(v));                 // 64 doubles
       c.send(1, 5, std::span<const double>(v).first(32));       // 32 doubles
       c.send(1, 5, std::span<const double>(v).first(8));        // 8 doubles
+      c.send(1, 5, std::span<const double>(v));                 // 64 doubles: 512 bytes
       c.send(1, 6, std::span<const double>(message(0, 2, 8)));  // 8 doubles, after all that
     } else {
       std::vector<float> floats(64);
@@ -160,6 +161,8 @@ TEST_CASE("staged p2p: a receive of another type or size fails naming both, and 
       said[1] = error_of([&] { c.recv(0, 5, std::span(small)); });  // 32 sent: larger than posted
       std::vector<double> large(9);
       said[2] = error_of([&] { c.recv(0, 5, std::span(large)); });  // 8 sent: smaller than posted
+      std::vector<float> same_bytes(128);
+      said[3] = error_of([&] { c.recv(0, 5, std::span(same_bytes)); });  // the type alone differs
       std::vector<double> fine(8);
       c.recv(0, 6, std::span(fine));
       wrong += fine != message(0, 2, 8);
@@ -170,29 +173,87 @@ TEST_CASE("staged p2p: a receive of another type or size fails naming both, and 
                           Catch::Contains("expected 64 float32, the sender sent 64 float64"));
   CHECK_THAT(said[1], Catch::Contains("expected 16 float64, the sender sent 32 float64"));
   CHECK_THAT(said[2], Catch::Contains("expected 9 float64, the sender sent 8 float64"));
+  CHECK_THAT(said[3], Catch::Contains("expected 128 float32, the sender sent 64 float64"));
 }
 
-TEST_CASE("staged p2p: a peer that never sends times out naming the peer and tag, bad arguments are refused",
+TEST_CASE("staged p2p: a wait that times out leaves the receive pending, a later message still lands",
           "[staged][p2p]") {
-  std::string timed_out, bad_tag, bad_peer;
+  std::string first_wait, never_sent;
+  std::atomic<int> wrong{0};
   run_staged(
       2,
       [&](int r, staged& c) {
+        std::vector<double> in(4);
         if (r == 1) {
-          std::vector<double> in(4);
           auto rx = c.irecv(0, 11, std::span(in));
           std::error_code ec;
-          if (!rx.wait(deadline::after(50ms), ec) && ec == errc::timeout) {
-            timed_out = error_of([&] { rx.wait(deadline::after(200ms)); });
-          }
-          bad_tag = error_of([&] { c.irecv(0, c.host().options().tag, std::span(in)); });
-          bad_peer = error_of([&] { c.isend(2, 1, std::span<const double>(in)); });
+          if (!rx.wait(deadline::after(50ms), ec)) first_wait = ec.message();
+          c.host().barrier();  // only now does rank 0 send
+          rx.wait(deadline::after(10s));
+          wrong += in != message(0, 3, 4);
+          std::vector<double> none(4);
+          auto silent = c.irecv(0, 12, std::span(none));
+          never_sent = error_of([&] { silent.wait(deadline::after(100ms)); });
+        } else {
+          c.host().barrier();
+          c.send(1, 11, std::span<const double>(message(0, 3, 4)));
         }
         c.host().barrier();
       },
       5s);
-  CHECK_THAT(timed_out, Catch::Contains("receive from rank 0 (tag 11) at rank 1") &&
-                            Catch::Contains("deadline"));
+  CHECK(wrong == 0);
+  CHECK(first_wait == make_error_code(errc::timeout).message());
+  CHECK_THAT(never_sent, Catch::Contains("receive from rank 0 (tag 12) at rank 1") &&
+                             Catch::Contains("deadline"));
+}
+
+TEST_CASE("staged p2p: a cancelled receive takes no message, a moved-from one is finished and empty",
+          "[staged][p2p]") {
+  std::atomic<int> wrong{0};
+  std::string after_cancel;
+  run_staged(2, [&](int r, staged& c) {
+    if (r == 1) {
+      std::vector<double> dropped(6, -1.0);
+      auto gone = c.irecv(0, 13, std::span(dropped));
+      gone.cancel();
+      std::error_code ec;
+      if (!gone.wait(deadline::after(10ms), ec)) after_cancel = ec.message();
+      c.host().barrier();  // rank 0 sends two messages on tag 13 after the cancel
+      std::vector<double> first(6), second(6);
+      c.recv(0, 13, std::span(first));
+      c.recv(0, 13, std::span(second));
+      wrong += first != message(0, 0, 6) || second != message(0, 1, 6);
+      wrong += dropped != std::vector<double>(6, -1.0);  // nothing landed in the cancelled buffer
+      // A moved-from handle: finished and empty, its wait succeeds at once.
+      std::vector<double> in(6);
+      auto rx = c.irecv(0, 14, std::span(in));
+      staged::p2p_request moved = std::move(rx);
+      std::error_code none;
+      wrong += !rx.test() || !rx.wait(deadline::after(0ms), none);
+      moved.wait(deadline::after(10s));
+      wrong += in != message(0, 2, 6);
+    } else {
+      c.host().barrier();
+      c.send(1, 13, std::span<const double>(message(0, 0, 6)));
+      c.send(1, 13, std::span<const double>(message(0, 1, 6)));
+      c.send(1, 14, std::span<const double>(message(0, 2, 6)));
+    }
+  });
+  CHECK(wrong == 0);
+  CHECK(after_cancel == make_error_code(errc::cancelled).message());
+}
+
+TEST_CASE("staged p2p: bad arguments are refused naming them", "[staged][p2p]") {
+  std::string bad_tag, bad_peer, any_peer_refused;
+  run_staged(2, [&](int r, staged& c) {
+    if (r == 1) {
+      std::vector<double> in(4);
+      bad_tag = error_of([&] { c.irecv(0, c.host().options().tag, std::span(in)); });
+      bad_peer = error_of([&] { c.isend(2, 1, std::span<const double>(in)); });
+      any_peer_refused = error_of([&] { c.irecv(any_peer, 1, std::span(in)); });
+    }
+  });
   CHECK_THAT(bad_tag, Catch::Contains("is the collectives'"));
   CHECK_THAT(bad_peer, Catch::Contains("peer 2 of a group of 2"));
+  CHECK_THAT(any_peer_refused, Catch::Contains("peer -1 of a group of 2"));
 }

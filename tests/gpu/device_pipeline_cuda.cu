@@ -4,6 +4,7 @@
 // where serial gradient accumulation does (PipeDream's weight stashing by device copies too).
 
 #include <atomic>
+#include <cstdio>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -83,11 +84,14 @@ TEST_CASE("device pipeline on the GPU: the trainer with device stages and replic
       std::atomic<int> wrong{0};
       std::string first;
       std::mutex mu;
+      std::vector<std::vector<std::byte>> bits(static_cast<std::size_t>(dp * pp));
       run_inproc(dp * pp, [&](int, inproc_transport t) {
         testing::device_trainer_result r;
+        int slot = 0;
         try {
           device_mesh<inproc_transport> mesh(group(std::move(t)), {{"dp", dp}, {"pp", pp}});
           const int replica = mesh.coordinate("dp");
+          slot = replica * pp + mesh.coordinate("pp");
           r = dp == 1 ? testing::device_trainer_case<testing::device_mlp_stage>(
                             staged_group(mesh.group("pp")), pipeline::single_replica{}, 0, pipeline::one_f_one_b{},
                             adam<double>(0.01), 4, 3, make_stage)
@@ -100,10 +104,39 @@ TEST_CASE("device pipeline on the GPU: the trainer with device stages and replic
         }
         wrong += r.wrong;
         std::lock_guard lock(mu);
+        bits[static_cast<std::size_t>(slot)] = std::move(r.bits);
         if (r.wrong > 0 && first.empty()) first = r.first;
       });
       INFO("dp " << dp << " pp " << pp << ": " << first);
       CHECK(wrong.load() == 0);
+      for (const auto& b : bits) REQUIRE(!b.empty());
+      for (std::size_t i = static_cast<std::size_t>(pp); i < bits.size(); ++i) CHECK(bits[i] == bits[i % pp]);
     }
   }
+}
+
+TEST_CASE("device pipeline on the GPU: a trainer resumed from its checkpoint continues bit for bit",
+          "[gpu][pipeline][checkpoint]") {
+  DTRAIN_REQUIRE_GPUS(1);
+  std::atomic<int> wrong{0};
+  std::string first;
+  std::mutex mu;
+  run_inproc(2, [&](int r, inproc_transport t) {
+    testing::device_trainer_result result;
+    const std::string path = "/tmp/dtrain_device_pipeline_gpu." + std::to_string(r) + ".ckpt";
+    try {
+      result = testing::device_trainer_case<testing::device_mlp_stage>(
+          staged(std::move(t)), pipeline::single_replica{}, 0, pipeline::pipedream{}, adam<double>(0.01), 3, 4,
+          make_stage, 2, path);
+    } catch (const std::exception& e) {
+      result.wrong = 1;
+      result.first = std::string("unexpected: ") + e.what();
+    }
+    std::remove(path.c_str());
+    wrong += result.wrong;
+    std::lock_guard lock(mu);
+    if (result.wrong > 0 && first.empty()) first = result.first;
+  });
+  INFO(first);
+  CHECK(wrong.load() == 0);
 }

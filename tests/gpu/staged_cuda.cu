@@ -6,6 +6,9 @@
 #include <string>
 #include <vector>
 
+#include <thrust/execution_policy.h>
+#include <thrust/tabulate.h>
+
 #include "../catch.hpp"
 #include "dtrain/collective/staged.hpp"
 #include "dtrain/concepts/collective.hpp"
@@ -52,6 +55,14 @@ TEST_CASE("staged communicator on the GPU: ranks sharing one device allreduce de
   CHECK(results[2] == results[0]);
 }
 
+namespace {
+// Rank r's message: r * 1000 + i % 997 (exact in float).
+struct ring_value {
+  int rank;
+  __host__ __device__ float operator()(std::size_t i) const { return static_cast<float>(rank * 1000 + static_cast<int>(i % 997)); }
+};
+}  // namespace
+
 TEST_CASE("staged communicator on the GPU: device buffers sent point to point, receives posted first",
           "[gpu][staged][p2p]") {
   DTRAIN_REQUIRE_GPUS(1);
@@ -64,10 +75,10 @@ TEST_CASE("staged communicator on the GPU: device buffers sent point to point, r
       staged_communicator<inproc_transport> comm(std::move(t));
       const int next = (r + 1) % p, prev = (r + p - 1) % p;
       dtrain::cuda::device_buffer<float> in(n), out(n);
-      std::vector<float> mine(n);
-      for (std::size_t i = 0; i < n; ++i) mine[i] = static_cast<float>(r * 1000 + static_cast<int>(i % 997));
-      dtrain::cuda::check(cudaMemcpy(out.data(), mine.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
       auto rx = comm.irecv(prev, 1, in.span());
+      // Written by a kernel on the legacy default stream, not waited for: the send's staging copy
+      // must be ordered after it.
+      thrust::tabulate(thrust::cuda::par_nosync.on(cudaStream_t{}), out.data(), out.data() + n, ring_value{r});
       auto tx = comm.isend(next, 1, out.span());
       rx.wait(deadline::after(std::chrono::seconds(30)));
       tx.wait(deadline::after(std::chrono::seconds(30)));

@@ -154,6 +154,9 @@ device_trainer_result device_trainer_case(Comm pipeline, Replicas replicas, int 
   for (int i = 0; i < first_steps; ++i) t.step();
   trainer_t* last = &t;
   std::optional<trainer_t> resumed;
+  if (resume_after > 0 && !std::is_same_v<Replicas, pipeline::single_replica>) {
+    throw error(errc::invalid_argument, "device_trainer_case: resuming is written for one replica");
+  }
   if constexpr (std::is_same_v<Replicas, pipeline::single_replica>) {
     if (resume_after > 0) {  // the communicator moves on to the new trainer; `t` is not used again
       t.save(checkpoint);

@@ -104,6 +104,32 @@ TEST_CASE("device pipeline: neighbours built with different partitions fail at t
                           Catch::Contains("24 elements expected here, 18 sent there"));
 }
 
+TEST_CASE("device pipeline: a message of another size in a step fails naming both sides, without a handshake",
+          "[pipeline][staged]") {
+  std::vector<std::string> said(2);
+  run_staged(2, [&](int r, staged& comm) {
+    const auto widths = testing::test_widths();
+    // As above, but no handshake: rank 0 sends 18 elements where rank 1 expects 24.
+    std::vector<mlp> chunk;
+    chunk.emplace_back(widths, r == 0 ? 0 : 4, r == 0 ? 3 : static_cast<int>(widths.size()) - 1, testing::test_batch);
+    pipeline::executor_options o;
+    o.timeout = 2s;  // rank 0 then waits for a gradient that never comes
+    pipeline::executor<staged, mlp> run(comm, std::span(chunk), o);
+    const pipeline::pipeline_shape shape{2, 1, 2};
+    pipeline::step_hooks hooks;
+    hooks.optimizer_step = [](int) {};
+    try {
+      run.run(pipeline::one_f_one_b{}.actions(r, shape), shape, 0, hooks);
+    } catch (const dtrain::error& e) {
+      said[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  CHECK_THAT(said[1], Catch::Contains("expected the activation of micro-batch 0 into stage 1 (float64, 24 elements) "
+                                      "from stage 0 (rank 0), got a message with the activation of micro-batch 0 "
+                                      "into stage 1 (float64, 18 elements)"));
+  CHECK_THAT(said[0], Catch::Contains("waiting for the gradient of micro-batch 0 into stage 0"));
+}
+
 namespace {
 
 using group = process_group<tcp_transport>;

@@ -307,6 +307,7 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
     r.peer_ = peer;
     r.tag_ = tag;
     r.receive_ = receive;
+    r.settled_ = false;
     return r;
   }
 

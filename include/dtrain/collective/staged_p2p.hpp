@@ -108,12 +108,30 @@ struct p2p_state {
 }  // namespace detail::staging
 
 /// A staged point-to-point send or receive (a `completion`). A receive's bytes reach the
-/// caller's device buffer when `wait` succeeds or `test` returns true. Destroying an unfinished
-/// one cancels it. The communicator that made it may be destroyed first.
+/// caller's device buffer when `wait` succeeds or `test` returns true. A `wait` that times out
+/// leaves it pending (a later `wait` may succeed); destroying an unfinished one cancels it. The
+/// communicator that made it may be destroyed first.
 template <completion Request>
 class staged_request {
  public:
   staged_request() = default;
+  staged_request(staged_request&& o) noexcept { *this = std::move(o); }
+  /// A moved-from handle is finished and empty, as a default-constructed one.
+  staged_request& operator=(staged_request&& o) noexcept {
+    if (this == &o) return *this;
+    if (!settled_) cancel();
+    request_ = std::move(o.request_);  // before the block: the transport lets go of ours first
+    block_ = std::move(o.block_);
+    state_ = std::move(o.state_);
+    destination_ = o.destination_;
+    want_ = o.want_;
+    rank_ = o.rank_, peer_ = o.peer_;
+    tag_ = o.tag_;
+    receive_ = std::exchange(o.receive_, false);
+    settled_ = std::exchange(o.settled_, true);
+    result_ = std::exchange(o.result_, {});
+    return *this;
+  }
 
   bool wait(deadline d, std::error_code& ec) noexcept {
     if (!settled_) {
@@ -149,11 +167,14 @@ class staged_request {
     return true;
   }
 
+  /// Withdraws the operation; a receive whose message had already arrived still lands (its
+  /// `wait` succeeds), as the transport completes an operation it was copying.
   void cancel() noexcept {
     if (settled_) return;
     request_.cancel();
-    settled_ = true;
-    result_ = make_error_code(errc::cancelled);
+    std::error_code ec;
+    request_.wait(deadline::after(std::chrono::milliseconds(0)), ec);
+    settle(ec == errc::timeout ? make_error_code(errc::cancelled) : ec);
   }
 
   const envelope& info() const noexcept { return request_.info(); }
@@ -194,7 +215,7 @@ class staged_request {
   signature want_{};                           // what a receive expects
   int rank_ = 0, peer_ = 0;
   std::uint64_t tag_ = 0;
-  bool receive_ = false, settled_ = false;
+  bool receive_ = false, settled_ = true;  // a default or moved-from handle is finished
   std::error_code result_{};
 };
 

@@ -305,15 +305,29 @@ class trainer {
   // Scales chunk c's gradients to the micro-batch mean and averages them over the replicas, in
   // the buckets the allreduce trainer would form (`bucket_plan`, the same on every replica; no
   // small first bucket: nothing overlaps here). With one replica the scaling is done in place.
+  // (`if constexpr` where a branch is dead for a type: nvcc rejects unreachable code.)
   void average_chunk(std::size_t c) {
     Stage& s = chunks_[c];
     const value_type scale =
         per_micro_batch ? value_type(1) : value_type(1) / static_cast<value_type>(shape_.micro_batches);
-    if (replicas_.size() <= 1) {
+    if constexpr (std::is_same_v<Replicas, single_replica>) {
+      scale_in_place(s, scale);
+    } else if (replicas_.size() <= 1) {
+      scale_in_place(s, scale);
+    } else {
+      average_buckets(c, scale);
+    }
+  }
+
+  void scale_in_place(Stage& s, value_type scale) {
+    if constexpr (!per_micro_batch) {
       if (scale == value_type(1)) return;
       for (std::size_t i = 0; i < s.tensor_count(); ++i) values::scale(s.gradients(i), scale);
-      return;
     }
+  }
+
+  void average_buckets(std::size_t c, value_type scale) {
+    Stage& s = chunks_[c];
     allreduce::bucket_plan& plan = plans_[c];
     if (plan.tensor_count() != s.tensor_count()) {
       std::vector<std::size_t> sizes;
