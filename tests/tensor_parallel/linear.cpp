@@ -23,7 +23,7 @@ namespace tp = dtrain::tensor_parallel;
 
 namespace {
 
-constexpr std::size_t batch = 3, in = 5, hidden = 7, out = 4;
+constexpr std::size_t in = 5, hidden = 7, out = 4;
 
 std::vector<double> filled(std::size_t n, double salt) {
   std::vector<double> v(n);
@@ -31,13 +31,15 @@ std::vector<double> filled(std::size_t n, double salt) {
   return v;
 }
 
-// The unsplit block, written out: h = tanh(x W1^T + b1), y = h W2^T + b2, loss 0.5 |y - t|^2.
+// The unsplit block, written out: h = tanh(x W1^T + b1), y = h W2^T + b2, loss 0.5 |y - t|^2,
+// on `batch` rows.
 struct unsplit {
+  std::size_t batch;
   std::vector<double> w1 = filled(hidden * in, 0.7), b1 = filled(hidden, 0.3), w2 = filled(out * hidden, 1.1),
                       b2 = filled(out, 0.5), x = filled(batch * in, 0.9), t = filled(batch * out, 0.2);
   std::vector<double> h, y, dy, dh, dx, gw1, gb1, gw2, gb2;
 
-  unsplit() {
+  explicit unsplit(std::size_t rows = 3) : batch(rows) {
     h.assign(batch * hidden, 0);
     y.assign(batch * out, 0);
     for (std::size_t s = 0; s < batch; ++s) {
@@ -89,6 +91,23 @@ struct counting {
   void allgather(std::span<const std::int64_t> mine, std::span<std::int64_t> all) { c.allgather(mine, all); }
 };
 
+// The same for sequence parallelism, counting its allgathers and reduce-scatters of values too.
+struct counting_sequence : counting {
+  int allgathers = 0, reduce_scatters = 0;
+  using counting::allgather;
+  void allgather(std::span<const double> mine, std::span<double> all) {
+    ++allgathers;
+    c.allgather(mine, all);
+  }
+  void reduce_scatter(std::span<const double> whole, std::span<double> mine, reduce_op op) {
+    ++reduce_scatters;
+    c.reduce_scatter(whole, mine, op);
+  }
+};
+
+static_assert(!tp::detail::sequence_collective<counting, double>);
+static_assert(tp::detail::sequence_collective<counting_sequence, double>);
+
 bool near(double got, double want) { return std::abs(got - want) <= 1e-12 * std::max(1.0, std::abs(want)); }
 
 }  // namespace
@@ -119,14 +138,14 @@ TEST_CASE("tensor parallel: an MLP block split over 1-4 ranks equals the unsplit
       const tp::slice mine = fc1.outputs();
       expect(mine.begin == fc2.inputs().begin && mine.size == fc2.inputs().size, "the two layers split hidden alike");
 
-      std::vector<double> h(batch * mine.size), y(batch * out);
+      std::vector<double> h(ref.batch * mine.size), y(ref.batch * out);
       fc1.forward(ref.x, h);
       for (double& v : h) v = std::tanh(v);
       fc2.forward(h, y);
       expect(group.allreduces == (p > 1 ? 1 : 0), "one allreduce forward");
       for (std::size_t i = 0; i < y.size(); ++i) expect(near(y[i], ref.y[i]), "rank " + std::to_string(r) + " output " + std::to_string(i));
 
-      std::vector<double> dh(h.size()), dx(batch * in);
+      std::vector<double> dh(h.size()), dx(ref.batch * in);
       fc2.backward(h, ref.dy, dh);
       for (std::size_t i = 0; i < dh.size(); ++i) dh[i] *= 1 - h[i] * h[i];
       fc1.backward(ref.x, dh, dx);
@@ -152,6 +171,90 @@ TEST_CASE("tensor parallel: an MLP block split over 1-4 ranks equals the unsplit
       CHECK(whole[static_cast<std::size_t>(r)] == whole[0]);
     }
   }
+}
+
+TEST_CASE("tensor parallel: sequence parallelism splits the block's rows and still equals the unsplit block",
+          "[tensor_parallel]") {
+  const unsplit ref(12);  // 12 rows: whole shares on 1-4 ranks
+  for (int p = 1; p <= 4; ++p) {
+    std::atomic<int> wrong{0}, checked{0};
+    std::string first;
+    std::mutex mu;
+    auto expect = [&](bool ok, const std::string& what) {
+      ++checked;
+      if (ok) return;
+      ++wrong;
+      std::lock_guard lock(mu);
+      if (first.empty()) first = what;
+    };
+    run_inproc(p, [&](int r, inproc_transport t) {
+      communicator<inproc_transport> comm(std::move(t));
+      counting_sequence group{{comm}};
+      const tp::layer_options sp{true};
+      tp::column_parallel_linear<double, counting_sequence> fc1(group, in, hidden, sp);
+      tp::row_parallel_linear<double, counting_sequence> fc2(group, hidden, out, sp);
+      fc1.load(ref.w1, ref.b1);
+      fc2.load(ref.w2, ref.b2);
+      const tp::slice mine = fc1.outputs();
+      const std::size_t rows = ref.batch / static_cast<std::size_t>(p), first_row = static_cast<std::size_t>(r) * rows;
+      auto my_rows = [&](const std::vector<double>& whole, std::size_t width) {
+        return std::vector<double>(whole.begin() + static_cast<std::ptrdiff_t>(first_row * width),
+                                   whole.begin() + static_cast<std::ptrdiff_t>((first_row + rows) * width));
+      };
+      const std::vector<double> x = my_rows(ref.x, in);
+      std::vector<double> h(ref.batch * mine.size), y(rows * out);
+      fc1.forward(x, h);
+      for (double& v : h) v = std::tanh(v);
+      fc2.forward(h, y);
+      expect(group.allreduces == 0 && group.allgathers == 1 && group.reduce_scatters == 1,
+             "forward: one allgather and one reduce-scatter, no allreduce");
+      const std::vector<double> want_y = my_rows(ref.y, out);
+      for (std::size_t i = 0; i < y.size(); ++i) expect(near(y[i], want_y[i]), "rank " + std::to_string(r) + " output " + std::to_string(i));
+
+      std::vector<double> dh(h.size()), dx(rows * in);
+      fc2.backward(h, my_rows(ref.dy, out), dh);
+      for (std::size_t i = 0; i < dh.size(); ++i) dh[i] *= 1 - h[i] * h[i];
+      fc1.backward(x, dh, dx);
+      expect(group.allreduces == 0 && group.allgathers == 3 && group.reduce_scatters == 2,
+             "backward: the output gradient and the input allgathered, the input gradient reduce-scattered");
+      const std::vector<double> want_dx = my_rows(ref.dx, in);
+      for (std::size_t i = 0; i < dx.size(); ++i) expect(near(dx[i], want_dx[i]), "input gradient " + std::to_string(i));
+      for (std::size_t j = 0; j < mine.size; ++j) {
+        expect(near(fc1.parameters().bias_grad[j], ref.gb1[mine.begin + j]), "fc1 bias gradient");
+        for (std::size_t i = 0; i < in; ++i) expect(near(fc1.parameters().weight_grad[j * in + i], ref.gw1[(mine.begin + j) * in + i]), "fc1 weight gradient");
+        for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]), "fc2 weight gradient");
+      }
+      for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
+    });
+    INFO("p " << p << ": " << first);
+    CHECK(wrong.load() == 0);
+    CHECK(checked.load() > 100);
+  }
+}
+
+TEST_CASE("tensor parallel: sequence parallelism is refused over a collective without it, and on rows that do not split",
+          "[tensor_parallel]") {
+  std::string no_collective, uneven;
+  run_inproc(2, [&](int r, inproc_transport t) {
+    communicator<inproc_transport> comm(std::move(t));
+    counting plain{comm};
+    try {
+      tp::column_parallel_linear<double, counting> fc(plain, in, hidden, tp::layer_options{true});
+    } catch (const dtrain::error& e) {
+      if (r == 0) no_collective = e.what();
+    }
+    counting_sequence group{{comm}};
+    tp::row_parallel_linear<double, counting_sequence> fc2(group, hidden, out, tp::layer_options{true});
+    const tp::slice mine = fc2.inputs();
+    std::vector<double> h(3 * mine.size), y(out + out / 2);  // 3 rows over 2 ranks
+    try {
+      fc2.forward(h, y);
+    } catch (const dtrain::error& e) {
+      if (r == 0) uneven = e.what();
+    }
+  });
+  CHECK_THAT(no_collective, Catch::Contains("sequence parallelism needs a collective with allgather and reduce_scatter"));
+  CHECK_THAT(uneven, Catch::Contains("3 rows do not split over 2 ranks"));
 }
 
 TEST_CASE("tensor parallel: slices cover the features once, the first ranks one larger", "[tensor_parallel]") {

@@ -25,6 +25,15 @@
 /// `std::int64_t`: constructing a layer is collective, every rank of `tp` building the same layer
 /// in the same order, and the ranks compare the layer's shape then (a rank given another hidden
 /// size would otherwise train on, since no allreduce's length depends on it).
+///
+/// Sequence parallelism (Korthikanti et al., 2022; `layer_options::sequence_parallel`): outside
+/// the block each rank holds only its 1/t of the rows (the sequence), so the regions between blocks
+/// (LayerNorm, dropout) are split too. The column layer then takes its rows and allgathers them
+/// (backward: the input gradient reduce-scattered back to the rows), and the row layer
+/// reduce-scatters its partial products to each rank's rows (backward: the output gradient
+/// allgathered): an allgather and a reduce-scatter in place of each allreduce, the same bytes.
+/// The row count must divide by t. `Collective` then also provides `allgather` and
+/// `reduce_scatter` of `T`.
 
 #include <cstddef>
 #include <cstdint>
@@ -126,6 +135,52 @@ void check_same_shape(Collective& tp, std::size_t in, std::size_t out, const std
 
 }  // namespace detail
 
+/// How a tensor-parallel layer runs.
+struct layer_options {
+  /// The block's input (column layer) and output (row layer) are split by rows over the group.
+  bool sequence_parallel = false;
+};
+
+namespace detail {
+
+// Every rank's rows together, from this rank's `elements` (whole rows of `width`; each of the
+// `ranks` ranks holds as many).
+inline std::size_t whole_rows(std::size_t elements, std::size_t width, int ranks, const char* what) {
+  if (width == 0) return 0;
+  if (elements % width != 0) {
+    throw error(errc::invalid_argument, std::string("tensor_parallel: ") + what + " of " + std::to_string(elements) +
+                                            " elements is not whole rows of " + std::to_string(width));
+  }
+  return elements / width * static_cast<std::size_t>(ranks);
+}
+
+/// A collective sequence parallelism can run over: allgather and reduce-scatter of `T`.
+template <class C, class T>
+concept sequence_collective = requires(C& c, std::span<const T> in, std::span<T> out) {
+  c.allgather(in, out);
+  c.reduce_scatter(in, out, reduce_op::sum);
+};
+
+// Refuses sequence parallelism over a collective without its two operations (a layer's
+// constructor), so that the calls below are reached only where they compile.
+template <class C, class T>
+void check_sequence_collective(const layer_options& o, const char* who) {
+  if (o.sequence_parallel && !sequence_collective<C, T>) {
+    throw error(errc::invalid_argument, std::string(who) + ": sequence parallelism needs a collective with allgather "
+                                                           "and reduce_scatter of the layer's type");
+  }
+}
+template <class C, class T>
+void sequence_allgather(C& c, std::span<const T> in, std::span<T> out) {
+  if constexpr (sequence_collective<C, T>) c.allgather(in, out);
+}
+template <class C, class T>
+void sequence_reduce_scatter(C& c, std::span<const T> in, std::span<T> out) {
+  if constexpr (sequence_collective<C, T>) c.reduce_scatter(in, out, reduce_op::sum);
+}
+
+}  // namespace detail
+
 /// Weights and biases of one slice of a linear layer, with their gradients.
 template <class T>
 struct linear_parameters {
@@ -138,8 +193,9 @@ class column_parallel_linear {
  public:
   /// Rank tp.rank()'s slice of an `in` -> `out` layer. @param tp outlives the layer.
   /// Collective over `tp`. @throws dtrain::error `invalid_argument` if the ranks' shapes differ.
-  column_parallel_linear(Collective& tp, std::size_t in, std::size_t out)
-      : tp_(&tp), in_(in), out_(out), mine_(slice_of(out, tp.rank(), tp.size())) {
+  column_parallel_linear(Collective& tp, std::size_t in, std::size_t out, layer_options options = {})
+      : tp_(&tp), in_(in), out_(out), mine_(slice_of(out, tp.rank(), tp.size())), options_(options) {
+    detail::check_sequence_collective<Collective, T>(options, "column_parallel_linear");
     detail::check_same_shape(tp, in, out, "column_parallel_linear");
     p_.weight.assign(mine_.size * in, T(0));
     p_.bias.assign(mine_.size, T(0));
@@ -157,8 +213,10 @@ class column_parallel_linear {
     }
   }
 
-  /// y (batch x this rank's outputs) = x (batch x in, whole on every rank) W_t^T + b_t.
-  void forward(std::span<const T> x, std::span<T> y) const {
+  /// y (batch x this rank's outputs) = x (batch x in, whole on every rank) W_t^T + b_t. Under
+  /// sequence parallelism x is this rank's rows, allgathered first (y has every row).
+  void forward(std::span<const T> x_in, std::span<T> y) {
+    const std::span<const T> x = whole_input(x_in);
     detail::check_size(y.size(), batch_of(x) * mine_.size, "the output");
     for (std::size_t s = 0; s < batch_of(x); ++s) {
       for (std::size_t o = 0; o < mine_.size; ++o) y[s * mine_.size + o] = p_.bias[o];
@@ -167,14 +225,25 @@ class column_parallel_linear {
   }
 
   /// Adds this slice's gradients; `dx` (batch x in, may be empty) gets the whole input gradient,
-  /// summed over the group (f's backward: one allreduce).
-  void backward(std::span<const T> x, std::span<const T> dy, std::span<T> dx) {
+  /// summed over the group (f's backward: one allreduce). Under sequence parallelism `x` and `dx`
+  /// are this rank's rows: x is allgathered again (not kept from forward) and the input gradient
+  /// reduce-scattered to them.
+  void backward(std::span<const T> x_in, std::span<const T> dy, std::span<T> dx) {
+    const std::span<const T> x = whole_input(x_in);
     detail::check_size(dy.size(), batch_of(x) * mine_.size, "the output gradient");
     for (std::size_t s = 0; s < batch_of(x); ++s) {
       for (std::size_t o = 0; o < mine_.size; ++o) p_.bias_grad[o] += dy[s * mine_.size + o];
     }
-    Kernels::linear_backward(x, dy, std::span<const T>(p_.weight), in_, mine_.size, std::span<T>(p_.weight_grad), dx);
-    if (!dx.empty()) copy_to_tensor_parallel_backward(*tp_, dx);
+    if (!options_.sequence_parallel || dx.empty()) {
+      Kernels::linear_backward(x, dy, std::span<const T>(p_.weight), in_, mine_.size, std::span<T>(p_.weight_grad), dx);
+      if (!dx.empty()) copy_to_tensor_parallel_backward(*tp_, dx);
+      return;
+    }
+    detail::check_size(dx.size(), x_in.size(), "the input gradient (this rank's rows)");
+    full_grad_.resize(x.size());
+    Kernels::linear_backward(x, dy, std::span<const T>(p_.weight), in_, mine_.size, std::span<T>(p_.weight_grad),
+                             std::span<T>(full_grad_));
+    detail::sequence_reduce_scatter(*tp_, std::span<const T>(full_grad_), dx);
   }
 
   /// This rank's output features of the whole layer's.
@@ -184,10 +253,20 @@ class column_parallel_linear {
  private:
   std::size_t batch_of(std::span<const T> x) const noexcept { return in_ == 0 ? 0 : x.size() / in_; }
 
+  // The input of every row: `x` itself, or under sequence parallelism every rank's rows gathered.
+  std::span<const T> whole_input(std::span<const T> x) {
+    if (!options_.sequence_parallel) return x;
+    gathered_.resize(detail::whole_rows(x.size(), in_, tp_->size(), "the input (this rank's rows)") * in_);
+    detail::sequence_allgather(*tp_, x, std::span<T>(gathered_));
+    return gathered_;
+  }
+
   Collective* tp_;
   std::size_t in_, out_;
   slice mine_;
+  layer_options options_;
   linear_parameters<T> p_;
+  std::vector<T> gathered_, full_grad_;  // sequence parallelism's work buffers, reused
 };
 
 /// A linear layer whose input features are split over `tp` (Megatron's RowParallelLinear).
@@ -196,8 +275,9 @@ class row_parallel_linear {
  public:
   /// Rank tp.rank()'s slice of an `in` -> `out` layer. @param tp outlives the layer.
   /// Collective over `tp`. @throws dtrain::error `invalid_argument` if the ranks' shapes differ.
-  row_parallel_linear(Collective& tp, std::size_t in, std::size_t out)
-      : tp_(&tp), in_(in), out_(out), mine_(slice_of(in, tp.rank(), tp.size())) {
+  row_parallel_linear(Collective& tp, std::size_t in, std::size_t out, layer_options options = {})
+      : tp_(&tp), in_(in), out_(out), mine_(slice_of(in, tp.rank(), tp.size())), options_(options) {
+    detail::check_sequence_collective<Collective, T>(options, "row_parallel_linear");
     detail::check_same_shape(tp, in, out, "row_parallel_linear");
     p_.weight.assign(out * mine_.size, T(0));
     p_.bias.assign(out, T(0));
@@ -216,20 +296,41 @@ class row_parallel_linear {
   }
 
   /// y (batch x out, whole on every rank) = sum over ranks of x_t W_t^T, plus b (g: one allreduce).
+  /// Under sequence parallelism y is this rank's rows of it (g: one reduce-scatter); `x` has
+  /// every row.
   void forward(std::span<const T> x, std::span<T> y) {
-    const std::size_t batch = mine_.size == 0 ? y.size() / (out_ == 0 ? 1 : out_) : x.size() / mine_.size;
-    detail::check_size(y.size(), batch * out_, "the output");
-    for (T& v : y) v = T(0);
-    Kernels::multiply_transposed(x, std::span<const T>(p_.weight), mine_.size, out_, y);
-    reduce_from_tensor_parallel_forward(*tp_, y);
-    for (std::size_t s = 0; s < batch; ++s) {
+    const std::size_t ranks = options_.sequence_parallel ? static_cast<std::size_t>(tp_->size()) : 1;
+    const std::size_t batch = mine_.size == 0 ? y.size() * ranks / (out_ == 0 ? 1 : out_) : x.size() / mine_.size;
+    detail::check_size(y.size() * ranks, batch * out_,
+                       options_.sequence_parallel ? "the output (rows x t)" : "the output");
+    if (batch % ranks != 0) {
+      throw error(errc::invalid_argument, "tensor_parallel: " + std::to_string(batch) + " rows do not split over " +
+                                              std::to_string(ranks) + " ranks (sequence parallelism)");
+    }
+    const std::span<T> sum = options_.sequence_parallel ? work(full_grad_, batch * out_) : y;
+    for (T& v : sum) v = T(0);
+    Kernels::multiply_transposed(x, std::span<const T>(p_.weight), mine_.size, out_, sum);
+    if (options_.sequence_parallel) {
+      detail::sequence_reduce_scatter(*tp_, std::span<const T>(sum), y);
+    } else {
+      reduce_from_tensor_parallel_forward(*tp_, y);
+    }
+    for (std::size_t s = 0; s < batch / ranks; ++s) {
       for (std::size_t o = 0; o < out_; ++o) y[s * out_ + o] += p_.bias[o];
     }
   }
 
   /// Adds this slice's gradients (the bias's, whole, the same on every rank); `dx` gets the
-  /// gradient of this rank's input features (g's backward: no communication).
-  void backward(std::span<const T> x, std::span<const T> dy, std::span<T> dx) {
+  /// gradient of this rank's input features (g's backward: no communication; under sequence
+  /// parallelism `dy` is this rank's rows, allgathered first).
+  void backward(std::span<const T> x, std::span<const T> dy_in, std::span<T> dx) {
+    std::span<const T> dy = dy_in;
+    if (options_.sequence_parallel) {
+      const std::span<T> all = work(gathered_, detail::whole_rows(dy_in.size(), out_, tp_->size(),
+                                                                  "the output gradient (this rank's rows)") * out_);
+      detail::sequence_allgather(*tp_, dy_in, all);
+      dy = all;
+    }
     const std::size_t batch = out_ == 0 ? 0 : dy.size() / out_;
     for (std::size_t s = 0; s < batch; ++s) {
       for (std::size_t o = 0; o < out_; ++o) p_.bias_grad[o] += dy[s * out_ + o];
@@ -242,10 +343,17 @@ class row_parallel_linear {
   linear_parameters<T>& parameters() noexcept { return p_; }
 
  private:
+  static std::span<T> work(std::vector<T>& v, std::size_t n) {
+    v.resize(n);
+    return v;
+  }
+
   Collective* tp_;
   std::size_t in_, out_;
   slice mine_;
+  layer_options options_;
   linear_parameters<T> p_;
+  std::vector<T> gathered_, full_grad_;  // sequence parallelism's work buffers, reused
 };
 
 }  // namespace dtrain::tensor_parallel
