@@ -109,8 +109,8 @@ struct p2p_state {
 
 /// A staged point-to-point send or receive (a `completion`). A receive's bytes reach the
 /// caller's device buffer when `wait` succeeds or `test` returns true. A `wait` that times out
-/// leaves it pending (a later `wait` may succeed); destroying an unfinished one cancels it. The
-/// communicator that made it may be destroyed first.
+/// leaves it pending (a later `wait` may succeed); destroying an unfinished one cancels it. As a
+/// transport's requests, it is finished or destroyed before its communicator.
 template <completion Request>
 class staged_request {
  public:
@@ -135,11 +135,12 @@ class staged_request {
 
   bool wait(deadline d, std::error_code& ec) noexcept {
     if (!settled_) {
-      if (!request_.wait(d, ec) && ec != errc::message_truncated) {
-        if (ec == errc::timeout) return false;  // still pending: a later wait may succeed
-        return settle(ec);
+      std::error_code got;
+      if (!request_.wait(d, got) && got == errc::timeout) {
+        ec = got;
+        return false;  // still pending: a later wait may succeed
       }
-      settle(ec);
+      settle(got);
     }
     ec = result_;
     return !result_;
