@@ -34,11 +34,9 @@
 
 #include <nccl.h>
 
-#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
@@ -49,6 +47,8 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/collective/nccl_request.hpp"
+#include "dtrain/collective/nccl_startup.hpp"
 #include "dtrain/collective/nccl_types.hpp"
 #include "dtrain/concepts/element.hpp"
 #include "dtrain/core/deadline.hpp"
@@ -79,52 +79,15 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
       error_code_forms::reduce_scatter, error_code_forms::scatter;
   using memory_space = device_memory;
 
-  /// An operation in flight on the communicator's stream.
-  class request {
-   public:
-    request() = default;
-    /// @returns true once the operation has finished. @throws as `wait`
-    bool test() {
-      if (owner_ == nullptr || done_) return true;
-      owner_->check_async(what_);
-      done_ = event_->ready();
-      return done_;
-    }
-    /// Waits under the communicator's timeout. @throws dtrain::error `timeout` or `device_error`
-    ///   naming the operation; the communicator is aborted then.
-    void wait() {
-      if (owner_ != nullptr && !done_) wait(deadline::after(owner_->options_.timeout));
-    }
-    void wait(deadline d) {
-      if (owner_ == nullptr || done_) return;
-      owner_->wait_for(*event_, what_, d);
-      done_ = true;
-    }
-
-   private:
-    friend class nccl_communicator;
-    nccl_communicator* owner_ = nullptr;
-    std::shared_ptr<cuda::event> event_;
-    std::string what_;
-    bool done_ = false;
-  };
+  /// An operation in flight on the communicator's stream (what the `i*` collectives return).
+  using request = nccl_request<nccl_communicator>;
 
   /// Forms the group through `store`. @throws dtrain::error `timeout` when not every rank joins
   ///   in time, `device_error` for CUDA or NCCL failures, `invalid_argument` for a bad rank.
   template <class Store>
   static nccl_communicator connect(Store& store, int rank, int size, nccl_options o = {}) {
     return form(rank, size, o, [&](ncclUniqueId& id, deadline d) {
-      if (rank == 0) {
-        store.set(o.key, std::span<const std::byte>(reinterpret_cast<const std::byte*>(&id), sizeof id), d);
-        return;
-      }
-      const auto bytes = store.get(o.key, d);
-      if (bytes.size() != sizeof id) {
-        throw error(errc::protocol_error, "nccl: the unique id under '" + o.key + "' has " +
-                                              std::to_string(bytes.size()) + " bytes, not " +
-                                              std::to_string(sizeof id));
-      }
-      std::memcpy(&id, bytes.data(), sizeof id);
+      detail::nccl::share_id_through_store(store, o.key, rank, id, d);
     });
   }
 
@@ -133,13 +96,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   /// does through MPI. Collective on `host`. @throws as `connect`, and `host`'s errors.
   template <class HostCollective>
   static nccl_communicator over(HostCollective& host, nccl_options o = {}) {
-    return form(host.rank(), host.size(), o, [&](ncclUniqueId& id, deadline) {
-      static_assert(sizeof(ncclUniqueId) % sizeof(std::int64_t) == 0);
-      std::array<std::int64_t, sizeof(ncclUniqueId) / sizeof(std::int64_t)> words{};
-      if (host.rank() == 0) std::memcpy(words.data(), &id, sizeof id);
-      host.broadcast(std::span<std::int64_t>(words), 0);
-      std::memcpy(&id, words.data(), sizeof id);
-    });
+    return form(host.rank(), host.size(), o,
+                [&](ncclUniqueId& id, deadline) { detail::nccl::share_id_through(host, id); });
   }
 
   nccl_communicator(nccl_communicator&& o) noexcept
@@ -298,6 +256,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   const std::string& failure() const noexcept { return *broken_; }
 
  private:
+  friend request;
+
   nccl_communicator(ncclUniqueId id, int rank, int size, int device, nccl_options o, deadline d)
       : rank_(rank), size_(size), device_(device), options_(std::move(o)), broken_(std::make_shared<std::string>()) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
