@@ -5,13 +5,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../catch.hpp"
 #include "dtrain/allreduce/device_trainer.hpp"
+#include "dtrain/allreduce/trainer.hpp"
+#include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/staged.hpp"
+#include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/updater/adagrad.hpp"
 #include "dtrain/updater/adam.hpp"
@@ -173,5 +177,53 @@ TEST_CASE("device_trainer: memory() counts its bucket and the updater's state, i
     CHECK(m.optimizer_state == 130 * 8);
     CHECK(m.parameters + m.gradients == 0);
     CHECK(m.device == (on_device ? m.buffers + m.optimizer_state : 0));
+  }
+}
+
+TEST_CASE("device_trainer: a job resumed from its checkpoint continues bit for bit, and the file loads on the host",
+          "[device][checkpoint]") {
+  using group = process_group<inproc_transport>;
+  using staged_group = staged_communicator<group>;
+  constexpr int p = 2;
+  std::vector<std::vector<double>> straight(p), resumed(p), saved(p), host_loaded(p);
+  run_inproc(p, [&](int r, inproc_transport t) {
+    group world(std::move(t));  // copies share the endpoint: one trainer after another
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("dtrain_device_trainer." + std::to_string(r) + ".ckpt")).string();
+    auto data = data_of(r);
+    auto batch_at = [](int k) {
+      const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+      return std::pair<std::size_t, std::size_t>{begin, begin + batch};
+    };
+    const auto rz = static_cast<std::size_t>(r);
+    {
+      device_linear_model m(tensor_sizes, data, 0.25, true);
+      allreduce::device_trainer tr(staged_group(world), adam<double>(0.05), m);
+      for (int k = 0; k < 2; ++k) tr.step(batch_at(k));
+      tr.save(path);
+      saved[rz] = m.weights();
+      for (int k = 2; k < 5; ++k) tr.step(batch_at(k));
+      straight[rz] = m.weights();
+    }
+    {
+      device_linear_model m(tensor_sizes, data, 3.0, true);  // other weights: the load must set them
+      allreduce::device_trainer tr(staged_group(world), adam<double>(0.05), m);
+      tr.load(path);
+      for (int k = 2; k < 5; ++k) tr.step(batch_at(k));  // Adam's state and step count restored
+      resumed[rz] = m.weights();
+    }
+    {
+      linear_model m(tensor_sizes, data, 3.0, true);
+      allreduce::trainer tr(communicator<group>(world), adam<double>(0.05), m);
+      tr.load(path);
+      host_loaded[rz] = m.weights();
+    }
+    std::filesystem::remove(path);
+  });
+  for (int r = 0; r < p; ++r) {
+    INFO("rank " << r);
+    CHECK(resumed[static_cast<std::size_t>(r)] == straight[static_cast<std::size_t>(r)]);
+    CHECK(host_loaded[static_cast<std::size_t>(r)] == saved[static_cast<std::size_t>(r)]);
+    CHECK(saved[static_cast<std::size_t>(r)] != straight[static_cast<std::size_t>(r)]);  // it trained on
   }
 }

@@ -228,21 +228,20 @@ class basic_trainer {
   /// (where this rank is in its data), to `path` atomically. Call between steps. During
   /// synchronous training the replicas are identical and any rank's file restores every rank;
   /// during local SGD each rank needs its own. Local: no communication.
-  /// @throws dtrain::error `invalid_argument` after an `accumulate` whose `step` has not run,
-  ///   `unsupported` on the device, and the system error when the file cannot be written.
+  /// On the device the tensors go through host copies, after the updates enqueued so far: the file
+  /// is the same, and loads on either memory.
+  /// @throws dtrain::error `invalid_argument` after an `accumulate` whose `step` has not run, and
+  ///   the system error when the file cannot be written.
   void save(const std::string& path, data::sampler_position at = {}) {
-    if constexpr (!Backend::host_tensors) {
-      throw error(errc::unsupported, name() + ": checkpoints are host-only so far");
-    } else {
-      if (accumulated_ > 0) {
-        throw error(errc::invalid_argument, name() + ": save between steps, not between accumulate and step");
-      }
-      std::vector<std::span<master_type>> params;
-      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) params.push_back(backend_.master(model_, i));
-      const checkpoint_state state{steps_, updater_.learning_rate(), at, scaler_.scale(), scaler_.good_steps()};
-      save_allreduce_checkpoint<master_type>(path, identity(), state, params,
-                                             std::span<const master_type>(updater_.state()));
+    if (accumulated_ > 0) {
+      throw error(errc::invalid_argument, name() + ": save between steps, not between accumulate and step");
     }
+    std::vector<std::vector<master_type>> copies;
+    for (std::size_t i = 0; i < plan_.tensor_count(); ++i) copies.push_back(on_host(backend_.master(model_, i)));
+    const std::vector<std::span<master_type>> params(copies.begin(), copies.end());
+    const checkpoint_state state{steps_, updater_.learning_rate(), at, scaler_.scale(), scaler_.good_steps()};
+    save_allreduce_checkpoint<master_type>(path, identity(), state, params,
+                                           std::span<const master_type>(on_host(updater_.state())));
   }
 
   /// Restores what `save` wrote, so the next `step` continues that job bit for bit; returns the
@@ -252,36 +251,32 @@ class basic_trainer {
   ///   size, updater, options, rank) or that it is corrupt, on the rank that read it, and on
   ///   every other rank an error naming that rank; nothing is changed on any rank then.
   data::sampler_position load(const std::string& path) {
-    if constexpr (!Backend::host_tensors) {
-      throw error(errc::unsupported, name() + ": checkpoints are host-only so far");
-    } else {
-      std::vector<master_type> params(plan_.elements()), state(updater_.state().size());
-      checkpoint_state at;
-      std::exception_ptr failure;
-      try {
-        at = load_allreduce_checkpoint<master_type>(path, identity(), std::span(params), std::span(state));
-      } catch (const error&) {
-        failure = std::current_exception();
-      }
-      // Every rank learns whether every rank read a good file for the same step.
-      const std::vector<std::int64_t> mine{failure ? 0 : 1, static_cast<std::int64_t>(at.steps)};
-      std::vector<std::int64_t> all;
-      with_collective([&](Collective& c) { all = backend_.allgather_digests(c, std::span<const std::int64_t>(mine)); });
-      if (failure) std::rethrow_exception(failure);
-      if (const std::string fault = detail::load_disagreement(all); !fault.empty()) {
-        throw error(errc::bad_data, name() + ": " + fault);
-      }
-      for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
-        auto from = std::span(params).subspan(plan_.parameter_offset(i), plan_.tensor_size(i));
-        std::copy(from.begin(), from.end(), backend_.master(model_, i).begin());
-        backend_.publish(model_, i);
-      }
-      std::copy(state.begin(), state.end(), updater_.state().begin());
-      updater_.set_learning_rate(at.learning_rate);
-      scaler_.restore(at.loss_scale, at.good_steps);
-      steps_ = at.steps;
-      return at.position;
+    std::vector<master_type> params(plan_.elements()), state(updater_.state().size());
+    checkpoint_state at;
+    std::exception_ptr failure;
+    try {
+      at = load_allreduce_checkpoint<master_type>(path, identity(), std::span(params), std::span(state));
+    } catch (const error&) {
+      failure = std::current_exception();
     }
+    // Every rank learns whether every rank read a good file for the same step.
+    const std::vector<std::int64_t> mine{failure ? 0 : 1, static_cast<std::int64_t>(at.steps)};
+    std::vector<std::int64_t> all;
+    with_collective([&](Collective& c) { all = backend_.allgather_digests(c, std::span<const std::int64_t>(mine)); });
+    if (failure) std::rethrow_exception(failure);
+    if (const std::string fault = detail::load_disagreement(all); !fault.empty()) {
+      throw error(errc::bad_data, name() + ": " + fault);
+    }
+    for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
+      from_host(backend_.master(model_, i),
+                std::span<const master_type>(params).subspan(plan_.parameter_offset(i), plan_.tensor_size(i)));
+      backend_.publish(model_, i);
+    }
+    from_host(updater_.state(), std::span<const master_type>(state));
+    updater_.set_learning_rate(at.learning_rate);
+    scaler_.restore(at.loss_scale, at.good_steps);
+    steps_ = at.steps;
+    return at.position;
   }
 
   /// Runs `f(collective)` on the communication thread, after every bucket queued before it, and
@@ -346,6 +341,18 @@ class basic_trainer {
   }
 
   bool local_sgd_now() const noexcept { return options_.average_every > 1 && steps_ >= options_.local_sgd_after; }
+
+  // A checkpoint's host copy of `s` (the backend's, after the updates enqueued, on the device).
+  template <class S>
+  std::vector<master_type> on_host(S s) {
+    if constexpr (Backend::host_tensors) return {s.begin(), s.end()};
+    else return backend_.download(model_, s);
+  }
+  template <class S>
+  void from_host(S s, std::span<const master_type> v) {
+    if constexpr (Backend::host_tensors) std::copy(v.begin(), v.end(), s.begin());
+    else backend_.upload(model_, s, v);
+  }
 
   // What this rank's checkpoint must match.
   checkpoint_identity identity() const {

@@ -15,8 +15,8 @@
 /// @endcode
 ///
 /// What `trainer` offers (bucket plan, checks across ranks, local SGD, lr schedules, stats) works
-/// the same, 16-bit compression included; top-k, accumulation, unused parameters, clipping and
-/// checkpoints are host-only so far and refused with `unsupported`.
+/// the same, 16-bit compression and checkpoints (through host copies) included; top-k,
+/// accumulation, unused parameters and clipping are host-only so far and refused with `unsupported`.
 
 #include <concepts>
 

@@ -74,7 +74,8 @@ class thrust_backend {
 
   static constexpr std::string_view trainer_name = "allreduce::device_trainer";
   static constexpr bool compresses = true;
-  /// Accumulation, clipping and checkpoints are host-only so far (refused with `unsupported`).
+  /// Accumulation and clipping are host-only so far (refused with `unsupported`); checkpoints
+  /// go through host copies (`download`, `upload`).
   static constexpr bool host_tensors = false;
   static constexpr std::string_view no_compression =
       "16-bit compression needs a collective with float16 and bfloat16 elements";
@@ -112,6 +113,19 @@ class thrust_backend {
     comm.allreduce(half, reduce_op::sum);
     thrust::transform(detail::thrust_space::on(stream), half.data(), half.data() + half.size(), flat.data(),
                       dtrain::detail::widen_half<Half, value_type>{});
+  }
+
+  /// The parameters a checkpoint saves and restores: the model's own.
+  span master(Model& model, std::size_t i) { return model.parameters(i); }
+  void publish(Model&, std::size_t) noexcept {}
+  /// `s` copied to the host after the work enqueued on the model's stream (the updates).
+  std::vector<value_type> download(Model& model, span s) {
+    std::vector<value_type> host(s.size());
+    detail::thrust_space::download<value_type>(std::span(host), thrust_buffer<const value_type>(s), model.stream());
+    return host;
+  }
+  void upload(Model& model, span s, std::span<const value_type> host) {
+    detail::thrust_space::upload<value_type>(s, host, model.stream());
   }
 
   template <class Updater>
