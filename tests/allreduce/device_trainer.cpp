@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "../catch.hpp"
 #include "dtrain/allreduce/device_trainer.hpp"
 #include "dtrain/allreduce/trainer.hpp"
@@ -185,11 +187,12 @@ TEST_CASE("device_trainer: a job resumed from its checkpoint continues bit for b
   using group = process_group<inproc_transport>;
   using staged_group = staged_communicator<group>;
   constexpr int p = 2;
-  std::vector<std::vector<double>> straight(p), resumed(p), saved(p), host_loaded(p);
+  std::vector<std::vector<double>> straight(p), resumed(p), saved(p), host_loaded(p), host_resumed(p);
   run_inproc(p, [&](int r, inproc_transport t) {
     group world(std::move(t));  // copies share the endpoint: one trainer after another
     const std::string path = (std::filesystem::temp_directory_path() /
-                              ("dtrain_device_trainer." + std::to_string(r) + ".ckpt")).string();
+                              ("dtrain_device_trainer." + std::to_string(::getpid()) + "." + std::to_string(r) + ".ckpt"))
+                                 .string();
     auto data = data_of(r);
     auto batch_at = [](int k) {
       const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
@@ -206,17 +209,19 @@ TEST_CASE("device_trainer: a job resumed from its checkpoint continues bit for b
       straight[rz] = m.weights();
     }
     {
-      device_linear_model m(tensor_sizes, data, 3.0, true);  // other weights: the load must set them
-      allreduce::device_trainer tr(staged_group(world), adam<double>(0.05), m);
+      device_linear_model m(tensor_sizes, data, 3.0, true);  // other weights and rate: the load sets them
+      allreduce::device_trainer tr(staged_group(world), adam<double>(0.5), m);
       tr.load(path);
       for (int k = 2; k < 5; ++k) tr.step(batch_at(k));  // Adam's state and step count restored
       resumed[rz] = m.weights();
     }
     {
       linear_model m(tensor_sizes, data, 3.0, true);
-      allreduce::trainer tr(communicator<group>(world), adam<double>(0.05), m);
+      allreduce::trainer tr(communicator<group>(world), adam<double>(0.5), m);
       tr.load(path);
       host_loaded[rz] = m.weights();
+      for (int k = 2; k < 5; ++k) tr.step(batch_at(k));  // the host reads Adam's state and step too
+      host_resumed[rz] = m.weights();
     }
     std::filesystem::remove(path);
   });
@@ -224,6 +229,8 @@ TEST_CASE("device_trainer: a job resumed from its checkpoint continues bit for b
     INFO("rank " << r);
     CHECK(resumed[static_cast<std::size_t>(r)] == straight[static_cast<std::size_t>(r)]);
     CHECK(host_loaded[static_cast<std::size_t>(r)] == saved[static_cast<std::size_t>(r)]);
+    // Two ranks: a sum of two and a halving round alike in either collective, so the bits agree.
+    CHECK(host_resumed[static_cast<std::size_t>(r)] == straight[static_cast<std::size_t>(r)]);
     CHECK(saved[static_cast<std::size_t>(r)] != straight[static_cast<std::size_t>(r)]);  // it trained on
   }
 }

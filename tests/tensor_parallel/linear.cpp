@@ -177,6 +177,7 @@ TEST_CASE("tensor parallel: sequence parallelism splits the block's rows and sti
           "[tensor_parallel]") {
   const unsplit ref(12);  // 12 rows: whole shares on 1-4 ranks
   for (int p = 1; p <= 4; ++p) {
+    std::vector<std::vector<std::byte>> bias_bits(static_cast<std::size_t>(p));  // fc2's, whole on every rank
     std::atomic<int> wrong{0}, checked{0};
     std::string first;
     std::mutex mu;
@@ -225,23 +226,33 @@ TEST_CASE("tensor parallel: sequence parallelism splits the block's rows and sti
         for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]), "fc2 weight gradient");
       }
       for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
+      const auto b = std::as_bytes(std::span(fc2.parameters().bias_grad));
+      bias_bits[static_cast<std::size_t>(r)].assign(b.begin(), b.end());
     });
     INFO("p " << p << ": " << first);
     CHECK(wrong.load() == 0);
     CHECK(checked.load() > 100);
+    for (int r = 1; r < p; ++r) CHECK(bias_bits[static_cast<std::size_t>(r)] == bias_bits[0]);  // the same bits
   }
 }
 
-TEST_CASE("tensor parallel: sequence parallelism is refused over a collective without it, and on rows that do not split",
+TEST_CASE("tensor parallel: sequence parallelism is refused over a collective without it, on rows that do not split, "
+          "and a short input gradient anywhere",
           "[tensor_parallel]") {
-  std::string no_collective, uneven;
+  std::vector<std::string> no_column(2), no_row(2), uneven(2), short_dx(2);
   run_inproc(2, [&](int r, inproc_transport t) {
     communicator<inproc_transport> comm(std::move(t));
+    const auto rz = static_cast<std::size_t>(r);
     counting plain{comm};
     try {
       tp::column_parallel_linear<double, counting> fc(plain, in, hidden, tp::layer_options{true});
     } catch (const dtrain::error& e) {
-      if (r == 0) no_collective = e.what();
+      no_column[rz] = e.what();
+    }
+    try {
+      tp::row_parallel_linear<double, counting> fc(plain, hidden, out, tp::layer_options{true});
+    } catch (const dtrain::error& e) {
+      no_row[rz] = e.what();
     }
     counting_sequence group{{comm}};
     tp::row_parallel_linear<double, counting_sequence> fc2(group, hidden, out, tp::layer_options{true});
@@ -250,11 +261,26 @@ TEST_CASE("tensor parallel: sequence parallelism is refused over a collective wi
     try {
       fc2.forward(h, y);
     } catch (const dtrain::error& e) {
-      if (r == 0) uneven = e.what();
+      uneven[rz] = e.what();
+    }
+    // A short input gradient is refused before anything is written past its end.
+    tp::row_parallel_linear<double, counting_sequence> fc3(group, hidden, out);
+    std::vector<double> x(2 * mine.size), dy(2 * out), dx(1);
+    try {
+      fc3.backward(x, dy, dx);
+    } catch (const dtrain::error& e) {
+      short_dx[rz] = e.what();
     }
   });
-  CHECK_THAT(no_collective, Catch::Contains("sequence parallelism needs a collective with allgather and reduce_scatter"));
-  CHECK_THAT(uneven, Catch::Contains("3 rows do not split over 2 ranks"));
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(no_column[static_cast<std::size_t>(r)],
+               Catch::Contains("column_parallel_linear: sequence parallelism needs a collective with allgather"));
+    CHECK_THAT(no_row[static_cast<std::size_t>(r)],
+               Catch::Contains("row_parallel_linear: sequence parallelism needs a collective with allgather"));
+    CHECK_THAT(uneven[static_cast<std::size_t>(r)], Catch::Contains("3 rows do not split over 2 ranks"));
+    CHECK_THAT(short_dx[static_cast<std::size_t>(r)], Catch::Contains("the input gradient has 1 elements"));
+  }
 }
 
 TEST_CASE("tensor parallel: slices cover the features once, the first ranks one larger", "[tensor_parallel]") {

@@ -235,6 +235,7 @@ class column_parallel_linear {
       for (std::size_t o = 0; o < mine_.size; ++o) p_.bias_grad[o] += dy[s * mine_.size + o];
     }
     if (!options_.sequence_parallel || dx.empty()) {
+      if (!dx.empty()) detail::check_size(dx.size(), x.size(), "the input gradient");
       Kernels::linear_backward(x, dy, std::span<const T>(p_.weight), in_, mine_.size, std::span<T>(p_.weight_grad), dx);
       if (!dx.empty()) copy_to_tensor_parallel_backward(*tp_, dx);
       return;
@@ -303,6 +304,7 @@ class row_parallel_linear {
     const std::size_t batch = mine_.size == 0 ? y.size() * ranks / (out_ == 0 ? 1 : out_) : x.size() / mine_.size;
     detail::check_size(y.size() * ranks, batch * out_,
                        options_.sequence_parallel ? "the output (rows x t)" : "the output");
+    detail::check_size(x.size(), batch * mine_.size, "the input (this rank's features)");
     if (batch % ranks != 0) {
       throw error(errc::invalid_argument, "tensor_parallel: " + std::to_string(batch) + " rows do not split over " +
                                               std::to_string(ranks) + " ranks (sequence parallelism)");
@@ -332,6 +334,8 @@ class row_parallel_linear {
       dy = all;
     }
     const std::size_t batch = out_ == 0 ? 0 : dy.size() / out_;
+    detail::check_size(x.size(), batch * mine_.size, "the input (this rank's features)");
+    if (!dx.empty()) detail::check_size(dx.size(), x.size(), "the input gradient");
     for (std::size_t s = 0; s < batch; ++s) {
       for (std::size_t o = 0; o < out_; ++o) p_.bias_grad[o] += dy[s * out_ + o];
     }
