@@ -84,14 +84,24 @@ TEST_CASE("device pipeline: every schedule over staged messages equals the seria
   check_exact(pipeline::pipedream{}, adam<double>(0.01), 3);
 }
 
+namespace {
+
+// Rank r's stage of two partitions that disagree: rank 0 ends at layer 3, rank 1 starts at layer 4,
+// so 6 x 3 = 18 elements are sent where 8 x 3 = 24 are expected.
+std::vector<mlp> mismatched_chunk(int r) {
+  const auto widths = testing::test_widths();
+  std::vector<mlp> chunk;
+  chunk.emplace_back(widths, r == 0 ? 0 : 4, r == 0 ? 3 : static_cast<int>(widths.size()) - 1, testing::test_batch);
+  return chunk;
+}
+
+}  // namespace
+
 TEST_CASE("device pipeline: neighbours built with different partitions fail at the handshake, naming both",
           "[pipeline][staged]") {
   std::vector<std::string> said(2);
   run_staged(2, [&](int r, staged& comm) {
-    const auto widths = testing::test_widths();
-    // Rank 0 ends its stage at layer 3, rank 1 starts at layer 4: 6 elements sent, 8 expected.
-    std::vector<mlp> chunk;
-    chunk.emplace_back(widths, r == 0 ? 0 : 4, r == 0 ? 3 : static_cast<int>(widths.size()) - 1, testing::test_batch);
+    std::vector<mlp> chunk = mismatched_chunk(r);
     pipeline::executor<staged, mlp> run(comm, std::span(chunk));
     try {
       run.handshake(pipeline::pipeline_shape{2, 1, 4}, "one_f_one_b");
@@ -108,10 +118,7 @@ TEST_CASE("device pipeline: a message of another size in a step fails naming bot
           "[pipeline][staged]") {
   std::vector<std::string> said(2);
   run_staged(2, [&](int r, staged& comm) {
-    const auto widths = testing::test_widths();
-    // As above, but no handshake: rank 0 sends 18 elements where rank 1 expects 24.
-    std::vector<mlp> chunk;
-    chunk.emplace_back(widths, r == 0 ? 0 : 4, r == 0 ? 3 : static_cast<int>(widths.size()) - 1, testing::test_batch);
+    std::vector<mlp> chunk = mismatched_chunk(r);  // no handshake this time
     pipeline::executor_options o;
     o.timeout = 2s;  // rank 0 then waits for a gradient that never comes
     pipeline::executor<staged, mlp> run(comm, std::span(chunk), o);

@@ -108,6 +108,21 @@ struct counting_sequence : counting {
 static_assert(!tp::detail::sequence_collective<counting, double>);
 static_assert(tp::detail::sequence_collective<counting_sequence, double>);
 
+// Checks made on rank threads: counted, the first failure described (Catch2 asserts on the main
+// thread only).
+struct expectations {
+  std::atomic<int> wrong{0}, checked{0};
+  std::string first;
+  std::mutex mu;
+  void operator()(bool ok, const std::string& what) {
+    ++checked;
+    if (ok) return;
+    ++wrong;
+    std::lock_guard lock(mu);
+    if (first.empty()) first = what;
+  }
+};
+
 bool near(double got, double want) { return std::abs(got - want) <= 1e-12 * std::max(1.0, std::abs(want)); }
 
 }  // namespace
@@ -115,19 +130,10 @@ bool near(double got, double want) { return std::abs(got - want) <= 1e-12 * std:
 TEST_CASE("tensor parallel: an MLP block split over 1-4 ranks equals the unsplit block", "[tensor_parallel]") {
   const unsplit ref;
   for (int p = 1; p <= 4; ++p) {
-    std::atomic<int> wrong{0}, checked{0};
-    std::string first;
-    std::mutex mu;
+    expectations expect;
     // What the group holds whole on every rank (the output, the input gradient, fc2's bias
     // gradient), raw: the same bits on every rank, not only near the unsplit block's.
     std::vector<std::vector<std::byte>> whole(static_cast<std::size_t>(p));
-    auto expect = [&](bool ok, const std::string& what) {
-      ++checked;
-      if (ok) return;
-      ++wrong;
-      std::lock_guard lock(mu);
-      if (first.empty()) first = what;
-    };
     run_inproc(p, [&](int r, inproc_transport t) {
       communicator<inproc_transport> comm(std::move(t));
       counting group{comm};
@@ -163,9 +169,9 @@ TEST_CASE("tensor parallel: an MLP block split over 1-4 ranks equals the unsplit
         mine_whole.insert(mine_whole.end(), b.begin(), b.end());
       }
     });
-    INFO("p " << p << ": " << first);
-    CHECK(wrong.load() == 0);
-    CHECK(checked.load() > 100);
+    INFO("p " << p << ": " << expect.first);
+    CHECK(expect.wrong.load() == 0);
+    CHECK(expect.checked.load() > 100);
     for (int r = 1; r < p; ++r) {
       INFO("rank " << r << "'s output, input gradient and fc2 bias gradient against rank 0's");
       CHECK(whole[static_cast<std::size_t>(r)] == whole[0]);
@@ -178,16 +184,7 @@ TEST_CASE("tensor parallel: sequence parallelism splits the block's rows and sti
   const unsplit ref(12);  // 12 rows: whole shares on 1-4 ranks
   for (int p = 1; p <= 4; ++p) {
     std::vector<std::vector<std::byte>> bias_bits(static_cast<std::size_t>(p));  // fc2's, whole on every rank
-    std::atomic<int> wrong{0}, checked{0};
-    std::string first;
-    std::mutex mu;
-    auto expect = [&](bool ok, const std::string& what) {
-      ++checked;
-      if (ok) return;
-      ++wrong;
-      std::lock_guard lock(mu);
-      if (first.empty()) first = what;
-    };
+    expectations expect;
     run_inproc(p, [&](int r, inproc_transport t) {
       communicator<inproc_transport> comm(std::move(t));
       counting_sequence group{{comm}};
@@ -229,9 +226,9 @@ TEST_CASE("tensor parallel: sequence parallelism splits the block's rows and sti
       const auto b = std::as_bytes(std::span(fc2.parameters().bias_grad));
       bias_bits[static_cast<std::size_t>(r)].assign(b.begin(), b.end());
     });
-    INFO("p " << p << ": " << first);
-    CHECK(wrong.load() == 0);
-    CHECK(checked.load() > 100);
+    INFO("p " << p << ": " << expect.first);
+    CHECK(expect.wrong.load() == 0);
+    CHECK(expect.checked.load() > 100);
     for (int r = 1; r < p; ++r) CHECK(bias_bits[static_cast<std::size_t>(r)] == bias_bits[0]);  // the same bits
   }
 }
