@@ -10,6 +10,8 @@
 /// checked as on the host). Copies for weight stashing and the handshake run on the legacy
 /// default stream, which the staged communicator's copies are ordered after: a stage whose
 /// kernels run there, or have finished when `forward` and `backward` return, needs no more.
+/// `pipeline::trainer` runs over the same link, with a `device_updater` and `Replicas` of that
+/// memory (docs/model_parallel.md, "On device memory").
 ///
 /// <!-- frame: header_device_pipeline -->
 /// @code
