@@ -31,9 +31,7 @@
 namespace dtrain::testing {
 
 inline std::vector<double> tensor_on_host(thrust_buffer<double> t) {
-  std::vector<double> v(t.size());
-  detail::thrust_space::download<double>(std::span(v), thrust_buffer<const double>(t), {});
-  return v;
+  return detail::thrust_space::to_host<double>(t, {});
 }
 
 /// This rank's parameters, every chunk's tensors in order, read back to the host.

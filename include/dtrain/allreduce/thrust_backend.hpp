@@ -120,9 +120,7 @@ class thrust_backend {
   void publish(Model&, std::size_t) noexcept {}
   /// `s` copied to the host after the work enqueued on the model's stream (the updates).
   std::vector<value_type> download(Model& model, span s) {
-    std::vector<value_type> host(s.size());
-    detail::thrust_space::download<value_type>(std::span(host), thrust_buffer<const value_type>(s), model.stream());
-    return host;
+    return detail::thrust_space::to_host<value_type>(s, model.stream());
   }
   void upload(Model& model, span s, std::span<const value_type> host) {
     detail::thrust_space::upload<value_type>(s, host, model.stream());

@@ -131,4 +131,12 @@ void download(std::span<T> dst, thrust_buffer<const T> src, stream_handle s) {
 
 #endif
 
+/// `src` copied into a new host vector (waits for `s`'s work before it, and the copy).
+template <class T>
+std::vector<T> to_host(thrust_buffer<const T> src, stream_handle s) {
+  std::vector<T> host(src.size());
+  download<T>(std::span<T>(host), src, s);
+  return host;
+}
+
 }  // namespace dtrain::detail::thrust_space

@@ -28,25 +28,14 @@
 #include <type_traits>
 #include <vector>
 
-#include <thrust/for_each.h>
-#include <thrust/iterator/counting_iterator.h>
+#include <thrust/transform.h>
 
 #include "dtrain/concepts/point_to_point.hpp"
 #include "dtrain/concepts/transport.hpp"
-#include "dtrain/core/config.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/cuda/thrust_space.hpp"
 #include "dtrain/pipeline/executor.hpp"
-
-namespace dtrain::detail {
-// One thread per element (at namespace scope: nvcc's kernel stubs must reach it).
-template <class T>
-struct scale_by {
-  T* values;
-  T factor;
-  DTRAIN_HOST_DEVICE void operator()(std::size_t i) const { values[i] *= factor; }
-};
-}  // namespace dtrain::detail
+#include "dtrain/reduce/thrust.hpp"
 
 namespace dtrain::pipeline {
 
@@ -81,23 +70,12 @@ struct link<Comm, T> {
     copy(a, const_span(b));
     copy(b, const_span(view(scratch)));
   }
-  static void put(buffer& b, std::span<const T> host) {
-    resize(b, host.size());
-    dtrain::detail::thrust_space::upload<T>(view(b), host, legacy_stream());
-  }
-  static void get(buffer& b, std::span<T> host) {
-    dtrain::detail::thrust_space::download<T>(host, const_span(view(b)), legacy_stream());
-  }
   static void zero(span s) { dtrain::detail::thrust_space::zero<T>(s, legacy_stream()); }
   static void scale(span s, T factor) {
-    thrust::for_each(dtrain::detail::thrust_space::on(legacy_stream()), thrust::counting_iterator<std::size_t>(0),
-                     thrust::counting_iterator<std::size_t>(s.size()), dtrain::detail::scale_by<T>{s.data(), factor});
+    thrust::transform(dtrain::detail::thrust_space::on(legacy_stream()), s.data(), s.data() + s.size(), s.data(),
+                      dtrain::detail::times<T>{factor});
   }
-  static std::vector<T> to_host(const_span s) {
-    std::vector<T> host(s.size());
-    dtrain::detail::thrust_space::download<T>(std::span(host), s, legacy_stream());
-    return host;
-  }
+  static std::vector<T> to_host(const_span s) { return dtrain::detail::thrust_space::to_host<T>(s, legacy_stream()); }
   static void from_host(span s, std::span<const T> host) {
     dtrain::detail::thrust_space::upload<T>(s, host, legacy_stream());
   }

@@ -120,7 +120,8 @@ class executor {
       const hello h = hello_of(shape, schedule, chunks_[c].output_size());
       std::int64_t w[hello_words];
       std::memcpy(w, &h, sizeof h);
-      words::put(outgoing[c], std::span<const std::int64_t>(w));
+      words::resize(outgoing[c], hello_words);
+      words::from_host(words::view(outgoing[c]), std::span<const std::int64_t>(w));
       sends.push_back(words::isend(transport_, rank_of(shape, s + 1), hello_tag(shape, s + 1), signature{},
                                    words::view(outgoing[c])));
     }
@@ -130,10 +131,9 @@ class executor {
       const int s = stage_of(shape, static_cast<int>(c));
       if (s == 0) continue;
       const hello mine = hello_of(shape, schedule, chunks_[c].input_size());
-      std::int64_t w[hello_words];
-      words::get(incoming[c], std::span<std::int64_t>(w));
+      const std::vector<std::int64_t> w = words::to_host(words::view(incoming[c]));
       hello theirs;
-      std::memcpy(&theirs, w, sizeof theirs);
+      std::memcpy(static_cast<void*>(&theirs), w.data(), sizeof theirs);  // trivially copyable
       const std::string who = "pipeline: stage " + std::to_string(s) + " (rank " + std::to_string(transport_.rank()) +
                               ") and stage " + std::to_string(s - 1) + " (rank " +
                               std::to_string(rank_of(shape, s - 1)) + ")";

@@ -9,8 +9,8 @@
 /// `isend(link, peer, tag, sig, values)` and `irecv(link, peer, tag, values)` returning a
 /// `completion` whose `info().sig` is the sender's signature; `mismatch`, the error a receive of
 /// another size ends with before the executor compares signatures; `copy` and `swap` of spans
-/// (weight stashing); `put` and `get` of host values into and out of a buffer (the handshake);
-/// and for the trainer, `zero` and `scale` of a span, `to_host` and `from_host` (checkpoints).
+/// (weight stashing); `zero` and `scale` of a span (the trainer's gradients); `to_host` and
+/// `from_host` (the handshake, the trainer's checkpoints).
 
 #include <algorithm>
 #include <cstddef>
@@ -45,8 +45,6 @@ struct link<Transport, T> {
   }
   static void copy(span dst, const_span src) { std::copy(src.begin(), src.end(), dst.begin()); }
   static void swap(span a, span b, buffer&) { std::swap_ranges(a.begin(), a.end(), b.begin()); }
-  static void put(buffer& b, std::span<const T> host) { b.assign(host.begin(), host.end()); }
-  static void get(buffer& b, std::span<T> host) { std::copy(b.begin(), b.end(), host.begin()); }
   static void zero(span s) { std::fill(s.begin(), s.end(), T(0)); }
   static void scale(span s, T factor) {
     for (T& x : s) x *= factor;

@@ -310,13 +310,13 @@ class trainer {
     Stage& s = chunks_[c];
     const value_type scale =
         per_micro_batch ? value_type(1) : value_type(1) / static_cast<value_type>(shape_.micro_batches);
-    if constexpr (std::is_same_v<Replicas, single_replica>) {
-      scale_in_place(s, scale);
-    } else if (replicas_.size() <= 1) {
-      scale_in_place(s, scale);
-    } else {
-      average_buckets(c, scale);
+    if constexpr (!std::is_same_v<Replicas, single_replica>) {
+      if (replicas_.size() > 1) {
+        average_buckets(c, scale);
+        return;
+      }
     }
+    scale_in_place(s, scale);
   }
 
   void scale_in_place(Stage& s, value_type scale) {

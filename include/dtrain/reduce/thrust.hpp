@@ -31,6 +31,13 @@ struct pack_half {
   DTRAIN_HOST_DEVICE Half operator()(T x) const { return Half(static_cast<float>(x) * scale); }
 };
 
+/// v * factor: scales a value (a loss-scaled gradient unscaled, a gradient sum made a mean).
+template <class T>
+struct times {
+  T factor;
+  DTRAIN_HOST_DEVICE T operator()(T v) const { return v * factor; }
+};
+
 /// T(h): widens a 16-bit value back (as `detail::unpack` on the host).
 template <class Half, class T>
 struct widen_half {

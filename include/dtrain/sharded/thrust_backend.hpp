@@ -34,6 +34,7 @@
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/cuda/thrust_space.hpp"
+#include "dtrain/reduce/thrust.hpp"
 #include "dtrain/sharded/options.hpp"
 #include "dtrain/updater/device.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
@@ -62,11 +63,6 @@ struct flag_non_finite {
     if (!std::isfinite(v)) *flag = 1;
 #endif
   }
-};
-template <class T>
-struct times {
-  T factor;
-  DTRAIN_HOST_DEVICE T operator()(T v) const { return v * factor; }
 };
 }  // namespace detail
 
@@ -149,7 +145,7 @@ class thrust_backend {
     const auto inverse = static_cast<master_type>(1.0 / scaler.scale());
     if (!scaler.update(overflow == 0)) return false;
     thrust::transform(on, gradient.data(), gradient.data() + gradient.size(), gradient.data(),
-                      detail::times<master_type>{inverse});
+                      dtrain::detail::times<master_type>{inverse});
     fence();
     return true;
   }
