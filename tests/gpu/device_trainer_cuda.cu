@@ -1,4 +1,4 @@
-// The device trainers on the GPU (the allreduce one, and ZeRO stages 1 and 2), against the serial
+// The device trainers on the GPU (the allreduce one, and ZeRO stages 1, 2 and 3), against the serial
 // simulation of tests/allreduce/simulation.hpp: over the staged communicator with ranks (threads)
 // sharing one GPU, and over NCCL (one rank per GPU); the device updater against the host updaters.
 
@@ -11,8 +11,10 @@
 #include "../allreduce/simulation.hpp"
 #include "../catch.hpp"
 #include "../sharded/mixed_checks.hpp"
+#include "../sharded/unit_model.hpp"  // unit_sizes
 #include "device_linear_model.cuh"
 #include "device_mixed_model.cuh"
+#include "device_unit_model.cuh"
 #include "dtrain/allreduce/device_trainer.hpp"
 #include "dtrain/collective/nccl.hpp"
 #include "dtrain/collective/staged.hpp"
@@ -120,6 +122,42 @@ TEMPLATE_TEST_CASE("sharded device trainer on the GPU: staged ranks sharing a de
       return staged_communicator<inproc_transport>(std::move(t));
     });
     check_against_simulation(got, p, 10);
+  }
+}
+
+TEST_CASE("sharded device trainer on the GPU: stage 3, staged ranks sharing a device, trains as the serial simulation",
+          "[gpu][device][sharded]") {
+  DTRAIN_REQUIRE_GPUS(1);
+  for (int p : {1, 2, 3}) {
+    for (std::size_t limit : {1, 2}) {
+      INFO("p=" << p << " limit_all_gathers " << limit);
+      std::vector<std::vector<double>> got(static_cast<std::size_t>(p));
+      std::vector<std::string> errors(static_cast<std::size_t>(p));
+      run_inproc(p, [&](int r, inproc_transport t) {
+        try {
+          auto data = data_of(r);
+          device_unit_model model(unit_sizes, data, r == 0 ? 0.25 : 1.0 + r);
+          sharded::trainer_options o;
+          o.limit_all_gathers = limit;
+          using comm_t = staged_communicator<inproc_transport>;
+          sharded::device_trainer<comm_t, sharded::zero3, momentum<double>, device_unit_model> tr(
+              comm_t(std::move(t)), momentum<double>(lr, mu), model, o);
+          for (int k = 0; k < 10; ++k) {
+            const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+            tr.step({begin, begin + batch});
+          }
+          auto& w = got[static_cast<std::size_t>(r)];
+          for (std::size_t u = 0; u < unit_sizes.size(); ++u) {
+            const auto whole = tr.unit_parameters(u);
+            w.insert(w.end(), whole.begin(), whole.end());
+          }
+        } catch (const std::exception& e) {
+          errors[static_cast<std::size_t>(r)] = e.what();
+        }
+      });
+      for (const auto& e : errors) REQUIRE(e.empty());
+      check_against_simulation(got, p, 10);
+    }
   }
 }
 

@@ -14,6 +14,7 @@
 #include "../allreduce/device_linear_model.hpp"
 #include "../allreduce/simulation.hpp"
 #include "../catch.hpp"
+#include "../support/files.hpp"
 #include "mixed_checks.hpp"
 #include "mixed_models.hpp"
 #include "references.hpp"
@@ -316,8 +317,7 @@ TEST_CASE("sharded device trainer: a bf16 shard holds float master, gradient and
   }
 }
 
-TEST_CASE("sharded device trainer: mismatched models fail on every rank, checkpoints are refused",
-          "[sharded][device]") {
+TEST_CASE("sharded device trainer: mismatched models fail on every rank", "[sharded][device]") {
   std::vector<std::string> errors(2);
   run_inproc(2, [&](int r, inproc_transport t) {
     auto data = data_of(r);
@@ -335,29 +335,60 @@ TEST_CASE("sharded device trainer: mismatched models fail on every rank, checkpo
     CHECK(e.find("sharded::device_trainer<zero1>: ranks disagree on the model") != std::string::npos);
     CHECK(e.find("rank 1 has 6 tensors, 131 elements") != std::string::npos);
   }
+}
 
-  // Per rank: what save and load raised (code, text).
-  std::vector<std::vector<std::pair<std::error_code, std::string>>> refused(2);
-  auto attempt = [](auto&& f) {
-    try {
-      f();
-    } catch (const error& e) {
-      return std::make_pair(e.code(), e.reason());
-    }
-    return std::make_pair(std::error_code(), std::string("no error"));
-  };
-  run_inproc(2, [&](int r, inproc_transport t) {
+namespace {
+
+// One segment of a checkpointed job: `ranks` ranks load `load` (unless empty), take steps
+// [from, to), save `save` (unless empty), and return every rank's weights; on the device trainer
+// over staged ranks, or (`device` false) the host one over a ring.
+template <class Stage>
+std::vector<std::vector<double>> checkpointed(bool device, int ranks, int from, int to, const std::string& load,
+                                              const std::string& save) {
+  std::vector<std::vector<double>> out(static_cast<std::size_t>(ranks));
+  run_inproc(ranks, [&](int r, inproc_transport t) {
     auto data = data_of(r);
-    device_linear_model m(tensor_sizes, data, 0.25);
-    sharded::device_trainer<staged_t, sharded::zero2, adam<double>, device_linear_model> tr(staged_t(std::move(t)),
-                                                                                             adam<double>(), m);
-    auto& mine = refused[static_cast<std::size_t>(r)];
-    mine.push_back(attempt([&] { tr.save("/nonexistent/never-written"); }));
-    mine.push_back(attempt([&] { tr.load("/nonexistent/never-read"); }));
+    auto go = [&](auto& tr) {
+      if (!load.empty()) tr.load(load);
+      for (int k = from; k < to; ++k) {
+        const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;
+        tr.step({begin, begin + batch});
+      }
+      if (!save.empty()) tr.save(save);
+    };
+    const double start = load.empty() ? 0.25 : 3.0;  // a load must set the weights and the rate
+    const double rate = load.empty() ? 0.05 : 0.5;
+    if (device) {
+      device_linear_model m(tensor_sizes, data, start, true);
+      sharded::device_trainer<staged_t, Stage, adam<double>, device_linear_model> tr(
+          staged_t(std::move(t)), adam<double>(rate), m, sharded_buckets());
+      go(tr);
+      out[static_cast<std::size_t>(r)] = m.weights();
+    } else {
+      linear_model m(tensor_sizes, data, start, true);
+      sharded::trainer<ring<inproc_transport>, Stage, adam<double>, linear_model> tr(
+          ring<inproc_transport>(std::move(t)), adam<double>(rate), m, sharded_buckets());
+      go(tr);
+      out[static_cast<std::size_t>(r)] = m.weights();
+    }
   });
-  const std::string checkpoints = "sharded::device_trainer<zero2>: checkpoints are host-only so far";
-  for (const auto& mine : refused) {
-    CHECK(mine[0] == std::make_pair(make_error_code(errc::unsupported), checkpoints));
-    CHECK(mine[1] == std::make_pair(make_error_code(errc::unsupported), checkpoints));
-  }
+  return out;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("sharded device trainer: a job resumed from its set continues bit for bit, re-sharded on the host",
+                   "[sharded][device][checkpoint]", sharded::zero1, sharded::zero2) {
+  temp_dir dir;
+  const std::string a = dir.path + "/a", b = dir.path + "/b";
+  const auto saved = checkpointed<TestType>(true, 2, 0, 3, "", a);
+  const auto resumed = checkpointed<TestType>(true, 2, 3, 7, a, "");
+  REQUIRE(resumed == checkpointed<TestType>(true, 2, 0, 7, "", ""));  // one uninterrupted run's bits
+  // The device's set is the host trainer's: 3 host ranks take the 2 device ranks' slices (their
+  // weights are the saved ones) and save them in their own cut, which brings the device job back.
+  for (const auto& w : checkpointed<TestType>(false, 3, 3, 3, a, b)) REQUIRE(w == saved[0]);
+  REQUIRE(checkpointed<TestType>(true, 2, 3, 7, b, "") == resumed);
+  // And a host set loads on the device.
+  checkpointed<TestType>(false, 2, 0, 3, "", b);
+  REQUIRE(checkpointed<TestType>(true, 2, 3, 7, b, "") == resumed);
 }

@@ -111,6 +111,7 @@ class basic_trainer {
     tracer_.set_rank(comm_.rank());
     tracer_.name_thread("compute");
     worker_.emplace(tracer_);
+    worker_->post([this] { backend_.bind_thread(); });
   }
 
   basic_trainer(const basic_trainer&) = delete;
@@ -342,16 +343,14 @@ class basic_trainer {
 
   bool local_sgd_now() const noexcept { return options_.average_every > 1 && steps_ >= options_.local_sgd_after; }
 
-  // A checkpoint's host copy of `s` (the backend's, after the updates enqueued, on the device).
+  // A checkpoint's host copy of `s` (the backend's: on the device, after the updates enqueued).
   template <class S>
   std::vector<master_type> on_host(S s) {
-    if constexpr (Backend::host_tensors) return {s.begin(), s.end()};
-    else return backend_.download(model_, s);
+    return backend_.download(model_, s);
   }
   template <class S>
   void from_host(S s, std::span<const master_type> v) {
-    if constexpr (Backend::host_tensors) std::copy(v.begin(), v.end(), s.begin());
-    else backend_.upload(model_, s, v);
+    backend_.upload(model_, s, v);
   }
 
   // What this rank's checkpoint must match.

@@ -7,11 +7,14 @@
 /// A trainer's backend (`basic_trainer`'s first template argument) answers, for its memory:
 ///  - `span`: a view of `value_type`s there; `updater_for<U>`: the updater the trainer holds;
 ///  - `reserve(plan)`: room to pack the largest bucket; `scratch(n)`: that room's first n;
+///  - `bind_thread()`: run first on the communication thread (the device the trainer uses);
 ///  - `settle(model)`: wait for work the model has enqueued (its parameters are final);
 ///  - `gradient_final(model, i)`: the model has produced gradient i (enqueued it, on a device);
 ///  - `await_gradients(tensors)`: the collective must not start before those gradients exist;
 ///  - `copy(to, from)` and `fence()`: pack and unpack buckets; `fence` waits for the copies;
 ///  - `allgather_digests(comm, mine)`: every rank's start-up digest, in host memory;
+///  - `master(model, i)`, `publish(model, i)`, `download(model, s)` and `upload(model, s, host)`:
+///    what a checkpoint saves and restores, and its host copies;
 ///  - `prepare(updater, elements, model)` and `update(updater, model, i, offset, step)`;
 ///  - `compresses` and, when it does, `allreduce_compressed<Half>(comm, flat)` and
 ///    `allreduce_topk(comm, flat, bucket, k)`.
@@ -58,6 +61,7 @@ class host_backend {
   void reserve(const bucket_plan& plan) { scratch_.resize(plan.largest_bucket()); }
   span scratch(std::size_t n) noexcept { return span(scratch_.data(), n); }
 
+  void bind_thread() noexcept {}
   void settle(Model&) noexcept {}
   void gradient_final(Model&, std::size_t) noexcept {}
   void await_gradients(const std::vector<std::size_t>&) noexcept {}
@@ -120,6 +124,15 @@ class host_backend {
   /// The parameters a checkpoint saves and restores: the model's own.
   span master(Model& model, std::size_t i) { return model.parameters(i); }
   void publish(Model&, std::size_t) noexcept {}
+  /// A checkpoint's host copy of `s` (parameters or updater state), and back.
+  template <class T>
+  std::vector<T> download(Model&, std::span<T> s) const {
+    return {s.begin(), s.end()};
+  }
+  template <class T>
+  void upload(Model&, std::span<T> s, std::span<const T> host) const {
+    std::copy(host.begin(), host.end(), s.begin());
+  }
 
   /// Averages `flat` (bucket `bucket`'s gradients) across ranks from each rank's `k` largest
   /// entries after error feedback: the pairs are allgathered, summed in rank order (the same

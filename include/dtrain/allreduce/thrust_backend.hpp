@@ -46,20 +46,6 @@ namespace dtrain::allreduce {
 
 namespace detail {
 namespace thrust_space = dtrain::detail::thrust_space;
-
-/// Every rank's `mine`, in rank order, gathered through device memory (NCCL takes no other),
-/// the copies on `stream`. Collective.
-template <class Collective>
-std::vector<std::int64_t> allgather_through_device(Collective& comm, std::span<const std::int64_t> mine,
-                                                   thrust_space::stream_handle stream) {
-  const auto n = static_cast<std::size_t>(comm.size());
-  thrust_space::buffer<std::int64_t> in(mine.size()), out(mine.size() * n);
-  thrust_space::upload<std::int64_t>(in.span(), mine, stream);
-  comm.allgather(thrust_buffer<const std::int64_t>(in.span()), out.span());
-  std::vector<std::int64_t> all(mine.size() * n);
-  thrust_space::download<std::int64_t>(all, out.span(), stream);
-  return all;
-}
 }  // namespace detail
 
 template <class Model>
@@ -86,6 +72,8 @@ class thrust_backend {
   }
   span scratch(std::size_t n) noexcept { return scratch_.span().first(n); }
 
+  /// The communication thread works on the device that was current where the trainer was built.
+  void bind_thread() { detail::thrust_space::use_device(device_); }
   void settle(Model& model) { detail::thrust_space::synchronize(model.stream()); }
   void gradient_final(Model& model, std::size_t tensor) { ready_events_[tensor].record(model.stream()); }
   void await_gradients(const std::vector<std::size_t>& tensors) {
@@ -96,7 +84,7 @@ class thrust_backend {
 
   template <class Collective>
   std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
-    return detail::allgather_through_device(comm, mine, comm_stream_.get());
+    return detail::thrust_space::allgather_through_device(comm, mine, comm_stream_.get());
   }
 
   /// Averages `flat` across ranks in `Half` precision: g/P packed on the communication stream,
@@ -152,6 +140,7 @@ class thrust_backend {
   static constexpr bool device_resident = THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA;
 
  private:
+  int device_ = detail::thrust_space::current_device();
   detail::thrust_space::owned_stream comm_stream_;
   std::vector<detail::thrust_space::event> ready_events_;  // per tensor, recorded on the model's stream
   detail::thrust_space::buffer<value_type> scratch_;

@@ -15,15 +15,16 @@ namespace dtrain {
 
 /// What a stage-3 trainer gives a unit model's pass: each unit's parameters, gathered on
 /// demand, and buffers for its gradients. Calls come from the thread that runs
-/// `forward_backward`.
-template <class T>
+/// `forward_backward`. The spans are host memory's; a device unit model's
+/// (device_unit_model.hpp) are its memory's (`ConstSpan`, `Span`).
+template <class T, class ConstSpan = std::span<const T>, class Span = std::span<T>>
 class unit_access {
  public:
   /// Unit `u`'s tensor `k`, gathered (the call waits for it, and may start gathering the next
   /// unit). Valid until `forward_done(u)` or `backward_done(u)`.
-  virtual std::span<const T> parameters(std::size_t u, std::size_t k) = 0;
+  virtual ConstSpan parameters(std::size_t u, std::size_t k) = 0;
   /// Where the backward pass writes unit `u`'s tensor `k`'s gradient (it overwrites it).
-  virtual std::span<T> gradients(std::size_t u, std::size_t k) = 0;
+  virtual Span gradients(std::size_t u, std::size_t k) = 0;
   /// The forward pass is done with unit `u`: its parameters are freed (gathered again for backward).
   virtual void forward_done(std::size_t u) = 0;
   /// Unit `u`'s gradients are final: they are averaged across ranks and freed, with its parameters.

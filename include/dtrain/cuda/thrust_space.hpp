@@ -9,6 +9,7 @@
 ///    events are already complete.
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <type_traits>
@@ -66,6 +67,13 @@ void zero(thrust_buffer<T> dst, stream_handle s) {
   cuda::check(cudaMemsetAsync(dst.data(), 0, dst.size_bytes(), s), "cudaMemsetAsync");
 }
 inline void synchronize(stream_handle s) { cuda::check(cudaStreamSynchronize(s), "cudaStreamSynchronize"); }
+/// The calling thread's device, and making it another thread's (CUDA's is per thread).
+inline int current_device() {
+  int device = 0;
+  cuda::check(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+inline void use_device(int device) { cuda::check(cudaSetDevice(device), "cudaSetDevice"); }
 /// Copies host values into device memory and waits.
 template <class T>
 void upload(thrust_buffer<T> dst, std::span<const T> src, stream_handle s) {
@@ -120,6 +128,8 @@ void zero(thrust_buffer<T> dst, stream_handle) {
   if (!dst.empty()) std::memset(static_cast<void*>(dst.data()), 0, dst.size_bytes());  // 16-bit types too
 }
 inline void synchronize(stream_handle) noexcept {}
+inline int current_device() noexcept { return 0; }
+inline void use_device(int) noexcept {}
 template <class T>
 void upload(thrust_buffer<T> dst, std::span<const T> src, stream_handle s) {
   copy<T>(dst, src, s);
@@ -130,6 +140,20 @@ void download(std::span<T> dst, thrust_buffer<const T> src, stream_handle s) {
 }
 
 #endif
+
+/// Every rank's `mine`, in rank order, gathered through device memory (NCCL takes no other),
+/// the copies on `stream`. Collective over `comm`, a collective of this build's device memory.
+template <class Collective>
+std::vector<std::int64_t> allgather_through_device(Collective& comm, std::span<const std::int64_t> mine,
+                                                   stream_handle stream) {
+  const auto n = static_cast<std::size_t>(comm.size());
+  buffer<std::int64_t> in(mine.size()), out(mine.size() * n);
+  upload<std::int64_t>(in.span(), mine, stream);
+  comm.allgather(thrust_buffer<const std::int64_t>(in.span()), out.span());
+  std::vector<std::int64_t> all(mine.size() * n);
+  download<std::int64_t>(all, out.span(), stream);
+  return all;
+}
 
 /// `src` copied into a new host vector (waits for `s`'s work before it, and the copy).
 template <class T>

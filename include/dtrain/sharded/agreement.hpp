@@ -48,21 +48,26 @@ std::vector<std::int64_t> allgather_on_host(Collective& comm, std::span<const st
   return all;
 }
 
-/// Every rank of `comm` gathers every rank's `mine` (in host memory) and checks them
-/// (`check_digests_agree`). Collective.
-template <class Collective>
-void check_ranks_agree(Collective& comm, const build_digest& mine, const std::string& who, const std::string& what,
-                       const char* first, const char* second) {
-  check_digests_agree(allgather_on_host(comm, std::span<const std::int64_t>(mine)), who, what, first, second);
+/// Every rank of `comm` and, under hybrid sharding, of `replicas` gathers every rank's `mine`
+/// (through `backend`'s memory: `allgather_digests`) and checks them (`check_digests_agree`).
+template <class Backend, class Collective, class Replicas>
+void check_agreement(Backend& backend, Collective& comm, Replicas& replicas, const build_digest& mine,
+                     const std::string& who, const std::string& what, const char* first, const char* second) {
+  check_digests_agree(backend.allgather_digests(comm, std::span<const std::int64_t>(mine)), who, what, first, second);
+  if constexpr (detail::has_replicas<Replicas>) {
+    check_digests_agree(backend.allgather_digests(replicas, std::span<const std::int64_t>(mine)),
+                        who + " across replicas", what, first, second);
+  }
 }
 
 /// After every rank of `comm` has tried something: rethrows this rank's `failure`, else raises
-/// `code` with `what` and the first rank that failed ("rank 2 could not ..."). Collective.
-template <class Collective>
-void all_succeeded(Collective& comm, std::exception_ptr failure, errc code, const std::string& what) {
+/// `code` with `what` and the first rank that failed ("rank 2 could not ..."). Collective:
+/// `gather(comm, mine)` is every rank's `mine`, in rank order (`allgather_on_host`, or a
+/// backend's `allgather_digests` for a collective of device memory).
+template <class Collective, class Gather>
+void all_succeeded(Collective& comm, std::exception_ptr failure, errc code, const std::string& what, Gather&& gather) {
   const std::int64_t mine = failure ? 0 : 1;
-  std::vector<std::int64_t> all(static_cast<std::size_t>(comm.size()));
-  comm.allgather(std::span<const std::int64_t>(&mine, 1), std::span<std::int64_t>(all));
+  const std::vector<std::int64_t> all = gather(comm, std::span<const std::int64_t>(&mine, 1));
   if (failure) std::rethrow_exception(failure);
   for (std::size_t r = 0; r < all.size(); ++r) {
     if (all[r] == 0) throw error(code, "rank " + std::to_string(r) + " " + what);

@@ -87,10 +87,11 @@ class basic_trainer {
     gradient_ = allocate<master_type>(layout_.shard_elements());
     for (std::size_t b = 0; b < plan_.buckets().size(); ++b) take_my_slice(b);
     backend_.fence();
-    backend_.prepare(updater_, layout_.shard_elements(), model_);
+    backend_.prepare(updater_, layout_.shard_elements(), model_, plan_.tensor_count());
     readiness_.emplace(plan_);
     peak_ = memory();
     worker_.emplace(trace::recorder::global());
+    worker_->post([this] { backend_.bind_thread(); });
   }
 
   basic_trainer(const basic_trainer&) = delete;
@@ -141,19 +142,13 @@ class basic_trainer {
   }
 
   /// Writes this rank's shard to `<prefix>.shard-<rank>-of-<size>` and, once every rank has,
-  /// `<prefix>.manifest` (checkpoint.hpp). Collective, between steps.
+  /// `<prefix>.manifest` (checkpoint.hpp). Collective, between steps. On the device the slices go
+  /// through host copies: the set is the host trainer's and loads on either memory.
   /// @throws dtrain::error the system error where a file cannot be written; `cancelled` on
   ///   the other ranks, naming that rank.
   void save(const std::string& prefix) {
-    if constexpr (Backend::host_tensors) {
-      save_replicated(replicas_, [&] {
-        save_sharded<master_type>(comm_, name(), prefix, identity(), state_of(steps_, updater_, scaler_),
-                                  std::span<const master_type>(master_),
-                                  std::span<const master_type>(updater_.state()));
-      });
-    } else {
-      host_only("checkpoints");
-    }
+    save_trainer_shards<master_type>(backend_, comm_, replicas_, name(), prefix, identity(),
+                                     state_of(steps_, updater_, scaler_), whole(master_), updater_.state());
   }
 
   /// Restores what `save` wrote, on this or another number of ranks, and gathers the
@@ -161,13 +156,11 @@ class basic_trainer {
   /// @throws dtrain::error `bad_data` naming the file and the fault (corrupt, another model,
   ///   updater or bucket size, a shard from another save), on every rank; nothing changes then.
   void load(const std::string& prefix) {
-    if constexpr (Backend::host_tensors) {
-      const shard_state at = load_sharded<master_type>(comm_, name(), prefix, identity(), master_, updater_.state());
-      restore_state(at, steps_, updater_, scaler_);
-      for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);
-    } else {
-      host_only("checkpoints");
-    }
+    const shard_state at = load_trainer_shards<master_type>(backend_, comm_, name(), prefix, identity(),
+                                                            whole(master_), updater_.state());
+    restore_state(at, steps_, updater_, scaler_);
+    for (std::size_t b = 0; b < plan_.buckets().size(); ++b) gather_parameters(b);
+    backend_.fence();
   }
 
   /// What the trainer holds now, and the most it has held.
@@ -207,9 +200,6 @@ class basic_trainer {
   template <class T>
   static span_of<T> whole(buffer_of<T>& b) noexcept {
     return Backend::whole(b);
-  }
-  void host_only(const char* what) const {
-    if (!Backend::host_tensors) throw error(errc::unsupported, name() + ": " + what + " are host-only so far");
   }
 
   std::size_t index_of(const bucket& b) const noexcept { return static_cast<std::size_t>(&b - plan_.buckets().data()); }
@@ -255,12 +245,9 @@ class basic_trainer {
     h.word(static_cast<std::uint64_t>(scaler_.enabled()));
     const build_digest mine{static_cast<std::int64_t>(plan_.tensor_count()),
                             static_cast<std::int64_t>(plan_.elements()), static_cast<std::int64_t>(h.value())};
-    const std::string what = "the model, the buckets, the stage or the precision (every rank must build the same)";
-    check_digests_agree(backend_.allgather_digests(comm_, mine), name(), what, "tensors", "elements");
-    if constexpr (detail::has_replicas<Replicas>) {
-      check_digests_agree(backend_.allgather_digests(replicas_, mine), name() + " across replicas", what, "tensors",
-                          "elements");
-    }
+    check_agreement(backend_, comm_, replicas_, mine, name(),
+                    "the model, the buckets, the stage or the precision (every rank must build the same)", "tensors",
+                    "elements");
   }
 
   void broadcast_parameters(std::size_t b) {

@@ -208,12 +208,14 @@ shard_state load_shards(const std::string& prefix, int rank, int world, const sh
   return at;
 }
 
-/// A trainer's `save`: every rank writes its shard; once all have, rank 0 writes the manifest.
-/// Collective. @throws dtrain::error the system error on the rank that could not write, and
-///   `cancelled` naming that rank on the others; the set then has no manifest and will not load.
-template <class T, class Collective>
-void save_sharded(Collective& comm, const std::string& who, const std::string& prefix, const shard_identity& id,
-                  const shard_state& at, std::span<const T> master, std::span<const T> state) {
+/// Every rank writes its shard; once all have, rank 0 writes the manifest. Collective; `gather`
+/// as for `all_succeeded`. @throws dtrain::error the system error on the rank that could not
+///   write, and `cancelled` naming that rank on the others; the set then has no manifest and
+///   will not load.
+template <class T, class Collective, class Gather>
+void save_sharded(Collective& comm, Gather&& gather, const std::string& who, const std::string& prefix,
+                  const shard_identity& id, const shard_state& at, std::span<const T> master,
+                  std::span<const T> state) {
   auto attempt = [](auto&& write) {
     try {
       write();
@@ -223,17 +225,25 @@ void save_sharded(Collective& comm, const std::string& who, const std::string& p
     return std::exception_ptr();
   };
   all_succeeded(comm, attempt([&] { save_shard<T>(prefix, comm.rank(), comm.size(), id, at, master, state); }),
-                errc::cancelled, "could not write its shard of " + prefix + " (" + who + ")");
+                errc::cancelled, "could not write its shard of " + prefix + " (" + who + ")", gather);
   all_succeeded(comm, attempt([&] {
                   if (comm.rank() == 0) save_manifest(prefix, comm.size(), at.steps);
                 }),
-                errc::cancelled, "could not write the manifest of " + prefix + " (" + who + ")");
+                errc::cancelled, "could not write the manifest of " + prefix + " (" + who + ")", gather);
 }
 
-/// A trainer's `save` under hybrid sharding: the first replica's group writes (`write`), and
-/// every replica learns whether it did. Collective over `replicas` (nothing without them).
-template <class Replicas, class Write>
-void save_replicated(Replicas& replicas, Write&& write) {
+/// A trainer's `save` over `backend`'s memory: this rank's `master` slices and their `state` go
+/// through host copies; under hybrid sharding the first replica's group writes, and every replica
+/// learns whether it did. Collective over `comm` and `replicas`.
+template <class T, class Backend, class Collective, class Replicas, class Span>
+void save_trainer_shards(Backend& backend, Collective& comm, Replicas& replicas, const std::string& who,
+                         const std::string& prefix, const shard_identity& id, const shard_state& at, Span master,
+                         Span state) {
+  auto gather = [&backend](auto& c, std::span<const std::int64_t> mine) { return backend.allgather_digests(c, mine); };
+  auto write = [&] {
+    const std::vector<T> m = backend.template to_host<T>(master), s = backend.template to_host<T>(state);
+    save_sharded<T>(comm, gather, who, prefix, id, at, std::span<const T>(m), std::span<const T>(s));
+  };
   if constexpr (std::same_as<Replicas, no_replicas>) {
     write();
   } else {
@@ -245,17 +255,18 @@ void save_replicated(Replicas& replicas, Write&& write) {
         failure = std::current_exception();
       }
     }
-    all_succeeded(replicas, failure, errc::cancelled, "of the replicas could not save its group's set");
+    all_succeeded(replicas, failure, errc::cancelled, "of the replicas could not save its group's set", gather);
   }
 }
 
-/// A trainer's `load`: every rank reads its new slices into `master` and `state` (sized for
-/// its layout, zeros where its slices are padding); all succeed or all throw, and then nothing
-/// is written. Collective. @throws dtrain::error `bad_data` (or the system error) naming the
-///   file and the fault on a rank that could not load, and naming that rank on the others.
-template <class T, class Collective>
-shard_state load_sharded(Collective& comm, const std::string& who, const std::string& prefix,
-                         const shard_identity& id, std::vector<T>& master, std::span<T> state) {
+/// A trainer's `load` over `backend`'s memory: every rank reads its new slices (for its layout,
+/// zeros where its slices are padding) into `master` and `state`; all succeed or all throw, and
+/// then nothing is written. Collective. @throws dtrain::error `bad_data` (or the system error)
+///   naming the file and the fault on a rank that could not load, and naming that rank on the
+///   others.
+template <class T, class Backend, class Collective, class Span>
+shard_state load_trainer_shards(Backend& backend, Collective& comm, const std::string& who, const std::string& prefix,
+                                const shard_identity& id, Span master, Span state) {
   std::vector<T> new_master(master.size(), T(0)), new_state(state.size(), T(0));
   shard_state at;
   std::exception_ptr failure;
@@ -264,9 +275,10 @@ shard_state load_sharded(Collective& comm, const std::string& who, const std::st
   } catch (const error&) {
     failure = std::current_exception();
   }
-  all_succeeded(comm, failure, errc::bad_data, "could not load its shards of " + prefix + " (" + who + ")");
-  master = std::move(new_master);
-  std::copy(new_state.begin(), new_state.end(), state.begin());
+  all_succeeded(comm, failure, errc::bad_data, "could not load its shards of " + prefix + " (" + who + ")",
+                [&backend](auto& c, std::span<const std::int64_t> mine) { return backend.allgather_digests(c, mine); });
+  backend.template from_host<T>(master, std::span<const T>(new_master));
+  backend.template from_host<T>(state, std::span<const T>(new_state));
   return at;
 }
 

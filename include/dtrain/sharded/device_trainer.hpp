@@ -18,8 +18,9 @@
 /// The master slice, the averaged gradient's slice and the optimizer state are device memory, 1/P
 /// of the model's each (`memory().device`). Hybrid sharding, mixed precision (a `bfloat16` or
 /// `float16` device model with `float` master, gradient and state) and dynamic loss scaling work
-/// as on the host; checkpoints are host-only so far and refused with `unsupported`. Stage 3 on
-/// the device is not built.
+/// as on the host; checkpoints go through host copies of the slices (the host trainer's set, which
+/// loads on either memory). Stage 3 takes a `device_unit_model` (basic_unit_trainer.hpp says what
+/// a step does; a unit's buffers are freed once its kernels are done).
 
 #include <concepts>
 
@@ -27,25 +28,40 @@
 #include "dtrain/concepts/trainable.hpp"
 #include "dtrain/cuda/thrust_space.hpp"
 #include "dtrain/sharded/basic_trainer.hpp"
+#include "dtrain/sharded/basic_unit_trainer.hpp"
 #include "dtrain/sharded/options.hpp"
 #include "dtrain/sharded/thrust_backend.hpp"
 
 namespace dtrain::sharded {
 
-/// Stages 1 and 2 of a `device_model` over a collective of device buffers.
+/// ZeRO on Thrust's device memory: stages 1 and 2 of a `device_model`, stage 3 of a
+/// `device_unit_model`, over a collective of device buffers.
 /// @tparam Collective a collective whose memory space is Thrust's device memory
 ///   (`nccl_communicator`, `staged_communicator<tcp_transport>`); `Replicas` too, for hybrid
 ///   sharding
 /// @tparam Updater a host updater type (sgd, momentum, adam, ...); its rule runs on the device
-/// @tparam Model a `device_model`: `float`, `double`, or 16-bit (mixed precision); the trainer
-///   keeps a reference
-template <class Collective, sharding_stage Stage, class Updater, device_model Model, class Replicas = no_replicas>
+/// @tparam Model `float`, `double`, or 16-bit (mixed precision); the trainer keeps a reference
+template <class Collective, sharding_stage Stage, class Updater, class Model, class Replicas = no_replicas>
+class device_trainer;
+
+template <class Collective, sharding_stage Stage, class Updater, device_model Model, class Replicas>
   requires(Stage::stage <= 2 && trainable<Collective, Updater, Model> &&
            std::same_as<typename Collective::memory_space, thrust_device_memory> &&
            (!detail::has_replicas<Replicas> || trainable<Replicas, Updater, Model>))
-class device_trainer : public basic_trainer<thrust_backend<Model>, Collective, Stage, Updater, Model, Replicas> {
+class device_trainer<Collective, Stage, Updater, Model, Replicas>
+    : public basic_trainer<thrust_backend<Model>, Collective, Stage, Updater, Model, Replicas> {
  public:
   using basic_trainer<thrust_backend<Model>, Collective, Stage, Updater, Model, Replicas>::basic_trainer;
+};
+
+template <class Collective, class Updater, device_unit_model Model, class Replicas>
+  requires(trainable<Collective, Updater, Model> &&
+           std::same_as<typename Collective::memory_space, thrust_device_memory> &&
+           (!detail::has_replicas<Replicas> || trainable<Replicas, Updater, Model>))
+class device_trainer<Collective, zero3, Updater, Model, Replicas>
+    : public basic_unit_trainer<thrust_backend<Model>, Collective, Updater, Model, Replicas> {
+ public:
+  using basic_unit_trainer<thrust_backend<Model>, Collective, Updater, Model, Replicas>::basic_unit_trainer;
 };
 
 }  // namespace dtrain::sharded

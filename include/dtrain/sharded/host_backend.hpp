@@ -10,15 +10,18 @@
 ///  - `pack` and `unpack` of a bucket between the model's tensors and a flat span, `convert`
 ///    between spans, and `fence()`: what was copied is there before a collective reads it;
 ///  - `settle(model)`: the model's enqueued work is done (its parameters are final);
-///  - `gradient_final(model, i)` and `await_gradients(tensors)`: a bucket is packed only once
-///    the model has produced its gradients;
-///  - `prepare(updater, n, model)` and `update(updater, model, master, gradient, step)`;
+///  - `gradient_final(model, i)` and `await_gradients(points)`: a bucket is packed only once
+///    the model has produced its gradients (`ready_points` of them);
+///  - `zeros<T>(n, model)`: a zeroed buffer, in place before the model's next work;
+///  - `bind_thread()`: run first on the communication thread (the device the trainer uses);
+///  - `prepare(updater, n, model, ready_points)` and `update(updater, model, master, gradient, step)`;
 ///  - `keep_step(comm, replicas, scaler, gradient)`: a loss-scaled step's verdict, agreed by
 ///    every rank (`dtrain::keep_step`), and a good step's slice unscaled;
 ///  - `allgather_digests(comm, mine)`: every rank's start-up digest, in host memory;
-///  - `host_tensors` (checkpoints read and write the slices on the host) and
-///    `device_resident` (its buffers and the updater's state are device memory).
+///  - `to_host(s)` and `from_host(s, values)`: a checkpoint's host copy of a slice, and back;
+///  - `device_resident`: its buffers and the updater's state are device memory.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -46,7 +49,6 @@ class host_backend {
   using updater_for = Updater;
 
   static constexpr std::string_view trainer_name = "sharded::trainer";
-  static constexpr bool host_tensors = true;
   static constexpr bool device_resident = false;
 
   template <class T>
@@ -76,8 +78,23 @@ class host_backend {
     dtrain::convert(from, to);
   }
 
+  template <class T>
+  std::vector<T> to_host(span<const T> s) const {
+    return {s.begin(), s.end()};
+  }
+  template <class T>
+  void from_host(span<T> s, std::span<const T> values) const {
+    std::copy(values.begin(), values.end(), s.begin());
+  }
+
+  template <class T>
+  static buffer<T> zeros(std::size_t n, Model&) {
+    return buffer<T>(n);
+  }
+  void bind_thread() noexcept {}
+
   template <class Updater>
-  void prepare(Updater& updater, std::size_t elements, Model&) {
+  void prepare(Updater& updater, std::size_t elements, Model&, std::size_t) {
     updater.resize(elements);
   }
   template <class Updater>

@@ -29,6 +29,7 @@
 
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/allreduce/thrust_backend.hpp"
+#include "dtrain/concepts/device_unit_model.hpp"
 #include "dtrain/concepts/floating_element.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/element.hpp"
@@ -66,6 +67,14 @@ struct flag_non_finite {
 };
 }  // namespace detail
 
+/// What stage 3 on Thrust's device memory gives a unit model's pass: `unit_access` of device spans.
+template <class T>
+using device_unit_access = unit_access<T, thrust_buffer<const T>, thrust_buffer<T>>;
+
+/// A unit model for ZeRO stage 3 on Thrust's device memory in this build.
+template <class M>
+concept device_unit_model = device_unit_tensor_model<M, thrust_buffer, dtrain::detail::thrust_space::stream_handle>;
+
 template <class Model>
   requires floating_element<typename Model::value_type>
 class thrust_backend {
@@ -80,7 +89,6 @@ class thrust_backend {
   using updater_for = device_updater<Updater>;
 
   static constexpr std::string_view trainer_name = "sharded::device_trainer";
-  static constexpr bool host_tensors = false;
   static constexpr bool device_resident = THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA;
 
   template <class T>
@@ -91,6 +99,16 @@ class thrust_backend {
   static span<T> whole(buffer<T>& b) noexcept {
     return b.span();
   }
+
+  /// `n` zeros, written on the model's stream before its next work.
+  template <class T>
+  buffer<T> zeros(std::size_t n, Model& model) {
+    buffer<T> b(n);
+    dtrain::detail::thrust_space::zero<T>(b.span(), model.stream());
+    return b;
+  }
+  /// The communication thread works on the device that was current where the trainer was built.
+  void bind_thread() { dtrain::detail::thrust_space::use_device(device_); }
 
   void settle(Model& model) { dtrain::detail::thrust_space::synchronize(model.stream()); }
   void gradient_final(Model& model, std::size_t tensor) { ready_events_[tensor].record(model.stream()); }
@@ -126,6 +144,17 @@ class thrust_backend {
     }
   }
 
+  /// A checkpoint's host copy of `s`, after the work enqueued before it; and back, complete when
+  /// it returns.
+  template <class T>
+  std::vector<T> to_host(span<const T> s) {
+    return dtrain::detail::thrust_space::to_host<T>(s, stream());
+  }
+  template <class T>
+  void from_host(span<T> s, std::span<const T> values) {
+    dtrain::detail::thrust_space::upload<T>(s, values, stream());
+  }
+
   /// `dtrain::keep_step` on the device: the verdict on this rank's `gradient` slice, agreed by
   /// every rank of `comm` (and `replicas`), and a good step's slice unscaled. Collective.
   template <class Collective, class Replicas>
@@ -151,9 +180,9 @@ class thrust_backend {
   }
 
   template <class Updater>
-  void prepare(device_updater<Updater>& updater, std::size_t elements, Model& model) {
+  void prepare(device_updater<Updater>& updater, std::size_t elements, Model& model, std::size_t ready_points) {
     updater.resize(elements, model.stream());
-    ready_events_.resize(model.tensor_count());
+    ready_events_.resize(ready_points);
   }
   /// The rule over this rank's slice on the model's stream; complete when it returns, since the
   /// gathers that follow read the slice on the communication stream.
@@ -168,12 +197,13 @@ class thrust_backend {
 
   template <class Collective>
   std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
-    return allreduce::detail::allgather_through_device(comm, mine, stream());
+    return dtrain::detail::thrust_space::allgather_through_device(comm, mine, stream());
   }
 
  private:
   auto stream() const noexcept { return comm_stream_.get(); }
 
+  int device_ = dtrain::detail::thrust_space::current_device();
   dtrain::detail::thrust_space::owned_stream comm_stream_;
   std::vector<dtrain::detail::thrust_space::event> ready_events_;  // per tensor, on the model's stream
   buffer<std::int64_t> flag_;  // a loss-scaled step's verdict: 1 where some slice holds an inf or NaN
