@@ -1,5 +1,5 @@
-// The tensor-parallel layers on the GPU: an MLP block (column layer, tanh, row layer) over 1-3
-// staged ranks sharing one device, its tensors in device memory, with Thrust's kernels and with
+// The tensor-parallel layers on the GPU: an MLP block (column layer, tanh, row layer) over 1-3 and
+// 8 staged ranks sharing one device, outputs starting as NaN, two backward passes, its tensors in device memory, with Thrust's kernels and with
 // cuBLAS's, plain and sequence parallel: the output, the input gradient and every parameter
 // gradient equal the unsplit block's within 1e-12 relative (double; cuBLAS sums in its own order)
 // and 1e-4 (float).
@@ -68,14 +68,19 @@ std::vector<std::vector<std::vector<double>>> run_block(const unsplit& ref, int 
       };
       space::buffer<T> x = device_rows(ref.x, in), dy = device_rows(ref.dy, out);
       space::buffer<T> h(ref.batch * width), y(rows * out), dh(ref.batch * width), dx(rows * in);
+      for (auto* b : {&h, &y, &dh, &dx}) {  // NaN: what a layer should overwrite and adds to shows
+        dtrain::cuda::check(cudaMemset(b->data(), 0xFF, b->size() * sizeof(T)), "cudaMemset");
+      }
       auto view = [](space::buffer<T>& b) { return thrust_buffer<const T>(b.span()); };
       const auto on = space::on({});
       fc1.forward(view(x), h.span());
       thrust::transform(on, h.data(), h.data() + h.size(), h.data(), tanh_op<T>{});
       fc2.forward(view(h), y.span());
-      fc2.backward(view(h), view(dy), dh.span());
-      thrust::transform(on, dh.data(), dh.data() + dh.size(), h.data(), dh.data(), tanh_backward_op<T>{});
-      fc1.backward(view(x), view(dh), dx.span());
+      for (int pass = 0; pass < 2; ++pass) {  // the parameter gradients accumulate: twice one pass's
+        fc2.backward(view(h), view(dy), dh.span());
+        thrust::transform(on, dh.data(), dh.data() + dh.size(), h.data(), dh.data(), tanh_backward_op<T>{});
+        fc1.backward(view(x), view(dh), dx.span());
+      }
       auto& mine = all[static_cast<std::size_t>(r)];
       for (auto* b : {&y, &dx, &fc1.parameters().weight_grad, &fc1.parameters().bias_grad,
                       &fc2.parameters().weight_grad, &fc2.parameters().bias_grad}) {
@@ -91,10 +96,10 @@ std::vector<std::vector<std::vector<double>>> run_block(const unsplit& ref, int 
 
 template <class T, class Kernels>
 void check_block(double tolerance) {
-  const unsplit ref(12);
+  const unsplit ref(24);  // whole shares on 1-3 and 8 ranks
   auto near = [&](double got, double want) { return std::abs(got - want) <= tolerance * std::max(1.0, std::abs(want)); };
   for (const bool sequence : {false, true}) {
-    for (int p = 1; p <= 3; ++p) {
+    for (const int p : {1, 2, 3, 8}) {  // on 8 ranks one holds none of the 7 hidden features
       INFO((sequence ? "sequence parallel, " : "") << p << " ranks");
       const auto got = run_block<T, Kernels>(ref, p, sequence);
       for (int r = 0; r < p; ++r) {
@@ -104,12 +109,14 @@ void check_block(double tolerance) {
         const std::size_t first = sequence ? static_cast<std::size_t>(r) * rows : 0;
         for (std::size_t i = 0; i < rows * out; ++i) REQUIRE(near(v[0][i], ref.y[first * out + i]));
         for (std::size_t i = 0; i < rows * in; ++i) REQUIRE(near(v[1][i], ref.dx[first * in + i]));
-        for (std::size_t j = 0; j < mine.size; ++j) {
-          for (std::size_t i = 0; i < in; ++i) REQUIRE(near(v[2][j * in + i], ref.gw1[(mine.begin + j) * in + i]));
-          REQUIRE(near(v[3][j], ref.gb1[mine.begin + j]));
-          for (std::size_t o = 0; o < out; ++o) REQUIRE(near(v[4][o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]));
+        for (std::size_t j = 0; j < mine.size; ++j) {  // two passes' gradients
+          for (std::size_t i = 0; i < in; ++i) REQUIRE(near(v[2][j * in + i], 2 * ref.gw1[(mine.begin + j) * in + i]));
+          REQUIRE(near(v[3][j], 2 * ref.gb1[mine.begin + j]));
+          for (std::size_t o = 0; o < out; ++o) {
+            REQUIRE(near(v[4][o * mine.size + j], 2 * ref.gw2[o * hidden + mine.begin + j]));
+          }
         }
-        for (std::size_t o = 0; o < out; ++o) REQUIRE(near(v[5][o], ref.gb2[o]));
+        for (std::size_t o = 0; o < out; ++o) REQUIRE(near(v[5][o], 2 * ref.gb2[o]));
       }
     }
   }

@@ -5,6 +5,7 @@
 // its checkpoints against an uninterrupted run and the host trainer's sets; its memory against
 // the host trainer's accounting.
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -47,7 +48,8 @@ struct unit_run {
 // `spec` on the device trainer (or, `device` false, the host one) at stage 3 over staged ranks:
 // every rank's steps, its master weights (every unit gathered), and its memory.
 template <class T, class Updater>
-unit_run train(bool device, const run_spec& spec, Updater updater, sharded::trainer_options options = {}) {
+unit_run train(bool device, const run_spec& spec, Updater updater, sharded::trainer_options options = {},
+               std::size_t skip_gradients = static_cast<std::size_t>(-1)) {
   const auto P = static_cast<std::size_t>(spec.p);
   unit_run out{std::vector<rank_run>(P), std::vector<memory_use>(P), std::vector<memory_use>(P)};
   run_inproc(spec.p, [&](int r, inproc_transport t) {
@@ -60,6 +62,7 @@ unit_run train(bool device, const run_spec& spec, Updater updater, sharded::trai
              spec.overflow(spec.first_step + static_cast<int>(pass), r);
     };
     m.on_scale = [&](double s) { mine.scales_seen.push_back(s); };
+    m.skip_gradients = skip_gradients;
     auto go = [&](auto& tr) {
       auto master = [&] {
         std::vector<double> all;
@@ -164,7 +167,9 @@ TEST_CASE("sharded device trainer, stage 3: the host trainer's accounting, in de
     CHECK(d.device == (THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA ? d.total() : 0));
     CHECK(device.peak[r].gathered == 60 * 2);  // one unit at a time, the largest in bfloat16
     CHECK(device.peak[r].gathered == host.peak[r].gathered);
-    CHECK(device.peak[r].unit_gradients >= 60 * 2);
+    // The largest unit's bf16 gradients and their float copy for the reduction (reduce_in master).
+    CHECK(device.peak[r].unit_gradients == 60 * 2 + 60 * 4);
+    CHECK(device.peak[r].unit_gradients == host.peak[r].unit_gradients);
   }
 }
 
@@ -201,5 +206,21 @@ TEST_CASE("sharded device trainer, stage 3: a job resumed from its set continues
   train<float16>(false, through, adam<float>(1e-2), o);
   second.load = b;
   const auto back = train<float16>(true, second, adam<float>(1e-2), o);
-  for (std::size_t r = 0; r < 2; ++r) CHECK(back.ranks[r].weights == straight.ranks[r].weights);
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(back.ranks[r].weights == straight.ranks[r].weights);
+    const auto& all = straight.ranks[r].scales;
+    CHECK(back.ranks[r].scales == std::vector<double>(all.begin() + 5, all.end()));
+  }
+}
+
+TEST_CASE("sharded device trainer, stage 3: a unit whose gradients the model never asked for is reduced as zeros",
+          "[sharded][device]") {
+  run_spec spec;
+  spec.steps = 6;
+  const auto device = train<double>(true, spec, momentum<double>(lr, mu), {}, 1);
+  REQUIRE(device.ranks[0].weights == train<double>(false, spec, momentum<double>(lr, mu), {}, 1).ranks[0].weights);
+  // Unit 1 (features 43-60) never moves from the start; the others do.
+  const std::vector<double>& w = device.ranks[0].weights;
+  for (std::size_t j = 43; j < 61; ++j) REQUIRE(w[j] == 0.25);
+  CHECK(std::count(w.begin(), w.end(), 0.25) == 18);
 }

@@ -63,7 +63,7 @@ class basic_unit_linear_model {
       std::size_t j0 = j_end;
       for (std::size_t k = units_[u].size(); k-- > 0;) j0 -= units_[u][k];
       j_end = j0;
-      for (std::size_t k = 0; k < units_[u].size(); j0 += units_[u][k++]) {
+      for (std::size_t k = 0; k < units_[u].size() && u != skip_gradients; j0 += units_[u][k++]) {
         const std::span<T> g = units.gradients(u, k);
         std::vector<double> sum(g.size(), 0.0);
         for (std::size_t s = 0; s < n; ++s) {
@@ -87,6 +87,8 @@ class basic_unit_linear_model {
   std::function<void(const std::string& event, std::size_t u)> on;
   // A unit whose parameters the forward pass does not read (its part of x . w left out).
   std::size_t skip_in_forward = static_cast<std::size_t>(-1);
+  // A unit whose gradients the backward pass never asks for (it still calls backward_done).
+  std::size_t skip_gradients = static_cast<std::size_t>(-1);
   // Gradients made to overflow: tensor k of unit u gets an inf in pass `pass` (0-based) if true.
   std::function<bool(std::size_t pass, std::size_t u, std::size_t k)> overflow;
   std::function<void(double)> on_scale;  // told each scale set_loss_scale receives

@@ -1,6 +1,7 @@
 // Tensor-parallel layers on Thrust's device memory (`thrust_kernels`) under Thrust's CPP system,
 // where device memory is host memory: the code a CUDA build runs on the GPU. An MLP block
-// (column layer, tanh, row layer) over 1-4 staged ranks, with and without sequence parallelism,
+// (column layer, tanh, row layer) over 1-4 and 8 staged ranks (one then holding no hidden
+// feature), with and without sequence parallelism, outputs starting as NaN,
 // gives the host layers' bits (`loop_kernels` over the same collective) for the output, the
 // input gradient and every parameter gradient (accumulated over two backward passes), and the
 // unsplit block's values within 1e-12;
@@ -8,6 +9,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <string>
 #include <utility>
@@ -61,13 +63,22 @@ std::vector<rank_values> run_block(const unsplit& ref, int p, bool sequence) {
       return b;
     };
     buffer x = device_rows(ref.x, in), dy = device_rows(ref.dy, out);
-    buffer h = memory::template allocate<double>(ref.batch * width), y = memory::template allocate<double>(rows * out);
-    buffer dh = memory::template allocate<double>(ref.batch * width), dx = memory::template allocate<double>(rows * in);
+    // Outputs start as NaN: a layer that adds to what it should overwrite (or leaves a part unwritten)
+    // shows. (Under the CPP system device memory is host memory, so the test writes it directly.)
+    auto garbage = [](std::size_t n) {
+      buffer b = memory::template allocate<double>(n);
+      for (double& v : memory::whole(b)) v = std::numeric_limits<double>::quiet_NaN();
+      return b;
+    };
+    buffer h = garbage(ref.batch * width), y = garbage(rows * out), dh = garbage(ref.batch * width);
+    buffer dx = garbage(rows * in);
     auto view = [](buffer& b) { return typename memory::template span<const double>(memory::whole(b)); };
 
-    fc1.forward(view(x), memory::whole(h));
-    for (double& v : memory::whole(h)) v = std::tanh(v);  // the model's activation (host memory here)
-    fc2.forward(view(h), memory::whole(y));
+    for (int pass = 0; pass < 2; ++pass) {  // forward overwrites: the second pass gives the first's bits
+      fc1.forward(view(x), memory::whole(h));
+      for (double& v : memory::whole(h)) v = std::tanh(v);  // the model's activation
+      fc2.forward(view(h), memory::whole(y));
+    }
     for (int pass = 0; pass < 2; ++pass) {  // the parameter gradients accumulate: twice the one pass's
       fc2.backward(view(h), view(dy), memory::whole(dh));
       const auto hv = memory::whole(h);
@@ -75,6 +86,7 @@ std::vector<rank_values> run_block(const unsplit& ref, int p, bool sequence) {
       for (std::size_t i = 0; i < dhv.size(); ++i) dhv[i] *= 1 - hv[i] * hv[i];
       fc1.backward(view(x), view(dh), memory::whole(dx));
     }
+    fc1.backward(view(x), view(dh), {});  // no input gradient wanted: fc1's gradients three times over
 
     rank_values& mine = out_all[static_cast<std::size_t>(r)];
     mine = {copy_of(memory::whole(y)), copy_of(memory::whole(dx))};
@@ -91,9 +103,9 @@ bool near(double got, double want) { return std::abs(got - want) <= 1e-12 * std:
 }  // namespace
 
 TEST_CASE("tensor parallel on device memory: the host layers' bits, and the unsplit block", "[tensor_parallel][device]") {
-  const unsplit ref(12);  // 12 rows: whole shares on 1-4 ranks
+  const unsplit ref(24);  // 24 rows: whole shares on 1-4 and 8 ranks
   for (const bool sequence : {false, true}) {
-    for (int p = 1; p <= 4; ++p) {
+    for (const int p : {1, 2, 3, 4, 8}) {  // on 8 ranks one holds none of the 7 hidden features
       INFO((sequence ? "sequence parallel, " : "") << p << " ranks");
       const auto device = run_block<tp::thrust_kernels>(ref, p, sequence);
       REQUIRE(device == run_block<tp::loop_kernels>(ref, p, sequence));
@@ -104,9 +116,9 @@ TEST_CASE("tensor parallel on device memory: the host layers' bits, and the unsp
         const std::size_t first = sequence ? static_cast<std::size_t>(r) * rows : 0;
         for (std::size_t i = 0; i < rows * out; ++i) REQUIRE(near(v[0][i], ref.y[first * out + i]));
         for (std::size_t i = 0; i < rows * in; ++i) REQUIRE(near(v[1][i], ref.dx[first * in + i]));
-        for (std::size_t j = 0; j < mine.size; ++j) {  // two passes' gradients
-          for (std::size_t i = 0; i < in; ++i) REQUIRE(near(v[2][j * in + i], 2 * ref.gw1[(mine.begin + j) * in + i]));
-          REQUIRE(near(v[3][j], 2 * ref.gb1[mine.begin + j]));
+        for (std::size_t j = 0; j < mine.size; ++j) {  // fc1's three passes, fc2's two
+          for (std::size_t i = 0; i < in; ++i) REQUIRE(near(v[2][j * in + i], 3 * ref.gw1[(mine.begin + j) * in + i]));
+          REQUIRE(near(v[3][j], 3 * ref.gb1[mine.begin + j]));
           for (std::size_t o = 0; o < out; ++o) {
             REQUIRE(near(v[4][o * mine.size + j], 2 * ref.gw2[o * hidden + mine.begin + j]));
           }

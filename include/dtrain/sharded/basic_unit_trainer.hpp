@@ -93,7 +93,7 @@ class basic_unit_trainer : private unit_access_of<Backend, typename Model::value
     backend_.prepare(updater_, layout_.shard_elements(), model_, 0);
     peak_ = memory();
     worker_.emplace(trace::recorder::global());
-    worker_->post([this] { backend_.bind_thread(); });
+    post([this] { backend_.bind_thread(); });  // a failure wakes a model waiting for a unit
   }
 
   basic_unit_trainer(const basic_unit_trainer&) = delete;
@@ -119,6 +119,7 @@ class basic_unit_trainer : private unit_access_of<Backend, typename Model::value
         if (!units_[u].backwarded) misuse_ = "the model never called backward_done(" + std::to_string(u) + ")";
       }
       worker_->drain();
+      backend_.settle(model_);  // a unit never finished may still have kernels on its buffers
       release_all();
       if (!misuse_.empty()) throw error(errc::invalid_argument, name() + ": " + misuse_);
       result.skipped = !backend_.keep_step(comm_, replicas_, scaler_, whole(gradient_));
@@ -130,6 +131,7 @@ class basic_unit_trainer : private unit_access_of<Backend, typename Model::value
       broken_ = true;
       try {
         worker_->drain();
+        backend_.settle(model_);
       } catch (...) {
       }
       release_all();
@@ -231,6 +233,10 @@ class basic_unit_trainer : private unit_access_of<Backend, typename Model::value
 
   span gradients(std::size_t u, std::size_t k) override {
     shapes_.check(u, k, "gradients", name());
+    if (units_[u].backwarded) {  // its buffer is being reduced, then freed
+      throw error(errc::invalid_argument, name() + ": gradients(" + std::to_string(u) + ", " + std::to_string(k) +
+                                              ") after backward_done(" + std::to_string(u) + ")");
+    }
     std::lock_guard lock(mutex_);
     if (units_[u].gradients.size() == 0) {
       units_[u].gradients = backend_.template zeros<value_type>(layout_.padded(u), model_);
@@ -270,6 +276,7 @@ class basic_unit_trainer : private unit_access_of<Backend, typename Model::value
         buffer_of<value_type> mine = Backend::template allocate<value_type>(layout_.slice(u));
         reduce<value_type>(gradients, whole(mine));
         backend_.convert(span_of<const value_type>(whole(mine)), shard_part(gradient_, u));
+        backend_.fence();  // before `mine` is freed
       } else {
         {
           std::lock_guard lock(mutex_);

@@ -3,7 +3,7 @@
 /// cuBLAS's products for the tensor-parallel layers on GPU memory (a CUDA build): `cublas_kernels`
 /// keeps the layers' tensors where `thrust_kernels` does (device_kernels.hpp) and computes
 /// `multiply_transposed` and `linear_backward` with one `cublasGemmEx` each, on the legacy default
-/// stream, `float`, `double`, `bfloat16` and `float16` (16-bit inputs accumulate in `float`).
+/// stream, for `float` and `double` (the layers' element types).
 /// cuBLAS sums in its own order: the results equal `thrust_kernels`' within rounding, not bit for
 /// bit. Link `dtrain::cublas` (and `dtrain::thrust`), compiled by nvcc.
 ///
@@ -17,7 +17,6 @@
 #include <cublas_v2.h>
 #include <thrust/version.h>
 
-#include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/cuda/runtime.hpp"
 #include "dtrain/tensor_parallel/device_kernels.hpp"
@@ -71,19 +70,6 @@ struct cublas_type<double> {
   static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_64F;
   using scale = double;
 };
-template <>
-struct cublas_type<bfloat16> {
-  static constexpr cudaDataType_t data = CUDA_R_16BF;
-  static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  using scale = float;
-};
-template <>
-struct cublas_type<float16> {
-  static constexpr cudaDataType_t data = CUDA_R_16F;
-  static constexpr cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
-  using scale = float;
-};
-
 // C (m x n) = alpha op(A) op(B) + beta C, column-major, as cublasGemmEx takes them.
 template <class T>
 void gemm(cublasOperation_t ta, cublasOperation_t tb, std::size_t m, std::size_t n, std::size_t k, const T* a,

@@ -167,7 +167,10 @@ struct thrust_kernels {
                               std::size_t in, std::size_t out, thrust_buffer<T> gw, thrust_buffer<T> dx) {
     const std::size_t batch = out == 0 ? 0 : dy.size() / out;
     detail::for_each_index(out * in, detail::weight_gradient_op<T>{x.data(), dy.data(), gw.data(), in, out, batch});
-    if (!dx.empty()) {
+    if (dx.empty()) return;
+    if (out == 0) {  // a rank without output features contributes nothing to the input gradient
+      thrust_tensors::zero<T>(dx);
+    } else {
       detail::for_each_index(batch * in, detail::input_gradient_op<T>{dy.data(), w.data(), dx.data(), in, out});
     }
   }
