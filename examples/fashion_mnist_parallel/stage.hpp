@@ -13,7 +13,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <random>
 #include <span>
 #include <utility>
 #include <vector>
@@ -23,7 +22,7 @@
 #include <dtrain/concepts/stage.hpp>
 #include <dtrain/tensor_parallel/linear.hpp>
 
-#include "../fashion_mnist/dataset.hpp"
+#include "settings.hpp"
 
 namespace fashion_mnist {
 
@@ -53,14 +52,6 @@ struct eigen_kernels {
   }
 };
 
-/// Which samples the micro-batches of the current step (or evaluation pass) are: micro-batch i
-/// is `indices[i * size, (i + 1) * size)` of `data`. The training loop points it at each batch.
-struct sample_source {
-  const split* data = nullptr;
-  std::span<const std::size_t> indices;
-  std::size_t micro_batch_size = 0;
-};
-
 template <class Collective>
 class parallel_stage {
  public:
@@ -75,11 +66,7 @@ class parallel_stage {
       : widths_(std::move(widths)), first_(first), last_(last), source_(&source) {
     for (int l = first_; l < last_; ++l) {
       const auto in = static_cast<std::size_t>(widths_[l]), out = static_cast<std::size_t>(widths_[l + 1]);
-      std::mt19937_64 gen(seed * 1000003 + static_cast<std::uint64_t>(l));
-      std::uniform_real_distribution<float> u(-1.0f / std::sqrt(float(in)), 1.0f / std::sqrt(float(in)));
-      std::vector<float> w(in * out), b(out);
-      for (float& v : w) v = u(gen);
-      for (float& v : b) v = u(gen);
+      const auto [w, b] = layer_start(seed, l, in, out);
       slot_.push_back(l % 2 == 0 ? columns_.size() : rows_.size());
       if (l % 2 == 0) {
         columns_.emplace_back(tp, in, out);
@@ -104,7 +91,7 @@ class parallel_stage {
 
   double forward(const dtrain::micro_batch& mb, std::span<const float> in, std::span<float> out) {
     std::vector<std::vector<float>> acts;  // each layer's input, then the last output
-    acts.push_back(first_ == 0 ? images(mb) : std::vector<float>(in.begin(), in.end()));
+    acts.push_back(first_ == 0 ? images_of(*source_, mb.index) : std::vector<float>(in.begin(), in.end()));
     const std::size_t b = source_->micro_batch_size;
     for (int l = first_; l < last_; ++l) {
       std::vector<float> y(b * output_width(l));
@@ -160,24 +147,11 @@ class parallel_stage {
     return v;
   }
 
-  std::span<const std::size_t> samples_of(const dtrain::micro_batch& mb) const {
-    return source_->indices.subspan(static_cast<std::size_t>(mb.index) * source_->micro_batch_size, source_->micro_batch_size);
-  }
-
-  std::vector<float> images(const dtrain::micro_batch& mb) const {
-    std::vector<float> x;
-    x.reserve(source_->micro_batch_size * pixels_per_image);
-    for (std::size_t s : samples_of(mb)) {
-      const float* p = &source_->data->pixels[s * pixels_per_image];
-      x.insert(x.end(), p, p + pixels_per_image);
-    }
-    return x;
-  }
 
   // Mean softmax cross-entropy of the logits `z` against the micro-batch's labels; with `dz`,
   // its gradient (p - onehot) / b. Counts correct predictions.
   double softmax_cross_entropy(const dtrain::micro_batch& mb, const std::vector<float>& z, std::vector<float>* dz) {
-    const auto labels = samples_of(mb);
+    const auto labels = samples_of(*source_, mb.index);
     const std::size_t k = static_cast<std::size_t>(classes), b = labels.size();
     double loss = 0;
     for (std::size_t r = 0; r < b; ++r) {

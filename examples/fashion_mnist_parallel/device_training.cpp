@@ -1,0 +1,60 @@
+// fashion_mnist_parallel_device's training, on Thrust's device memory: compiled by the C++
+// compiler under Thrust's CPP system (the CPU build, which CI runs), and by nvcc in a CUDA build
+// (device_training.cu includes this file).
+
+#include "device_training.hpp"
+
+#include <dtrain/collective/staged.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/pipeline/device_link.hpp>
+#include <dtrain/tensor_parallel/device_kernels.hpp>
+#include <dtrain/transport/group.hpp>
+#include <dtrain/updater/device.hpp>
+#include <dtrain/updater/momentum.hpp>
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#include <dtrain/tensor_parallel/cublas_kernels.hpp>
+#endif
+
+#include "device_stage.hpp"
+#include "training.hpp"
+
+namespace fashion_mnist {
+
+namespace {
+
+// Device memory: every collective (pipeline messages, tp and dp) stages device buffers over the
+// ranks' process groups; the stages' products are `Kernels`'.
+template <class Kernels>
+struct device_layout {
+  using transport = dtrain::any_transport;
+  using group = dtrain::process_group<transport>;
+  using pp_collective = dtrain::staged_communicator<group>;
+  using tp_collective = dtrain::staged_communicator<group>;
+  using dp_collective = dtrain::staged_communicator<group>;
+  using stage = device_parallel_stage<tp_collective, Kernels>;
+  using updater = dtrain::device_updater<dtrain::momentum<float>>;
+  static constexpr const char* memory =
+      THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA ? "the GPU" : "device memory (Thrust's CPP system: the CPU)";
+};
+
+template <class Kernels>
+int run(const settings& s, dtrain::any_transport world, const split& train_set, const split& test) {
+  return with_schedule(s, [&](auto schedule) {
+    return train<device_layout<Kernels>>(s, schedule, std::move(world), train_set, test,
+                                         "fashion_mnist_parallel_device");
+  });
+}
+
+}  // namespace
+
+int train_on_device(const settings& s, dtrain::any_transport world, const split& train_set, const split& test) {
+  if (s.kernels == "thrust") return run<dtrain::tensor_parallel::thrust_kernels>(s, std::move(world), train_set, test);
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+  if (s.kernels == "cublas") return run<dtrain::tensor_parallel::cublas_kernels>(s, std::move(world), train_set, test);
+#endif
+  throw dtrain::error(dtrain::errc::invalid_argument,
+                      "--kernels " + s.kernels + ": this build has thrust" +
+                          (THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA ? ", cublas" : " (cublas needs a CUDA build)"));
+}
+
+}  // namespace fashion_mnist
