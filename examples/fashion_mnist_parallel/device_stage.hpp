@@ -27,6 +27,7 @@
 #include <dtrain/tensor_parallel/device_kernels.hpp>
 #include <dtrain/tensor_parallel/linear.hpp>
 
+#include "layers.hpp"
 #include "settings.hpp"
 
 namespace fashion_mnist {
@@ -86,24 +87,12 @@ class device_parallel_stage {
 
   device_parallel_stage(Collective& tp, std::vector<int> widths, int first, int last, const sample_source& source,
                         std::uint64_t seed)
-      : widths_(std::move(widths)), first_(first), last_(last), source_(&source) {
-    for (int l = first_; l < last_; ++l) {
-      const auto in = static_cast<std::size_t>(widths_[l]), out = static_cast<std::size_t>(widths_[l + 1]);
-      const auto [w, b] = layer_start(seed, l, in, out);
-      slot_.push_back(l % 2 == 0 ? columns_.size() : rows_.size());
-      if (l % 2 == 0) {
-        columns_.emplace_back(tp, in, out);
-        columns_.back().load(w, b);
-      } else {
-        rows_.emplace_back(tp, in, out);
-        rows_.back().load(w, b);
-      }
-    }
-  }
+      : widths_(std::move(widths)), first_(first), last_(last), source_(&source),
+        layers_(tp, widths_, first, last, seed) {}
 
   std::size_t tensor_count() const noexcept { return 2 * static_cast<std::size_t>(last_ - first_); }
-  span parameters(std::size_t i) { return pick(i, false); }
-  span gradients(std::size_t i) { return pick(i, true); }
+  span parameters(std::size_t i) { return layers_.tensor(i, false).span(); }
+  span gradients(std::size_t i) { return layers_.tensor(i, true).span(); }
   std::size_t input_size() const noexcept {
     return first_ == 0 ? 0 : source_->micro_batch_size * static_cast<std::size_t>(widths_[first_]);
   }
@@ -119,11 +108,11 @@ class device_parallel_stage {
     acts.push_back(first_ == 0 ? images(mb) : copy_of(in));
     const std::size_t b = source_->micro_batch_size;
     for (int l = first_; l < last_; ++l) {
-      buffer y(b * output_width(l));
+      buffer y(b * layers_.output_width(l, widths_));
       if (l % 2 == 0) {
-        column_at(l).forward(view(acts.back()), y.span());
+        layers_.column_at(l).forward(view(acts.back()), y.span());
       } else {
-        row_at(l).forward(view(acts.back()), y.span());
+        layers_.row_at(l).forward(view(acts.back()), y.span());
       }
       if (l + 1 < layers()) thrust::transform(on(), y.data(), y.data() + y.size(), y.data(), device::relu{});
       acts.push_back(std::move(y));
@@ -156,9 +145,9 @@ class device_parallel_stage {
       }
       buffer dx(l > 0 ? x.size() : 0);  // the model's input needs no gradient
       if (l % 2 == 0) {
-        column_at(l).backward(view(x), view(delta), dx.span());
+        layers_.column_at(l).backward(view(x), view(delta), dx.span());
       } else {
-        row_at(l).backward(view(x), view(delta), dx.span());
+        layers_.row_at(l).backward(view(x), view(delta), dx.span());
       }
       delta = std::move(dx);
     }
@@ -177,19 +166,6 @@ class device_parallel_stage {
   }
 
   int layers() const noexcept { return static_cast<int>(widths_.size()) - 1; }
-  column& column_at(int l) { return columns_[slot_[static_cast<std::size_t>(l - first_)]]; }
-  row& row_at(int l) { return rows_[slot_[static_cast<std::size_t>(l - first_)]]; }
-  std::size_t output_width(int l) {
-    return l % 2 == 0 ? column_at(l).outputs().size : static_cast<std::size_t>(widths_[l + 1]);
-  }
-
-  span pick(std::size_t i, bool grad) {
-    const int l = first_ + static_cast<int>(i / 2);
-    auto& p = l % 2 == 0 ? column_at(l).parameters() : row_at(l).parameters();
-    auto& v = i % 2 == 0 ? (grad ? p.weight_grad : p.weight) : (grad ? p.bias_grad : p.bias);
-    return v.span();
-  }
-
 
   buffer images(const dtrain::micro_batch& mb) const {
     const std::vector<float> x = images_of(*source_, mb.index);
@@ -224,9 +200,7 @@ class device_parallel_stage {
   std::vector<int> widths_;
   int first_, last_;
   const sample_source* source_;
-  std::vector<column> columns_;
-  std::vector<row> rows_;
-  std::vector<std::size_t> slot_;  // layer first_ + i is columns_[slot_[i]] (even) or rows_[slot_[i]]
+  stage_layers<column, row> layers_;
   std::map<int, std::vector<buffer>> saved_;
   std::size_t hits_ = 0;
 };

@@ -22,6 +22,7 @@
 #include <dtrain/concepts/stage.hpp>
 #include <dtrain/tensor_parallel/linear.hpp>
 
+#include "layers.hpp"
 #include "settings.hpp"
 
 namespace fashion_mnist {
@@ -63,24 +64,12 @@ class parallel_stage {
   /// stage), reading samples from `source`.
   parallel_stage(Collective& tp, std::vector<int> widths, int first, int last, const sample_source& source,
                  std::uint64_t seed)
-      : widths_(std::move(widths)), first_(first), last_(last), source_(&source) {
-    for (int l = first_; l < last_; ++l) {
-      const auto in = static_cast<std::size_t>(widths_[l]), out = static_cast<std::size_t>(widths_[l + 1]);
-      const auto [w, b] = layer_start(seed, l, in, out);
-      slot_.push_back(l % 2 == 0 ? columns_.size() : rows_.size());
-      if (l % 2 == 0) {
-        columns_.emplace_back(tp, in, out);
-        columns_.back().load(w, b);
-      } else {
-        rows_.emplace_back(tp, in, out);
-        rows_.back().load(w, b);
-      }
-    }
-  }
+      : widths_(std::move(widths)), first_(first), last_(last), source_(&source),
+        layers_(tp, widths_, first, last, seed) {}
 
   std::size_t tensor_count() const noexcept { return 2 * static_cast<std::size_t>(last_ - first_); }
-  std::span<float> parameters(std::size_t i) { return pick(i, false); }
-  std::span<float> gradients(std::size_t i) { return pick(i, true); }
+  std::span<float> parameters(std::size_t i) { return layers_.tensor(i, false); }
+  std::span<float> gradients(std::size_t i) { return layers_.tensor(i, true); }
   std::size_t input_size() const noexcept { return first_ == 0 ? 0 : source_->micro_batch_size * static_cast<std::size_t>(widths_[first_]); }
   std::size_t output_size() const noexcept {
     return last_ == layers() ? 0 : source_->micro_batch_size * static_cast<std::size_t>(widths_[last_]);
@@ -94,9 +83,9 @@ class parallel_stage {
     acts.push_back(first_ == 0 ? images_of(*source_, mb.index) : std::vector<float>(in.begin(), in.end()));
     const std::size_t b = source_->micro_batch_size;
     for (int l = first_; l < last_; ++l) {
-      std::vector<float> y(b * output_width(l));
-      if (l % 2 == 0) column_at(l).forward(acts.back(), y);
-      else row_at(l).forward(acts.back(), y);
+      std::vector<float> y(b * layers_.output_width(l, widths_));
+      if (l % 2 == 0) layers_.column_at(l).forward(acts.back(), y);
+      else layers_.row_at(l).forward(acts.back(), y);
       if (l + 1 < layers()) {
         for (float& v : y) v = std::max(v, 0.0f);
       }
@@ -125,8 +114,8 @@ class parallel_stage {
         for (std::size_t i = 0; i < delta.size(); ++i) delta[i] = y[i] > 0.0f ? delta[i] : 0.0f;
       }
       std::vector<float> dx(l > 0 ? x.size() : 0);  // the model's input needs no gradient
-      if (l % 2 == 0) column_at(l).backward(x, delta, dx);
-      else row_at(l).backward(x, delta, dx);
+      if (l % 2 == 0) layers_.column_at(l).backward(x, delta, dx);
+      else layers_.row_at(l).backward(x, delta, dx);
       delta = std::move(dx);
     }
     std::copy(delta.begin(), delta.end(), in_grad.begin());
@@ -136,17 +125,6 @@ class parallel_stage {
 
  private:
   int layers() const noexcept { return static_cast<int>(widths_.size()) - 1; }
-  column& column_at(int l) { return columns_[slot_[static_cast<std::size_t>(l - first_)]]; }
-  row& row_at(int l) { return rows_[slot_[static_cast<std::size_t>(l - first_)]]; }
-  std::size_t output_width(int l) { return l % 2 == 0 ? column_at(l).outputs().size : static_cast<std::size_t>(widths_[l + 1]); }
-
-  std::span<float> pick(std::size_t i, bool grad) {
-    const int l = first_ + static_cast<int>(i / 2);
-    auto& p = l % 2 == 0 ? column_at(l).parameters() : row_at(l).parameters();
-    auto& v = i % 2 == 0 ? (grad ? p.weight_grad : p.weight) : (grad ? p.bias_grad : p.bias);
-    return v;
-  }
-
 
   // Mean softmax cross-entropy of the logits `z` against the micro-batch's labels; with `dz`,
   // its gradient (p - onehot) / b. Counts correct predictions.
@@ -175,9 +153,7 @@ class parallel_stage {
   std::vector<int> widths_;
   int first_, last_;
   const sample_source* source_;
-  std::vector<column> columns_;
-  std::vector<row> rows_;
-  std::vector<std::size_t> slot_;  // layer first_ + i is columns_[slot_[i]] (even) or rows_[slot_[i]]
+  stage_layers<column, row> layers_;
   std::map<int, std::vector<std::vector<float>>> saved_;
   std::size_t hits_ = 0;
 };
