@@ -4,6 +4,9 @@
 
 #include "device_training.hpp"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <dtrain/collective/staged.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/pipeline/device_link.hpp>
@@ -12,6 +15,7 @@
 #include <dtrain/updater/device.hpp>
 #include <dtrain/updater/momentum.hpp>
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+#include <dtrain/cuda/runtime.hpp>
 #include <dtrain/tensor_parallel/cublas_kernels.hpp>
 #endif
 
@@ -48,6 +52,16 @@ int run(const settings& s, dtrain::any_transport world, const split& train_set, 
 }  // namespace
 
 int train_on_device(const settings& s, dtrain::any_transport world, const split& train_set, const split& test) {
+#if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
+  if (dtrain::cuda::device_count() == 0) {
+    std::fprintf(stderr, "fashion_mnist_parallel_device: no CUDA device is visible: this build needs a GPU "
+                         "(a CPU build runs the same code under Thrust's CPP system)\n");
+    return exit_no_device;
+  }
+  const char* local = std::getenv("DTRAIN_LOCAL_RANK");  // ranks of a host take its GPUs in turn
+  dtrain::cuda::check(cudaSetDevice((local != nullptr ? std::atoi(local) : 0) % dtrain::cuda::device_count()),
+                      "cudaSetDevice");
+#endif
   if (s.kernels == "thrust") return run<dtrain::tensor_parallel::thrust_kernels>(s, std::move(world), train_set, test);
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
   if (s.kernels == "cublas") return run<dtrain::tensor_parallel::cublas_kernels>(s, std::move(world), train_set, test);
