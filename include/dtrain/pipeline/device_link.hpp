@@ -79,6 +79,10 @@ struct link<Comm, T> {
   static void from_host(span s, std::span<const T> host) {
     dtrain::detail::thrust_space::upload<T>(s, host, legacy_stream());
   }
+  /// The calling thread's device, and making it another thread's (the trainer's communication
+  /// thread averages replicas on the device the trainer was built on).
+  static int current_device() { return dtrain::detail::thrust_space::current_device(); }
+  static void use_device(int device) { dtrain::detail::thrust_space::use_device(device); }
 
  private:
   static dtrain::detail::thrust_space::stream_handle legacy_stream() noexcept { return {}; }

@@ -10,7 +10,8 @@
 /// `completion` whose `info().sig` is the sender's signature; `mismatch`, the error a receive of
 /// another size ends with before the executor compares signatures; `copy` and `swap` of spans
 /// (weight stashing); `zero` and `scale` of a span (the trainer's gradients); `to_host` and
-/// `from_host` (the handshake, the trainer's checkpoints).
+/// `from_host` (the handshake, the trainer's checkpoints); `current_device` and `use_device` (the
+/// trainer's communication thread works on the device it was built on).
 
 #include <algorithm>
 #include <cstddef>
@@ -51,6 +52,8 @@ struct link<Transport, T> {
   }
   static std::vector<T> to_host(const_span s) { return {s.begin(), s.end()}; }
   static void from_host(span s, std::span<const T> host) { std::copy(host.begin(), host.end(), s.begin()); }
+  static int current_device() noexcept { return 0; }
+  static void use_device(int) noexcept {}
 };
 
 }  // namespace dtrain::pipeline

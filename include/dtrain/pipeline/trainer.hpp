@@ -154,7 +154,10 @@ class trainer {
     shape_ = pipeline_shape{pipeline_.size(), schedule_.chunks(), options_.micro_batches};
     actions_ = schedule_.actions(pipeline_.rank(), shape_);
     executor_.handshake(shape_, Schedule::name);
-    if (overlapped()) comm_.emplace(trace::recorder::global());
+    if (overlapped()) {
+      comm_.emplace(trace::recorder::global());
+      comm_->post([device = values::current_device()] { values::use_device(device); });  // this thread's device
+    }
   }
 
   trainer(const trainer&) = delete;  // the executor refers to the pipeline group and the chunks
