@@ -38,6 +38,7 @@
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/memory_use.hpp"
 #include "dtrain/core/reduce_op.hpp"
+#include "dtrain/detail/allgather_on_host.hpp"
 #include "dtrain/reduce/host.hpp"
 
 namespace dtrain::allreduce {
@@ -103,9 +104,7 @@ class host_backend {
 
   template <class Collective>
   std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
-    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
-    comm.allgather(mine, std::span<std::int64_t>(all));
-    return all;
+    return dtrain::detail::allgather_on_host(comm, mine);
   }
 
   template <class Updater>

@@ -40,14 +40,6 @@ inline void check_digests_agree(std::span<const std::int64_t> all, const std::st
   }
 }
 
-/// Every rank's `mine`, in rank order, gathered through host memory. Collective.
-template <class Collective>
-std::vector<std::int64_t> allgather_on_host(Collective& comm, std::span<const std::int64_t> mine) {
-  std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(comm.size()));
-  comm.allgather(mine, std::span<std::int64_t>(all));
-  return all;
-}
-
 /// Every rank of `comm` and, under hybrid sharding, of `replicas` gathers every rank's `mine`
 /// (through `backend`'s memory: `allgather_digests`) and checks them (`check_digests_agree`).
 template <class Backend, class Collective, class Replicas>
@@ -60,10 +52,16 @@ void check_agreement(Backend& backend, Collective& comm, Replicas& replicas, con
   }
 }
 
+/// Gathers as `backend` does (`allgather_digests`: through device memory for a device backend).
+template <class Backend>
+auto gather_through(Backend& backend) {
+  return [&backend](auto& comm, std::span<const std::int64_t> mine) { return backend.allgather_digests(comm, mine); };
+}
+
 /// After every rank of `comm` has tried something: rethrows this rank's `failure`, else raises
 /// `code` with `what` and the first rank that failed ("rank 2 could not ..."). Collective:
-/// `gather(comm, mine)` is every rank's `mine`, in rank order (`allgather_on_host`, or a
-/// backend's `allgather_digests` for a collective of device memory).
+/// `gather(comm, mine)` is every rank's `mine`, in rank order (`detail::allgather_on_host`, or
+/// a backend's `allgather_digests`: `gather_through(backend)`).
 template <class Collective, class Gather>
 void all_succeeded(Collective& comm, std::exception_ptr failure, errc code, const std::string& what, Gather&& gather) {
   const std::int64_t mine = failure ? 0 : 1;

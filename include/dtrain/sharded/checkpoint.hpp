@@ -239,7 +239,7 @@ template <class T, class Backend, class Collective, class Replicas, class Span>
 void save_trainer_shards(Backend& backend, Collective& comm, Replicas& replicas, const std::string& who,
                          const std::string& prefix, const shard_identity& id, const shard_state& at, Span master,
                          Span state) {
-  auto gather = [&backend](auto& c, std::span<const std::int64_t> mine) { return backend.allgather_digests(c, mine); };
+  const auto gather = gather_through(backend);
   auto write = [&] {
     const std::vector<T> m = backend.template to_host<T>(master), s = backend.template to_host<T>(state);
     save_sharded<T>(comm, gather, who, prefix, id, at, std::span<const T>(m), std::span<const T>(s));
@@ -276,7 +276,7 @@ shard_state load_trainer_shards(Backend& backend, Collective& comm, const std::s
     failure = std::current_exception();
   }
   all_succeeded(comm, failure, errc::bad_data, "could not load its shards of " + prefix + " (" + who + ")",
-                [&backend](auto& c, std::span<const std::int64_t> mine) { return backend.allgather_digests(c, mine); });
+                gather_through(backend));
   backend.template from_host<T>(master, std::span<const T>(new_master));
   backend.template from_host<T>(state, std::span<const T>(new_state));
   return at;

@@ -31,6 +31,7 @@
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/element.hpp"
+#include "dtrain/detail/allgather_on_host.hpp"
 #include "dtrain/sharded/agreement.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
 
@@ -112,7 +113,7 @@ class host_backend {
 
   template <class Collective>
   std::vector<std::int64_t> allgather_digests(Collective& comm, std::span<const std::int64_t> mine) {
-    return allgather_on_host(comm, mine);
+    return dtrain::detail::allgather_on_host(comm, mine);
   }
 };
 

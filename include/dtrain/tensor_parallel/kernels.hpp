@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dtrain/core/memory_space.hpp"
+#include "dtrain/detail/allgather_on_host.hpp"
 
 namespace dtrain::tensor_parallel {
 
@@ -108,9 +109,7 @@ struct host_tensors {
   }
   template <class Collective>
   static std::vector<std::int64_t> allgather_values(Collective& c, std::span<const std::int64_t> mine) {
-    std::vector<std::int64_t> all(mine.size() * static_cast<std::size_t>(c.size()));
-    c.allgather(mine, std::span<std::int64_t>(all));
-    return all;
+    return dtrain::detail::allgather_on_host(c, mine);
   }
 };
 
