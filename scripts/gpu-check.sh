@@ -62,8 +62,8 @@ if command -v ctest > /dev/null; then
   step gpu_tests 300 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 \
     --repeat "until-fail:${GPU_CHECK_REPEAT:-1}"
 else  # no CMake on the host: the same test programs, one process each
-  for t in test_nccl test_thrust_cuda test_staged_cuda test_device_pipeline_cuda test_device_trainer_cuda \
-           test_tensor_parallel_cuda; do
+  for t in test_nccl test_nccl_p2p test_thrust_cuda test_staged_cuda test_device_pipeline_cuda test_device_trainer_cuda \
+           test_tensor_parallel_cuda test_nccl_pipeline_cuda; do
     step "$t" 300 "$build/tests/$t"
   done
 fi

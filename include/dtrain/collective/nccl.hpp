@@ -28,6 +28,12 @@
 ///   end in the timeout.)
 /// - gather, scatter and alltoall go through grouped `ncclSend`/`ncclRecv`, which every NCCL
 ///   since 2.7 has.
+/// - Point-to-point (`isend`, `irecv`, `send`, `recv`; formed with `point_to_point` set):
+///   tagged messages of device buffers, each pair of ranks in each direction on a lane of its
+///   own, so sends and receives complete whatever order they were posted in; a message's type
+///   and count are checked before its payload moves (collective/nccl_p2p.hpp). They are ordered
+///   after the caller's stream-0 work when posted, may run beside collectives on another thread,
+///   and a `wait` that times out leaves them pending.
 /// - One rank per GPU: NCCL refuses two ranks on one device. To share a GPU between ranks, use
 ///   the staged TCP communicator (`staged_communicator`).
 /// Not thread-safe: one call at a time, in the same order on every rank.
@@ -47,6 +53,7 @@
 #include <utility>
 #include <vector>
 
+#include "dtrain/collective/nccl_p2p.hpp"
 #include "dtrain/collective/nccl_request.hpp"
 #include "dtrain/collective/nccl_startup.hpp"
 #include "dtrain/collective/nccl_types.hpp"
@@ -55,6 +62,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/reduce_op.hpp"
+#include "dtrain/core/signature.hpp"
 #include "dtrain/cuda/runtime.hpp"
 #include "dtrain/detail/error_code_forms.hpp"
 
@@ -67,9 +75,13 @@ struct nccl_options {
   int device = -1;
   /// Store key of the NCCL unique id; groups formed through one store need different keys.
   std::string key = "nccl/unique_id";
+  /// Forms the lanes of `isend` and `irecv` at start-up: a two-rank NCCL communicator per
+  /// ordered pair of ranks (2 (P - 1) ncclCommSplit rounds, collective, P rounded up to even).
+  bool point_to_point = false;
 };
 
-class nccl_communicator : public detail::error_code_forms<nccl_communicator, device_span> {
+class nccl_communicator : public detail::error_code_forms<nccl_communicator, device_span>,
+                          public nccl_p2p_forms<nccl_communicator> {
   using error_code_forms = detail::error_code_forms<nccl_communicator, device_span>;
 
  public:
@@ -110,9 +122,11 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
         scratch_(std::move(o.scratch_)),
         sequence_(o.sequence_),
         broken_(std::move(o.broken_)),
-        events_(std::move(o.events_)) {}
+        events_(std::move(o.events_)),
+        p2p_(std::move(o.p2p_)) {}
   nccl_communicator& operator=(nccl_communicator&&) = delete;
   ~nccl_communicator() {
+    p2p_.reset();  // the lanes before the communicator they were split from
     if (comm_ != nullptr) {
       cudaStreamSynchronize(stream_.get());
       ncclCommDestroy(comm_);
@@ -130,7 +144,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
 
   template <element T>
   request iallreduce(device_span<const T> in, device_span<T> out, reduce_op op) {
-    same_size(in.size(), out.size(), "allreduce");
+    detail::nccl::same_size(in.size(), out.size(), "allreduce");
     return start("allreduce", [&] {
       return ncclAllReduce(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), detail::nccl::op_of<T>(op),
                            comm_, stream());
@@ -142,7 +156,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   }
   template <element T>
   request ibroadcast(device_span<T> buf, int root) {
-    check_root(root, "broadcast");
+    detail::nccl::check_root(root, size_, "broadcast");
     return start("broadcast", [&] {
       return ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl::type_of<T>(), root, comm_, stream());
     });
@@ -156,8 +170,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   }
   template <element T>
   void reduce(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, int root) {
-    check_root(root, "reduce");
-    if (rank_ == root) same_size(in.size(), out.size(), "reduce");
+    detail::nccl::check_root(root, size_, "reduce");
+    if (rank_ == root) detail::nccl::same_size(in.size(), out.size(), "reduce");
     start("reduce", [&] {
       return ncclReduce(in.data(), rank_ == root ? out.data() : nullptr, in.size(), detail::nccl::type_of<T>(),
                         detail::nccl::op_of<T>(op), root, comm_, stream());
@@ -177,7 +191,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   }
   template <element T>
   void reduce_scatter(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op) {
-    same_size(in.size(), out.size() * static_cast<std::size_t>(size_), "reduce_scatter (input = size() blocks)");
+    detail::nccl::same_size(in.size(), out.size() * static_cast<std::size_t>(size_),
+                            "reduce_scatter (input = size() blocks)");
     start("reduce_scatter", [&] {
       return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl::type_of<T>(),
                                detail::nccl::op_of<T>(op), comm_, stream());
@@ -185,59 +200,62 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   }
   template <element T>
   void reduce_scatter(device_span<T> buf, reduce_op op) {
-    const std::size_t n = block(buf.size(), "reduce_scatter");
+    const std::size_t n = detail::nccl::block(buf.size(), size_, "reduce_scatter");
     reduce_scatter<T>(device_span<const T>(buf), buf.subspan(static_cast<std::size_t>(rank_) * n, n), op);
   }
   template <element T>
   void allgather(std::type_identity_t<device_span<const T>> in, device_span<T> out) {
-    same_size(in.size() * static_cast<std::size_t>(size_), out.size(), "allgather (output = size() blocks)");
+    detail::nccl::same_size(in.size() * static_cast<std::size_t>(size_), out.size(),
+                            "allgather (output = size() blocks)");
     start("allgather", [&] {
       return ncclAllGather(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), comm_, stream());
     }).wait();
   }
   template <element T>
   void allgather(device_span<T> buf) {
-    const std::size_t n = block(buf.size(), "allgather");
+    const std::size_t n = detail::nccl::block(buf.size(), size_, "allgather");
     allgather<T>(device_span<const T>(buf.subspan(static_cast<std::size_t>(rank_) * n, n)), buf);
   }
   template <element T>
   void gather(std::type_identity_t<device_span<const T>> in, device_span<T> out, int root) {
-    check_root(root, "gather");
+    detail::nccl::check_root(root, size_, "gather");
     if (rank_ == root)
-      same_size(in.size() * static_cast<std::size_t>(size_), out.size(), "gather (output = size() blocks)");
+      detail::nccl::same_size(in.size() * static_cast<std::size_t>(size_), out.size(),
+                              "gather (output = size() blocks)");
     const std::size_t n = in.size();
     start("gather", [&] {
       return grouped([&](int p) -> ncclResult_t {
-        if (rank_ != root) return p == root ? send(in, p) : ncclSuccess;
-        return recv(out.subspan(static_cast<std::size_t>(p) * n, n), in, p);
+        if (rank_ != root) return p == root ? post_send(in, p) : ncclSuccess;
+        return post_recv(out.subspan(static_cast<std::size_t>(p) * n, n), in, p);
       });
     }).wait();
   }
   template <element T>
   void scatter(std::type_identity_t<device_span<const T>> in, device_span<T> out, int root) {
-    check_root(root, "scatter");
+    detail::nccl::check_root(root, size_, "scatter");
     if (rank_ == root)
-      same_size(in.size(), out.size() * static_cast<std::size_t>(size_), "scatter (input = size() blocks)");
+      detail::nccl::same_size(in.size(), out.size() * static_cast<std::size_t>(size_),
+                              "scatter (input = size() blocks)");
     const std::size_t n = out.size();
     start("scatter", [&] {
       return grouped([&](int p) -> ncclResult_t {
-        if (rank_ != root) return p == root ? recv(out, device_span<const T>{}, p) : ncclSuccess;
-        return p == rank_ ? recv(out, in.subspan(static_cast<std::size_t>(p) * n, n), p)
-                          : send(in.subspan(static_cast<std::size_t>(p) * n, n), p);
+        if (rank_ != root) return p == root ? post_recv(out, device_span<const T>{}, p) : ncclSuccess;
+        return p == rank_ ? post_recv(out, in.subspan(static_cast<std::size_t>(p) * n, n), p)
+                          : post_send(in.subspan(static_cast<std::size_t>(p) * n, n), p);
       });
     }).wait();
   }
   template <element T>
   void alltoall(std::type_identity_t<device_span<const T>> in, device_span<T> out) {
-    same_size(in.size(), out.size(), "alltoall");
-    const std::size_t n = block(in.size(), "alltoall");
+    detail::nccl::same_size(in.size(), out.size(), "alltoall");
+    const std::size_t n = detail::nccl::block(in.size(), size_, "alltoall");
     start("alltoall", [&] {
       return grouped([&](int p) -> ncclResult_t {
         const auto mine = in.subspan(static_cast<std::size_t>(p) * n, n);
         const auto theirs = out.subspan(static_cast<std::size_t>(p) * n, n);
-        if (p == rank_) return recv(theirs, mine, p);
-        if (const ncclResult_t r = send(mine, p); r != ncclSuccess) return r;
-        return recv(theirs, device_span<const T>{}, p);
+        if (p == rank_) return post_recv(theirs, mine, p);
+        if (const ncclResult_t r = post_send(mine, p); r != ncclSuccess) return r;
+        return post_recv(theirs, device_span<const T>{}, p);
       });
     }).wait();
   }
@@ -257,6 +275,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
 
  private:
   friend request;
+  friend nccl_p2p_forms<nccl_communicator>;
 
   nccl_communicator(ncclUniqueId id, int rank, int size, int device, nccl_options o, deadline d)
       : rank_(rank), size_(size), device_(device), options_(std::move(o)), broken_(std::make_shared<std::string>()) {
@@ -264,6 +283,26 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
     config.blocking = 0;  // joining, and every call, then return at once; we wait under deadlines
     check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
     settle("joining the group of " + std::to_string(size) + " ranks (every rank must call connect)", d, true);
+    if (!options_.point_to_point) return;
+    try {
+      p2p_ = std::make_unique<detail::nccl::p2p_engine>(comm_, rank, size, device_, options_.timeout, d);
+    } catch (...) {
+      ncclCommAbort(std::exchange(comm_, nullptr));  // no destructor runs for a constructor that throws
+      throw;
+    }
+  }
+
+  detail::nccl::p2p_engine& lanes(const char* what, int peer) {
+    if (!p2p_) {
+      throw error(errc::invalid_argument, std::string("nccl ") + what +
+                                              ": this communicator was formed without point-to-point lanes "
+                                              "(set nccl_options::point_to_point on every rank)");
+    }
+    if (peer < 0 || peer >= size_) {
+      throw error(errc::invalid_argument, std::string("nccl ") + what + ": peer " + std::to_string(peer) +
+                                              " outside a group of " + std::to_string(size_));
+    }
+    return *p2p_;
   }
 
   static void check(ncclResult_t r, const char* what) {
@@ -371,12 +410,12 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   }
 
   template <class T>
-  ncclResult_t send(device_span<const T> b, int peer) {
+  ncclResult_t post_send(device_span<const T> b, int peer) {
     return ncclSend(b.data(), b.size(), detail::nccl::type_of<T>(), peer, comm_, stream());
   }
   // Receives `b` from `peer`; from itself, copies `self` (a device-to-device copy on the stream).
   template <class T>
-  ncclResult_t recv(device_span<T> b, device_span<const T> self, int peer) {
+  ncclResult_t post_recv(device_span<T> b, device_span<const T> self, int peer) {
     if (peer == rank_) {
       return cudaMemcpyAsync(b.data(), self.data(), self.size_bytes(), cudaMemcpyDeviceToDevice, stream()) ==
                      cudaSuccess
@@ -391,26 +430,6 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
     const std::size_t bytes = n * sizeof(T);
     if (scratch_.size() < bytes) scratch_ = cuda::device_buffer<std::byte>(bytes);
     return {reinterpret_cast<T*>(scratch_.data()), n};
-  }
-
-  void check_root(int root, const char* what) const {
-    if (root < 0 || root >= size_) {
-      throw error(errc::invalid_argument, std::string("nccl ") + what + ": root " + std::to_string(root) +
-                                              " outside a group of " + std::to_string(size_));
-    }
-  }
-  static void same_size(std::size_t a, std::size_t b, const char* what) {
-    if (a != b) {
-      throw error(errc::invalid_argument, std::string("nccl ") + what + ": buffers of " + std::to_string(a) + " and " +
-                                              std::to_string(b) + " elements");
-    }
-  }
-  std::size_t block(std::size_t n, const char* what) const {
-    if (n % static_cast<std::size_t>(size_) != 0) {
-      throw error(errc::invalid_argument, std::string("nccl ") + what + ": " + std::to_string(n) +
-                                              " elements do not split into " + std::to_string(size_) + " blocks");
-    }
-    return n / static_cast<std::size_t>(size_);
   }
 
   // Picks the device, makes rank 0's unique id, lets `exchange(id, deadline)` hand it to every
@@ -444,6 +463,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   std::uint64_t sequence_ = 0;
   std::shared_ptr<std::string> broken_;
   std::vector<std::shared_ptr<cuda::event>> events_;  // completion events, reused
+  std::unique_ptr<detail::nccl::p2p_engine> p2p_;      // point-to-point lanes, when formed with them
 };
 
 }  // namespace dtrain

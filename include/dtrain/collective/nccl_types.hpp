@@ -64,6 +64,28 @@ ncclRedOp_t op_of(reduce_op op) {
 
 inline std::string text(ncclResult_t r) { return ncclGetErrorString(r); }
 
+// Arguments checked before anything is enqueued. @throws dtrain::error (invalid_argument)
+inline void check_root(int root, int size, const char* what) {
+  if (root < 0 || root >= size) {
+    throw error(errc::invalid_argument, std::string("nccl ") + what + ": root " + std::to_string(root) +
+                                            " outside a group of " + std::to_string(size));
+  }
+}
+inline void same_size(std::size_t a, std::size_t b, const char* what) {
+  if (a != b) {
+    throw error(errc::invalid_argument, std::string("nccl ") + what + ": buffers of " + std::to_string(a) + " and " +
+                                            std::to_string(b) + " elements");
+  }
+}
+// The size of each of `size` blocks of `n` elements.
+inline std::size_t block(std::size_t n, int size, const char* what) {
+  if (n % static_cast<std::size_t>(size) != 0) {
+    throw error(errc::invalid_argument, std::string("nccl ") + what + ": " + std::to_string(n) +
+                                            " elements do not split into " + std::to_string(size) + " blocks");
+  }
+  return n / static_cast<std::size_t>(size);
+}
+
 }  // namespace detail::nccl
 
 }  // namespace dtrain

@@ -25,7 +25,8 @@ namespace dtrain {
 ///  - Checking: a message of another element type or count than its receive fails that receive
 ///    with `errc::collective_mismatch`, both described; the receive buffer is then unspecified.
 ///  - Errors and deadlines as the communicator's collectives: a timeout names the peer and tag.
-///  Models: `staged_communicator` (collective/staged.hpp).
+///  Models: `staged_communicator` (collective/staged.hpp), `nccl_communicator` formed with
+///  `nccl_options::point_to_point` (collective/nccl.hpp).
 template <class C, class T>
 concept point_to_point =
     group_member<C> && requires(C& c, int peer, std::uint64_t tag, buffer_of<C, const T> in, buffer_of<C, T> out) {
