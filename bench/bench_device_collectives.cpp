@@ -5,9 +5,10 @@
 //   dtrain-run -n 2 build-cuda/bench/bench_device_collectives --collective staged
 //   dtrain-run -n 1 build-cuda/bench/bench_device_collectives --ops allreduce --peer --rounds 3
 //   dtrain-run -n 2 build-cuda/bench/bench_device_collectives --collective staged --ops sendrecv
+//   dtrain-run -n 2 build-cuda/bench/bench_device_collectives --collective nccl --ops sendrecv  # 2 GPUs
 //
-// sendrecv (staged only): the one-way time of a device buffer sent point to point between rank
-// pairs, and beside it the staging alone (cudaMemcpy to pinned memory and back).
+// sendrecv: the one-way time of a device buffer sent point to point between rank pairs, and beside
+// it a cudaMemcpy round trip through pinned memory (the staged path's staging alone).
 //
 // --peer adds, for NCCL's allreduce, ncclAllReduce called directly (bench/nccl_peer.hpp), each
 // call synchronised as dtrain's blocking calls are, and dtrain's iallreduce against raw calls
@@ -134,13 +135,16 @@ int main(int argc, char** argv) {
     std::vector<bench::device_point> points;
     if (collective == "nccl") {
       communicator<tcp_transport> host(std::move(tcp));
-      auto nccl = nccl_communicator::over(host);
+      nccl_options o;
+      o.point_to_point = std::find(plan.ops.begin(), plan.ops.end(), coll_op::message) != plan.ops.end();
+      auto nccl = nccl_communicator::over(host, o);
       std::optional<bench::raw_nccl> raw;
       if (peer) raw.emplace(host);
       for (coll_op op : plan.ops) {
-        if (op == coll_op::message) throw error(errc::unsupported, "sendrecv: NCCL point-to-point is not built");
         for (std::size_t bytes : plan.sizes) {
-          if (raw && op == coll_op::allreduce) {
+          if (op == coll_op::message) {
+            for (auto& p : bench::measure_p2p(nccl, "nccl", bytes, plan.warmup, plan.iterations)) points.push_back(p);
+          } else if (raw && op == coll_op::allreduce) {
             for (auto& p : allreduce_against_raw(nccl, *raw, host, bytes, plan, rounds)) points.push_back(p);
           } else {
             points.push_back(bench::measure_device(nccl, op, bytes, plan.warmup, plan.iterations));

@@ -150,9 +150,10 @@ device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, 
 /// Point-to-point between the rank pairs (0, 1), (2, 3), ... through `c`'s `send`/`recv`: the
 /// one-way time of a message (half a ping-pong's round trip), checked; then, in the same run, the
 /// staging alone: a `cudaMemcpy` of the same bytes to pinned host memory and back (row
-/// "cudaMemcpy round trip"). The op column says `sendrecv`, as nccl-tests' does.
+/// "cudaMemcpy round trip"). The op column says `sendrecv`, as nccl-tests' does; the algorithm
+/// column `path` ("staged", "nccl").
 template <class Comm>
-std::vector<device_point> measure_p2p(Comm& c, std::size_t bytes, int warmup, int iterations) {
+std::vector<device_point> measure_p2p(Comm& c, const char* path, std::size_t bytes, int warmup, int iterations) {
   const int r = c.rank(), peer = r ^ 1;
   if (peer >= c.size()) throw error(errc::invalid_argument, "sendrecv pairs the ranks: run an even number of them");
   const std::size_t n = std::max<std::size_t>(1, bytes / sizeof(float));
@@ -182,7 +183,7 @@ std::vector<device_point> measure_p2p(Comm& c, std::size_t bytes, int warmup, in
     cuda::check(cudaMemcpy(staging.data(), in.data(), n * sizeof(float), cudaMemcpyDeviceToHost), "D2H");
     cuda::check(cudaMemcpy(out.data(), staging.data(), n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
   });
-  return {{coll_op::message, n, n * sizeof(float), detail::slowest(c, one_way), wrong, "staged"},
+  return {{coll_op::message, n, n * sizeof(float), detail::slowest(c, one_way), wrong, path},
           {coll_op::message, n, n * sizeof(float), detail::slowest(c, memcpy_round_trip), 0, "cudaMemcpy round trip"}};
 }
 

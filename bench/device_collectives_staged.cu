@@ -15,7 +15,7 @@ std::vector<device_point> run_staged(any_transport t, const device_plan& plan) {
   for (coll_op op : plan.ops) {
     for (std::size_t bytes : plan.sizes) {
       if (op == coll_op::message) {
-        for (auto& p : measure_p2p(c, bytes, plan.warmup, plan.iterations)) points.push_back(p);
+        for (auto& p : measure_p2p(c, "staged", bytes, plan.warmup, plan.iterations)) points.push_back(p);
       } else {
         points.push_back(measure_device(c, op, bytes, plan.warmup, plan.iterations));
       }

@@ -96,6 +96,10 @@ step staged_4 90 "$run" -n 4 "$bdc" --collective staged --ops allreduce -b 1024 
 # Point-to-point of device buffers (issue 47): one-way time against cudaMemcpy there and back.
 step staged_sendrecv_2 60 "$run" -n 2 "$bdc" --collective staged --ops sendrecv -b 1024 -e $((64 << 20)) \
   --json "$logs/staged_sendrecv_2.json"
+if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # NCCL's point-to-point: a GPU per rank
+  step nccl_sendrecv_2 60 "$run" -n 2 "$bdc" --collective nccl --ops sendrecv -b 1024 -e $((64 << 20)) \
+    --json "$logs/nccl_sendrecv_2.json"
+fi
 step nccl_2_on_one_gpu 80 env NCCL_DEBUG=WARN "$run" -n 2 "$bdc" --collective nccl --ops allreduce -b $((1 << 20)) \
   -e $((1 << 20))
 
