@@ -15,6 +15,7 @@
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/collective/nccl.hpp"
 #include "dtrain/concepts/collective.hpp"
+#include "dtrain/flight/recorder.hpp"
 #include "dtrain/rendezvous/file_store.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "gpu.hpp"
@@ -208,5 +209,39 @@ TEST_CASE("nccl: a group formed over a host communicator (the id broadcast throu
   });
   for (const auto& fs : failures) {
     for (const auto& f : fs) FAIL_CHECK(f);
+  }
+}
+
+TEST_CASE("nccl: the flight recorder keeps every call under the group's name, with its sequence number and end",
+          "[gpu][nccl][flight]") {
+  DTRAIN_REQUIRE_GPUS(1);
+  file_store store(fresh_dir("flight"));
+  nccl_options o;
+  o.key = "flight_test";
+  auto comm = nccl_communicator::connect(store, 0, 1, o);
+  cuda::device_buffer<float> a(64);
+  comm.allreduce(a.span(), reduce_op::max);
+  comm.broadcast(a.span(), 0);
+  auto r = comm.iallreduce(a.span(), reduce_op::sum);
+  r.wait();
+  struct seen {
+    std::string op;
+    std::uint64_t seq, count;
+    std::string where;
+  };
+  std::vector<seen> calls;
+  flight::recorder::global().for_each([&](const flight::call& c) {
+    if (std::string(c.group) == "nccl/flight_test") {
+      calls.push_back({std::string(coll_op_name(c.sig.op)), c.sig.seq, c.sig.count, std::string(flight::state_name(c.where))});
+    }
+  });
+  REQUIRE(calls.size() == 3);
+  CHECK(calls[0].op == "allreduce");
+  CHECK(calls[1].op == "broadcast");
+  CHECK(calls[2].op == "allreduce");
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(calls[i].seq == i + 1);
+    CHECK(calls[i].count == 64);
+    CHECK(calls[i].where == "completed");
   }
 }

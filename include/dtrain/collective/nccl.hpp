@@ -24,16 +24,12 @@
 /// - Waiting polls `ncclCommGetAsyncError` under the same deadline model as the host
 ///   collectives. A failure or a timeout aborts the communicator (`ncclCommAbort`) and raises a
 ///   `dtrain::error` naming the operation, its sequence number and the group; later calls raise
-///   `errc::broken`. (NCCL cannot tell a lost peer from one that never called the operation: both
-///   end in the timeout.)
-/// - gather, scatter and alltoall go through grouped `ncclSend`/`ncclRecv`, which every NCCL
-///   since 2.7 has.
-/// - Point-to-point (`isend`, `irecv`, `send`, `recv`; formed with `point_to_point` set):
-///   tagged messages of device buffers, each pair of ranks in each direction on a lane of its
-///   own, so sends and receives complete whatever order they were posted in; a message's type
-///   and count are checked before its payload moves (collective/nccl_p2p.hpp). They are ordered
-///   after the caller's stream-0 work when posted, may run beside collectives on another thread,
-///   and a `wait` that times out leaves them pending.
+///   `errc::broken`. (A lost peer and one that never called the operation both time out.)
+/// - gather, scatter and alltoall are grouped `ncclSend`/`ncclRecv` (NCCL 2.7 and later).
+/// - Point-to-point (`isend`, `irecv`, `send`, `recv`; formed with `point_to_point` set): tagged
+///   messages of device buffers on a lane per ordered pair of ranks (collective/nccl_p2p.hpp).
+/// - The flight recorder keeps every collective, under the group "nccl/<key>" (or "nccl over
+///   <host group>" for `over`).
 /// - One rank per GPU: NCCL refuses two ranks on one device. To share a GPU between ranks, use
 ///   the staged TCP communicator (`staged_communicator`).
 /// Not thread-safe: one call at a time, in the same order on every rank.
@@ -42,7 +38,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <span>
@@ -65,6 +60,7 @@
 #include "dtrain/core/signature.hpp"
 #include "dtrain/cuda/runtime.hpp"
 #include "dtrain/detail/error_code_forms.hpp"
+#include "dtrain/flight/recorder.hpp"
 
 namespace dtrain {
 
@@ -98,7 +94,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   ///   in time, `device_error` for CUDA or NCCL failures, `invalid_argument` for a bad rank.
   template <class Store>
   static nccl_communicator connect(Store& store, int rank, int size, nccl_options o = {}) {
-    return form(rank, size, o, [&](ncclUniqueId& id, deadline d) {
+    const auto group = detail::nccl::flight_named("nccl/" + o.key, rank, size);
+    return form(rank, size, o, group, [&](ncclUniqueId& id, deadline d) {
       detail::nccl::share_id_through_store(store, o.key, rank, id, d);
     });
   }
@@ -108,7 +105,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   /// does through MPI. Collective on `host`. @throws as `connect`, and `host`'s errors.
   template <class HostCollective>
   static nccl_communicator over(HostCollective& host, nccl_options o = {}) {
-    return form(host.rank(), host.size(), o,
+    return form(host.rank(), host.size(), o, detail::nccl::flight_over(host),
                 [&](ncclUniqueId& id, deadline) { detail::nccl::share_id_through(host, id); });
   }
 
@@ -123,7 +120,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
         sequence_(o.sequence_),
         broken_(std::move(o.broken_)),
         events_(std::move(o.events_)),
-        p2p_(std::move(o.p2p_)) {}
+        p2p_(std::move(o.p2p_)),
+        flight_(o.flight_) {}
   nccl_communicator& operator=(nccl_communicator&&) = delete;
   ~nccl_communicator() {
     p2p_.reset();  // the lanes before the communicator they were split from
@@ -145,7 +143,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   template <element T>
   request iallreduce(device_span<const T> in, device_span<T> out, reduce_op op) {
     detail::nccl::same_size(in.size(), out.size(), "allreduce");
-    return start("allreduce", [&] {
+    return start(detail::nccl::call<T>(coll_op::allreduce, in.size(), op), [&] {
       return ncclAllReduce(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), detail::nccl::op_of<T>(op),
                            comm_, stream());
     });
@@ -157,7 +155,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   template <element T>
   request ibroadcast(device_span<T> buf, int root) {
     detail::nccl::check_root(root, size_, "broadcast");
-    return start("broadcast", [&] {
+    return start(detail::nccl::call<T>(coll_op::broadcast, buf.size(), reduce_op::sum, root), [&] {
       return ncclBroadcast(buf.data(), buf.data(), buf.size(), detail::nccl::type_of<T>(), root, comm_, stream());
     });
   }
@@ -172,7 +170,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   void reduce(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op, int root) {
     detail::nccl::check_root(root, size_, "reduce");
     if (rank_ == root) detail::nccl::same_size(in.size(), out.size(), "reduce");
-    start("reduce", [&] {
+    start(detail::nccl::call<T>(coll_op::reduce, in.size(), op, root), [&] {
       return ncclReduce(in.data(), rank_ == root ? out.data() : nullptr, in.size(), detail::nccl::type_of<T>(),
                         detail::nccl::op_of<T>(op), root, comm_, stream());
     }).wait();
@@ -193,7 +191,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   void reduce_scatter(std::type_identity_t<device_span<const T>> in, device_span<T> out, reduce_op op) {
     detail::nccl::same_size(in.size(), out.size() * static_cast<std::size_t>(size_),
                             "reduce_scatter (input = size() blocks)");
-    start("reduce_scatter", [&] {
+    start(detail::nccl::call<T>(coll_op::reduce_scatter, in.size(), op), [&] {
       return ncclReduceScatter(in.data(), out.data(), out.size(), detail::nccl::type_of<T>(),
                                detail::nccl::op_of<T>(op), comm_, stream());
     }).wait();
@@ -207,7 +205,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   void allgather(std::type_identity_t<device_span<const T>> in, device_span<T> out) {
     detail::nccl::same_size(in.size() * static_cast<std::size_t>(size_), out.size(),
                             "allgather (output = size() blocks)");
-    start("allgather", [&] {
+    start(detail::nccl::call<T>(coll_op::allgather, in.size()), [&] {
       return ncclAllGather(in.data(), out.data(), in.size(), detail::nccl::type_of<T>(), comm_, stream());
     }).wait();
   }
@@ -223,7 +221,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
       detail::nccl::same_size(in.size() * static_cast<std::size_t>(size_), out.size(),
                               "gather (output = size() blocks)");
     const std::size_t n = in.size();
-    start("gather", [&] {
+    start(detail::nccl::call<T>(coll_op::gather, in.size(), reduce_op::sum, root), [&] {
       return grouped([&](int p) -> ncclResult_t {
         if (rank_ != root) return p == root ? post_send(in, p) : ncclSuccess;
         return post_recv(out.subspan(static_cast<std::size_t>(p) * n, n), in, p);
@@ -237,7 +235,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
       detail::nccl::same_size(in.size(), out.size() * static_cast<std::size_t>(size_),
                               "scatter (input = size() blocks)");
     const std::size_t n = out.size();
-    start("scatter", [&] {
+    start(detail::nccl::call<T>(coll_op::scatter, out.size(), reduce_op::sum, root), [&] {
       return grouped([&](int p) -> ncclResult_t {
         if (rank_ != root) return p == root ? post_recv(out, device_span<const T>{}, p) : ncclSuccess;
         return p == rank_ ? post_recv(out, in.subspan(static_cast<std::size_t>(p) * n, n), p)
@@ -249,7 +247,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   void alltoall(std::type_identity_t<device_span<const T>> in, device_span<T> out) {
     detail::nccl::same_size(in.size(), out.size(), "alltoall");
     const std::size_t n = detail::nccl::block(in.size(), size_, "alltoall");
-    start("alltoall", [&] {
+    start(detail::nccl::call<T>(coll_op::alltoall, in.size()), [&] {
       return grouped([&](int p) -> ncclResult_t {
         const auto mine = in.subspan(static_cast<std::size_t>(p) * n, n);
         const auto theirs = out.subspan(static_cast<std::size_t>(p) * n, n);
@@ -277,8 +275,14 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   friend request;
   friend nccl_p2p_forms<nccl_communicator>;
 
-  nccl_communicator(ncclUniqueId id, int rank, int size, int device, nccl_options o, deadline d)
-      : rank_(rank), size_(size), device_(device), options_(std::move(o)), broken_(std::make_shared<std::string>()) {
+  nccl_communicator(ncclUniqueId id, int rank, int size, int device, nccl_options o,
+                    flight::recorder::group_info flight, deadline d)
+      : rank_(rank),
+        size_(size),
+        device_(device),
+        options_(std::move(o)),
+        broken_(std::make_shared<std::string>()),
+        flight_(flight) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // joining, and every call, then return at once; we wait under deadlines
     check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
@@ -332,12 +336,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
       check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) {
-        // Seen on one GPU shared by two ranks: NCCL says only "invalid usage".
-        const std::string hint = joining && state == ncclInvalidUsage
-                                     ? " (NCCL refuses two ranks of one group on the same GPU, this rank's is device " +
-                                           std::to_string(device_) + ": give each rank its own GPU, or share one "
-                                           "through staged_communicator)"
-                                     : "";
+        const std::string hint = joining ? detail::nccl::joining_hint(state, device_) : "";
         fail(errc::device_error, "nccl: " + what + ": " + detail::nccl::text(state) + hint + "; communicator aborted");
       }
       if (d.expired()) fail(errc::timeout, "nccl: " + what + ": not done within the deadline; communicator aborted");
@@ -373,14 +372,21 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
 
   // Enqueues `enqueue()` (an NCCL call or group) and records its completion.
   template <class F>
-  request start(const std::string& what, F&& enqueue) {
-    ++sequence_;
-    const std::string full = name(what);
-    if (comm_ == nullptr) throw error(errc::broken, full + ": the communicator was aborted: " + *broken_);
-    const ncclResult_t r = enqueue();
-    if (r != ncclSuccess && r != ncclInProgress) fail(errc::device_error, full + ": " + detail::nccl::text(r));
-    settle(full, deadline::after(options_.timeout));
+  request start(signature sig, F&& enqueue) {
+    sig.seq = ++sequence_;
+    const std::string full = name(std::string(coll_op_name(sig.op)));
+    const flight::recorder::handle call = flight::recorder::global().start(flight_, sig);
+    try {
+      if (comm_ == nullptr) throw error(errc::broken, full + ": the communicator was aborted: " + *broken_);
+      const ncclResult_t r = enqueue();
+      if (r != ncclSuccess && r != ncclInProgress) fail(errc::device_error, full + ": " + detail::nccl::text(r));
+      settle(full, deadline::after(options_.timeout));
+    } catch (const error& e) {
+      call.failed(flight::recorder::intern(e.what()));
+      throw;
+    }
     request q;
+    q.flight_ = call;
     q.owner_ = this;
     q.event_ = free_event();
     q.event_->record(stream());
@@ -435,24 +441,17 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   // Picks the device, makes rank 0's unique id, lets `exchange(id, deadline)` hand it to every
   // rank, and initialises the communicator.
   template <class Exchange>
-  static nccl_communicator form(int rank, int size, const nccl_options& o, Exchange&& exchange) {
-    if (size < 1 || rank < 0 || rank >= size) {
-      throw error(errc::invalid_argument,
-                  "nccl: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
-    }
+  static nccl_communicator form(int rank, int size, const nccl_options& o, flight::recorder::group_info flight,
+                                Exchange&& exchange) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw error(errc::invalid_argument, "nccl: rank " + std::to_string(rank) + " of " + std::to_string(size));
     const deadline d = deadline::after(o.timeout);
-    const int devices = cuda::device_count();
-    if (devices == 0) throw error(errc::device_error, "nccl: no CUDA device is visible on this host");
-    int device = o.device;
-    if (device < 0) {
-      const char* local = std::getenv("DTRAIN_LOCAL_RANK");
-      device = (local != nullptr ? std::atoi(local) : rank) % devices;
-    }
+    const int device = detail::nccl::device_for(rank, o.device);
     cuda::check(cudaSetDevice(device), "cudaSetDevice");
     ncclUniqueId id{};
     if (rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     exchange(id, d);
-    return nccl_communicator(id, rank, size, device, o, d);
+    return nccl_communicator(id, rank, size, device, o, flight, d);
   }
 
   ncclComm_t comm_ = nullptr;
@@ -463,7 +462,8 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   std::uint64_t sequence_ = 0;
   std::shared_ptr<std::string> broken_;
   std::vector<std::shared_ptr<cuda::event>> events_;  // completion events, reused
-  std::unique_ptr<detail::nccl::p2p_engine> p2p_;      // point-to-point lanes, when formed with them
+  std::unique_ptr<detail::nccl::p2p_engine> p2p_;     // point-to-point lanes, when formed with them
+  flight::recorder::group_info flight_{};             // what the flight recorder names this group
 };
 
 }  // namespace dtrain

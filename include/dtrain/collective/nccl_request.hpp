@@ -7,7 +7,9 @@
 #include <string>
 
 #include "dtrain/core/deadline.hpp"
+#include "dtrain/core/error.hpp"
 #include "dtrain/cuda/runtime.hpp"
+#include "dtrain/flight/recorder.hpp"
 
 namespace dtrain {
 
@@ -19,8 +21,10 @@ class nccl_request {
   /// @returns true once the operation has finished. @throws as `wait`
   bool test() {
     if (owner_ == nullptr || done_) return true;
-    owner_->check_async(what_);
-    done_ = event_->ready();
+    recorded([&] {
+      owner_->check_async(what_);
+      done_ = event_->ready();
+    });
     return done_;
   }
   /// Waits under the communicator's timeout. @throws dtrain::error `timeout` or `device_error`
@@ -30,15 +34,30 @@ class nccl_request {
   }
   void wait(deadline d) {
     if (owner_ == nullptr || done_) return;
-    owner_->wait_for(*event_, what_, d);
-    done_ = true;
+    recorded([&] {
+      owner_->wait_for(*event_, what_, d);
+      done_ = true;
+    });
   }
 
  private:
+  // Runs `f` and tells the flight recorder how the call ended, if it did.
+  template <class F>
+  void recorded(F&& f) {
+    try {
+      f();
+    } catch (const error& e) {
+      flight_.failed(flight::recorder::intern(e.what()));
+      throw;
+    }
+    if (done_) flight_.completed();
+  }
+
   friend Owner;
   Owner* owner_ = nullptr;
   std::shared_ptr<cuda::event> event_;
   std::string what_;
+  flight::recorder::handle flight_;
   bool done_ = false;
 };
 

@@ -9,14 +9,57 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
 
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
+#include "dtrain/cuda/runtime.hpp"
+#include "dtrain/flight/dump.hpp"
+#include "dtrain/flight/recorder.hpp"
 
 namespace dtrain::detail::nccl {
+
+/// The GPU of `rank`: `wanted`, or with -1 the local rank (DTRAIN_LOCAL_RANK, else `rank`)
+/// modulo the device count.
+inline int device_for(int rank, int wanted) {
+  const int devices = cuda::device_count();
+  if (devices == 0) throw error(errc::device_error, "nccl: no CUDA device is visible on this host");
+  if (wanted >= 0) return wanted;
+  const char* local = std::getenv("DTRAIN_LOCAL_RANK");
+  return (local != nullptr ? std::atoi(local) : rank) % devices;
+}
+
+/// What to add to a failure to join: one GPU shared by two ranks, where NCCL says only "invalid
+/// usage", is the common cause.
+inline std::string joining_hint(ncclResult_t state, int device) {
+  if (state != ncclInvalidUsage) return "";
+  return " (NCCL refuses two ranks of one group on the same GPU, this rank's is device " + std::to_string(device) +
+         ": give each rank its own GPU, or share one through staged_communicator)";
+}
+
+/// What the flight recorder names a communicator's group, counting those built before; its tag
+/// keeps its calls apart from a host communicator's in a group of the same name.
+inline flight::recorder::group_info flight_counted(flight::recorder::group_info g) {
+  g.tag ^= 0x6e63636c;  // "nccl"
+  g.generation = flight::recorder::generation_of(g);
+  return g;
+}
+/// A group formed through a store: named by its key, with the launcher's world rank if known.
+inline flight::recorder::group_info flight_named(const std::string& name, int rank, int size) {
+  const int world = flight::dumper::global().rank();
+  return flight_counted({flight::recorder::intern(name), rank, size, world >= 0 ? world : rank, 0});
+}
+/// A group formed over a host collective: "nccl over " its name ("world", a process group's).
+template <class HostCollective>
+flight::recorder::group_info flight_over(HostCollective& host) {
+  flight::recorder::group_info g{flight::recorder::intern("world"), host.rank(), host.size(), host.rank(), 0};
+  if constexpr (requires { host.transport(); }) g = flight::group_of(host.transport(), 0);
+  g.name = flight::recorder::intern(std::string("nccl over ") + g.name);
+  return flight_counted(g);
+}
 
 /// Rank 0 publishes `id` under `key`; the others read it (waiting under `d`).
 template <class Store>

@@ -13,6 +13,7 @@
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/reduce_op.hpp"
+#include "dtrain/core/signature.hpp"
 
 namespace dtrain {
 
@@ -63,6 +64,14 @@ ncclRedOp_t op_of(reduce_op op) {
 }
 
 inline std::string text(ncclResult_t r) { return ncclGetErrorString(r); }
+
+// What the flight recorder keeps of a call of `op` on `count` elements of `T`.
+template <class T>
+signature call(coll_op op, std::size_t count, reduce_op r = reduce_op::sum, int root = 0) {
+  signature s;
+  s.op = op, s.type = dtype_of<T>::value, s.redop = r, s.root = root, s.count = count;
+  return s;
+}
 
 // Arguments checked before anything is enqueued. @throws dtrain::error (invalid_argument)
 inline void check_root(int root, int size, const char* what) {

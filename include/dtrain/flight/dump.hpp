@@ -156,6 +156,9 @@ class dumper {
     return !dir_.empty() && name_into(p, false) ? std::string(p) : std::string();
   }
 
+  /// The process's world rank, from the launcher's environment or `set_rank`; -1 if unknown.
+  int rank() const noexcept { return rank_.load(); }
+
   /// Names the file by world rank when the launcher's environment did not (first caller wins).
   void set_rank(int world_rank) noexcept {
     int unknown = -1;

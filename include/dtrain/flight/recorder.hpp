@@ -292,15 +292,23 @@ class scoped_call {
   bool done_ = false;
 };
 
-/// The group a communicator over `t` records under (a process group's name, key and world ranks,
-/// or "world"), counting the communicators of it built here before. Call it once per communicator.
+/// The group a communicator over `t` records under: a process group's name, key and world ranks,
+/// or "world". Counts nothing (`flight_group` does).
 template <class Transport>
-recorder::group_info flight_group(const Transport& t, std::uint64_t tag) {
+recorder::group_info group_of(const Transport& t, std::uint64_t tag) {
   recorder::group_info g{recorder::intern("world"), t.rank(), t.size(), t.rank(), tag};
   if constexpr (requires { t.name(); t.world_rank(); t.key(); }) {
     // Two groups may share a name ("pair" of ranks 0, 1 and of 2, 3); their keys differ.
     g = {recorder::intern(t.name()), t.rank(), t.size(), t.world_rank(), tag ^ t.key()};
   }
+  return g;
+}
+
+/// `group_of(t, tag)`, counting the communicators of it built here before. Call it once per
+/// communicator.
+template <class Transport>
+recorder::group_info flight_group(const Transport& t, std::uint64_t tag) {
+  recorder::group_info g = group_of(t, tag);
   g.generation = recorder::generation_of(g);
   return g;
 }
