@@ -26,6 +26,18 @@ struct call_record {
   std::int64_t start_us = 0, end_us = 0;
 
   bool in_progress() const { return state == "started" || state == "waiting"; }
+  // A point-to-point send or receive (flight/recorded.hpp): `seq` counts its messages between the
+  // two ranks on its tag.
+  bool message() const { return op == "message"; }
+  bool sending() const { return dir == "send"; }
+  // Where the call stands: "call 4 of group 'world', allreduce (...)", or for a message
+  // "receive 3 from rank 0 (tag 7 of group 'world', 16 float32)".
+  std::string where() const {
+    if (!message()) return "call " + std::to_string(seq) + " of group '" + group + "', " + what();
+    return std::string(sending() ? "send " : "receive ") + std::to_string(seq) + (sending() ? " to" : " from") +
+           " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) + " of group '" + group + "', " +
+           std::to_string(count) + " " + dtype + ")";
+  }
   // What every rank must agree on: operation, element type, reduction, count and root.
   std::string what() const {
     std::string s = op + " (" + dtype;
@@ -168,18 +180,23 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
   std::map<int, const dump*> dump_of;  // world rank -> the dump its process wrote
   std::map<int, std::vector<const call_record*>> running;  // world rank -> its calls in progress
   std::map<int, const call_record*> latest;  // world rank -> its last call started
+  std::vector<const call_record*> messages;  // point-to-point sends and receives
   for (const dump& d : dumps) {
     if (d.rank >= 0) dump_of[d.rank] = &d;
     for (const call_record& c : d.calls) {
+      dump_of.try_emplace(c.rank, &d);
+      if (c.in_progress()) running[c.rank].push_back(&c);  // oldest first: the ring's order
+      if (!latest.count(c.rank) || latest[c.rank]->start_us < c.start_us) latest[c.rank] = &c;
+      if (c.message()) {
+        messages.push_back(&c);
+        continue;
+      }
       auto& ch = channels[{c.group, c.tag, c.generation}];
       ch.group = c.group;
       ch.tag = c.tag;
       ch.generation = c.generation;
       ch.size = c.group_size;
       ch.by_rank[c.rank][c.seq] = c;
-      dump_of.try_emplace(c.rank, &d);
-      if (c.in_progress()) running[c.rank].push_back(&c);  // oldest first: the ring's order
-      if (!latest.count(c.rank) || latest[c.rank]->start_us < c.start_us) latest[c.rank] = &c;
     }
   }
   const int world = std::max(facts.world_size, dump_of.empty() ? 0 : dump_of.rbegin()->first + 1);
@@ -196,22 +213,31 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
     }
     // How the launcher saw it end, after what its record says (which may be older).
     const std::string ended = end != facts.ends.end() ? "; it " + end->second : "";
+    // The latest call it entered and was in: a collective, or a message it waited for (one posted
+    // ahead and not waited for yet is no place to be stuck).
+    const call_record* in = nullptr;
     if (auto r = running.find(rank); r != running.end()) {
-      const call_record& c = *r->second.back();  // the latest it entered
-      std::string s = "it was in call " + std::to_string(c.seq) + " of group '" + c.group + "', " + c.what();
-      if (c.state == "waiting") s += ", waiting on rank " + std::to_string(c.peer);
+      for (const call_record* x : r->second) {
+        if (x->state == "waiting" || !x->message()) in = x;
+      }
+    }
+    if (in != nullptr) {
+      std::string s = "it was in " + in->where();
+      if (in->state == "waiting") s += in->message() ? ", waiting" : ", waiting on rank " + std::to_string(in->peer);
       return {2, s + ended};
     }
     const auto l = latest.find(rank);
     if (l != latest.end() && l->second->state == "failed") {
       const call_record& c = *l->second;
       std::string why = c.note.size() > 240 ? c.note.substr(0, 240) + "..." : c.note;
-      return {3, "it failed in call " + std::to_string(c.seq) + " of group '" + c.group + "': " + why + ended};
+      return {3, "it failed in " + c.where() + ": " + why + ended};
     }
     std::string s = "it was in none of its collectives when it dumped";
-    if (l != latest.end() && l->second->end_us > 0) {
-      s += ", " + detail::seconds(d->second->dumped_us - l->second->end_us) + " after its last one ended (user code)";
+    std::int64_t ended_us = 0;  // the end of its last call that ended
+    for (const call_record& c : d->second->calls) {
+      if (c.rank == rank) ended_us = std::max(ended_us, c.end_us);
     }
+    if (ended_us > 0) s += ", " + detail::seconds(d->second->dumped_us - ended_us) + " after its last one ended (user code)";
     return {1, s + ended};
   };
 
@@ -284,6 +310,22 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
     }
     std::stable_sort(behind.begin(), behind.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (auto& [cause, s] : behind) findings.push_back(std::move(s));
+  }
+  // Messages waited for and never matched: what the peer posted there, and what it did instead.
+  for (const call_record* m : messages) {
+    if (m->state != "waiting") continue;
+    std::uint64_t posted = 0;  // the peer's messages of the other direction to this rank there
+    for (const call_record* o : messages) {
+      if (o->rank == m->peer && o->peer == m->rank && o->group == m->group && o->tag == m->tag &&
+          o->sending() != m->sending()) {
+        posted = std::max(posted, o->seq);
+      }
+    }
+    if (posted >= m->seq) continue;  // matched: it is on its way
+    std::string s = "rank " + std::to_string(m->rank) + " waits in " + m->where() + "; rank " +
+                    std::to_string(m->peer) + " posted " + (posted == 0 ? "no" : "only " + std::to_string(posted)) +
+                    (m->sending() ? " receive" : " send") + (posted == 1 ? "" : "s") + " there; ";
+    findings.push_back(s + fate(m->peer).second);
   }
   // Deaths the calls above do not explain (a rank that died between two groups' calls).
   for (int rank = 0; rank < world; ++rank) {

@@ -5,6 +5,7 @@
 // in flight, beside collectives on another thread), each message lands whole and in order, and a
 // receive of the wrong type or size, a silent peer and a bad tag fail with errors naming them.
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "../support/thread_ranks.hpp"
 #include "dtrain/collective/staged.hpp"
 #include "dtrain/concepts/point_to_point.hpp"
+#include "dtrain/flight/recorder.hpp"
 #include "dtrain/transport/tcp.hpp"
 
 using namespace dtrain;
@@ -256,4 +258,35 @@ TEST_CASE("staged p2p: bad arguments are refused naming them", "[staged][p2p]") 
   CHECK_THAT(bad_tag, Catch::Contains("is the collectives'"));
   CHECK_THAT(bad_peer, Catch::Contains("peer 2 of a group of 2"));
   CHECK_THAT(any_peer_refused, Catch::Contains("peer -1 of a group of 2"));
+}
+
+TEST_CASE("staged p2p: each message goes into the flight recorder, numbered per tag, with its peer and direction",
+          "[staged][p2p][flight]") {
+  constexpr std::uint64_t tag = 0x5ca1'ab1e;
+  run_staged(2, [&](int r, staged& c) {
+    std::vector<double> buf(3, 1.0);
+    for (int m = 0; m < 2; ++m) {
+      if (r == 0) c.send(1, tag, std::span<const double>(buf));
+      if (r == 1) c.recv(0, tag, std::span(buf));
+    }
+  });
+  std::vector<flight::call> seen;
+  flight::recorder::global().for_each([&](const flight::call& x) {
+    if (x.sig.op == coll_op::message && x.tag == tag) seen.push_back(x);
+  });
+  REQUIRE(seen.size() == 4);
+  int sends = 0;
+  for (const auto& x : seen) {
+    sends += x.sending ? 1 : 0;
+    CHECK(x.peer == (x.sending ? 1 : 0));
+    CHECK(x.rank == (x.sending ? 0 : 1));
+    CHECK(x.where == flight::state::completed);
+    CHECK(x.sig.type == dtype::float64);
+    CHECK(x.sig.count == 3);
+  }
+  CHECK(sends == 2);
+  std::vector<std::uint64_t> ks;
+  for (const auto& x : seen) ks.push_back(x.sig.seq);
+  std::sort(ks.begin(), ks.end());
+  CHECK(ks == std::vector<std::uint64_t>{1, 1, 2, 2});
 }

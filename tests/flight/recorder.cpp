@@ -21,6 +21,7 @@
 #include "../../tools/flight_analysis.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/flight/dump.hpp"
+#include "dtrain/flight/recorded.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
 
@@ -369,4 +370,118 @@ TEST_CASE("flight: the analysis keeps apart two groups of one name and a communi
   const auto findings = analysis::analyze(dumps, {4, {}});
   REQUIRE(findings.size() == 1);
   CHECK(findings[0] == "every rank recorded the same calls, and none is missing one");
+}
+
+namespace {
+
+analysis::call_record message(int rank, int peer, bool send, std::uint64_t k, std::uint64_t tag,
+                              const std::string& state = "completed") {
+  auto c = record(rank, k, "message", 16, state);
+  c.peer = peer;
+  c.dir = send ? "send" : "recv";
+  c.tag = tag;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("flight: a message records its peer, tag, direction and count from the start, numbered per tag",
+          "[flight][p2p]") {
+  constexpr std::uint64_t tag = 0x5eed'0001;
+  auto ranks = make_inproc_group(2);
+  flight::p2p_log log0(flight::group_of(ranks[0], 0)), log1(flight::group_of(ranks[1], 0));
+  std::vector<float> out(11, 2.0f), in(11, 0.0f);
+  signature sig;
+  sig.count = 11;
+  auto theirs = [&](int rank) {
+    std::vector<flight::call> mine;
+    flight::recorder::global().for_each([&](const flight::call& c) {
+      if (c.sig.op == coll_op::message && c.tag == tag && c.rank == rank) mine.push_back(c);
+    });
+    return mine;
+  };
+  // Posted first: started, with its peer; waited for too short: waiting still, not failed.
+  auto rx = log1.post(ranks[1].irecv(0, tag, std::as_writable_bytes(std::span(in))), 0, tag, false, sig);
+  auto r1 = theirs(1);
+  REQUIRE(r1.size() == 1);
+  CHECK(r1[0].where == flight::state::started);
+  CHECK(r1[0].peer == 0);
+  std::error_code ec;
+  CHECK_FALSE(rx.wait(deadline::after(std::chrono::milliseconds(20)), ec));
+  CHECK(ec == errc::timeout);
+  r1 = theirs(1);
+  REQUIRE(r1.size() == 1);
+  CHECK(r1[0].where == flight::state::waiting);
+  CHECK(r1[0].peer == 0);
+  CHECK_FALSE(r1[0].sending);
+  CHECK(r1[0].sig.seq == 1);
+  CHECK(r1[0].sig.count == 11);
+  auto tx = log0.post(ranks[0].isend(1, tag, sig, std::as_bytes(std::span(out))), 1, tag, true, sig);
+  rx.wait(deadline::after(std::chrono::seconds(5)));
+  tx.wait(deadline::after(std::chrono::seconds(5)));
+  CHECK(in == out);
+  r1 = theirs(1);
+  auto r0 = theirs(0);
+  REQUIRE(r1.size() == 1);
+  REQUIRE(r0.size() == 1);
+  CHECK(r1[0].where == flight::state::completed);
+  CHECK(r0[0].where == flight::state::completed);
+  CHECK(r0[0].peer == 1);
+  CHECK(r0[0].sending);
+  // The next message on the tag is the second; a cancelled receive is recorded failed, one
+  // waited for in vain and then given up stays waiting.
+  auto again = log1.post(ranks[1].irecv(0, tag, std::as_writable_bytes(std::span(in))), 0, tag, false, sig);
+  again.cancel();
+  {
+    auto vain = log1.post(ranks[1].irecv(0, tag, std::as_writable_bytes(std::span(in))), 0, tag, false, sig);
+    CHECK_THROWS_AS(vain.wait(deadline::after(std::chrono::milliseconds(20))), dtrain::error);
+  }
+  r1 = theirs(1);
+  REQUIRE(r1.size() == 3);
+  CHECK(r1[1].sig.seq == 2);
+  CHECK(r1[1].where == flight::state::failed);
+  CHECK(r1[2].sig.seq == 3);
+  CHECK(r1[2].where == flight::state::waiting);
+}
+
+TEST_CASE("flight: the analysis names a receive its peer never sent, and what the peer did instead",
+          "[flight][p2p]") {
+  // Rank 1 waits for its third message from rank 0 on tag 7; rank 0 sent two and is stuck in a
+  // world allreduce waiting on rank 1. Rank 2's messages to rank 0, all matched, say nothing,
+  // and their different counts are no collective disagreement.
+  std::vector<analysis::dump> dumps;
+  auto allreduce = record(0, 1, "allreduce", 8, "waiting");
+  allreduce.peer = 1;
+  dumps.push_back(dump_of(0, {record(0, 0, "allreduce", 8), message(0, 1, true, 1, 7), message(0, 1, true, 2, 7),
+                              message(0, 2, false, 1, 9), allreduce},
+                          "asked (SIGUSR2)"));
+  dumps.push_back(dump_of(1, {record(1, 0, "allreduce", 8), message(1, 0, false, 1, 7), message(1, 0, false, 2, 7),
+                              message(1, 0, false, 3, 7, "waiting")},
+                          "asked (SIGUSR2)"));
+  dumps.push_back(dump_of(2, {record(2, 0, "allreduce", 8), message(2, 0, true, 1, 9), record(2, 1, "allreduce", 8)},
+                          "asked (SIGUSR2)"));
+  const auto findings = analysis::analyze(dumps, {3, {}});
+  REQUIRE(findings.size() == 2);
+  CHECK(findings[0] == "rank 1 never reached call 1 of group 'world', allreduce (float32 sum, count 8), which ranks 0, "
+                       "2 entered; its last there was call 0 (completed); it was in receive 3 from rank 0 (tag 7 of "
+                       "group 'world', 16 float32), waiting");
+  CHECK(findings[1] == "rank 1 waits in receive 3 from rank 0 (tag 7 of group 'world', 16 float32); rank 0 posted "
+                       "only 2 sends there; it was in call 1 of group 'world', allreduce (float32 sum, count 8), "
+                       "waiting on rank 1");
+}
+
+TEST_CASE("flight: the analysis names a send no receive met, and a message posted ahead is no place to be stuck",
+          "[flight][p2p]") {
+  // Rank 0 waits in a send to rank 1 that rank 1 never received: rank 1 is in user code with a
+  // receive from rank 0 on another tag posted ahead and not waited for.
+  std::vector<analysis::dump> dumps;
+  dumps.push_back(dump_of(0, {message(0, 1, true, 1, 5, "waiting")}, "asked (SIGUSR2)"));
+  dumps.push_back(dump_of(1, {message(1, 0, false, 1, 6, "started")}, "asked (SIGUSR2)"));
+  for (auto& d : dumps) {
+    for (auto& c : d.calls) c.group_size = 2;
+  }
+  const auto findings = analysis::analyze(dumps, {2, {}});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0] == "rank 0 waits in send 1 to rank 1 (tag 5 of group 'world', 16 float32); rank 1 posted no "
+                       "receives there; it was in none of its collectives when it dumped");
 }

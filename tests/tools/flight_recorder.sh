@@ -61,6 +61,14 @@ expect "sleep: rank 1 was in user code, not in a collective, when asked" \
   reports "$(never_reached 1 '0, 2'); $last_3; $in_none, [0-9.]+ s after its last one ended \(user code\);\
  it was killed by signal 9 \(SIGKILL\)$"
 
+# Messages, no collective: rank 1 sleeps before its third send; rank 2 waits for it in vain (3 s),
+# gives up and fails; dtrain-run asks rank 1 for its dump while it sleeps.
+launch DTRAIN_TEST_BAD_RANK=1 DTRAIN_TIMEOUT_MS=3000 DTRAIN_TEST_SLEEP_S=60 -- -n 3 --grace-ms 500 "$worker" message
+expect "message: the job fails (status $status)" test "$status" -ne 0
+expect "message: rank 2's receive from rank 1, the sends rank 1 posted, and rank 1 in user code" \
+  reports "rank 2 waits in receive 3 from rank 1 \(tag 7 of group 'world', 1024 float32\); rank 1 posted only 2\
+ sends there; $in_none, [0-9.]+ s after its last one ended \(user code\)"
+
 # The same sleep with a deadline longer than the job's time limit: dtrain-run asks everyone.
 launch DTRAIN_TEST_BAD_RANK=2 DTRAIN_TIMEOUT_MS=120000 DTRAIN_TEST_SLEEP_S=60 -- \
   -n 4 --time-limit 10 --grace-ms 500 --flight-dir "$dir" "$worker" sleep

@@ -12,6 +12,10 @@
 //                            it, and SIGKILL ends it
 //   flight_worker ask        it sends itself the dump signal there, checks the dump it wrote
 //                            (its 8 calls so far, all completed) and goes on: the job succeeds
+//   flight_worker message    no collectives: three rounds of a ring of messages (1024 floats,
+//                            tag 7) on the world's transport, recorded as the pipeline executor
+//                            records its own; rank DTRAIN_TEST_BAD_RANK sleeps
+//                            DTRAIN_TEST_SLEEP_S seconds in user code before its third send
 //
 // The collectives time out after DTRAIN_TIMEOUT_MS (default 3000). Exit status: 0 success,
 // 3 the collective failed with a dtrain::error, 1 a wrong sum.
@@ -24,12 +28,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dtrain/collective/communicator.hpp"
 #include "dtrain/flight/dump.hpp"
+#include "dtrain/flight/recorded.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/tcp.hpp"
 
@@ -60,6 +66,27 @@ int completed_calls_in_dump() {
   return asked ? calls : -1;
 }
 
+// Mode `message`: the ring of messages; a receive that times out raises.
+int ring_of_messages(dtrain::process_group<dtrain::tcp_transport>& world, int bad, std::chrono::milliseconds timeout) {
+  const int rank = world.rank(), size = world.size(), next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  dtrain::flight::p2p_log log(dtrain::flight::group_of(world, 0), dtrain::flight::members_of(world));
+  std::vector<float> out(1024, static_cast<float>(rank)), in(1024);
+  dtrain::signature sig;
+  sig.count = in.size();
+  for (int k = 0; k < 3; ++k) {
+    auto rx = log.post(world.irecv(prev, 7, std::as_writable_bytes(std::span(in))), prev, 7, false, sig);
+    if (rank == bad && k == 2) std::this_thread::sleep_for(std::chrono::seconds(env_int("DTRAIN_TEST_SLEEP_S", 60)));
+    auto tx = log.post(world.isend(next, 7, sig, std::as_bytes(std::span(out))), next, 7, true, sig);
+    rx.wait(dtrain::deadline::after(timeout));
+    tx.wait(dtrain::deadline::after(timeout));
+    if (in[0] != static_cast<float>(prev)) {
+      std::fprintf(stderr, "rank %d: a wrong message from rank %d\n", rank, prev);
+      return 1;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -71,6 +98,7 @@ int main(int argc, char** argv) {
     dtrain::communicator_options co;
     co.timeout = o.timeout;
     dtrain::process_group world(dtrain::tcp_transport::from_environment(o), o.timeout);
+    if (mode == "message") return ring_of_messages(world, bad, o.timeout);
     const int rank = world.rank(), size = world.size();
     auto half = world.split(rank % 2);
     dtrain::communicator<dtrain::process_group<dtrain::tcp_transport>> all(world, co);

@@ -276,20 +276,21 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   friend nccl_p2p_forms<nccl_communicator>;
 
   nccl_communicator(ncclUniqueId id, int rank, int size, int device, nccl_options o,
-                    flight::recorder::group_info flight, deadline d)
+                    detail::nccl::flight_names flight, deadline d)
       : rank_(rank),
         size_(size),
         device_(device),
         options_(std::move(o)),
         broken_(std::make_shared<std::string>()),
-        flight_(flight) {
+        flight_(flight.group) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;  // joining, and every call, then return at once; we wait under deadlines
     check(ncclCommInitRankConfig(&comm_, size, id, rank, &config), "ncclCommInitRankConfig");
     settle("joining the group of " + std::to_string(size) + " ranks (every rank must call connect)", d, true);
     if (!options_.point_to_point) return;
     try {
-      p2p_ = std::make_unique<detail::nccl::p2p_engine>(comm_, rank, size, device_, options_.timeout, d);
+      p2p_ = std::make_unique<detail::nccl::p2p_engine>(comm_, rank, size, device_, options_.timeout, d,
+                                                         flight::p2p_log(flight_, std::move(flight.members)));
     } catch (...) {
       ncclCommAbort(std::exchange(comm_, nullptr));  // no destructor runs for a constructor that throws
       throw;
@@ -441,7 +442,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   // Picks the device, makes rank 0's unique id, lets `exchange(id, deadline)` hand it to every
   // rank, and initialises the communicator.
   template <class Exchange>
-  static nccl_communicator form(int rank, int size, const nccl_options& o, flight::recorder::group_info flight,
+  static nccl_communicator form(int rank, int size, const nccl_options& o, detail::nccl::flight_names flight,
                                 Exchange&& exchange) {
     if (size < 1 || rank < 0 || rank >= size)
       throw error(errc::invalid_argument, "nccl: rank " + std::to_string(rank) + " of " + std::to_string(size));
@@ -451,7 +452,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
     ncclUniqueId id{};
     if (rank == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     exchange(id, d);
-    return nccl_communicator(id, rank, size, device, o, flight, d);
+    return nccl_communicator(id, rank, size, device, o, std::move(flight), d);
   }
 
   ncclComm_t comm_ = nullptr;

@@ -37,6 +37,7 @@
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/cuda/runtime.hpp"
+#include "dtrain/flight/recorded.hpp"
 
 namespace dtrain {
 
@@ -45,8 +46,9 @@ namespace detail::nccl {
 class p2p_engine {
  public:
   /// Forms this rank's lanes, collective over `parent`. @throws dtrain::error
-  p2p_engine(ncclComm_t parent, int rank, int size, int device, std::chrono::milliseconds timeout, deadline d)
-      : rank_(rank), device_(device), timeout_(timeout) {
+  p2p_engine(ncclComm_t parent, int rank, int size, int device, std::chrono::milliseconds timeout, deadline d,
+             flight::p2p_log log)
+      : rank_(rank), device_(device), timeout_(timeout), log_(std::move(log)) {
     form_lanes(parent, rank, size, d, out_, in_);
   }
 
@@ -61,6 +63,8 @@ class p2p_engine {
   }
 
   int rank() const noexcept { return rank_; }
+  /// The flight recorder's record of this rank's messages.
+  flight::p2p_log& log() noexcept { return log_; }
 
   std::shared_ptr<p2p_op> send(int peer, std::uint64_t tag, const std::byte* data, const signature& sig) {
     std::lock_guard lock(m_);
@@ -313,6 +317,7 @@ class p2p_engine {
   std::chrono::milliseconds timeout_;
   std::deque<lane> out_, in_;  // by peer; in_[rank_] is the lane of messages to itself
   std::string failure_;
+  flight::p2p_log log_;
 };
 
 }  // namespace detail::nccl
@@ -407,8 +412,8 @@ class nccl_p2p_request {
 template <class Communicator>
 class nccl_p2p_forms {
  public:
-  /// What `isend` and `irecv` return (a `completion`).
-  using p2p_request = nccl_p2p_request;
+  /// What `isend` and `irecv` return: an `nccl_p2p_request` with its flight record.
+  using p2p_request = flight::recorded<nccl_p2p_request>;
 
   /// Starts sending `buf` to `peer` on `tag`; never waits for the peer. `buf` is read on the GPU
   /// until the request finishes. `sig`, if given, travels with the message (its type and count
@@ -418,7 +423,8 @@ class nccl_p2p_forms {
   p2p_request isend(int peer, std::uint64_t tag, device_span<T> buf, signature sig = {}) {
     sig.type = dtype_of<std::remove_const_t<T>>::value, sig.count = buf.size();
     auto& engine = self().lanes("isend", peer);
-    return p2p_request(engine, engine.send(peer, tag, reinterpret_cast<const std::byte*>(buf.data()), sig));
+    nccl_p2p_request r(engine, engine.send(peer, tag, reinterpret_cast<const std::byte*>(buf.data()), sig));
+    return engine.log().post(std::move(r), peer, tag, true, sig);
   }
   /// Starts receiving `buf.size()` elements from `peer` on `tag` into `buf`. A message of another
   /// type or size fails it with `errc::collective_mismatch`, naming both.
@@ -427,7 +433,8 @@ class nccl_p2p_forms {
     signature want;
     want.type = dtype_of<T>::value, want.count = buf.size();
     auto& engine = self().lanes("irecv", peer);
-    return p2p_request(engine, engine.receive(peer, tag, reinterpret_cast<std::byte*>(buf.data()), want));
+    nccl_p2p_request r(engine, engine.receive(peer, tag, reinterpret_cast<std::byte*>(buf.data()), want));
+    return engine.log().post(std::move(r), peer, tag, false, want);
   }
   /// `isend` waited for under the communicator's timeout.
   template <class T>

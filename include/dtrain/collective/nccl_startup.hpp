@@ -13,11 +13,13 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/cuda/runtime.hpp"
 #include "dtrain/flight/dump.hpp"
+#include "dtrain/flight/recorded.hpp"
 #include "dtrain/flight/recorder.hpp"
 
 namespace dtrain::detail::nccl {
@@ -40,25 +42,35 @@ inline std::string joining_hint(ncclResult_t state, int device) {
          ": give each rank its own GPU, or share one through staged_communicator)";
 }
 
-/// What the flight recorder names a communicator's group, counting those built before; its tag
-/// keeps its calls apart from a host communicator's in a group of the same name.
+/// What the flight recorder knows of a communicator's group: its name and place, and the world
+/// rank of each member (empty: the same numbers).
+struct flight_names {
+  flight::recorder::group_info group;
+  std::vector<int> members;
+};
+/// Counts the communicators of `g` built before; its tag keeps its calls apart from a host
+/// communicator's in a group of the same name.
 inline flight::recorder::group_info flight_counted(flight::recorder::group_info g) {
   g.tag ^= 0x6e63636c;  // "nccl"
   g.generation = flight::recorder::generation_of(g);
   return g;
 }
 /// A group formed through a store: named by its key, with the launcher's world rank if known.
-inline flight::recorder::group_info flight_named(const std::string& name, int rank, int size) {
+inline flight_names flight_named(const std::string& name, int rank, int size) {
   const int world = flight::dumper::global().rank();
-  return flight_counted({flight::recorder::intern(name), rank, size, world >= 0 ? world : rank, 0});
+  return {flight_counted({flight::recorder::intern(name), rank, size, world >= 0 ? world : rank, 0}), {}};
 }
 /// A group formed over a host collective: "nccl over " its name ("world", a process group's).
 template <class HostCollective>
-flight::recorder::group_info flight_over(HostCollective& host) {
-  flight::recorder::group_info g{flight::recorder::intern("world"), host.rank(), host.size(), host.rank(), 0};
-  if constexpr (requires { host.transport(); }) g = flight::group_of(host.transport(), 0);
-  g.name = flight::recorder::intern(std::string("nccl over ") + g.name);
-  return flight_counted(g);
+flight_names flight_over(HostCollective& host) {
+  flight_names n{{flight::recorder::intern("world"), host.rank(), host.size(), host.rank(), 0}, {}};
+  if constexpr (requires { host.transport(); }) {
+    n.group = flight::group_of(host.transport(), 0);
+    n.members = flight::members_of(host.transport());
+  }
+  n.group.name = flight::recorder::intern(std::string("nccl over ") + n.group.name);
+  n.group = flight_counted(n.group);
+  return n;
 }
 
 /// Rank 0 publishes `id` under `key`; the others read it (waiting under `d`).

@@ -43,6 +43,7 @@
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/cuda/thrust_space.hpp"
 #include "dtrain/detail/error_code_forms.hpp"
+#include "dtrain/flight/recorded.hpp"
 #include "dtrain/reduce/thrust.hpp"
 
 namespace dtrain {
@@ -134,8 +135,10 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
 
   // --- point-to-point: tagged messages of device buffers ----------------------------------------
 
-  using p2p_request = staged_request<decltype(std::declval<Transport&>().isend(0, 0, signature{},
+  using p2p_message = staged_request<decltype(std::declval<Transport&>().isend(0, 0, signature{},
                                                                           std::span<const std::byte>{}))>;
+  /// What `isend` and `irecv` return: a `staged_request` with its flight record.
+  using p2p_request = flight::recorded<p2p_message>;
 
   /// Starts sending `buf` to `peer` on `tag` (any tag but the collectives', `host().options().tag`).
   /// Copies `buf` out before it returns, so the caller may reuse it at once; never waits for the
@@ -145,21 +148,23 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
   template <class T>
     requires element<std::remove_const_t<T>>
   p2p_request isend(int peer, std::uint64_t tag, thrust_buffer<T> buf, signature sig = {}) {
-    p2p_request r = start_message<std::remove_const_t<T>>(peer, tag, buf.size(), false, sig);
+    p2p_message r = start_message<std::remove_const_t<T>>(peer, tag, buf.size(), false, sig);
     const auto bytes = r.block_.bytes();
     detail::thrust_space::download<std::byte>(bytes, as_bytes(buf), p2p_->stream.get());
     r.request_ = host_transport().isend(peer, tag, r.want_, std::span<const std::byte>(bytes));
-    return r;
+    const signature sent = r.want_;
+    return p2p_->log.post(std::move(r), peer, tag, true, sent);
   }
   /// Starts receiving `buf.size()` elements from `peer` on `tag` into `buf`, written when the
   /// request's `wait` succeeds. A message of another type or size fails it with
   /// `errc::collective_mismatch`.
   template <element T>
   p2p_request irecv(int peer, std::uint64_t tag, thrust_buffer<T> buf) {
-    p2p_request r = start_message<T>(peer, tag, buf.size(), true, {});
+    p2p_message r = start_message<T>(peer, tag, buf.size(), true, {});
     r.destination_ = thrust_buffer<std::byte>(reinterpret_cast<std::byte*>(buf.data()), buf.size_bytes());
     r.request_ = host_transport().irecv(peer, tag, r.block_.bytes());
-    return r;
+    const signature expected = r.want_;
+    return p2p_->log.post(std::move(r), peer, tag, false, expected);
   }
   /// `isend` waited for under the communicator's timeout.
   template <class T>
@@ -290,14 +295,14 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
 
   // A message's request before the transport's part starts: its block, signature and names.
   template <class T>
-  p2p_request start_message(int peer, std::uint64_t tag, std::size_t n, bool receive, signature sig) {
+  p2p_message start_message(int peer, std::uint64_t tag, std::size_t n, bool receive, signature sig) {
     if (tag == host_.options().tag || peer < 0 || peer >= size()) {
       throw error(errc::invalid_argument, std::string("staged ") + (receive ? "irecv" : "isend") + ": peer " +
                                               std::to_string(peer) + " of a group of " + std::to_string(size()) +
                                               ", tag " + std::to_string(tag) + " (" +
                                               std::to_string(host_.options().tag) + " is the collectives')");
     }
-    p2p_request r;
+    p2p_message r;
     r.state_ = p2p_;
     r.block_ = p2p_->pool->take(n * sizeof(T));
     r.want_ = sig;
@@ -332,7 +337,8 @@ class staged_communicator : public detail::error_code_forms<staged_communicator<
   detail::staging::memory mem_;
   host_block_t<std::byte> staging_[4];
   device_block<std::byte> scratch_;
-  std::shared_ptr<detail::staging::p2p_state> p2p_ = std::make_shared<detail::staging::p2p_state>();
+  std::shared_ptr<detail::staging::p2p_state> p2p_ = std::make_shared<detail::staging::p2p_state>(
+      flight::p2p_log(flight::group_of(host_.transport(), 0), flight::members_of(host_.transport())));
 };
 
 }  // namespace dtrain

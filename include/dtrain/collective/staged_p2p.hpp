@@ -30,6 +30,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/cuda/thrust_space.hpp"
+#include "dtrain/flight/recorded.hpp"
 
 namespace dtrain {
 
@@ -101,8 +102,10 @@ class pinned_pool : public std::enable_shared_from_this<pinned_pool> {
 // What every staged message of one communicator shares: the pool and the stream its copies run on
 // (apart from the collectives' stream, so messages may run beside collectives on another thread).
 struct p2p_state {
+  explicit p2p_state(flight::p2p_log l) : log(std::move(l)) {}
   std::shared_ptr<pinned_pool> pool = std::make_shared<pinned_pool>();
   thrust_space::owned_stream stream = thrust_space::ordered_with_default();
+  flight::p2p_log log;  // the flight recorder's record of the messages
 };
 
 }  // namespace detail::staging

@@ -135,8 +135,9 @@ class recorder {
     std::uint64_t id_ = 0;
   };
 
-  /// Records that this thread enters the call `sig` of group `g`.
-  handle start(const group_info& g, const signature& sig) noexcept {
+  /// Records that this thread enters the call `sig` of group `g`; a point-to-point operation
+  /// names its `peer` (world rank) and whether it is `sending` from the start.
+  handle start(const group_info& g, const signature& sig, int peer = -1, bool sending = false) noexcept {
     if (!enabled()) return {};
     const std::uint64_t id = next_.fetch_add(1, std::memory_order_relaxed);
     slot& s = slots_[id % capacity_];
@@ -153,8 +154,8 @@ class recorder {
     s.count.store(sig.count, std::memory_order_relaxed);
     s.seq.store(sig.seq, std::memory_order_relaxed);
     s.where.store(state::started, std::memory_order_relaxed);
-    s.peer.store(-1, std::memory_order_relaxed);
-    s.sending.store(false, std::memory_order_relaxed);
+    s.peer.store(peer, std::memory_order_relaxed);
+    s.sending.store(sending, std::memory_order_relaxed);
     s.start_us.store(now_us(), std::memory_order_relaxed);
     s.end_us.store(0, std::memory_order_relaxed);
     s.note.store("", std::memory_order_relaxed);

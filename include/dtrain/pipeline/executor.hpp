@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/core/trace.hpp"
+#include "dtrain/flight/recorded.hpp"
 #include "dtrain/pipeline/action.hpp"
 #include "dtrain/pipeline/link.hpp"
 
@@ -94,7 +96,11 @@ class executor {
 
   /// @param transport the pipeline group; outlives the executor. @param chunks this rank's stages.
   executor(Transport& transport, std::span<Stage> chunks, executor_options options = {})
-      : transport_(transport), chunks_(chunks), options_(options), buffers_(chunks.size()) {}
+      : transport_(transport), chunks_(chunks), options_(options), buffers_(chunks.size()) {
+    if constexpr (transport_messages) {
+      log_ = flight::p2p_log(flight::group_of(transport, 0), flight::members_of(transport));
+    }
+  }
 
   const executor_options& options() const noexcept { return options_; }
 
@@ -106,13 +112,16 @@ class executor {
   void handshake(const pipeline_shape& shape, std::string_view schedule) {
     const auto until = deadline::after(options_.timeout);
     std::vector<typename words::buffer> incoming(chunks_.size()), outgoing(chunks_.size());
-    std::vector<decltype(words::irecv(transport_, 0, 0, words::view(incoming[0])))> receives, sends;
+    std::vector<logged_t<decltype(words::irecv(transport_, 0, 0, words::view(incoming[0])))>> receives, sends;
+    signature hello_sig;
+    hello_sig.type = dtype::int64, hello_sig.count = hello_words;
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const int s = stage_of(shape, static_cast<int>(c));
       if (s == 0) continue;
       words::resize(incoming[c], hello_words);
       const int from = rank_of(shape, s - 1);
-      receives.push_back(words::irecv(transport_, from, hello_tag(shape, s), words::view(incoming[c])));
+      receives.push_back(logged(words::irecv(transport_, from, hello_tag(shape, s), words::view(incoming[c])), from,
+                                hello_tag(shape, s), false, hello_sig));
     }
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const int s = stage_of(shape, static_cast<int>(c));
@@ -122,8 +131,10 @@ class executor {
       std::memcpy(w, &h, sizeof h);
       words::resize(outgoing[c], hello_words);
       words::from_host(words::view(outgoing[c]), std::span<const std::int64_t>(w));
-      sends.push_back(words::isend(transport_, rank_of(shape, s + 1), hello_tag(shape, s + 1), signature{},
-                                   words::view(outgoing[c])));
+      const int to = rank_of(shape, s + 1);
+      const std::uint64_t tag = hello_tag(shape, s + 1);
+      sends.push_back(logged(words::isend(transport_, to, tag, signature{}, words::view(outgoing[c])), to, tag, true,
+                             hello_sig));
     }
     for (auto& r : receives) r.wait(until);
     for (auto& r : sends) r.wait(until);
@@ -182,7 +193,21 @@ class executor {
   using values = link<Transport, value_type>;  // activations and their messages
   using words = link<Transport, std::int64_t>;  // the handshake's
   using buffer = typename values::buffer;
-  using request = decltype(values::irecv(std::declval<Transport&>(), 0, 0, typename values::span{}));
+  // A host transport's messages go into the flight recorder here; a device link's communicator
+  // records its own.
+  static constexpr bool transport_messages = transport<Transport>;
+  template <class R>
+  using logged_t = std::conditional_t<transport_messages, flight::recorded<R>, R>;
+  using request = logged_t<decltype(values::irecv(std::declval<Transport&>(), 0, 0, typename values::span{}))>;
+
+  template <class R>
+  logged_t<R> logged(R r, int peer, std::uint64_t tag, bool sending, const signature& sig) {
+    if constexpr (transport_messages) {
+      return log_.post(std::move(r), peer, tag, sending, sig);
+    } else {
+      return r;
+    }
+  }
   using const_span = typename values::const_span;
 
   // One micro-batch's activation buffers on one chunk (and, under weight stashing, the weights
@@ -285,8 +310,11 @@ class executor {
       const bool activation = a.kind == action_kind::recv_activation;
       const int s = stage_of(st.shape, a.chunk);
       auto& v = receive_buffer(a);
-      st.receives.emplace_back(st.posted_until, values::irecv(transport_, rank_of(st.shape, activation ? s - 1 : s + 1),
-                                                              tag_into(s, activation), values::view(v)));
+      const int from = rank_of(st.shape, activation ? s - 1 : s + 1);
+      const auto view = values::view(v);
+      st.receives.emplace_back(st.posted_until,
+                               logged(values::irecv(transport_, from, tag_into(s, activation), view), from,
+                                      tag_into(s, activation), false, message_signature(s, a.mb, view.size())));
     }
   }
 
@@ -318,8 +346,9 @@ class executor {
     const int to = stage_of(st.shape, a.chunk) + (activation ? 1 : -1);
     auto& b = buffers_[a.chunk][a.mb];
     const const_span v = values::view(activation ? b.output : b.input_grad);
-    st.sends.push_back(values::isend(transport_, rank_of(st.shape, to), tag_into(to, activation),
-                                     message_signature(to, a.mb, v.size()), v));
+    const signature sig = message_signature(to, a.mb, v.size());
+    st.sends.push_back(logged(values::isend(transport_, rank_of(st.shape, to), tag_into(to, activation), sig, v),
+                              rank_of(st.shape, to), tag_into(to, activation), true, sig));
   }
 
   void run_one(step_state& st, std::size_t index, const step_hooks& hooks) {
@@ -408,6 +437,7 @@ class executor {
   std::vector<std::vector<micro_batch_buffers>> buffers_;  // [chunk][micro-batch]
   buffer scratch_;                                          // a re-materialised forward's output
   buffer swap_scratch_;                                     // a device link's swap goes through it
+  flight::p2p_log log_;                                     // a host transport's messages, recorded
 };
 
 }  // namespace dtrain::pipeline
