@@ -7,13 +7,17 @@
 #include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <mutex>
+#include <numeric>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "../catch.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/flight/recorder.hpp"
 #include "dtrain/pipeline/partition.hpp"
 #include "dtrain/topology/mesh.hpp"
 #include "dtrain/transport/group.hpp"
@@ -367,4 +371,36 @@ TEST_CASE("pipeline: a checkpoint of another rank, partition, schedule or a corr
     std::filesystem::remove(path);
   });
   CHECK(wrong == std::vector<std::string>{});
+}
+
+TEST_CASE("pipeline: the executor's messages go into the flight recorder, completed and numbered per tag",
+          "[pipeline][flight]") {
+  // 1F1B on 2 ranks, 4 micro-batches, 3 steps: each way 12 messages on one tag (activations
+  // forward, gradients back), and one handshake message from rank 0 to rank 1 on another.
+  run_inproc(2, [&](int, inproc_transport t) {
+    const case_result r = testing::run_pipeline_case(std::move(t), pipeline::one_f_one_b{}, sgd<double>(0.1), 4, 3);
+    if (r.wrong > 0) throw std::runtime_error(r.first);
+  });
+  std::map<std::tuple<int, bool, std::uint64_t>, std::vector<std::uint64_t>> seqs;  // (rank, send, tag) -> k
+  int unfinished = 0;
+  flight::recorder::global().for_each([&](const flight::call& c) {
+    if (c.sig.op != coll_op::message) return;
+    seqs[{c.rank, c.sending, c.tag}].push_back(c.sig.seq);
+    unfinished += c.where == flight::state::completed ? 0 : 1;
+    CHECK(c.peer == 1 - c.rank);
+  });
+  CHECK(unfinished == 0);
+  std::map<std::pair<int, bool>, std::vector<std::size_t>> counts;  // (rank, send) -> messages per tag
+  for (auto& [key, ks] : seqs) {
+    std::vector<std::uint64_t> want(ks.size());
+    std::iota(want.begin(), want.end(), std::uint64_t{1});
+    CHECK(ks == want);
+    counts[{std::get<0>(key), std::get<1>(key)}].push_back(ks.size());
+  }
+  for (auto& [key, n] : counts) std::sort(n.begin(), n.end());
+  using v = std::vector<std::size_t>;
+  CHECK(counts[{0, true}] == v{1, 12});
+  CHECK(counts[{0, false}] == v{12});
+  CHECK(counts[{1, true}] == v{12});
+  CHECK(counts[{1, false}] == v{1, 12});
 }
