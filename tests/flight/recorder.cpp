@@ -447,19 +447,28 @@ TEST_CASE("flight: a message records its peer, tag, direction and count from the
 TEST_CASE("flight: the analysis names a receive its peer never sent, and what the peer did instead",
           "[flight][p2p]") {
   // Rank 1 waits for its third message from rank 0 on tag 7; rank 0 sent two and is stuck in a
-  // world allreduce waiting on rank 1. Rank 2's messages to rank 0, all matched, say nothing,
-  // and their different counts are no collective disagreement.
+  // world allreduce waiting on rank 1. Messages that must not count as rank 0's sends to rank 1
+  // on tag 7 of 'world' reach k = 3 or more: rank 0's receives from rank 1 on that tag (the swap's
+  // other way), its sends to rank 1 on tag 7 of another group, its sends to rank 2 on tag 7, and
+  // rank 2's sends to rank 1 on tag 7. Rank 2's messages to rank 0, all matched and of other
+  // counts, say nothing, and are no collective disagreement.
   std::vector<analysis::dump> dumps;
   auto allreduce = record(0, 1, "allreduce", 8, "waiting");
   allreduce.peer = 1;
+  auto elsewhere = message(0, 1, true, 3, 7);
+  elsewhere.group = "pair";
+  auto bigger = message(0, 2, false, 1, 9);
+  bigger.count = 1000;
   dumps.push_back(dump_of(0, {record(0, 0, "allreduce", 8), message(0, 1, true, 1, 7), message(0, 1, true, 2, 7),
-                              message(0, 2, false, 1, 9), allreduce},
+                              message(0, 1, false, 4, 7), elsewhere, message(0, 2, true, 5, 7), bigger, allreduce},
                           "asked (SIGUSR2)"));
   dumps.push_back(dump_of(1, {record(1, 0, "allreduce", 8), message(1, 0, false, 1, 7), message(1, 0, false, 2, 7),
-                              message(1, 0, false, 3, 7, "waiting")},
+                              message(1, 0, false, 3, 7, "waiting"), message(1, 2, false, 3, 7)},
                           "asked (SIGUSR2)"));
-  dumps.push_back(dump_of(2, {record(2, 0, "allreduce", 8), message(2, 0, true, 1, 9), record(2, 1, "allreduce", 8)},
+  dumps.push_back(dump_of(2, {record(2, 0, "allreduce", 8), message(2, 0, true, 1, 9), message(2, 1, true, 3, 7),
+                              message(2, 0, false, 5, 7), record(2, 1, "allreduce", 8)},
                           "asked (SIGUSR2)"));
+  dumps[0].calls[7].start_us = 2000;  // the allreduce: the last call rank 0 entered
   const auto findings = analysis::analyze(dumps, {3, {}});
   REQUIRE(findings.size() == 2);
   CHECK(findings[0] == "rank 1 never reached call 1 of group 'world', allreduce (float32 sum, count 8), which ranks 0, "
@@ -468,6 +477,19 @@ TEST_CASE("flight: the analysis names a receive its peer never sent, and what th
   CHECK(findings[1] == "rank 1 waits in receive 3 from rank 0 (tag 7 of group 'world', 16 float32); rank 0 posted "
                        "only 2 sends there; it was in call 1 of group 'world', allreduce (float32 sum, count 8), "
                        "waiting on rank 1");
+}
+
+TEST_CASE("flight: the analysis says so when the peer of a message waited for in vain left no record",
+          "[flight][p2p]") {
+  std::vector<analysis::dump> dumps;
+  dumps.push_back(dump_of(0, {message(0, 1, false, 1, 5, "waiting")}, "timeout"));
+  for (auto& d : dumps) {
+    for (auto& c : d.calls) c.group_size = 2;
+  }
+  const auto findings = analysis::analyze(dumps, {2, {{1, "was killed by signal 9 (SIGKILL)"}}});
+  REQUIRE(findings.size() >= 1);
+  CHECK(findings[0] == "rank 0 waits in receive 1 from rank 1 (tag 5 of group 'world', 16 float32); rank 1 posted no "
+                       "sends there; it left no flight record (it was killed by signal 9 (SIGKILL))");
 }
 
 TEST_CASE("flight: the analysis names a send no receive met, and a message posted ahead is no place to be stuck",

@@ -222,26 +222,37 @@ TEST_CASE("nccl: the flight recorder keeps every call under the group's name, wi
   cuda::device_buffer<float> a(64);
   comm.allreduce(a.span(), reduce_op::max);
   comm.broadcast(a.span(), 0);
-  auto r = comm.iallreduce(a.span(), reduce_op::sum);
-  r.wait();
   struct seen {
-    std::string op;
+    std::string op, redop, where;
     std::uint64_t seq, count;
-    std::string where;
+    std::int64_t start_us, end_us;
   };
-  std::vector<seen> calls;
-  flight::recorder::global().for_each([&](const flight::call& c) {
-    if (std::string(c.group) == "nccl/flight_test") {
-      calls.push_back({std::string(coll_op_name(c.sig.op)), c.sig.seq, c.sig.count, std::string(flight::state_name(c.where))});
-    }
-  });
+  auto ours = [] {
+    std::vector<seen> calls;
+    flight::recorder::global().for_each([&](const flight::call& c) {
+      if (std::string(c.group) != "nccl/flight_test") return;
+      calls.push_back({std::string(coll_op_name(c.sig.op)), std::string(reduce_op_name(c.sig.redop)),
+                       std::string(flight::state_name(c.where)), c.sig.seq, c.sig.count, c.start_us, c.end_us});
+    });
+    return calls;
+  };
+  auto r = comm.iallreduce(a.span(), reduce_op::sum);
+  auto calls = ours();
+  REQUIRE(calls.size() == 3);
+  CHECK(calls[2].where == "started");  // completed only once waited for
+  r.wait();
+  calls = ours();
   REQUIRE(calls.size() == 3);
   CHECK(calls[0].op == "allreduce");
+  CHECK(calls[0].redop == "max");
   CHECK(calls[1].op == "broadcast");
   CHECK(calls[2].op == "allreduce");
+  CHECK(calls[2].redop == "sum");
   for (std::size_t i = 0; i < 3; ++i) {
     CHECK(calls[i].seq == i + 1);
     CHECK(calls[i].count == 64);
     CHECK(calls[i].where == "completed");
+    CHECK(calls[i].start_us > 0);
+    CHECK(calls[i].end_us >= calls[i].start_us);
   }
 }

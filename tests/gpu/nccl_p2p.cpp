@@ -18,6 +18,7 @@
 #include "../catch.hpp"
 #include "dtrain/collective/nccl.hpp"
 #include "dtrain/concepts/point_to_point.hpp"
+#include "dtrain/flight/recorder.hpp"
 #include "dtrain/rendezvous/file_store.hpp"
 #include "gpu.hpp"
 
@@ -114,8 +115,18 @@ TEST_CASE("nccl p2p: messages to itself land whole, sent first, received first, 
   comm.send(0, 8, device_span<const float>(b.span()));
   r.wait(deadline::after(10s));
   CHECK(on_host(got) == message(0, 2, n));
-  CHECK(r.info().peer == 0);
-  CHECK(r.info().tag == 8);
+  CHECK(r.info().sig.count == n);
+  // Both messages in the flight recorder: on tag 7 a send and a receive, each the first there.
+  int on_tag_7 = 0;
+  flight::recorder::global().for_each([&](const flight::call& c) {
+    if (c.sig.op != coll_op::message || c.tag != 7) return;
+    ++on_tag_7;
+    CHECK(c.sig.seq == 1);
+    CHECK(c.sig.count == n);
+    CHECK(c.peer == 0);
+    CHECK(c.where == flight::state::completed);
+  });
+  CHECK(on_tag_7 == 2);
   // Many in flight on several tags, received in the opposite order, two on one tag in order.
   std::vector<cuda::device_buffer<float>> sent, into;
   std::vector<nccl_communicator::p2p_request> sends;
@@ -184,6 +195,7 @@ TEST_CASE("nccl p2p: a wait that times out leaves the receive pending, a cancell
   comm.send(0, 2, device_span<const float>(n.span()));
   comm.recv(0, 2, second.span());
   CHECK(on_host(second) == message(0, 2, 5));
+  CHECK(on_host(first) == message(0, 1, 5));  // the withdrawn receive's buffer, untouched
   nccl_communicator::p2p_request moved = std::move(withdrawn), empty;
   CHECK(empty.test());
 }

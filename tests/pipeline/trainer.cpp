@@ -376,26 +376,31 @@ TEST_CASE("pipeline: a checkpoint of another rank, partition, schedule or a corr
 TEST_CASE("pipeline: the executor's messages go into the flight recorder, completed and numbered per tag",
           "[pipeline][flight]") {
   // 1F1B on 2 ranks, 4 micro-batches, 3 steps: each way 12 messages on one tag (activations
-  // forward, gradients back), and one handshake message from rank 0 to rank 1 on another.
+  // forward, gradients back), and one handshake message from rank 0 to rank 1 on another; each
+  // send on a tag meets a receive of the same number, type and count on the other rank.
+  const std::uint64_t before = flight::recorder::global().recorded();  // this case's records come after
   run_inproc(2, [&](int, inproc_transport t) {
     const case_result r = testing::run_pipeline_case(std::move(t), pipeline::one_f_one_b{}, sgd<double>(0.1), 4, 3);
     if (r.wrong > 0) throw std::runtime_error(r.first);
   });
-  std::map<std::tuple<int, bool, std::uint64_t>, std::vector<std::uint64_t>> seqs;  // (rank, send, tag) -> k
+  // (rank, send, tag) -> each message's k, type and count, in the order posted
+  std::map<std::tuple<int, bool, std::uint64_t>, std::vector<std::tuple<std::uint64_t, dtype, std::uint64_t>>> seen;
   int unfinished = 0;
   flight::recorder::global().for_each([&](const flight::call& c) {
-    if (c.sig.op != coll_op::message) return;
-    seqs[{c.rank, c.sending, c.tag}].push_back(c.sig.seq);
+    if (c.id <= before || c.sig.op != coll_op::message) return;
+    seen[{c.rank, c.sending, c.tag}].push_back({c.sig.seq, c.sig.type, c.sig.count});
     unfinished += c.where == flight::state::completed ? 0 : 1;
     CHECK(c.peer == 1 - c.rank);
   });
   CHECK(unfinished == 0);
   std::map<std::pair<int, bool>, std::vector<std::size_t>> counts;  // (rank, send) -> messages per tag
-  for (auto& [key, ks] : seqs) {
-    std::vector<std::uint64_t> want(ks.size());
-    std::iota(want.begin(), want.end(), std::uint64_t{1});
-    CHECK(ks == want);
-    counts[{std::get<0>(key), std::get<1>(key)}].push_back(ks.size());
+  for (const auto& [key, messages] : seen) {
+    const auto [rank, send, tag] = key;
+    for (std::size_t i = 0; i < messages.size(); ++i) CHECK(std::get<0>(messages[i]) == i + 1);
+    const auto other = seen.find({1 - rank, !send, tag});
+    REQUIRE(other != seen.end());
+    CHECK(other->second == messages);  // the same numbers, types and counts
+    counts[{rank, send}].push_back(messages.size());
   }
   for (auto& [key, n] : counts) std::sort(n.begin(), n.end());
   using v = std::vector<std::size_t>;

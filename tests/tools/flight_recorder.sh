@@ -65,9 +65,10 @@ expect "sleep: rank 1 was in user code, not in a collective, when asked" \
 # gives up and fails; dtrain-run asks rank 1 for its dump while it sleeps.
 launch DTRAIN_TEST_BAD_RANK=1 DTRAIN_TIMEOUT_MS=3000 DTRAIN_TEST_SLEEP_S=60 -- -n 3 --grace-ms 500 "$worker" message
 expect "message: the job fails (status $status)" test "$status" -ne 0
+expect "message: stopped after the deadline, not after the sleep (${elapsed_ms} ms)" test "$elapsed_ms" -lt 30000
 expect "message: rank 2's receive from rank 1, the sends rank 1 posted, and rank 1 in user code" \
   reports "rank 2 waits in receive 3 from rank 1 \(tag 7 of group 'world', 1024 float32\); rank 1 posted only 2\
- sends there; $in_none, [0-9.]+ s after its last one ended \(user code\)"
+ sends there; $in_none, [0-9.]+ s after its last one ended \(user code\); it was killed by signal 15 \(SIGTERM\)$"
 
 # The same sleep with a deadline longer than the job's time limit: dtrain-run asks everyone.
 launch DTRAIN_TEST_BAD_RANK=2 DTRAIN_TIMEOUT_MS=120000 DTRAIN_TEST_SLEEP_S=60 -- \

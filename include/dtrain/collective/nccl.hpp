@@ -346,6 +346,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   }
 
   void check_async(const std::string& what) {
+    const detail::nccl::on_device here(device_);  // the caller's thread may have another current
     if (comm_ == nullptr) throw error(errc::broken, "nccl: " + what + ": the communicator was aborted: " + *broken_);
     ncclResult_t state = ncclSuccess;
     check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
@@ -359,6 +360,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   // operation is seen within microseconds, then every 20 us, so that a long wait does not hold a
   // core (a sleep overshoots by tens of microseconds: a few percent of a wait that long).
   void wait_for(const cuda::event& e, const std::string& what, deadline d) {
+    const detail::nccl::on_device here(device_);
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
     for (;;) {
       if (e.ready()) return;
@@ -374,6 +376,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   // Enqueues `enqueue()` (an NCCL call or group) and records its completion.
   template <class F>
   request start(signature sig, F&& enqueue) {
+    const detail::nccl::on_device here(device_);  // its stream and events are this device's
     sig.seq = ++sequence_;
     const std::string full = name(std::string(coll_op_name(sig.op)));
     const flight::recorder::handle call = flight::recorder::global().start(flight_, sig);

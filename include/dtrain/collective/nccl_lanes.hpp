@@ -10,6 +10,7 @@
 /// rank that posted it: a ring where each rank receives first would never finish. On a lane of
 /// its own, an operation waits for nothing but its own peer.
 
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "dtrain/collective/nccl_types.hpp"
 #include "dtrain/core/deadline.hpp"
@@ -59,6 +61,7 @@ struct p2p_op {
 struct early_message {
   p2p_header header;
   void* scratch = nullptr;
+  std::shared_ptr<cuda::event> landed;  // recorded after its payload's receive
 };
 
 // Device memory from the stream-ordered pool: neither taking nor giving it back waits.
@@ -75,6 +78,7 @@ inline void release_on(void* p, cudaStream_t s) noexcept {
 struct lane {
   ncclComm_t comm = nullptr;
   cuda::stream stream;  // non-blocking: stream-0 work never waits for a pending receive
+  cuda::stream copies;  // early messages into their receives: never behind a header receive
   // Receiving: one header receive posted while receives wait.
   cuda::device_buffer<p2p_header> header_device{1};
   cuda::pinned_buffer<p2p_header> header_host{1};
@@ -82,7 +86,9 @@ struct lane {
   bool header_posted = false;
   std::deque<std::shared_ptr<p2p_op>> waiting;  // receives posted before their message, in order
   std::deque<early_message> early;              // messages posted before their receive, in order
-  // Sending: a header slot per send in flight, reused once its send is done.
+  // Sending: a header slot per send in flight, reused once its send is done. Made when the lanes
+  // are: allocating pinned or device memory may wait for the device, where a receive waits.
+  static constexpr std::size_t slots_made = 32;
   struct slot {
     cuda::pinned_buffer<p2p_header> host{1};
     cuda::device_buffer<p2p_header> device{1};
@@ -97,8 +103,39 @@ struct lane {
     if (comm != nullptr) ncclCommAbort(comm);  // a posted header receive may never be matched
     for (auto& m : early) release_on(m.scratch, stream.get());
     if (stream.get() != nullptr) cudaStreamSynchronize(stream.get());
+    if (copies.get() != nullptr) cudaStreamSynchronize(copies.get());
   }
 };
+
+// Stops every lane's operations before any is aborted: aborting one frees its memory, which waits
+// for the device, where another lane's kernel may wait for a peer that is gone. ncclCommRevoke
+// (NCCL 2.28 and later, looked up at run time) stops them; without it they are aborted in turn.
+inline void abort_lanes(std::deque<lane>& a, std::deque<lane>& b) noexcept {
+  using revoke_fn = ncclResult_t (*)(ncclComm_t, int);
+  static const auto revoke = reinterpret_cast<revoke_fn>(dlsym(RTLD_DEFAULT, "ncclCommRevoke"));
+  if (revoke != nullptr) {
+    for (auto* lanes : {&a, &b}) {
+      for (lane& l : *lanes) {
+        if (l.comm != nullptr) revoke(l.comm, 0);
+      }
+    }
+    const deadline d = deadline::after(std::chrono::seconds(10));
+    for (auto* lanes : {&a, &b}) {
+      for (lane& l : *lanes) {
+        ncclResult_t state = ncclInProgress;
+        while (l.comm != nullptr && state == ncclInProgress && !d.expired()) {
+          if (ncclCommGetAsyncError(l.comm, &state) != ncclSuccess) break;
+          std::this_thread::yield();
+        }
+      }
+    }
+  }
+  for (auto* lanes : {&a, &b}) {
+    for (lane& l : *lanes) {
+      if (l.comm != nullptr) ncclCommAbort(std::exchange(l.comm, nullptr));
+    }
+  }
+}
 
 // Makes `device` current for a scope: the lanes' streams and events belong to it, whichever
 // thread posts or waits.
@@ -170,6 +207,12 @@ inline void connect(lane& out, lane& in, deadline d, const std::string& what) {
 inline void form_lanes(ncclComm_t parent, int rank, int size, deadline d, std::deque<lane>& out,
                        std::deque<lane>& in) {
   for (int p = 0; p < size; ++p) out.emplace_back(), in.emplace_back();
+  for (int p = 0; p < size; ++p) {
+    if (p != rank) out[static_cast<std::size_t>(p)].slots.resize(lane::slots_made);
+  }
+  const cudaStream_t self = in[static_cast<std::size_t>(rank)].stream.get();
+  release_on(allocate_on(self, 1), self);  // the stream-ordered pool set up now, not under a receive
+  cuda::check(cudaStreamSynchronize(self), "cudaStreamSynchronize");
   const int even = size + size % 2;  // with an odd size, each round's partner `size` is nobody
   for (int round = 0; round + 1 < even; ++round) {
     const int partner = partner_in(round, rank, even);
@@ -180,14 +223,16 @@ inline void form_lanes(ncclComm_t parent, int rank, int size, deadline d, std::d
       const bool sends = paired && (rank < partner) == lower_sends;
       ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
       config.blocking = 0;
-      ncclComm_t child = nullptr;
+      config.splitShare = 0;  // a lane's abort must not reach the others
+      // NCCL writes the new communicator from its own thread when the split ends: into the lane,
+      // which outlives a failure here (the deque never moves it), or into a sink that always lives.
+      static thread_local ncclComm_t nobody = nullptr;
+      ncclComm_t* child = paired ? &(sends ? out : in)[static_cast<std::size_t>(partner)].comm : &nobody;
       const int color = paired ? std::min(rank, partner) : NCCL_SPLIT_NOCOLOR;
-      const ncclResult_t r = ncclCommSplit(parent, color, sends ? lane_sender : lane_receiver, &child, &config);
+      const ncclResult_t r = ncclCommSplit(parent, color, sends ? lane_sender : lane_receiver, child, &config);
       if (r != ncclSuccess && r != ncclInProgress) throw error(errc::device_error, "nccl: " + what + ": " + text(r));
       settle_lane(parent, d, what);
-      if (!paired) continue;
-      settle_lane(child, d, what);
-      (sends ? out : in)[static_cast<std::size_t>(partner)].comm = child;
+      if (paired) settle_lane(*child, d, what);
     }
     if (paired) connect(out[static_cast<std::size_t>(partner)], in[static_cast<std::size_t>(partner)], d, what);
   }
