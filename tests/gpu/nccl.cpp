@@ -19,6 +19,7 @@
 #include "dtrain/rendezvous/file_store.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "gpu.hpp"
+#include "nccl_helpers.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
@@ -28,24 +29,9 @@ static_assert(collective<nccl_communicator, double>);
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("dtrain_nccl_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
-template <class T>
-std::vector<T> to_host(device_span<const T> d) {
-  std::vector<T> h(d.size());
-  cuda::check(cudaMemcpy(h.data(), d.data(), d.size_bytes(), cudaMemcpyDeviceToHost), "D2H");
-  return h;
-}
-
-template <class T>
-void to_device(device_span<T> d, const std::vector<T>& h) {
-  cuda::check(cudaMemcpy(d.data(), h.data(), d.size_bytes(), cudaMemcpyHostToDevice), "H2D");
-}
+using testing::fresh_dir;
+using testing::to_device;
+using testing::to_host;
 
 // Rank r's contribution: distinct per rank and element, exact in float.
 float value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * 1000 + static_cast<int>(i % 997)); }

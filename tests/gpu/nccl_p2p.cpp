@@ -21,6 +21,7 @@
 #include "dtrain/flight/recorder.hpp"
 #include "dtrain/rendezvous/file_store.hpp"
 #include "gpu.hpp"
+#include "nccl_helpers.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
@@ -31,25 +32,18 @@ static_assert(completion<nccl_communicator::p2p_request>);
 
 namespace {
 
-std::string fresh_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("dtrain_nccl_p2p_" + name + "_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
+using testing::fresh_dir;
 
 // A device buffer holding `values`, and what it holds now.
 template <class T>
 cuda::device_buffer<T> on_device(const std::vector<T>& values) {
   cuda::device_buffer<T> d(values.size());
-  cuda::check(cudaMemcpy(d.data(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice), "H2D");
+  testing::to_device(d.span(), values);
   return d;
 }
 template <class T>
 std::vector<T> on_host(const cuda::device_buffer<T>& d) {
-  std::vector<T> h(d.size());
-  cuda::check(cudaMemcpy(h.data(), d.data(), d.size() * sizeof(T), cudaMemcpyDeviceToHost), "D2H");
-  return h;
+  return testing::to_host(d.span());
 }
 
 // Message `k` from rank `from`: distinct per sender, message and element, exact in float.
