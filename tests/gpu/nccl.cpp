@@ -145,26 +145,7 @@ TEST_CASE("nccl: every collective matches the host reference, one rank", "[gpu][
 TEST_CASE("nccl: every collective matches the host reference, one rank per GPU", "[gpu][nccl]") {
   DTRAIN_REQUIRE_GPUS(2);
   const int p = std::min(cuda::device_count(), 4);
-  const std::string dir = fresh_dir("many");
-  std::vector<std::vector<std::string>> failures(static_cast<std::size_t>(p));
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < p; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        file_store store(dir);
-        nccl_options o;
-        o.device = r;
-        auto comm = nccl_communicator::connect(store, r, p, o);
-        exercise(comm, failures[static_cast<std::size_t>(r)]);
-      } catch (const std::exception& e) {
-        failures[static_cast<std::size_t>(r)].push_back(e.what());
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  for (const auto& fs : failures) {
-    for (const auto& f : fs) FAIL_CHECK(f);
-  }
+  for (const auto& f : testing::on_gpu_ranks(p, "many", {}, exercise)) FAIL_CHECK(f);
 }
 
 TEST_CASE("nccl: a rank whose peer never joins times out, naming what it waited for", "[gpu][nccl]") {

@@ -61,30 +61,14 @@ nccl_communicator one_rank(const std::string& name, std::chrono::milliseconds ti
   return nccl_communicator::connect(store, 0, 1, o);
 }
 
-// Runs `body(comm)` on `p` ranks, one thread and GPU each; failures as strings.
+// Runs `body(comm)` on `p` ranks, one thread and GPU each, with point-to-point lanes.
 void on_ranks(int p, const std::string& name, const std::function<void(nccl_communicator&)>& body) {
-  const std::string dir = fresh_dir(name);
-  std::vector<std::string> failures(static_cast<std::size_t>(p));
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < p; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        file_store store(dir);
-        nccl_options o;
-        o.device = r;
-        o.point_to_point = true;
-        o.timeout = 60s;
-        auto comm = nccl_communicator::connect(store, r, p, o);
-        body(comm);
-      } catch (const std::exception& e) {
-        failures[static_cast<std::size_t>(r)] = "rank " + std::to_string(r) + ": " + e.what();
-      }
-    });
-  }
-  for (auto& t : ranks) t.join();
-  for (const auto& f : failures) {
-    if (!f.empty()) FAIL_CHECK(f);
-  }
+  nccl_options o;
+  o.point_to_point = true;
+  o.timeout = 60s;
+  const auto failures =
+      testing::on_gpu_ranks(p, name, o, [&](nccl_communicator& comm, std::vector<std::string>&) { body(comm); });
+  for (const auto& f : failures) FAIL_CHECK(f);
 }
 
 }  // namespace
