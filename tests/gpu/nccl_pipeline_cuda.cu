@@ -1,7 +1,8 @@
 // The pipeline executor over NCCL's point-to-point messages: stages whose parameters, gradients
 // and activations are device buffers (device_mlp_stage.cuh), one rank per GPU (NCCL's rule; one
-// rank, whose stages message themselves, on any GPU). Every schedule leaves the parameters bit
-// for bit where serial gradient accumulation does, as over the staged communicator.
+// rank on one GPU, where only the interleaved schedule's chunks message each other, through the
+// lanes' copies to one's own rank). Every schedule leaves the parameters bit for bit where serial
+// gradient accumulation does, as over the staged communicator.
 
 #include <algorithm>
 #include <atomic>
