@@ -15,6 +15,7 @@
 #include <limits>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "../catch.hpp"
@@ -442,6 +443,35 @@ TEST_CASE("flight: a message records its peer, tag, direction and count from the
   CHECK(r1[1].where == flight::state::failed);
   CHECK(r1[2].sig.seq == 3);
   CHECK(r1[2].where == flight::state::waiting);
+  CHECK(r0[0].sig.seq == 1);
+  CHECK(r0[0].sig.count == 11);
+}
+
+TEST_CASE("flight: messages are numbered apart per peer, tag and direction", "[flight][p2p]") {
+  // Rank 0 of three, alone: sends to rank 1 on two tags and to rank 2, and receives from rank 1
+  // on the first tag; each key counts from 1 (what pairs the k-th send with the k-th receive).
+  auto ranks = make_inproc_group(3);
+  flight::p2p_log log(flight::group_of(ranks[0], 0));
+  std::vector<float> out(5, 1.0f), in(5);
+  signature sig;
+  sig.count = 5;
+  constexpr std::uint64_t a = 0x5eed'00a0, b = 0x5eed'00b0;
+  std::vector<flight::recorded<inproc_transport::request>> posted;
+  auto send = [&](int peer, std::uint64_t tag) {
+    posted.push_back(log.post(ranks[0].isend(peer, tag, sig, std::as_bytes(std::span(out))), peer, tag, true, sig));
+  };
+  send(1, a), send(1, a), send(1, b), send(2, a);
+  posted.push_back(log.post(ranks[0].irecv(1, a, std::as_writable_bytes(std::span(in))), 1, a, false, sig));
+  send(1, a);
+  std::vector<std::tuple<int, bool, std::uint64_t, std::uint64_t>> seen;  // (peer, send, tag, k)
+  flight::recorder::global().for_each([&](const flight::call& c) {
+    if (c.sig.op != coll_op::message || (c.tag != a && c.tag != b)) return;
+    seen.push_back({c.peer, c.sending, c.tag, c.sig.seq});
+  });
+  using m = std::tuple<int, bool, std::uint64_t, std::uint64_t>;
+  CHECK(seen == std::vector<m>{{1, true, a, 1}, {1, true, a, 2}, {1, true, b, 1}, {2, true, a, 1}, {1, false, a, 1},
+                               {1, true, a, 3}});
+  for (auto& r : posted) r.cancel();
 }
 
 TEST_CASE("flight: the analysis names a receive its peer never sent, and what the peer did instead",

@@ -141,7 +141,8 @@ TEST_CASE("nccl p2p: a receive of another type or size fails naming both, and th
                     Catch::Contains("expected 8 float32, the sender sent 10 float32") && Catch::Contains("tag 3"));
   cuda::device_buffer<double> doubles(10);
   comm.isend(0, 4, device_span<const float>(ten.span()));
-  CHECK_THROWS_WITH(comm.recv(0, 4, doubles.span()), Catch::Contains("expected 10 float64, the sender sent 10 float32"));
+  CHECK_THROWS_WITH(comm.recv(0, 4, doubles.span()),
+                    Catch::Contains("expected 10 float64, the sender sent 10 float32"));
   cuda::device_buffer<float> right(10);
   comm.isend(0, 3, device_span<const float>(ten.span()));
   comm.recv(0, 3, right.span());
