@@ -152,8 +152,7 @@ int main(int argc, char** argv) {
         }
       }
     } else {
-      const char* local = std::getenv("DTRAIN_LOCAL_RANK");
-      cuda::check(cudaSetDevice((local != nullptr ? std::atoi(local) : 0) % cuda::device_count()), "cudaSetDevice");
+      cuda::check(cudaSetDevice(cuda::local_device()), "cudaSetDevice");
       points = bench::run_staged(any_transport(std::move(tcp)), plan);
     }
     if (rank != 0) return 0;

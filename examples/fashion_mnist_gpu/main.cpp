@@ -84,9 +84,7 @@ int run(const options& o, fashion_mnist_gpu::settings s) {
     auto nccl = dtrain::nccl_communicator::over(host);
     epochs = fashion_mnist_gpu::train_over_nccl(std::move(nccl), s, train_view, test_view, report);
   } else {
-    const char* local = std::getenv("DTRAIN_LOCAL_RANK");
-    dtrain::cuda::check(cudaSetDevice((local != nullptr ? std::atoi(local) : 0) % dtrain::cuda::device_count()),
-                        "cudaSetDevice");
+    dtrain::cuda::check(cudaSetDevice(dtrain::cuda::local_device()), "cudaSetDevice");  // a host's ranks in turn
     epochs = fashion_mnist_gpu::train_over_staged(dtrain::any_transport(std::move(tcp)), s, train_view, test_view, report);
   }
   if (rank != 0) return 0;

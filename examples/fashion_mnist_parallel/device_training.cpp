@@ -58,9 +58,7 @@ int train_on_device(const settings& s, dtrain::any_transport world, const split&
                          "(a CPU build runs the same code under Thrust's CPP system)\n");
     return exit_no_device;
   }
-  const char* local = std::getenv("DTRAIN_LOCAL_RANK");  // ranks of a host take its GPUs in turn
-  dtrain::cuda::check(cudaSetDevice((local != nullptr ? std::atoi(local) : 0) % dtrain::cuda::device_count()),
-                      "cudaSetDevice");
+  dtrain::cuda::check(cudaSetDevice(dtrain::cuda::local_device()), "cudaSetDevice");  // a host's ranks in turn
 #endif
   if (s.kernels == "thrust") return run<dtrain::tensor_parallel::thrust_kernels>(s, std::move(world), train_set, test);
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA

@@ -9,7 +9,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <string>
@@ -24,14 +23,11 @@
 
 namespace dtrain::detail::nccl {
 
-/// The GPU of `rank`: `wanted`, or with -1 the local rank (DTRAIN_LOCAL_RANK, else `rank`)
-/// modulo the device count.
+/// The GPU of `rank`: `wanted`, or with -1 the local rank's (cuda::local_device; without
+/// DTRAIN_LOCAL_RANK, `rank`'s). @throws dtrain::error when no device is visible
 inline int device_for(int rank, int wanted) {
-  const int devices = cuda::device_count();
-  if (devices == 0) throw error(errc::device_error, "nccl: no CUDA device is visible on this host");
-  if (wanted >= 0) return wanted;
-  const char* local = std::getenv("DTRAIN_LOCAL_RANK");
-  return (local != nullptr ? std::atoi(local) : rank) % devices;
+  const int local = cuda::local_device(rank);  // checks that a device is visible
+  return wanted >= 0 ? wanted : local;
 }
 
 /// What to add to a failure to join: one GPU shared by two ranks, where NCCL says only "invalid

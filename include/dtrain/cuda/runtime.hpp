@@ -1,12 +1,13 @@
 #pragma once
 /// @file
 /// The CUDA runtime pieces dtrain's GPU layer shares: errors as `dtrain::error`, owning
-/// streams, events, device and pinned host buffers, and the device count. Host code only: it
+/// streams, events, device and pinned host buffers, the device count and a rank's device. Host code only: it
 /// compiles with any C++20 compiler against the CUDA runtime (link `dtrain::cuda`).
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -33,6 +34,16 @@ inline int device_count() noexcept {
     return 0;
   }
   return n;
+}
+
+/// The GPU a rank of this host takes: its local rank (DTRAIN_LOCAL_RANK, which dtrain-run sets,
+/// else `fallback`) modulo the visible devices, so that a host's ranks take its GPUs in turn.
+/// @throws dtrain::error `device_error` when no device is visible
+inline int local_device(int fallback = 0) {
+  const int n = device_count();
+  if (n == 0) throw error(errc::device_error, "no CUDA device is visible on this host");
+  const char* local = std::getenv("DTRAIN_LOCAL_RANK");
+  return (local != nullptr ? std::atoi(local) : fallback) % n;
 }
 
 /// An owned CUDA stream on the current device: non-blocking (unordered with the legacy default
