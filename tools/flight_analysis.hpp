@@ -181,6 +181,8 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
   std::map<int, std::vector<const call_record*>> running;  // world rank -> its calls in progress
   std::map<int, const call_record*> latest;  // world rank -> its last call started
   std::vector<const call_record*> messages;  // point-to-point sends and receives
+  // (rank, peer, group, tag, sending) -> the highest number it posted there
+  std::map<std::tuple<int, int, std::string, std::uint64_t, bool>, std::uint64_t> highest;
   for (const dump& d : dumps) {
     if (d.rank >= 0) dump_of[d.rank] = &d;
     for (const call_record& c : d.calls) {
@@ -189,6 +191,8 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
       if (!latest.count(c.rank) || latest[c.rank]->start_us < c.start_us) latest[c.rank] = &c;
       if (c.message()) {
         messages.push_back(&c);
+        auto& k = highest[{c.rank, c.peer, c.group, c.tag, c.sending()}];
+        k = std::max(k, c.seq);
         continue;
       }
       auto& ch = channels[{c.group, c.tag, c.generation}];
@@ -314,13 +318,9 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
   // Messages waited for and never matched: what the peer posted there, and what it did instead.
   for (const call_record* m : messages) {
     if (m->state != "waiting") continue;
-    std::uint64_t posted = 0;  // the peer's messages of the other direction to this rank there
-    for (const call_record* o : messages) {
-      if (o->rank == m->peer && o->peer == m->rank && o->group == m->group && o->tag == m->tag &&
-          o->sending() != m->sending()) {
-        posted = std::max(posted, o->seq);
-      }
-    }
+    // The peer's messages of the other direction to this rank there.
+    const auto other = highest.find({m->peer, m->rank, m->group, m->tag, !m->sending()});
+    const std::uint64_t posted = other != highest.end() ? other->second : 0;
     if (posted >= m->seq) continue;  // matched: it is on its way
     std::string s = "rank " + std::to_string(m->rank) + " waits in " + m->where() + "; rank " +
                     std::to_string(m->peer) + " posted " + (posted == 0 ? "no" : "only " + std::to_string(posted)) +
