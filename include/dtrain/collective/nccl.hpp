@@ -72,7 +72,7 @@ struct nccl_options {
   /// Store key of the NCCL unique id; groups formed through one store need different keys.
   std::string key = "nccl/unique_id";
   /// Forms the lanes of `isend` and `irecv` at start-up: a two-rank NCCL communicator per
-  /// ordered pair of ranks (2 (P - 1) ncclCommSplit rounds, collective, P rounded up to even).
+  /// ordered pair of ranks (P - 1 rounds of two ncclCommSplit calls, P rounded up to even).
   bool point_to_point = false;
 };
 
@@ -346,7 +346,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   }
 
   void check_async(const std::string& what) {
-    const detail::nccl::on_device here(device_);  // the caller's thread may have another current
+    const cuda::on_device here(device_);  // the caller's thread may have another current
     if (comm_ == nullptr) throw error(errc::broken, "nccl: " + what + ": the communicator was aborted: " + *broken_);
     ncclResult_t state = ncclSuccess;
     check(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
@@ -360,7 +360,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   // operation is seen within microseconds, then every 20 us, so that a long wait does not hold a
   // core (a sleep overshoots by tens of microseconds: a few percent of a wait that long).
   void wait_for(const cuda::event& e, const std::string& what, deadline d) {
-    const detail::nccl::on_device here(device_);
+    const cuda::on_device here(device_);
     const auto spin_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(2);
     for (;;) {
       if (e.ready()) return;
@@ -376,7 +376,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   // Enqueues `enqueue()` (an NCCL call or group) and records its completion.
   template <class F>
   request start(signature sig, F&& enqueue) {
-    const detail::nccl::on_device here(device_);  // its stream and events are this device's
+    const cuda::on_device here(device_);  // its stream and events are this device's
     sig.seq = ++sequence_;
     const std::string full = name(std::string(coll_op_name(sig.op)));
     const flight::recorder::handle call = flight::recorder::global().start(flight_, sig);
@@ -447,8 +447,7 @@ class nccl_communicator : public detail::error_code_forms<nccl_communicator, dev
   template <class Exchange>
   static nccl_communicator form(int rank, int size, const nccl_options& o, detail::nccl::flight_names flight,
                                 Exchange&& exchange) {
-    if (size < 1 || rank < 0 || rank >= size)
-      throw error(errc::invalid_argument, "nccl: rank " + std::to_string(rank) + " of " + std::to_string(size));
+    detail::nccl::check_rank(rank, size);
     const deadline d = deadline::after(o.timeout);
     const int device = detail::nccl::device_for(rank, o.device);
     cuda::check(cudaSetDevice(device), "cudaSetDevice");

@@ -137,26 +137,6 @@ inline void abort_lanes(std::deque<lane>& a, std::deque<lane>& b) noexcept {
   }
 }
 
-// Makes `device` current for a scope: the lanes' streams and events belong to it, whichever
-// thread posts or waits.
-class on_device {
- public:
-  explicit on_device(int device) {
-    cuda::check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) cuda::check(cudaSetDevice(device), "cudaSetDevice");
-    changed_ = previous_ != device;
-  }
-  on_device(const on_device&) = delete;
-  on_device& operator=(const on_device&) = delete;
-  ~on_device() {
-    if (changed_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool changed_ = false;
-};
-
 // Waits until `comm` leaves ncclInProgress, or `d` passes. @throws dtrain::error
 inline void settle_lane(ncclComm_t comm, deadline d, const std::string& what) {
   for (;;) {

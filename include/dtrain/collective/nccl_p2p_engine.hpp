@@ -51,7 +51,7 @@ class p2p_engine {
   p2p_engine& operator=(const p2p_engine&) = delete;
   ~p2p_engine() {
     try {
-      const on_device here(device_);  // the lanes' streams and events are its
+      const cuda::on_device here(device_);  // the lanes' streams and events are its
       abort_lanes(in_, out_);           // a header receive may still wait for a message
       out_.clear(), in_.clear();
     } catch (...) {  // the members' destructors free what is left
@@ -64,13 +64,13 @@ class p2p_engine {
 
   std::shared_ptr<p2p_op> send(int peer, std::uint64_t tag, const std::byte* data, const signature& sig) {
     std::lock_guard lock(m_);
-    const on_device here(device_);
+    const cuda::on_device here(device_);
     return guarded([&] { return send_locked(peer, tag, data, sig); });
   }
 
   std::shared_ptr<p2p_op> receive(int peer, std::uint64_t tag, std::byte* data, const signature& want) {
     std::lock_guard lock(m_);
-    const on_device here(device_);
+    const cuda::on_device here(device_);
     return guarded([&] { return receive_locked(peer, tag, data, want); });
   }
 
@@ -78,7 +78,7 @@ class p2p_engine {
   bool poll(p2p_op& op, std::error_code& ec) noexcept {
     std::lock_guard lock(m_);
     try {
-      const on_device here(device_);
+      const cuda::on_device here(device_);
       if (!failure_.empty() && op.at != p2p_op::phase::finished) finish(op, make_error_code(errc::broken));
       for (lane& in : in_) progress(in);
       lane& mine = (op.receive ? in_ : out_)[static_cast<std::size_t>(op.peer)];
@@ -163,7 +163,7 @@ class p2p_engine {
       lane& self = in_[static_cast<std::size_t>(peer)];
       op->posted.make_wait(self.stream.get());
       land(self, {tag, sig}, [&](void* dst) { copy(dst, data, bytes, self.stream.get()); });
-      enqueued(*op, self);
+      enqueued(*op, self.stream.get());
       return op;
     }
     lane& out = out_[static_cast<std::size_t>(peer)];
@@ -176,7 +176,7 @@ class p2p_engine {
     enqueue(out, ncclSend(s.device.data(), sizeof(p2p_header), ncclUint8, lane_receiver, out.comm, out.stream.get()));
     if (bytes > 0) enqueue(out, ncclSend(data, bytes, ncclUint8, lane_receiver, out.comm, out.stream.get()));
     s.user = op;
-    enqueued(*op, out);
+    enqueued(*op, out.stream.get());
     return op;
   }
 
@@ -200,13 +200,11 @@ class p2p_engine {
     if (accepts(*op, m.header.sig)) {
       op->posted.make_wait(s);
       copy(op->data, m.scratch, payload_bytes(m.header.sig), s);
-      op->done.record(s);
-      op->at = p2p_op::phase::enqueued;
+      enqueued(*op, s);
     }
     release_on(m.scratch, s);
     return op;
   }
-
 
   std::shared_ptr<p2p_op> post(bool receive, int peer, std::uint64_t tag, const signature& sig) {
     if (!failure_.empty()) throw error(errc::broken, "nccl: point-to-point lanes were aborted: " + failure_);
@@ -227,8 +225,9 @@ class p2p_engine {
     if (r == ncclInProgress) settle_lane(l.comm, deadline::after(timeout_), "point-to-point");
   }
 
-  static void enqueued(p2p_op& op, lane& l) {
-    op.done.record(l.stream.get());
+  // `op` is on stream `s` now: done once what `s` holds is.
+  static void enqueued(p2p_op& op, cudaStream_t s) {
+    op.done.record(s);
     op.at = p2p_op::phase::enqueued;
   }
 
@@ -303,7 +302,7 @@ class p2p_engine {
     }
     op->posted.make_wait(s);
     receive(op->data);
-    enqueued(*op, in);
+    enqueued(*op, s);
   }
 
   // Aborts every lane and finishes every operation waiting: nothing more moves on them.

@@ -23,6 +23,14 @@
 
 namespace dtrain::detail::nccl {
 
+/// @throws dtrain::error `invalid_argument` unless `rank` is one of a group of `size`
+inline void check_rank(int rank, int size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw error(errc::invalid_argument,
+                "nccl: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
+  }
+}
+
 /// The GPU of `rank`: `wanted`, or with -1 the local rank's (cuda::local_device; without
 /// DTRAIN_LOCAL_RANK, `rank`'s). @throws dtrain::error when no device is visible
 inline int device_for(int rank, int wanted) {

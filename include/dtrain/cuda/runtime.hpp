@@ -36,6 +36,26 @@ inline int device_count() noexcept {
   return n;
 }
 
+/// Makes `device` current for a scope (and the previous one again after it): streams and events
+/// belong to the device they were made on, whichever thread uses them.
+class on_device {
+ public:
+  explicit on_device(int device) {
+    cuda::check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    changed_ = previous_ != device;
+  }
+  on_device(const on_device&) = delete;
+  on_device& operator=(const on_device&) = delete;
+  ~on_device() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
 /// The GPU a rank of this host takes: its local rank (DTRAIN_LOCAL_RANK, which dtrain-run sets,
 /// else `fallback`) modulo the visible devices, so that a host's ranks take its GPUs in turn.
 /// @throws dtrain::error `device_error` when no device is visible
