@@ -269,6 +269,13 @@ analysis::call_record record(int rank, std::uint64_t seq, const std::string& op,
   return c;
 }
 
+// Every call of `dumps` in a world (and group) of `n` ranks.
+void in_world_of(int n, std::vector<analysis::dump>& dumps) {
+  for (auto& d : dumps) {
+    for (auto& c : d.calls) c.group_size = n;
+  }
+}
+
 analysis::dump dump_of(int rank, std::vector<analysis::call_record> calls, std::string reason = "exit") {
   analysis::dump d;
   d.rank = rank;
@@ -342,9 +349,7 @@ TEST_CASE("flight: the analysis finds a group member that never recorded a call 
   waiting.peer = 1;
   dumps.push_back(dump_of(0, {record(0, 0, "allreduce", 8), waiting}, "asked (SIGUSR2)"));
   dumps.push_back(dump_of(1, {record(1, 0, "allreduce", 8)}, "asked (SIGUSR2)"));
-  for (auto& d : dumps) {
-    for (auto& c : d.calls) c.group_size = 2;  // a world of two
-  }
+  in_world_of(2, dumps);
   const auto findings = analysis::analyze(dumps, {2, {}});
   REQUIRE(findings.size() == 1);
   CHECK(findings[0].rfind("rank 1 never reached call 0 of group 'pair', allgather (float32, count 4), which rank 0 "
@@ -513,9 +518,7 @@ TEST_CASE("flight: the analysis says so when the peer of a message waited for in
           "[flight][p2p]") {
   std::vector<analysis::dump> dumps;
   dumps.push_back(dump_of(0, {message(0, 1, false, 1, 5, "waiting")}, "timeout"));
-  for (auto& d : dumps) {
-    for (auto& c : d.calls) c.group_size = 2;
-  }
+  in_world_of(2, dumps);
   const auto findings = analysis::analyze(dumps, {2, {{1, "was killed by signal 9 (SIGKILL)"}}});
   REQUIRE(findings.size() >= 1);
   CHECK(findings[0] == "rank 0 waits in receive 1 from rank 1 (tag 5 of group 'world', 16 float32); rank 1 posted no "
@@ -529,9 +532,7 @@ TEST_CASE("flight: the analysis names a send no receive met, and a message poste
   std::vector<analysis::dump> dumps;
   dumps.push_back(dump_of(0, {message(0, 1, true, 1, 5, "waiting")}, "asked (SIGUSR2)"));
   dumps.push_back(dump_of(1, {message(1, 0, false, 1, 6, "started")}, "asked (SIGUSR2)"));
-  for (auto& d : dumps) {
-    for (auto& c : d.calls) c.group_size = 2;
-  }
+  in_world_of(2, dumps);
   const auto findings = analysis::analyze(dumps, {2, {}});
   REQUIRE(findings.size() == 1);
   CHECK(findings[0] == "rank 0 waits in send 1 to rank 1 (tag 5 of group 'world', 16 float32); rank 1 posted no "
