@@ -191,6 +191,7 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
       if (!latest.count(c.rank) || latest[c.rank]->start_us < c.start_us) latest[c.rank] = &c;
       if (c.message()) {
         messages.push_back(&c);
+        if (c.state == "withdrawn") continue;  // its number went to the next message
         auto& k = highest[{c.rank, c.peer, c.group, c.tag, c.sending()}];
         k = std::max(k, c.seq);
         continue;

@@ -1,6 +1,6 @@
-// The flight recorder's ring, its dump format and the analysis of dumps: what communicators record
-// is checked against the calls the test itself made, and the analysis against hand-written dumps
-// whose answer is known. The real-process cases are tools/flight_recorder.sh's.
+// The flight recorder's ring and its dump format: what communicators and point-to-point messages
+// record is checked against the calls the test itself made. The analysis of dumps is in
+// analysis.cpp; the real-process cases are tools/flight_recorder.sh's.
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -249,148 +250,6 @@ TEST_CASE("flight: a call in a process group records its group and the world ran
   CHECK(calls[0].tag == calls[1].tag);
 }
 
-namespace {
-
-analysis::call_record record(int rank, std::uint64_t seq, const std::string& op, std::uint64_t count,
-                             const std::string& state = "completed", const std::string& group = "world", int root = 0) {
-  analysis::call_record c;
-  c.rank = rank;
-  c.seq = seq;
-  c.op = op;
-  c.count = count;
-  c.state = state;
-  c.group = group;
-  c.root = root;
-  c.dtype = "float32";
-  c.redop = "sum";
-  c.group_size = 3;
-  c.start_us = 1000 + static_cast<std::int64_t>(seq) * 10;
-  c.end_us = state == "completed" ? c.start_us + 5 : 0;
-  return c;
-}
-
-// Every call of `dumps` in a world (and group) of `n` ranks.
-void in_world_of(int n, std::vector<analysis::dump>& dumps) {
-  for (auto& d : dumps) {
-    for (auto& c : d.calls) c.group_size = n;
-  }
-}
-
-analysis::dump dump_of(int rank, std::vector<analysis::call_record> calls, std::string reason = "exit") {
-  analysis::dump d;
-  d.rank = rank;
-  d.reason = reason;
-  d.first = reason;
-  d.dumped_us = 5000;
-  d.calls = std::move(calls);
-  return d;
-}
-
-}  // namespace
-
-TEST_CASE("flight: the analysis names the first call where the ranks disagree, by root too", "[flight]") {
-  std::vector<analysis::dump> dumps;
-  for (int r = 0; r < 3; ++r) {
-    dumps.push_back(dump_of(r, {record(r, 0, "allreduce", 8),
-                                record(r, 1, "broadcast", 8, "failed", "world", r == 1 ? 2 : 0),
-                                record(r, 2, "allreduce", r == 0 ? 9 : 8, "failed")}));
-  }
-  const auto findings = analysis::analyze(dumps, {3, {}});
-  REQUIRE(findings.size() == 1);
-  CHECK(findings[0] ==
-        "call 1 of group 'world': the ranks disagree: rank 1 calls broadcast (float32, count 8, root 2); "
-        "ranks 0, 2 call broadcast (float32, count 8, root 0)");
-}
-
-TEST_CASE("flight: the analysis does not take calls a ring dropped for a disagreement", "[flight]") {
-  // Rank 1's ring kept only its last two calls; the others kept all four.
-  std::vector<analysis::dump> dumps;
-  for (int r = 0; r < 3; ++r) {
-    std::vector<analysis::call_record> calls;
-    for (std::uint64_t s = r == 1 ? 2 : 0; s < 4; ++s) calls.push_back(record(r, s, "allreduce", 8));
-    dumps.push_back(dump_of(r, calls));
-  }
-  const auto findings = analysis::analyze(dumps, {3, {}});
-  REQUIRE(findings.size() == 1);
-  CHECK(findings[0] == "every rank recorded the same calls, and none is missing one");
-}
-
-TEST_CASE("flight: the analysis finds the rank behind in a sub-group, and what it does instead", "[flight]") {
-  // Ranks 0 and 2 form group 'pair'; rank 2 is stuck in a world call waiting on rank 1, which
-  // died; rank 0 waits in pair call 1 for rank 2.
-  std::vector<analysis::dump> dumps;
-  auto waiting = record(0, 1, "allgather", 4, "waiting", "pair");
-  waiting.peer = 2;
-  dumps.push_back(dump_of(0, {record(0, 0, "allreduce", 8), record(0, 0, "allgather", 4, "completed", "pair"), waiting},
-                          "timeout"));
-  dumps.push_back(dump_of(1, {record(1, 0, "allreduce", 8)}, "signal SIGSEGV"));
-  auto stuck = record(2, 1, "allreduce", 8, "waiting");
-  stuck.peer = 1;
-  dumps.push_back(dump_of(2, {record(2, 0, "allreduce", 8), record(2, 0, "allgather", 4, "completed", "pair"), stuck},
-                          "asked (SIGUSR2)"));
-  const auto findings = analysis::analyze(dumps, {3, {}});
-  REQUIRE(findings.size() == 3);
-  CHECK(findings[0] == "rank 2 never reached call 1 of group 'pair', allgather (float32, count 4), which rank 0 "
-                       "entered; its last there was call 0 (completed); it was in call 1 of group 'world', allreduce "
-                       "(float32 sum, count 8), waiting on rank 1");
-  // The rank that died first: the likeliest cause of the world's hang.
-  CHECK(findings[1] == "rank 1 never reached call 1 of group 'world', allreduce (float32 sum, count 8), which rank 2 "
-                       "entered; its last there was call 0 (completed); it died (signal SIGSEGV)");
-  CHECK(findings[2] == "rank 0 never reached call 1 of group 'world', allreduce (float32 sum, count 8), which rank 2 "
-                       "entered; its last there was call 0 (completed); it was in call 1 of group 'pair', allgather "
-                       "(float32, count 4), waiting on rank 2");
-}
-
-TEST_CASE("flight: the analysis finds a group member that never recorded a call there by the wait on it",
-          "[flight]") {
-  // Rank 0 waits on rank 1 in the first call of 'pair'; rank 1 never entered 'pair'.
-  std::vector<analysis::dump> dumps;
-  auto waiting = record(0, 0, "allgather", 4, "waiting", "pair");
-  waiting.peer = 1;
-  dumps.push_back(dump_of(0, {record(0, 0, "allreduce", 8), waiting}, "asked (SIGUSR2)"));
-  dumps.push_back(dump_of(1, {record(1, 0, "allreduce", 8)}, "asked (SIGUSR2)"));
-  in_world_of(2, dumps);
-  const auto findings = analysis::analyze(dumps, {2, {}});
-  REQUIRE(findings.size() == 1);
-  CHECK(findings[0].rfind("rank 1 never reached call 0 of group 'pair', allgather (float32, count 4), which rank 0 "
-                          "entered; it was in none of its collectives when it dumped", 0) == 0);
-}
-
-TEST_CASE("flight: the analysis keeps apart two groups of one name and a communicator built again", "[flight]") {
-  // Two groups named 'pair' (tags 1 and 2), each with its own count of calls, and a world
-  // communicator built again after a failure whose calls start from 0 once more.
-  std::vector<analysis::dump> dumps;
-  for (int r = 0; r < 4; ++r) {
-    auto pair_call = [&](std::uint64_t seq) {
-      auto c = record(r, seq, "allreduce", 4, "completed", "pair");
-      c.tag = r < 2 ? 1 : 2;
-      return c;
-    };
-    std::vector<analysis::call_record> calls{record(r, 0, "allreduce", 8, "failed"), pair_call(0)};
-    if (r < 2) calls.push_back(pair_call(1));  // ranks 0 and 1 have done one more
-    auto again = record(r, 0, "broadcast", 16);
-    again.generation = 1;
-    calls.push_back(again);
-    dumps.push_back(dump_of(r, calls));
-  }
-  const auto findings = analysis::analyze(dumps, {4, {}});
-  REQUIRE(findings.size() == 1);
-  CHECK(findings[0] == "every rank recorded the same calls, and none is missing one");
-}
-
-namespace {
-
-analysis::call_record message(int rank, int peer, bool send, std::uint64_t k, std::uint64_t tag,
-                              const std::string& state = "completed") {
-  auto c = record(rank, k, "message", 16, state);
-  c.peer = peer;
-  c.dir = send ? "send" : "recv";
-  c.tag = tag;
-  return c;
-}
-
-}  // namespace
-
 TEST_CASE("flight: a message records its peer, tag, direction and count from the start, numbered per tag",
           "[flight][p2p]") {
   constexpr std::uint64_t tag = 0x5eed'0001;
@@ -434,8 +293,9 @@ TEST_CASE("flight: a message records its peer, tag, direction and count from the
   CHECK(r0[0].where == flight::state::completed);
   CHECK(r0[0].peer == 1);
   CHECK(r0[0].sending);
-  // The next message on the tag is the second; a cancelled receive is recorded failed, one
-  // waited for in vain and then given up stays waiting.
+  // The next message on the tag is the second; a receive cancelled before it matched is
+  // withdrawn and gives its number to the next; one waited for in vain and then given up stays
+  // waiting.
   auto again = log1.post(ranks[1].irecv(0, tag, std::as_writable_bytes(std::span(in))), 0, tag, false, sig);
   again.cancel();
   {
@@ -445,11 +305,59 @@ TEST_CASE("flight: a message records its peer, tag, direction and count from the
   r1 = theirs(1);
   REQUIRE(r1.size() == 3);
   CHECK(r1[1].sig.seq == 2);
-  CHECK(r1[1].where == flight::state::failed);
-  CHECK(r1[2].sig.seq == 3);
+  CHECK(r1[1].where == flight::state::withdrawn);
+  CHECK(r1[2].sig.seq == 2);
   CHECK(r1[2].where == flight::state::waiting);
   CHECK(r0[0].sig.seq == 1);
   CHECK(r0[0].sig.count == 11);
+}
+
+TEST_CASE("flight: a message withdrawn before it matched gives its number to the channel's later messages",
+          "[flight][p2p]") {
+  // Rank 1 posts receives 1, 2, 3 from rank 0 and withdraws the second; rank 0 then sends two
+  // messages, which meet receives 1 and 3: the third, renumbered 2, records the second send's
+  // number, and the next receive posted is 3. A receive on another tag keeps its number.
+  constexpr std::uint64_t tag = 0x5eed'0003, other = 0x5eed'0004;
+  auto ranks = make_inproc_group(2);
+  flight::p2p_log log0(flight::group_of(ranks[0], 0)), log1(flight::group_of(ranks[1], 0));
+  std::vector<float> first(4, 1.0f), second(4, 2.0f), a(4), b(4), c(4), d(4), e(4);
+  signature sig;
+  sig.count = 4;
+  auto receive = [&](std::vector<float>& into, std::uint64_t t) {
+    return log1.post(ranks[1].irecv(0, t, std::as_writable_bytes(std::span(into))), 0, t, false, sig);
+  };
+  auto rx1 = receive(a, tag), rx2 = receive(b, tag), rx3 = receive(c, tag), elsewhere = receive(e, other);
+  rx2.cancel();
+  auto send = [&](const std::vector<float>& what) {
+    auto tx = log0.post(ranks[0].isend(1, tag, sig, std::as_bytes(std::span(what))), 1, tag, true, sig);
+    tx.wait(deadline::after(std::chrono::seconds(5)));
+  };
+  send(first), send(second);
+  rx1.wait(deadline::after(std::chrono::seconds(5)));
+  rx3.wait(deadline::after(std::chrono::seconds(5)));
+  CHECK(a == first);
+  CHECK(c == second);
+  CHECK(b == std::vector<float>(4, 0.0f));
+  auto rx4 = receive(d, tag);
+  std::map<std::uint64_t, std::pair<std::uint64_t, flight::state>> seen;  // record id -> (k, state)
+  std::map<std::uint64_t, std::uint64_t> sent;                          // k -> record id
+  flight::recorder::global().for_each([&](const flight::call& x) {
+    if (x.sig.op != coll_op::message || (x.tag != tag && x.tag != other)) return;
+    if (x.rank == 1) seen[x.id] = {x.sig.seq, x.where};
+    if (x.rank == 0) sent[x.sig.seq] = x.id;
+  });
+  using entry = std::pair<std::uint64_t, flight::state>;
+  REQUIRE(seen.size() == 5);
+  auto it = seen.begin();
+  CHECK(it->second == entry{1, flight::state::completed});
+  CHECK((++it)->second == entry{2, flight::state::withdrawn});
+  CHECK((++it)->second == entry{2, flight::state::completed});
+  CHECK((++it)->second == entry{1, flight::state::started});  // the other tag's
+  CHECK((++it)->second == entry{3, flight::state::started});
+  CHECK(sent.size() == 2);
+  CHECK(sent.count(2) == 1);
+  rx4.cancel();
+  elsewhere.cancel();
 }
 
 TEST_CASE("flight: messages are numbered apart per peer, tag and direction", "[flight][p2p]") {
@@ -477,64 +385,4 @@ TEST_CASE("flight: messages are numbered apart per peer, tag and direction", "[f
   CHECK(seen == std::vector<m>{{1, true, a, 1}, {1, true, a, 2}, {1, true, b, 1}, {2, true, a, 1}, {1, false, a, 1},
                                {1, true, a, 3}});
   for (auto& r : posted) r.cancel();
-}
-
-TEST_CASE("flight: the analysis names a receive its peer never sent, and what the peer did instead",
-          "[flight][p2p]") {
-  // Rank 1 waits for its third message from rank 0 on tag 7; rank 0 sent two and is stuck in a
-  // world allreduce waiting on rank 1. Messages that must not count as rank 0's sends to rank 1
-  // on tag 7 of 'world' reach k = 3 or more: rank 0's receives from rank 1 on that tag (the swap's
-  // other way), its sends to rank 1 on tag 7 of another group, its sends to rank 2 on tag 7, and
-  // rank 2's sends to rank 1 on tag 7. Rank 2's messages to rank 0, all matched and of other
-  // counts, say nothing, and are no collective disagreement.
-  std::vector<analysis::dump> dumps;
-  auto allreduce = record(0, 1, "allreduce", 8, "waiting");
-  allreduce.peer = 1;
-  auto elsewhere = message(0, 1, true, 3, 7);
-  elsewhere.group = "pair";
-  auto bigger = message(0, 2, false, 1, 9);
-  bigger.count = 1000;
-  dumps.push_back(dump_of(0, {record(0, 0, "allreduce", 8), message(0, 1, true, 1, 7), message(0, 1, true, 2, 7),
-                              message(0, 1, false, 4, 7), elsewhere, message(0, 2, true, 5, 7), bigger, allreduce},
-                          "asked (SIGUSR2)"));
-  dumps.push_back(dump_of(1, {record(1, 0, "allreduce", 8), message(1, 0, false, 1, 7), message(1, 0, false, 2, 7),
-                              message(1, 0, false, 3, 7, "waiting"), message(1, 2, false, 3, 7)},
-                          "asked (SIGUSR2)"));
-  dumps.push_back(dump_of(2, {record(2, 0, "allreduce", 8), message(2, 0, true, 1, 9), message(2, 1, true, 3, 7),
-                              message(2, 0, false, 5, 7), record(2, 1, "allreduce", 8)},
-                          "asked (SIGUSR2)"));
-  dumps[0].calls[7].start_us = 2000;  // the allreduce: the last call rank 0 entered
-  const auto findings = analysis::analyze(dumps, {3, {}});
-  REQUIRE(findings.size() == 2);
-  CHECK(findings[0] == "rank 1 never reached call 1 of group 'world', allreduce (float32 sum, count 8), which ranks 0, "
-                       "2 entered; its last there was call 0 (completed); it was in receive 3 from rank 0 (tag 7 of "
-                       "group 'world', 16 float32), waiting");
-  CHECK(findings[1] == "rank 1 waits in receive 3 from rank 0 (tag 7 of group 'world', 16 float32); rank 0 posted "
-                       "only 2 sends there; it was in call 1 of group 'world', allreduce (float32 sum, count 8), "
-                       "waiting on rank 1");
-}
-
-TEST_CASE("flight: the analysis says so when the peer of a message waited for in vain left no record",
-          "[flight][p2p]") {
-  std::vector<analysis::dump> dumps;
-  dumps.push_back(dump_of(0, {message(0, 1, false, 1, 5, "waiting")}, "timeout"));
-  in_world_of(2, dumps);
-  const auto findings = analysis::analyze(dumps, {2, {{1, "was killed by signal 9 (SIGKILL)"}}});
-  REQUIRE(findings.size() >= 1);
-  CHECK(findings[0] == "rank 0 waits in receive 1 from rank 1 (tag 5 of group 'world', 16 float32); rank 1 posted no "
-                       "sends there; it left no flight record (it was killed by signal 9 (SIGKILL))");
-}
-
-TEST_CASE("flight: the analysis names a send no receive met, and a message posted ahead is no place to be stuck",
-          "[flight][p2p]") {
-  // Rank 0 waits in a send to rank 1 that rank 1 never received: rank 1 is in user code with a
-  // receive from rank 0 on another tag posted ahead and not waited for.
-  std::vector<analysis::dump> dumps;
-  dumps.push_back(dump_of(0, {message(0, 1, true, 1, 5, "waiting")}, "asked (SIGUSR2)"));
-  dumps.push_back(dump_of(1, {message(1, 0, false, 1, 6, "started")}, "asked (SIGUSR2)"));
-  in_world_of(2, dumps);
-  const auto findings = analysis::analyze(dumps, {2, {}});
-  REQUIRE(findings.size() == 1);
-  CHECK(findings[0] == "rank 0 waits in send 1 to rank 1 (tag 5 of group 'world', 16 float32); rank 1 posted no "
-                       "receives there; it was in none of its collectives when it dumped");
 }

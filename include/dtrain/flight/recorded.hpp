@@ -1,18 +1,23 @@
 #pragma once
 /// @file
 /// Point-to-point messages in the flight recorder. A `p2p_log` is one endpoint's record of its
-/// messages: their group, and per peer, tag and direction how many it has posted, since the k-th
-/// send from one rank to another on a tag meets the k-th receive there. `recorded<Request>` is a
-/// send or receive (any `completion`) with its record: started when posted, waiting on its peer
-/// once waited for, then completed or failed. One waited for in vain (the wait timed out, and
-/// the operation was then given up) stays waiting: that is what a hang's analysis looks for.
+/// messages: their group, and per peer, tag and direction (a channel) how many it has posted,
+/// since the k-th send from one rank to another on a tag meets the k-th receive there.
+/// `recorded<Request>` is a send or receive (any `completion`) with its record: started when
+/// posted, waiting on its peer once waited for, then completed or failed. One waited for in vain
+/// (the wait timed out, and the operation was then given up) stays waiting: that is what a hang's
+/// analysis looks for. A message cancelled before it matched is withdrawn and gives its number
+/// back: the channel's later messages, all unmatched too (messages match in posting order), move
+/// one down, so that numbers keep pairing sends with receives.
 ///
 /// A message's record reads as a call of operation `message`: `tag` is the message's tag, `seq`
 /// its k, `peer` the other rank's world rank, `dir` send or recv; its type and count are the
 /// message's (a receive's: what it expects).
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -30,20 +35,72 @@
 
 namespace dtrain::flight {
 
+namespace detail {
+/// One endpoint's channels: per (peer, tag, sending) the messages posted and those still open,
+/// in posting order. Shared by the log and its messages, which may outlive it.
+class p2p_channels {
+ public:
+  using key = std::tuple<int, std::uint64_t, bool>;
+
+  /// Numbers a new message of channel `k` and starts its record with `start(seq)`.
+  template <class Start>
+  recorder::handle open(const key& k, Start&& start) {
+    std::lock_guard lock(m_);
+    channel& c = of_[k];
+    const recorder::handle h = start(++c.posted);
+    if (h.id() != 0) c.open.push_back({h, c.posted});
+    return h;
+  }
+
+  /// The message of `h` is settled; a withdrawn one gives its number back.
+  void close(const key& k, const recorder::handle& h, bool withdrawn) noexcept {
+    std::lock_guard lock(m_);
+    const auto at = of_.find(k);
+    if (at == of_.end()) return;
+    channel& c = at->second;
+    const auto it = std::find_if(c.open.begin(), c.open.end(), [&](const auto& o) { return o.first.id() == h.id(); });
+    if (it == c.open.end()) return;
+    if (withdrawn) {
+      for (auto later = std::next(it); later != c.open.end(); ++later) later->first.renumber(--later->second);
+      --c.posted;
+    }
+    c.open.erase(it);
+  }
+
+ private:
+  struct channel {
+    std::uint64_t posted = 0;
+    std::vector<std::pair<recorder::handle, std::uint64_t>> open;  // unsettled: handle, number
+  };
+  std::mutex m_;
+  std::map<key, channel> of_;
+};
+}  // namespace detail
+
 /// A send or a receive with its flight record (itself a `completion`).
 template <completion Request>
 class recorded {
  public:
   recorded() = default;
-  recorded(Request r, recorder::handle h, int peer, bool sending)
-      : r_(std::move(r)), h_(h), peer_(peer), sending_(sending), open_(true) {}
+  /// `channels` and `key`: where the message's number is kept (none: numbers never given back).
+  recorded(Request r, recorder::handle h, int peer, bool sending,
+           std::shared_ptr<detail::p2p_channels> channels = nullptr, detail::p2p_channels::key key = {})
+      : r_(std::move(r)),
+        h_(h),
+        peer_(peer),
+        sending_(sending),
+        open_(true),
+        channels_(std::move(channels)),
+        key_(key) {}
   recorded(recorded&& o) noexcept
       : r_(std::move(o.r_)),
         h_(o.h_),
         peer_(o.peer_),
         sending_(o.sending_),
         open_(std::exchange(o.open_, false)),
-        waited_out_(o.waited_out_) {}
+        waited_out_(o.waited_out_),
+        channels_(std::move(o.channels_)),
+        key_(o.key_) {}
   /// Moving onto an unfinished one cancels it, as the request's own move does.
   recorded& operator=(recorded&& o) noexcept {
     if (this == &o) return *this;
@@ -51,6 +108,7 @@ class recorded {
     r_ = std::move(o.r_);
     h_ = o.h_, peer_ = o.peer_, sending_ = o.sending_, waited_out_ = o.waited_out_;
     open_ = std::exchange(o.open_, false);
+    channels_ = std::move(o.channels_), key_ = o.key_;
     return *this;
   }
   ~recorded() { cancel(); }
@@ -68,9 +126,11 @@ class recorded {
     } catch (const error& e) {
       if (e.code() == errc::timeout) {
         waited_out_ = true;
+      } else if (e.code() == errc::cancelled) {
+        settle(false, e.code());
       } else if (open_) {
         h_.failed(recorder::intern(e.what()));
-        open_ = false;
+        close(false);
       }
       throw;
     }
@@ -97,7 +157,7 @@ class recorded {
     settle(r_.wait(deadline::after(std::chrono::milliseconds(0)), ec), ec);
   }
   // A wait that timed out leaves the operation pending and its record waiting; so does one
-  // cancelled after that.
+  // cancelled after that, though its number goes to the next message of its channel.
   void settle(bool ok, std::error_code ec) noexcept {
     if (!open_) return;
     if (ok) {
@@ -105,9 +165,8 @@ class recorded {
     } else if (ec == errc::timeout) {
       waited_out_ = true;
       return;
-    } else if (waited_out_ && ec == errc::cancelled) {
-      open_ = false;
-      return;
+    } else if (ec == errc::cancelled) {
+      if (!waited_out_) h_.withdrawn();
     } else {
       try {
         h_.failed(recorder::intern(ec.message()));
@@ -115,13 +174,19 @@ class recorded {
         h_.failed("failed");
       }
     }
+    close(ec == errc::cancelled);
+  }
+  void close(bool withdrawn) noexcept {
     open_ = false;
+    if (channels_) channels_->close(key_, h_, withdrawn);
   }
 
   Request r_{};
   recorder::handle h_{};
   int peer_ = -1;
   bool sending_ = false, open_ = false, waited_out_ = false;
+  std::shared_ptr<detail::p2p_channels> channels_;
+  detail::p2p_channels::key key_{};
 };
 
 /// One endpoint's record of its messages. Thread-safe; movable.
@@ -144,15 +209,15 @@ class p2p_log {
     const int world = peer >= 0 && static_cast<std::size_t>(peer) < state_->members.size()
                           ? state_->members[static_cast<std::size_t>(peer)]
                           : peer;
-    std::uint64_t k = 0;
-    {
-      std::lock_guard lock(state_->m);
-      k = ++state_->posted[{world, tag, sending}];
-    }
     recorder::group_info g = state_->group;
     g.tag = tag;
-    sig.op = coll_op::message, sig.algo = algorithm::automatic, sig.seq = k, sig.root = 0;
-    return {std::move(r), recorder::global().start(g, sig, world, sending), world, sending};
+    sig.op = coll_op::message, sig.algo = algorithm::automatic, sig.root = 0;
+    const detail::p2p_channels::key key{world, tag, sending};
+    const recorder::handle h = state_->channels->open(key, [&](std::uint64_t k) {
+      sig.seq = k;
+      return recorder::global().start(g, sig, world, sending);
+    });
+    return {std::move(r), h, world, sending, state_->channels, key};
   }
 
  private:
@@ -160,8 +225,7 @@ class p2p_log {
     state(recorder::group_info g, std::vector<int> world) : group(g), members(std::move(world)) {}
     recorder::group_info group;
     std::vector<int> members;
-    std::mutex m;
-    std::map<std::tuple<int, std::uint64_t, bool>, std::uint64_t> posted;  // (peer, tag, send) -> k
+    std::shared_ptr<detail::p2p_channels> channels = std::make_shared<detail::p2p_channels>();
   };
   std::unique_ptr<state> state_;
 };

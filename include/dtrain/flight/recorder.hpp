@@ -32,6 +32,7 @@ enum class state : std::uint8_t {
   waiting,    ///< blocked on a send to or a receive from `peer`
   completed,  ///< returned
   failed,     ///< raised an error (the slot's note says which)
+  withdrawn,  ///< a message cancelled before it matched: its number went to the next one
 };
 
 constexpr std::string_view state_name(state s) noexcept {
@@ -40,6 +41,7 @@ constexpr std::string_view state_name(state s) noexcept {
     case state::waiting: return "waiting";
     case state::completed: return "completed";
     case state::failed: return "failed";
+    case state::withdrawn: return "withdrawn";
   }
   return "unknown";
 }
@@ -120,6 +122,12 @@ class recorder {
     void completed() const noexcept { finish(state::completed, nullptr); }
     /// `why` must live as long as the process (`intern` it).
     void failed(const char* why) const noexcept { finish(state::failed, why); }
+    void withdrawn() const noexcept { finish(state::withdrawn, nullptr); }
+    /// The call's sequence number becomes `seq` (a message whose predecessor was withdrawn).
+    void renumber(std::uint64_t seq) const noexcept {
+      if (holds()) s_->seq.store(seq, std::memory_order_relaxed);
+    }
+    std::uint64_t id() const noexcept { return id_; }
 
    private:
     friend recorder;
