@@ -242,7 +242,9 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
     for (const call_record& c : d->second->calls) {
       if (c.rank == rank) ended_us = std::max(ended_us, c.end_us);
     }
-    if (ended_us > 0) s += ", " + detail::seconds(d->second->dumped_us - ended_us) + " after its last one ended (user code)";
+    if (ended_us > 0) {
+      s += ", " + detail::seconds(d->second->dumped_us - ended_us) + " after its last one ended (user code)";
+    }
     return {1, s + ended};
   };
 
