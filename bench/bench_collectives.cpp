@@ -47,7 +47,7 @@ struct options {
                                "reduce",    "gather",         "scatter",   "alltoall"};
   std::string json;
   std::string transport = "inproc";
-  std::string progress = "blocking";
+  std::string progress = "default";
   std::vector<std::string> algorithms;
   std::size_t segment_bytes = communicator_options{}.segment_bytes;
 };
@@ -337,21 +337,22 @@ int main(int argc, char** argv) {
   app.add_option("--transport", o.transport, "inproc (threads) or tcp (one process per rank, under dtrain-run "
                  "or mpirun; tcp-hosts: also the hierarchical allreduce; shm: shared memory, one host)")
       ->check(CLI::IsMember({"inproc", "tcp", "tcp-hosts", "shm"}));
-  app.add_option("--progress", o.progress, "waiting policy of the process transports (spin: up to 1 ms)")
-      ->check(CLI::IsMember({"blocking", "spin"}));
+  app.add_option("--progress", o.progress, "waiting policy of the process transports (default: spin up to 1 ms "
+                 "where the host has two cores per rank, else block; spin: up to 1 ms; blocking)")
+      ->check(CLI::IsMember({"default", "blocking", "spin"}));
   CLI11_PARSE(app, argc, argv);
 
   if (o.transport == "tcp-hosts") {
-    return o.progress == "spin" ? run_tcp_hosts<basic_tcp_transport<spinning>>(o)
-                                : run_tcp_hosts<tcp_transport>(o);
+    if (o.progress == "spin") return run_tcp_hosts<basic_tcp_transport<spinning>>(o);
+    return o.progress == "blocking" ? run_tcp_hosts<basic_tcp_transport<blocking>>(o) : run_tcp_hosts<tcp_transport>(o);
   }
   if (o.transport == "tcp") {
-    return o.progress == "spin" ? run_processes<basic_tcp_transport<spinning>>(o)
-                                : run_processes<tcp_transport>(o);
+    if (o.progress == "spin") return run_processes<basic_tcp_transport<spinning>>(o);
+    return o.progress == "blocking" ? run_processes<basic_tcp_transport<blocking>>(o) : run_processes<tcp_transport>(o);
   }
   if (o.transport == "shm") {
-    return o.progress == "spin" ? run_processes<basic_shm_transport<spinning>>(o)
-                                : run_processes<shm_transport>(o);
+    if (o.progress == "spin") return run_processes<basic_shm_transport<spinning>>(o);
+    return o.progress == "blocking" ? run_processes<basic_shm_transport<blocking>>(o) : run_processes<shm_transport>(o);
   }
   return run_all(o, o.ranks, true, "in-process transport (threads)",
                  [&](coll_op op, algorithm a, std::size_t bytes) { return measure_inproc(o, op, a, bytes); });

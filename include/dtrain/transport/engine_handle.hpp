@@ -61,6 +61,10 @@ class engine_handle : public transport_buffer_forms<Derived> {
     return {engine_, engine_->receive(peer, tag, parts, overflow, std::move(claim))};
   }
 
+  /// Whether this host has two cores for each of the group's ranks on it: then waits under
+  /// `default_progress` spin before they block (progress.hpp).
+  bool spare_cores() const noexcept { return engine_ && engine_->spare_cores(); }
+
   /// Why the group failed (which rank was lost, and how); empty while it is healthy.
   std::string failure() const { return engine_ ? engine_->failure() : std::string(); }
 

@@ -72,7 +72,7 @@ struct mixed_options {
 };
 
 /// One rank's endpoint of a mixed group (a model of `transport`).
-template <class Progress = blocking>
+template <class Progress = default_progress>
 class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transport<Progress>> {
  public:
   using transport_buffer_forms<basic_mixed_transport>::irecv;
@@ -205,6 +205,6 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
   std::shared_ptr<void> keepalive_;  // the store server rank 0 hosts for the group's lifetime
 };
 
-using mixed_transport = basic_mixed_transport<blocking>;
+using mixed_transport = basic_mixed_transport<default_progress>;
 
 }  // namespace dtrain

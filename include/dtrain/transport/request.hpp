@@ -8,7 +8,8 @@
 /// An `Operation` has `completion_flag flag`, `std::error_code ec` and `std::string detail` (both
 /// written before the flag is set), `is_send` and `env`. `Owner` provides, for a
 /// `std::shared_ptr<Operation>`, `wait(op, deadline, spin)`: whether it finished by the deadline,
-/// and `cancel(op)`. `Progress` says how long a waiter spins before it blocks.
+/// and `cancel(op)`; and may provide `spare_cores()` (progress.hpp). `Progress` says how long a
+/// waiter spins before it blocks.
 
 #include <chrono>
 #include <memory>
@@ -48,7 +49,9 @@ class transport_request {
       ec.clear();
       return true;
     }
-    if (!owner_->wait(op_, d, std::chrono::microseconds(Progress::spin_micros))) {
+    bool spare = false;  // an owner that cannot tell has no cores to spare
+    if constexpr (requires { owner_->spare_cores(); }) spare = owner_->spare_cores();
+    if (!owner_->wait(op_, d, detail::spin_for<Progress>(spare))) {
       ec = make_error_code(errc::timeout);
       return false;
     }

@@ -50,12 +50,13 @@ using basic_shm_request = transport_request<detail::shm::engine, detail::byte_op
 
 /// One rank's endpoint of a shared-memory group (a model of `transport`). Move-only; destroying
 /// it leaves the group after everything it sent is in the peers' rings.
-/// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
+/// @tparam Progress how waiting threads wait: `default_progress` (spins only where this host has two
+///   cores per rank), `blocking` or `spin_then_block<us>` (progress.hpp).
 namespace detail::shm {
 struct raw_writer;
 }
 
-template <class Progress = blocking>
+template <class Progress = default_progress>
 class basic_shm_transport
     : public detail::engine_handle<basic_shm_transport<Progress>, detail::shm::engine, basic_shm_request<Progress>> {
   using handle = detail::engine_handle<basic_shm_transport, detail::shm::engine, basic_shm_request<Progress>>;
@@ -193,8 +194,8 @@ class basic_shm_transport
 
 };
 
-using shm_transport = basic_shm_transport<blocking>;
-using shm_request = basic_shm_request<blocking>;
+using shm_transport = basic_shm_transport<default_progress>;
+using shm_request = basic_shm_request<default_progress>;
 
 namespace detail::shm {
 /// Writes `bytes` unframed into `t`'s ring to `peer`, as a corrupt or hostile peer would: for the

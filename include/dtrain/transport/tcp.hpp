@@ -113,8 +113,9 @@ using basic_tcp_request = transport_request<detail::tcp_engine::engine, detail::
 /// One rank's endpoint of a TCP group (a model of `transport`). Move-only; destroying it shuts
 /// down gracefully: queued sends are flushed and every peer confirms it has read them before the
 /// connections close, so a rank may exit right after its last collective.
-/// @tparam Progress how waiting threads wait: `blocking` (default) or `spin_then_block<us>`.
-template <class Progress = blocking>
+/// @tparam Progress how waiting threads wait: `default_progress` (spins only where this host has two
+///   cores per rank), `blocking` or `spin_then_block<us>` (progress.hpp).
+template <class Progress = default_progress>
 class basic_tcp_transport : public detail::engine_handle<basic_tcp_transport<Progress>, detail::tcp_engine::engine,
                                                          basic_tcp_request<Progress>> {
   using handle = detail::engine_handle<basic_tcp_transport, detail::tcp_engine::engine, basic_tcp_request<Progress>>;
@@ -181,6 +182,7 @@ class basic_tcp_transport : public detail::engine_handle<basic_tcp_transport<Pro
     }
     engine->wait_for_accepts(d, options.timeout);
     engine->close_listener();
+    engine->count_ranks_here();
     if (late) return basic_tcp_transport(std::move(engine));  // the group formed without it
     // Nobody leaves before everyone is connected: rank 0 may be serving the store.
     std::string ready = epoch_key(options.epoch, "ready");
@@ -251,7 +253,7 @@ class basic_tcp_transport : public detail::engine_handle<basic_tcp_transport<Pro
   }
 };
 
-using tcp_transport = basic_tcp_transport<blocking>;
-using tcp_request = basic_tcp_request<blocking>;
+using tcp_transport = basic_tcp_transport<default_progress>;
+using tcp_request = basic_tcp_request<default_progress>;
 
 }  // namespace dtrain

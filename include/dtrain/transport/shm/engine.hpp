@@ -50,6 +50,8 @@ class engine : protected protocol {
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  /// Whether this host has two cores for each rank of the group (progress.hpp).
+  bool spare_cores() const noexcept { return spare_cores_; }
 
   void start() {
     thread_ = std::thread([this] { progress_thread(); });
@@ -319,6 +321,7 @@ class engine : protected protocol {
 
   static constexpr unsigned clock_turns = 16;  // spins between reads of the clock
   const bool oversubscribed_ = more_ranks_than_cores(size_);
+  const bool spare_cores_ = spare_cores_for(size_);  // every rank of the group is on this host
   std::atomic<int> drivers_{0};  // callers in wait(), moving bytes themselves
   std::atomic<bool> quit_{false};
   std::atomic<bool> stopped_{false};

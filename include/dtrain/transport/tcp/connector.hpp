@@ -8,12 +8,16 @@
 #include <utility>  // before Asio (Boost 1.74)
 
 #include <boost/asio.hpp>
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -28,6 +32,28 @@
 #include "dtrain/transport/tcp/operation.hpp"
 
 namespace dtrain::detail::tcp_engine {
+
+// Whether socket `fd`'s two ends are on one host: the same address, or both loopback.
+inline bool same_host(int fd) noexcept {
+  sockaddr_storage mine{}, theirs{};
+  socklen_t a = sizeof mine, b = sizeof theirs;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &a) != 0 ||
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &b) != 0 || mine.ss_family != theirs.ss_family) {
+    return false;
+  }
+  if (mine.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(mine).sin_addr;
+    const auto& y = reinterpret_cast<const sockaddr_in&>(theirs).sin_addr;
+    const auto loopback = [](in_addr v) { return (ntohl(v.s_addr) >> 24) == 127; };
+    return x.s_addr == y.s_addr || (loopback(x) && loopback(y));
+  }
+  if (mine.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(mine).sin6_addr;
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(theirs).sin6_addr;
+    return std::memcmp(&x, &y, sizeof x) == 0;
+  }
+  return false;
+}
 
 template <class Engine>
 class connector {
@@ -78,6 +104,18 @@ class connector {
     log(log_level::warn, c->lost);
     std::lock_guard lock(self().m_);
     self().conns_[static_cast<std::size_t>(peer)] = std::move(c);
+  }
+
+  /// This rank and the peers whose connection's two ends share an address (or are both
+  /// loopback): the group's ranks on this host, as far as its connections tell. Called once the
+  /// group formed.
+  int ranks_here() {
+    std::lock_guard lock(self().m_);
+    int here = 1;
+    for (const auto& c : self().conns_) {
+      if (c && c->fd >= 0 && same_host(c->fd)) ++here;
+    }
+    return here;
   }
 
   /// Waits until every rank above this one has connected (late ranks connect when they come).

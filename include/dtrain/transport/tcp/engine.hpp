@@ -93,6 +93,11 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
+  /// Whether this host has two cores for each of the group's ranks on it (progress.hpp); known
+  /// once the group formed (`count_ranks_here`).
+  bool spare_cores() const noexcept { return spare_cores_.load(std::memory_order_relaxed); }
+  /// Once the group formed: counts its ranks on this host, for the default progress.
+  void count_ranks_here() { spare_cores_.store(spare_cores_for(this->ranks_here()), std::memory_order_relaxed); }
 
   // --- connection set-up --------------------------------------------------------------------
 
@@ -322,6 +327,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   int size_;
   settings settings_;
   const bool oversubscribed_ = more_ranks_than_cores(size_);
+  std::atomic<bool> spare_cores_{false};
 
   mutable std::mutex m_;
   std::condition_variable accept_cv_;
