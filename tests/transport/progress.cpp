@@ -46,9 +46,9 @@ std::chrono::microseconds spin_given(bool spare) {
 
 const std::string token = "test-token";
 
-// Lets the calling thread (a rank's, so no Catch2 assertion here) run on two of its cores only (where it has two), so that the rule's
-// answer depends on the ranks counted whatever the host: one rank spins, two do not. @returns
-// the cores the thread may now use.
+// Lets the calling thread (a rank's, so no Catch2 assertion here) run on two of its cores only
+// (where it has two), so that the rule's answer depends on the ranks counted whatever the host:
+// one rank spins, two do not. @returns the cores the thread may now use.
 unsigned two_cores_only() {
   cpu_set_t set;
   CPU_ZERO(&set);
