@@ -51,7 +51,7 @@ struct settings {
   std::string compress = "none";
   double density = 0.01;  // --compress topk: the share of each bucket a rank sends
   std::size_t local_sgd = 1, local_sgd_after = 0;
-  double first_bucket_kib = 1024, bucket_mib = 25;
+  double first_bucket_kib = 0, bucket_mib = 25;  // 0: the trainer's automatic first bucket
   bool no_overlap = false;
   std::size_t log_every = 100, limit_train = 0;
   std::uint64_t seed = 1;
@@ -396,7 +396,9 @@ int main(int argc, char** argv) {
   app.add_option("--local-sgd", s.local_sgd, "average parameters every TAU steps instead of gradients every step")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
   app.add_option("--local-sgd-after", s.local_sgd_after, "synchronous steps before local SGD starts")->capture_default_str();
-  app.add_option("--first-bucket-kib", s.first_bucket_kib, "first gradient bucket")->capture_default_str();
+  app.add_option("--first-bucket-kib", s.first_bucket_kib,
+                 "first gradient bucket (0: 1 MiB, or an eighth of the model where every rank has cores to spare)")
+      ->capture_default_str();
   app.add_option("--bucket-mib", s.bucket_mib, "other gradient buckets")->capture_default_str();
   app.add_flag("--no-overlap", s.no_overlap, "allreduce after the backward pass instead of during it");
   app.add_option("--log-every", s.log_every, "steps between progress lines (0: none)")->capture_default_str();

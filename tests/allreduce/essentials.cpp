@@ -1,13 +1,15 @@
 // The allreduce trainer's DDP essentials against the serial simulation (simulation.hpp):
 // gradient accumulation equals one step on the concatenated batches, tensors a rank does not
 // use get zero gradients on every rank, global-norm clipping scales as the serial norm says, and
-// the trainer counts its own memory by kind.
+// the trainer counts its own memory by kind; and its automatic first bucket cuts a small model
+// only where every rank has cores to spare.
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <random>
 #include <cstddef>
+#include <random>
+#include <utility>
 #include <vector>
 
 #include "../catch.hpp"
@@ -257,5 +259,55 @@ TEST_CASE("allreduce: memory() counts the trainer's own bytes by kind, before an
         CHECK(peak[r].total() == after[r].total());
       }
     }
+  }
+}
+
+namespace {
+
+// An in-process rank that says whether its host has cores to spare, as a process transport does
+// (progress.hpp).
+struct spare_inproc : inproc_transport {
+  spare_inproc(inproc_transport t, bool spare) : inproc_transport(std::move(t)), spare_(spare) {}
+  bool spare_cores() const noexcept { return spare_; }
+  bool spare_;
+};
+
+}  // namespace
+
+TEST_CASE("allreduce: the automatic first bucket cuts a small model only where every rank has cores to spare",
+          "[allreduce]") {
+  using allreduce::automatic_first_bucket, allreduce::first_bucket_capacity;
+  constexpr std::size_t KiB = 1024, MiB = KiB * KiB;
+  CHECK(first_bucket_capacity(automatic_first_bucket, 940 * KiB, false) == MiB);
+  CHECK(first_bucket_capacity(automatic_first_bucket, 940 * KiB, true) == 940 * KiB / 8);
+  CHECK(first_bucket_capacity(automatic_first_bucket, 100 * KiB, true) == 64 * KiB);
+  CHECK(first_bucket_capacity(automatic_first_bucket, 100 * MiB, true) == MiB);
+  CHECK(first_bucket_capacity(80, 940 * KiB, true) == 80);
+  // 130,000 doubles in tensors of 100,000, 20,000 and 10,000 (1,040,000 bytes, under 1 MiB). With
+  // cores to spare on both ranks the first bucket (130,000 bytes) closes after the last two
+  // tensors; where either rank has none, both plan DDP's one bucket. The weights after two steps
+  // are the same, bit for bit, however the buckets were cut.
+  const std::vector<std::size_t> sizes{100000, 20000, 10000};
+  std::vector<double> first_weights;
+  for (const auto& [a, b] : {std::pair{true, true}, {true, false}, {false, true}, {false, false}}) {
+    INFO("cores to spare: rank 0 " << a << ", rank 1 " << b);
+    std::vector<std::vector<std::size_t>> cut(2);  // per rank: the tensors of each bucket
+    std::vector<std::vector<double>> weights(2);
+    run_inproc(2, [&](int r, inproc_transport t) {
+      const regression_data data(130000, 16, 7u + static_cast<unsigned>(r));
+      linear_model m(sizes, data, 0.25);
+      allreduce::trainer tr(communicator<spare_inproc>(spare_inproc(std::move(t), r == 0 ? a : b)),
+                            momentum<double>(lr, mu), m);
+      for (const auto& bucket : tr.plan().buckets()) cut[static_cast<std::size_t>(r)].push_back(bucket.tensors.size());
+      tr.step({0, 8});
+      tr.step({8, 16});
+      weights[static_cast<std::size_t>(r)] = m.weights();
+    });
+    const std::vector<std::size_t> want = a && b ? std::vector<std::size_t>{2, 1} : std::vector<std::size_t>{3};
+    CHECK(cut[0] == want);
+    CHECK(cut[1] == want);
+    REQUIRE(weights[0] == weights[1]);
+    if (first_weights.empty()) first_weights = weights[0];
+    CHECK(weights[0] == first_weights);
   }
 }

@@ -32,6 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -100,7 +101,10 @@ class basic_trainer {
       throw error(errc::invalid_argument, name() + ": loss scaling is for 16-bit models");
     }
     dtrain::detail::check_loss_scaling<Model>(scaler_, name());
-    plan_ = bucket_plan(sizes, sizeof(value_type), options_.first_bucket_bytes, options_.bucket_bytes);
+    const std::size_t bytes = std::accumulate(sizes.begin(), sizes.end(), std::size_t{0}) * sizeof(value_type);
+    const std::size_t first =
+        first_bucket_capacity(options_.first_bucket_bytes, bytes, detail::every_rank_has_spare_cores(backend_, comm_));
+    plan_ = bucket_plan(sizes, sizeof(value_type), first, options_.bucket_bytes);
     contiguous_ = detail::contiguous_buckets(plan_, model_);
     backend_.reserve(plan_);
     check_plan_matches();

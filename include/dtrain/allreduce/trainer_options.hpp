@@ -17,6 +17,7 @@
 
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/core/trace.hpp"
+#include "dtrain/transport/progress.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::allreduce {
@@ -24,10 +25,25 @@ namespace dtrain::allreduce {
 /// Whether buckets travel in the model's precision, in 16 bits, or as their top-k entries.
 enum class compression { none, fp16, bf16, topk };
 
+/// `trainer_options::first_bucket_bytes`'s default: sized by `first_bucket_capacity`.
+inline constexpr std::size_t automatic_first_bucket = 0;
+
+/// The first bucket's capacity for `total_bytes` of gradients: `asked`, unless it is
+/// `automatic_first_bucket`. Then DDP's 1 MiB, or where every rank has cores to spare (its
+/// transport's `spare_cores()`, progress.hpp) an eighth of the gradients, kept within 64 KiB and
+/// 1 MiB: a model under 1 MiB is then cut into two or more buckets, and its last layers' average
+/// runs on the communication thread's core while the first layers' gradients are computed.
+constexpr std::size_t first_bucket_capacity(std::size_t asked, std::size_t total_bytes, bool spare_cores) noexcept {
+  constexpr std::size_t ddp = std::size_t{1} << 20, smallest = std::size_t{64} << 10;
+  if (asked != automatic_first_bucket) return asked;
+  return spare_cores ? std::clamp(total_bytes / 8, smallest, ddp) : ddp;
+}
+
 /// How a trainer buckets, compresses and synchronises. Identical on every rank (checked).
 struct trainer_options {
-  /// Capacity of the first bucket (the last layers' gradients, ready first). DDP: 1 MiB.
-  std::size_t first_bucket_bytes = std::size_t{1} << 20;
+  /// Capacity of the first bucket (the last layers' gradients, ready first): DDP's 1 MiB, or a
+  /// smaller one where every rank has cores to spare (`first_bucket_capacity`).
+  std::size_t first_bucket_bytes = automatic_first_bucket;
   /// Capacity of the other buckets. DDP: 25 MiB.
   std::size_t bucket_bytes = std::size_t{25} << 20;
   /// Gradient compression on the wire; parameters are never compressed.
@@ -122,6 +138,22 @@ inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& c
   return {static_cast<std::int64_t>(plan.fingerprint()), static_cast<std::int64_t>(plan.tensor_count()),
           static_cast<std::int64_t>(plan.elements()),
           static_cast<std::int64_t>(options ^ (density * 0x9e3779b97f4a7c15ull) ^ scaling)};
+}
+
+/// Whether every rank's transport has two cores for each rank on its host (progress.hpp): the
+/// automatic first bucket's question, asked of every rank alike whatever its options (one value
+/// each, gathered through `backend`). A device model's kernels leave the cores free: no.
+template <class Backend, class Collective>
+bool every_rank_has_spare_cores(Backend& backend, Collective& comm) {
+  if constexpr (!Backend::host_tensors) {
+    return false;
+  } else {
+    if (comm.size() == 1) return false;
+    std::int64_t mine = 0;
+    if constexpr (requires { comm.transport(); }) mine = spare_cores_of(comm.transport()) ? 1 : 0;
+    const auto all = backend.allgather_digests(comm, std::span<const std::int64_t>(&mine, 1));
+    return std::all_of(all.begin(), all.end(), [](std::int64_t v) { return v == 1; });
+  }
 }
 
 /// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the

@@ -33,6 +33,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/memory_space.hpp"
 #include "dtrain/core/signature.hpp"
+#include "dtrain/transport/progress.hpp"
 
 namespace dtrain {
 
@@ -104,6 +105,8 @@ class any_transport {
 
   int rank() const noexcept { return self_->rank(); }
   int size() const noexcept { return self_->size(); }
+  /// The wrapped transport's `spare_cores()` (progress.hpp), false where it has none.
+  bool spare_cores() const noexcept { return self_->spare_cores(); }
   request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
     return self_->isend(peer, tag, sig, bytes);
   }
@@ -121,6 +124,7 @@ class any_transport {
     virtual ~concept_t() = default;
     virtual int rank() const noexcept = 0;
     virtual int size() const noexcept = 0;
+    virtual bool spare_cores() const noexcept = 0;
     virtual request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) = 0;
     virtual request isend(int peer, std::uint64_t tag, const signature& sig, gather_list parts) = 0;
     virtual request irecv(int peer, std::uint64_t tag, std::span<std::byte> buffer) = 0;
@@ -132,6 +136,7 @@ class any_transport {
     explicit model(T t) : t_(std::move(t)) {}
     int rank() const noexcept override { return t_.rank(); }
     int size() const noexcept override { return t_.size(); }
+    bool spare_cores() const noexcept override { return spare_cores_of(t_); }
     request isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) override {
       return request(t_.isend(peer, tag, sig, bytes));
     }

@@ -45,6 +45,7 @@
 #include "dtrain/core/signature.hpp"
 #include "dtrain/transport/buffer_forms.hpp"
 #include "dtrain/transport/group_request.hpp"
+#include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/rank_list.hpp"
 
 namespace dtrain {
@@ -100,6 +101,9 @@ class process_group : public transport_buffer_forms<process_group<World>> {
   int world_rank(int r) const { return layout_->members[r]; }
   int world_rank() const noexcept { return world_->rank(); }
   int world_size() const noexcept { return world_->size(); }
+  /// The world transport's `spare_cores()` (progress.hpp): this host's cores against the world's
+  /// ranks on it.
+  bool spare_cores() const noexcept { return spare_cores_of(*world_); }
   /// What is XORed into this group's tags (0 for the world).
   std::uint64_t key() const noexcept { return layout_->key; }
   /// "rank 2 of group 'dp' (world rank 6)": how errors name a member.

@@ -151,6 +151,10 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
 
+  /// Whether this host has two cores for each of the group's ranks on it (progress.hpp): its
+  /// shared-memory group's answer, or where it has none (alone here) the TCP group's.
+  bool spare_cores() const noexcept { return shm_ ? shm_->spare_cores() : tcp_ && tcp_->spare_cores(); }
+
   /// Whether messages to `peer` (this rank too) go through shared memory.
   bool through_shm(int peer) const noexcept { return local_of_[static_cast<std::size_t>(peer)] >= 0 && shm_; }
   /// What this rank sent to the ranks of its host, by path; none where it shares its host with none.

@@ -97,6 +97,17 @@ struct spin_with_spare_cores {
 /// What `tcp_transport`, `shm_transport` and `mixed_transport` wait with.
 using default_progress = spin_with_spare_cores<>;
 
+/// Whether transport `t` has two cores for each of its group's ranks on this host (its
+/// `spare_cores()`); false for one that cannot tell.
+template <class Transport>
+bool spare_cores_of(const Transport& t) noexcept {
+  if constexpr (requires { t.spare_cores(); }) {
+    return t.spare_cores();
+  } else {
+    return false;
+  }
+}
+
 namespace detail {
 /// The cores this process may run on: its affinity mask (taskset, a cgroup's cpuset, a
 /// launcher's binding), else every online core.
