@@ -6,7 +6,7 @@ For each world size P, in alternating rounds (this machine is shared and noisy),
               Open MPI MPI_Allreduce with --mca btl vader,self --mca pml ob1 (CMA single copy where allowed)
   --path tcp: dtrain bench_collectives --transport tcp (every allreduce algorithm)
               Open MPI MPI_Allreduce with --mca btl tcp,self --mca pml ob1 (loopback)
-dtrain with blocking and spin progress, and prints the median over rounds of each side's best busbw
+dtrain with blocking and spin progress (--progress: any of default, blocking, spin), and prints the median over rounds of each side's best busbw
 (GB/s, nccl-tests' definition), the ratio, and the time per call (us). Every result is checked by
 both programs; any wrong element fails the run.
 
@@ -56,14 +56,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=0.3)
     ap.add_argument("--json", default="")
+    ap.add_argument("--progress", nargs="+", default=["blocking", "spin"], choices=["default", "blocking", "spin"],
+                    help="dtrain's progress policies, each run and the best kept (default: blocking and spin)")
     a = ap.parse_args()
     rows = []
     for rnd in range(a.rounds):
         for p in a.ranks:
             # Alternate which side goes first, so neither always runs on a warmer or quieter machine.
             sides = [lambda: mpi_rows(a.build, a.path, p, a.seconds, a.sizes),
-                     lambda: dtrain_rows(a.build, a.path, p, a.seconds, "blocking", a.sizes) +
-                     dtrain_rows(a.build, a.path, p, a.seconds, "spin", a.sizes)]
+                     lambda: [r for prog in a.progress for r in dtrain_rows(a.build, a.path, p, a.seconds, prog, a.sizes)]]
             for side in (sides if rnd % 2 == 0 else sides[::-1]):
                 for r in side():
                     r["round"] = rnd

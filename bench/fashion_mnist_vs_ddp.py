@@ -25,19 +25,19 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_dtrain(build, ranks, epochs, extra):
+def run_dtrain(build, ranks, epochs, extra, data):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [os.path.join(build, "tools", "dtrain-run"), "-n", str(ranks),
                os.path.join(build, "examples", "fashion_mnist"), "--epochs", str(epochs), "--schedule", "constant",
-               "--lr", "0.05", "--batch", "128", "--log-every", "0", "--json", out.name] + extra
+               "--lr", "0.05", "--batch", "128", "--log-every", "0", "--json", out.name, "--data", data] + extra
         subprocess.run(cmd, check=True, stdout=sys.stderr)
         return json.load(open(out.name))
 
 
-def run_ddp(ranks, epochs):
+def run_ddp(ranks, epochs, data, python):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = ["/usr/bin/python3", os.path.join(HERE, "peers", "ddp_fashion_mnist.py"), "--ranks", str(ranks),
-               "--epochs", str(epochs), "--json", out.name]
+        cmd = [python, os.path.join(HERE, "peers", "ddp_fashion_mnist.py"), "--ranks", str(ranks),
+               "--epochs", str(epochs), "--json", out.name, "--data", data]
         subprocess.run(cmd, check=True, stdout=sys.stderr)
         return json.load(open(out.name))
 
@@ -50,6 +50,9 @@ def main():
     p.add_argument("--json", default="", help="write every result here")
     p.add_argument("--dtrain-args", default="", help="extra flags for the dtrain example")
     p.add_argument("--repeat", type=int, default=1, help="runs per framework and P; the median run is reported")
+    p.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="the IDX files, for both")
+    p.add_argument("--python", default="/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable,
+                   help="the Python with torch that runs DDP (default: Debian's)")
     args = p.parse_args()
 
     def median_run(runs):
@@ -62,8 +65,8 @@ def main():
     for ranks in args.ranks:
         ds, ts = [], []
         for _ in range(args.repeat):  # interleaved, so slow spells of the machine hit both
-            ds.append(run_dtrain(args.build, ranks, args.epochs, args.dtrain_args.split()))
-            ts.append(run_ddp(ranks, args.epochs))
+            ds.append(run_dtrain(args.build, ranks, args.epochs, args.dtrain_args.split(), args.data))
+            ts.append(run_ddp(ranks, args.epochs, args.data, args.python))
         rows.append((ranks, median_run(ds), median_run(ts)))
 
     print(f"\nFashion-MNIST MLP 784-256-128-10, global batch 128, lr 0.05, momentum 0.9, {args.epochs} epochs, "
