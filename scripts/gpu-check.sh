@@ -36,17 +36,8 @@ EOF
 done
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 
-# step NAME SECONDS COMMAND...: runs COMMAND under a deadline, logs it, records its status.
-step() {
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  echo "\$ $*" > "$logs/$name.log"
-  timeout --kill-after=10 "$limit" "$@" >> "$logs/$name.log" 2>&1
-  local rc=$?
-  printf '%-28s rc=%-4s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$summary"
-  if [ -n "${GPU_CHECK_ARCHIVE:-}" ]; then tar -czf "$GPU_CHECK_ARCHIVE" -C "$logs" .; fi
-}
+source "$here/scripts/step.sh"
+archive=${GPU_CHECK_ARCHIVE:-}
 
 {
   nvidia-smi

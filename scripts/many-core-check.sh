@@ -64,16 +64,8 @@ run() {
   export OMPI_MCA_mca_base_component_show_load_errors=0  # network components without their libraries
   local tree=$dir/tree python=${PYTHON:-python3}  # the Python with torch (DDP's peer)
 
-  step() {
-    local name=$1 limit=$2
-    shift 2
-    local t0=$SECONDS
-    echo "\$ $*" > "$logs/$name.log"
-    timeout --kill-after=10 "$limit" "$@" >> "$logs/$name.log" 2>&1
-    local rc=$?
-    printf '%-28s rc=%-4s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$summary"
-    if [ -n "${MANY_CORE_ARCHIVE:-}" ]; then tar -czf "$MANY_CORE_ARCHIVE" -C "$logs" .; fi
-  }
+  source "$here/scripts/step.sh"
+  archive=${MANY_CORE_ARCHIVE:-}
 
   {
     echo "dtrain $(cat "$dir/commit")"

@@ -54,16 +54,7 @@ print(' '.join(['-I' + p for p in e.include_paths()] + ['-I' + sysconfig.get_pat
   du -sh "$dir"
 }
 
-# step NAME SECONDS COMMAND...: runs COMMAND under a deadline, logs it, records its status.
-step() {
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  echo "\$ $*" > "$logs/$name.log"
-  PYTHONUNBUFFERED=1 timeout --kill-after=10 "$limit" "$@" >> "$logs/$name.log" 2>&1
-  local rc=$?
-  printf '%-26s rc=%-4s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$logs/summary.txt"
-}
+source "$here/scripts/step.sh"
 
 # describe LOG_DIR DIR: the machine's description; sets $logs and $bundle.
 describe() {
