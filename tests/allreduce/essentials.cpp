@@ -9,6 +9,7 @@
 #include <numeric>
 #include <cstddef>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -310,4 +311,20 @@ TEST_CASE("allreduce: the automatic first bucket cuts a small model only where e
     if (first_weights.empty()) first_weights = weights[0];
     CHECK(weights[0] == first_weights);
   }
+  // Rank 0 automatic, rank 1 asking for DDP's 1 MiB, both with cores to spare: both take part in
+  // the start-up question alike, then their plans differ, and every rank is told so (no hang).
+  std::vector<std::string> told(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
+    const regression_data data(130000, 16, 7u + static_cast<unsigned>(r));
+    linear_model m(sizes, data, 0.25);
+    allreduce::trainer_options o;
+    if (r == 1) o.first_bucket_bytes = MiB;
+    try {
+      allreduce::trainer tr(communicator<spare_inproc>(spare_inproc(std::move(t), true)), momentum<double>(lr, mu),
+                            m, o);
+    } catch (const dtrain::error& e) {
+      told[static_cast<std::size_t>(r)] = e.code() == errc::invalid_argument ? e.what() : "";
+    }
+  });
+  for (const auto& text : told) CHECK(text.find("ranks disagree on the model or trainer options") != std::string::npos);
 }

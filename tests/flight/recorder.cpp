@@ -314,50 +314,98 @@ TEST_CASE("flight: a message records its peer, tag, direction and count from the
 
 TEST_CASE("flight: a message withdrawn before it matched gives its number to the channel's later messages",
           "[flight][p2p]") {
-  // Rank 1 posts receives 1, 2, 3 from rank 0 and withdraws the second; rank 0 then sends two
-  // messages, which meet receives 1 and 3: the third, renumbered 2, records the second send's
-  // number, and the next receive posted is 3. A receive on another tag keeps its number.
+  // Rank 1 posts receives 1..5 from rank 0 and withdraws the second and the fourth; rank 0 then
+  // sends three messages, which meet receives 1, 3 and 5: those record the numbers 1, 2 and 3 of
+  // the sends they met, and the next receive posted is 4. A receive on another tag keeps its
+  // number.
   constexpr std::uint64_t tag = 0x5eed'0003, other = 0x5eed'0004;
   auto ranks = make_inproc_group(2);
   flight::p2p_log log0(flight::group_of(ranks[0], 0)), log1(flight::group_of(ranks[1], 0));
-  std::vector<float> first(4, 1.0f), second(4, 2.0f), a(4), b(4), c(4), d(4), e(4);
+  std::vector<std::vector<float>> sent{std::vector<float>(4, 1.0f), std::vector<float>(4, 2.0f),
+                                       std::vector<float>(4, 3.0f)};
+  std::vector<std::vector<float>> got(6, std::vector<float>(4, 0.0f));
   signature sig;
   sig.count = 4;
   auto receive = [&](std::vector<float>& into, std::uint64_t t) {
     return log1.post(ranks[1].irecv(0, t, std::as_writable_bytes(std::span(into))), 0, t, false, sig);
   };
-  auto rx1 = receive(a, tag), rx2 = receive(b, tag), rx3 = receive(c, tag), elsewhere = receive(e, other);
-  rx2.cancel();
-  auto send = [&](const std::vector<float>& what) {
+  std::vector<flight::recorded<inproc_transport::request>> rx;
+  for (std::size_t i = 0; i < 5; ++i) rx.push_back(receive(got[i], tag));
+  auto elsewhere = receive(got[5], other);
+  rx[1].cancel();
+  rx[3].cancel();
+  for (const auto& what : sent) {
     auto tx = log0.post(ranks[0].isend(1, tag, sig, std::as_bytes(std::span(what))), 1, tag, true, sig);
     tx.wait(deadline::after(std::chrono::seconds(5)));
-  };
-  send(first), send(second);
-  rx1.wait(deadline::after(std::chrono::seconds(5)));
-  rx3.wait(deadline::after(std::chrono::seconds(5)));
-  CHECK(a == first);
-  CHECK(c == second);
-  CHECK(b == std::vector<float>(4, 0.0f));
-  auto rx4 = receive(d, tag);
-  std::map<std::uint64_t, std::pair<std::uint64_t, flight::state>> seen;  // record id -> (k, state)
-  std::map<std::uint64_t, std::uint64_t> sent;                          // k -> record id
+  }
+  for (std::size_t i : {0u, 2u, 4u}) rx[i].wait(deadline::after(std::chrono::seconds(5)));
+  CHECK(got[0] == sent[0]);
+  CHECK(got[2] == sent[1]);
+  CHECK(got[4] == sent[2]);
+  CHECK(got[1] == std::vector<float>(4, 0.0f));
+  CHECK(got[3] == std::vector<float>(4, 0.0f));
+  auto next = receive(got[1], tag);
+  using entry = std::pair<std::uint64_t, flight::state>;
+  std::map<std::uint64_t, entry> mine;  // record id -> (k, state): rank 1's, in posting order
+  std::map<std::uint64_t, flight::state> theirs;  // k -> state: rank 0's sends
   flight::recorder::global().for_each([&](const flight::call& x) {
     if (x.sig.op != coll_op::message || (x.tag != tag && x.tag != other)) return;
-    if (x.rank == 1) seen[x.id] = {x.sig.seq, x.where};
-    if (x.rank == 0) sent[x.sig.seq] = x.id;
+    if (x.rank == 1) mine[x.id] = {x.sig.seq, x.where};
+    if (x.rank == 0) theirs[x.sig.seq] = x.where;
   });
-  using entry = std::pair<std::uint64_t, flight::state>;
-  REQUIRE(seen.size() == 5);
-  auto it = seen.begin();
-  CHECK(it->second == entry{1, flight::state::completed});
-  CHECK((++it)->second == entry{2, flight::state::withdrawn});
-  CHECK((++it)->second == entry{2, flight::state::completed});
-  CHECK((++it)->second == entry{1, flight::state::started});  // the other tag's
-  CHECK((++it)->second == entry{3, flight::state::started});
-  CHECK(sent.size() == 2);
-  CHECK(sent.count(2) == 1);
-  rx4.cancel();
+  using flight::state;
+  std::vector<entry> order;
+  for (const auto& [id, e] : mine) order.push_back(e);
+  // A withdrawn record keeps the number it had when it was withdrawn (the fourth had moved to 3).
+  CHECK(order == std::vector<entry>{{1, state::completed}, {2, state::withdrawn}, {2, state::completed},
+                                    {3, state::withdrawn}, {3, state::completed}, {1, state::started},
+                                    {4, state::started}});
+  CHECK(theirs == std::map<std::uint64_t, state>{{1, state::completed}, {2, state::completed}, {3, state::completed}});
+  next.cancel();
   elsewhere.cancel();
+}
+
+namespace {
+
+// A receive whose group failed: its wait reports `errc::cancelled`, as a transport's does when
+// its group fails or stops, though nobody withdrew it.
+struct failed_by_its_group {
+  bool wait(deadline, std::error_code& ec) noexcept {
+    ec = make_error_code(errc::cancelled);
+    return false;
+  }
+  void wait(deadline) { throw error(errc::cancelled, "dtrain: the group failed"); }
+  bool test() noexcept { return true; }
+  void cancel() noexcept {}
+  const envelope& info() const noexcept { return env; }
+  envelope env;
+};
+
+}  // namespace
+
+TEST_CASE("flight: a message its failed group cancelled is failed, and keeps its number", "[flight][p2p]") {
+  // Two receives on a channel; the group fails under the first (its wait says cancelled): it is
+  // recorded failed, and the second keeps number 2. Then the same through the throwing wait.
+  constexpr std::uint64_t tag = 0x5eed'0005;
+  auto ranks = make_inproc_group(2);
+  flight::p2p_log log(flight::group_of(ranks[1], 0));
+  signature sig;
+  sig.count = 3;
+  std::vector<float> in(3);
+  auto first = log.post(failed_by_its_group{}, 0, tag, false, sig);
+  auto second = log.post(ranks[1].irecv(0, tag, std::as_writable_bytes(std::span(in))), 0, tag, false, sig);
+  std::error_code ec;
+  CHECK_FALSE(first.wait(deadline::after(std::chrono::seconds(1)), ec));
+  auto third = log.post(failed_by_its_group{}, 0, tag, false, sig);
+  CHECK_THROWS_AS(third.wait(deadline::after(std::chrono::seconds(1))), dtrain::error);
+  std::vector<std::pair<std::uint64_t, flight::state>> seen;
+  flight::recorder::global().for_each([&](const flight::call& x) {
+    if (x.sig.op == coll_op::message && x.tag == tag) seen.push_back({x.sig.seq, x.where});
+  });
+  using flight::state;
+  CHECK(seen == std::vector<std::pair<std::uint64_t, state>>{{1, state::failed}, {2, state::started},
+                                                             {3, state::failed}});
+  second.cancel();
 }
 
 TEST_CASE("flight: messages are numbered apart per peer, tag and direction", "[flight][p2p]") {

@@ -1,17 +1,26 @@
 // The default progress policy: a waiter spins only where the host has two cores for each of the
 // group's ranks on it. The rule against its closed form, the spin a request hands its transport
-// under each policy, and the ranks a TCP and a shared-memory group count on this host.
+// under each policy, the transports' default, which addresses are one host's, and the ranks a TCP
+// and a shared-memory group count on this host (through a process group and any_transport too).
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
+#include <type_traits>
 
 #include "../catch.hpp"
 #include "../support/thread_ranks.hpp"
+#include "dtrain/transport/any.hpp"
+#include "dtrain/transport/group.hpp"
+#include "dtrain/transport/mixed.hpp"
 #include "dtrain/transport/shm.hpp"
 #include "dtrain/transport/tcp.hpp"
 
@@ -48,7 +57,8 @@ const std::string token = "test-token";
 
 // Lets the calling thread (a rank's, so no Catch2 assertion here) run on two of its cores only
 // (where it has two), so that the rule's answer depends on the ranks counted whatever the host:
-// one rank spins, two do not. @returns the cores the thread may now use.
+// one rank spins, two do not. @returns the cores it kept, after checking that `usable_cores`
+// sees the same.
 unsigned two_cores_only() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -60,7 +70,30 @@ unsigned two_cores_only() {
     if (CPU_ISSET(cpu, &set)) CPU_SET(cpu, &two), ++kept;
   }
   if (::sched_setaffinity(0, sizeof two, &two) != 0) throw std::runtime_error("sched_setaffinity failed");
-  return detail::usable_cores();
+  if (detail::usable_cores() != static_cast<unsigned>(kept)) throw std::runtime_error("usable_cores ignores affinity");
+  return static_cast<unsigned>(kept);
+}
+
+// The rule's answer for `n` ranks on `cores`, checked against its closed form where the thread
+// has two cores (every host with two): only one rank spins.
+bool expected_spare(int n, unsigned cores) {
+  const bool spare = detail::spare_cores_for(n, cores);
+  if (cores == 2 && spare != (n == 1)) throw std::runtime_error("two cores, but not the rule's answer");
+  return spare;
+}
+
+sockaddr_storage address(const char* text) {
+  sockaddr_storage a{};
+  if (std::string_view(text).find(':') == std::string_view::npos) {
+    auto& v4 = reinterpret_cast<sockaddr_in&>(a);
+    v4.sin_family = AF_INET;
+    REQUIRE(::inet_pton(AF_INET, text, &v4.sin_addr) == 1);
+  } else {
+    auto& v6 = reinterpret_cast<sockaddr_in6&>(a);
+    v6.sin6_family = AF_INET6;
+    REQUIRE(::inet_pton(AF_INET6, text, &v6.sin6_addr) == 1);
+  }
+  return a;
 }
 
 }  // namespace
@@ -87,22 +120,40 @@ TEST_CASE("progress: a request hands its transport the policy's spin, the defaul
   CHECK(spin_given<spin_then_block<50>>(true) == 50us);
 }
 
+TEST_CASE("progress: the transports wait with default_progress, and two addresses are one host's alike",
+          "[progress]") {
+  static_assert(std::is_same_v<tcp_transport, basic_tcp_transport<default_progress>>);
+  static_assert(std::is_same_v<shm_transport, basic_shm_transport<default_progress>>);
+  static_assert(std::is_same_v<mixed_transport, basic_mixed_transport<default_progress>>);
+  using detail::tcp_engine::same_host;
+  CHECK(same_host(address("10.0.0.1"), address("10.0.0.1")));
+  CHECK_FALSE(same_host(address("10.0.0.1"), address("10.0.0.2")));
+  CHECK(same_host(address("127.0.0.1"), address("127.0.0.5")));
+  CHECK_FALSE(same_host(address("127.0.0.1"), address("10.0.0.1")));
+  CHECK(same_host(address("fd00::1"), address("fd00::1")));
+  CHECK_FALSE(same_host(address("fd00::1"), address("fd00::2")));
+  CHECK(same_host(address("::1"), address("::1")));
+  CHECK_FALSE(same_host(address("10.0.0.1"), address("::ffff:10.0.0.2")));
+}
+
 TEST_CASE("progress: a TCP group counts its ranks on this host by its connections' addresses", "[progress][tcp]") {
   // Every rank connects over loopback, so all of them are here; each rank's thread runs on two
-  // cores (where it has two): one rank alone spins, two or three do not.
+  // cores (where it has two): one rank alone spins, two or three do not. A process group over
+  // the transport answers as it does.
   tcp_options o;
   o.token = token;
   o.timeout = 20s;
   for (int n : {1, 2, 3}) {
     INFO(n << " ranks");
     auto connect = [&](tcp_store& store, int r) {
-      const unsigned cores = two_cores_only();
+      const bool want = expected_spare(n, two_cores_only());
       auto t = tcp_transport::connect(store, r, n, o, "127.0.0.1");
-      if (t.spare_cores() != detail::spare_cores_for(n, cores)) throw std::runtime_error("a TCP group miscounted");
-      if (cores == 2 && t.spare_cores() != (n == 1)) throw std::runtime_error("two cores, but not the rule's answer");
-      return t;
+      if (t.spare_cores() != want) throw std::runtime_error("a TCP group miscounted its ranks here");
+      process_group<tcp_transport> world(std::move(t));
+      if (world.spare_cores() != want) throw std::runtime_error("a process group answers otherwise");
+      return world;
     };
-    testing::run_thread_ranks(n, token, connect, [](int, tcp_transport&) {});
+    testing::run_thread_ranks(n, token, connect, [](int, process_group<tcp_transport>&) {});
   }
 }
 
@@ -113,11 +164,13 @@ TEST_CASE("progress: a shared-memory group's ranks are all on this host", "[prog
   for (int n : {1, 2, 3}) {
     INFO(n << " ranks");
     auto connect = [&](tcp_store& store, int r) {
-      const unsigned cores = two_cores_only();
+      const bool want = expected_spare(n, two_cores_only());
       auto t = shm_transport::connect(store, r, n, o);
-      if (t.spare_cores() != detail::spare_cores_for(n, cores)) throw std::runtime_error("a shm group miscounted");
-      return t;
+      if (t.spare_cores() != want) throw std::runtime_error("a shared-memory group miscounted its ranks");
+      any_transport any(std::move(t));
+      if (any.spare_cores() != want) throw std::runtime_error("any_transport answers otherwise");
+      return any;
     };
-    testing::run_thread_ranks(n, token, connect, [](int, shm_transport&) {});
+    testing::run_thread_ranks(n, token, connect, [](int, any_transport&) {});
   }
 }

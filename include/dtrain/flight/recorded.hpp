@@ -47,6 +47,7 @@ class p2p_channels {
   recorder::handle open(const key& k, Start&& start) {
     std::lock_guard lock(m_);
     channel& c = of_[k];
+    c.open.reserve(c.open.size() + 1);  // nothing throws once the record is started
     const recorder::handle h = start(++c.posted);
     if (h.id() != 0) c.open.push_back({h, c.posted});
     return h;
@@ -126,8 +127,6 @@ class recorded {
     } catch (const error& e) {
       if (e.code() == errc::timeout) {
         waited_out_ = true;
-      } else if (e.code() == errc::cancelled) {
-        settle(false, e.code());
       } else if (open_) {
         h_.failed(recorder::intern(e.what()));
         close(false);
@@ -146,7 +145,9 @@ class recorded {
   void cancel() noexcept {
     if (!open_) return;
     r_.cancel();
-    learn_result();  // a message that had already landed completes
+    withdrawing_ = true;  // a cancelled result now means this withdrawal, not a failed group
+    learn_result();       // a message that had already landed completes
+    if (open_) close(false);  // still moving: it finishes unrecorded, and its channel forgets it
   }
   const envelope& info() const noexcept { return r_.info(); }
 
@@ -157,7 +158,8 @@ class recorded {
     settle(r_.wait(deadline::after(std::chrono::milliseconds(0)), ec), ec);
   }
   // A wait that timed out leaves the operation pending and its record waiting; so does one
-  // cancelled after that, though its number goes to the next message of its channel.
+  // cancelled after that, though its number goes to the next message of its channel. Only
+  // `cancel` withdraws: a group that fails (or stops) cancels its operations too, and those failed.
   void settle(bool ok, std::error_code ec) noexcept {
     if (!open_) return;
     if (ok) {
@@ -165,7 +167,7 @@ class recorded {
     } else if (ec == errc::timeout) {
       waited_out_ = true;
       return;
-    } else if (ec == errc::cancelled) {
+    } else if (ec == errc::cancelled && withdrawing_) {
       if (!waited_out_) h_.withdrawn();
     } else {
       try {
@@ -174,7 +176,7 @@ class recorded {
         h_.failed("failed");
       }
     }
-    close(ec == errc::cancelled);
+    close(ec == errc::cancelled && withdrawing_);
   }
   void close(bool withdrawn) noexcept {
     open_ = false;
@@ -184,7 +186,7 @@ class recorded {
   Request r_{};
   recorder::handle h_{};
   int peer_ = -1;
-  bool sending_ = false, open_ = false, waited_out_ = false;
+  bool sending_ = false, open_ = false, waited_out_ = false, withdrawing_ = false;
   std::shared_ptr<detail::p2p_channels> channels_;
   detail::p2p_channels::key key_{};
 };

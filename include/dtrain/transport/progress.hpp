@@ -84,9 +84,9 @@ struct spin_then_block {
 /// two cores for each of the group's ranks on it, and blocks where it has fewer. A waiting rank
 /// then spins on a core of its own while its other thread (the caller's compute, the transport's
 /// reader) keeps another, so the spin takes no core another rank needs. Each transport decides
-/// once, when formed, from its ranks on this host (a shared-memory group's size; for TCP the
-/// launcher's local world size, else the whole group) and the cores this process may run on:
-/// alike on every rank of a host whose ranks have the same affinity.
+/// once, when formed, from its ranks on this host (a shared-memory group's size; a TCP group's
+/// peers whose connections share an address with this rank's end) and the cores this process may
+/// run on: alike on every rank of a host whose ranks have the same affinity.
 template <int SpinMicros = 1000>
 struct spin_with_spare_cores {
   static_assert(SpinMicros >= 0, "the spin time cannot be negative");

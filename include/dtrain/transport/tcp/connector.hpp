@@ -33,26 +33,29 @@
 
 namespace dtrain::detail::tcp_engine {
 
-// Whether socket `fd`'s two ends are on one host: the same address, or both loopback.
-inline bool same_host(int fd) noexcept {
-  sockaddr_storage mine{}, theirs{};
-  socklen_t a = sizeof mine, b = sizeof theirs;
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &a) != 0 ||
-      ::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &b) != 0 || mine.ss_family != theirs.ss_family) {
-    return false;
-  }
-  if (mine.ss_family == AF_INET) {
-    const auto& x = reinterpret_cast<const sockaddr_in&>(mine).sin_addr;
-    const auto& y = reinterpret_cast<const sockaddr_in&>(theirs).sin_addr;
+// Whether two socket addresses are one host's: the same address, or both loopback.
+inline bool same_host(const sockaddr_storage& a, const sockaddr_storage& b) noexcept {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a).sin_addr;
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b).sin_addr;
     const auto loopback = [](in_addr v) { return (ntohl(v.s_addr) >> 24) == 127; };
     return x.s_addr == y.s_addr || (loopback(x) && loopback(y));
   }
-  if (mine.ss_family == AF_INET6) {
-    const auto& x = reinterpret_cast<const sockaddr_in6&>(mine).sin6_addr;
-    const auto& y = reinterpret_cast<const sockaddr_in6&>(theirs).sin6_addr;
-    return std::memcmp(&x, &y, sizeof x) == 0;
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a).sin6_addr;
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b).sin6_addr;
+    return std::memcmp(&x, &y, sizeof x) == 0 || (IN6_IS_ADDR_LOOPBACK(&x) && IN6_IS_ADDR_LOOPBACK(&y));
   }
   return false;
+}
+
+// Whether socket `fd`'s two ends are on one host.
+inline bool same_host(int fd) noexcept {
+  sockaddr_storage mine{}, theirs{};
+  socklen_t a = sizeof mine, b = sizeof theirs;
+  return ::getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &a) == 0 &&
+         ::getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &b) == 0 && same_host(mine, theirs);
 }
 
 template <class Engine>
