@@ -24,6 +24,7 @@
 
 #include "dtrain/core/hash.hpp"
 #include "dtrain/transport/group.hpp"
+#include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/rank_list.hpp"
 
 namespace dtrain {
@@ -47,7 +48,8 @@ inline bool two_cores_per_rank(std::span<const std::int64_t> host_and_cores) {
     }
   }
   for (std::size_t h = 0; h < seen.size(); ++h) {
-    if (seen[h].second < 2 * ranks[h]) return false;
+    const auto cores = static_cast<unsigned>(std::max<std::int64_t>(seen[h].second, 0));
+    if (!detail::spare_cores_for(static_cast<int>(ranks[h]), cores)) return false;
   }
   return !seen.empty();
 }
