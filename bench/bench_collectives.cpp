@@ -16,6 +16,7 @@
 #include <functional>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -36,6 +37,14 @@ namespace {
 // it saw move, so a peer's reduction between two messages does not put it to sleep (Open MPI
 // and NCCL poll without a limit).
 using spinning = spin_then_block<1000>;
+
+// `run(std::type_identity<Transport<P>>)`, P the progress policy `--progress` names.
+template <template <class> class Transport, class Run>
+int with_progress(const std::string& progress, Run run) {
+  if (progress == "spin") return run(std::type_identity<Transport<spinning>>{});
+  if (progress == "blocking") return run(std::type_identity<Transport<blocking>>{});
+  return run(std::type_identity<Transport<default_progress>>{});
+}
 
 struct options {
   int ranks = 4;
@@ -343,16 +352,16 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (o.transport == "tcp-hosts") {
-    if (o.progress == "spin") return run_tcp_hosts<basic_tcp_transport<spinning>>(o);
-    return o.progress == "blocking" ? run_tcp_hosts<basic_tcp_transport<blocking>>(o) : run_tcp_hosts<tcp_transport>(o);
+    return with_progress<basic_tcp_transport>(o.progress,
+                                              [&](auto t) { return run_tcp_hosts<typename decltype(t)::type>(o); });
   }
   if (o.transport == "tcp") {
-    if (o.progress == "spin") return run_processes<basic_tcp_transport<spinning>>(o);
-    return o.progress == "blocking" ? run_processes<basic_tcp_transport<blocking>>(o) : run_processes<tcp_transport>(o);
+    return with_progress<basic_tcp_transport>(o.progress,
+                                              [&](auto t) { return run_processes<typename decltype(t)::type>(o); });
   }
   if (o.transport == "shm") {
-    if (o.progress == "spin") return run_processes<basic_shm_transport<spinning>>(o);
-    return o.progress == "blocking" ? run_processes<basic_shm_transport<blocking>>(o) : run_processes<shm_transport>(o);
+    return with_progress<basic_shm_transport>(o.progress,
+                                              [&](auto t) { return run_processes<typename decltype(t)::type>(o); });
   }
   return run_all(o, o.ranks, true, "in-process transport (threads)",
                  [&](coll_op op, algorithm a, std::size_t bytes) { return measure_inproc(o, op, a, bytes); });
