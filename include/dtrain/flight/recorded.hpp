@@ -83,45 +83,38 @@ template <completion Request>
 class recorded {
  public:
   recorded() = default;
-  /// `channels` and `key`: where the message's number is kept (none: numbers never given back).
-  recorded(Request r, recorder::handle h, int peer, bool sending,
-           std::shared_ptr<detail::p2p_channels> channels = nullptr, detail::p2p_channels::key key = {})
-      : r_(std::move(r)),
-        h_(h),
-        peer_(peer),
-        sending_(sending),
-        open_(true),
-        channels_(std::move(channels)),
-        key_(key) {}
+  /// `key`: the message's channel (its peer's world rank, tag, whether sending); `channels`:
+  /// where its number is kept (none: numbers never given back).
+  recorded(Request r, recorder::handle h, detail::p2p_channels::key key,
+           std::shared_ptr<detail::p2p_channels> channels = nullptr)
+      : r_(std::move(r)), h_(h), key_(key), channels_(std::move(channels)), open_(true) {}
   recorded(recorded&& o) noexcept
       : r_(std::move(o.r_)),
         h_(o.h_),
-        peer_(o.peer_),
-        sending_(o.sending_),
-        open_(std::exchange(o.open_, false)),
-        waited_out_(o.waited_out_),
+        key_(o.key_),
         channels_(std::move(o.channels_)),
-        key_(o.key_) {}
+        open_(std::exchange(o.open_, false)),
+        waited_out_(o.waited_out_) {}
   /// Moving onto an unfinished one cancels it, as the request's own move does.
   recorded& operator=(recorded&& o) noexcept {
     if (this == &o) return *this;
     cancel();
     r_ = std::move(o.r_);
-    h_ = o.h_, peer_ = o.peer_, sending_ = o.sending_, waited_out_ = o.waited_out_;
+    h_ = o.h_, key_ = o.key_, waited_out_ = o.waited_out_;
+    channels_ = std::move(o.channels_);
     open_ = std::exchange(o.open_, false);
-    channels_ = std::move(o.channels_), key_ = o.key_;
     return *this;
   }
   ~recorded() { cancel(); }
 
   bool wait(deadline d, std::error_code& ec) noexcept {
-    if (open_) h_.waiting(peer_, sending_);
+    if (open_) h_.waiting(std::get<0>(key_), std::get<2>(key_));
     const bool ok = r_.wait(d, ec);
     settle(ok, ec);
     return ok;
   }
   void wait(deadline d) {
-    if (open_) h_.waiting(peer_, sending_);
+    if (open_) h_.waiting(std::get<0>(key_), std::get<2>(key_));
     try {
       r_.wait(d);
     } catch (const error& e) {
@@ -185,10 +178,9 @@ class recorded {
 
   Request r_{};
   recorder::handle h_{};
-  int peer_ = -1;
-  bool sending_ = false, open_ = false, waited_out_ = false, withdrawing_ = false;
+  detail::p2p_channels::key key_{-1, 0, false};
   std::shared_ptr<detail::p2p_channels> channels_;
-  detail::p2p_channels::key key_{};
+  bool open_ = false, waited_out_ = false, withdrawing_ = false;
 };
 
 /// One endpoint's record of its messages. Thread-safe; movable.
@@ -207,7 +199,7 @@ class p2p_log {
   /// count, with its record started.
   template <completion Request>
   recorded<Request> post(Request r, int peer, std::uint64_t tag, bool sending, signature sig) {
-    if (!state_ || !recorder::global().enabled()) return {std::move(r), {}, peer, sending};
+    if (!state_ || !recorder::global().enabled()) return {std::move(r), {}, {peer, tag, sending}};
     const int world = peer >= 0 && static_cast<std::size_t>(peer) < state_->members.size()
                           ? state_->members[static_cast<std::size_t>(peer)]
                           : peer;
@@ -219,7 +211,7 @@ class p2p_log {
       sig.seq = k;
       return recorder::global().start(g, sig, world, sending);
     });
-    return {std::move(r), h, world, sending, state_->channels, key};
+    return {std::move(r), h, key, state_->channels};
   }
 
  private:
