@@ -90,6 +90,10 @@ step staged_sendrecv_2 60 "$run" -n 2 "$bdc" --collective staged --ops sendrecv 
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # NCCL's point-to-point: a GPU per rank
   step nccl_sendrecv_2 60 "$run" -n 2 "$bdc" --collective nccl --ops sendrecv -b 1024 -e $((64 << 20)) \
     --json "$logs/nccl_sendrecv_2.json"
+  # The model-parallel example's pipeline over NCCL's messages (its one-rank run is a ctest above).
+  step fashion_mnist_parallel_nccl_pp2 240 "$run" -n 2 "$build/examples/fashion_mnist_parallel_device" \
+    --data "$data" --comm nccl --pp 2 --kernels cublas --epochs 2 --min-accuracy 0.80 --log-every 0 \
+    --json "$logs/fashion_mnist_parallel_nccl_pp2.json"
 fi
 step nccl_2_on_one_gpu 80 env NCCL_DEBUG=WARN "$run" -n 2 "$bdc" --collective nccl --ops allreduce -b $((1 << 20)) \
   -e $((1 << 20))

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string_view>
 
 #include <dtrain/collective/staged.hpp>
 #include <dtrain/core/error.hpp>
@@ -17,6 +18,10 @@
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
 #include <dtrain/cuda/runtime.hpp>
 #include <dtrain/tensor_parallel/cublas_kernels.hpp>
+#endif
+#if DTRAIN_EXAMPLE_NCCL
+#include <dtrain/collective/communicator.hpp>
+#include <dtrain/collective/nccl.hpp>
 #endif
 
 #include "device_stage.hpp"
@@ -41,12 +46,48 @@ struct device_layout {
       THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA ? "the GPU" : "device memory (Thrust's CPP system: the CPU)";
 };
 
+#if DTRAIN_EXAMPLE_NCCL
+// A GPU per rank: every collective an NCCL communicator on its axis's ranks, formed over the
+// axis's process group (which carries rank 0's unique id); the pp axis's with point-to-point lanes.
 template <class Kernels>
+struct nccl_layout {
+  using transport = dtrain::any_transport;
+  using group = dtrain::process_group<transport>;
+  using pp_collective = dtrain::nccl_communicator;
+  using tp_collective = dtrain::nccl_communicator;
+  using dp_collective = dtrain::nccl_communicator;
+  using stage = device_parallel_stage<tp_collective, Kernels>;
+  using updater = dtrain::device_updater<dtrain::momentum<float>>;
+  static constexpr const char* memory = "the GPU (NCCL)";
+
+  template <class C>
+  static C form(group ranks, std::string_view axis) {
+    dtrain::nccl_options o;
+    o.point_to_point = axis == "pp";
+    dtrain::communicator<group> host(std::move(ranks));
+    return C::over(host, o);
+  }
+};
+#endif
+
+template <template <class> class Layout, class Kernels>
 int run(const settings& s, dtrain::any_transport world, const split& train_set, const split& test) {
   return with_schedule(s, [&](auto schedule) {
-    return train<device_layout<Kernels>>(s, schedule, std::move(world), train_set, test,
-                                         "fashion_mnist_parallel_device");
+    return train<Layout<Kernels>>(s, schedule, std::move(world), train_set, test, "fashion_mnist_parallel_device");
   });
+}
+
+template <class Kernels>
+int run(const settings& s, dtrain::any_transport world, const split& train_set, const split& test) {
+#if DTRAIN_EXAMPLE_NCCL
+  if (s.comm == "nccl") return run<nccl_layout, Kernels>(s, std::move(world), train_set, test);
+#else
+  if (s.comm == "nccl") {
+    throw dtrain::error(dtrain::errc::invalid_argument,
+                        "--comm nccl: this build has no NCCL (build with CUDA and NCCL; --comm staged runs here)");
+  }
+#endif
+  return run<device_layout, Kernels>(s, std::move(world), train_set, test);
 }
 
 }  // namespace

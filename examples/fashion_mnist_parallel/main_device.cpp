@@ -5,10 +5,13 @@
 //
 //   dtrain-run -n 4 ./fashion_mnist_parallel_device --pp 2 --tp 2   # a pipeline of tensor-parallel stages
 //   dtrain-run -n 2 ./fashion_mnist_parallel_device --pp 2 --kernels cublas --micro-batches 8
+//   dtrain-run -n 2 ./fashion_mnist_parallel_device --pp 2 --kernels cublas --comm nccl   # a GPU per rank
 //   ./fashion_mnist_parallel_device                                  # the one-process reference
 //
-// Ranks sharing a GPU talk through pinned host memory (the staged communicator); the one holding
-// the last stage of replica 0 prints progress, samples/s, test accuracy and the measured bubble.
+// Ranks sharing a GPU talk through pinned host memory (the staged communicator, the default); with
+// a GPU each, --comm nccl carries the pipeline's messages and the tp and dp collectives over NCCL.
+// The rank holding the last stage of replica 0 prints progress, samples/s, test accuracy and the
+// measured bubble.
 
 #include <cstdio>
 #include <string>
@@ -28,6 +31,11 @@ int main(int argc, char** argv) {
   fashion_mnist::add_options(app, s);
   app.add_option("--kernels", s.kernels, "the layers' products: thrust, or cublas (a CUDA build)")
       ->check(CLI::IsMember({"thrust", "cublas"}))
+      ->capture_default_str();
+  app.add_option("--comm", s.comm,
+                 "the collectives between ranks: staged (TCP through pinned host memory, ranks may share a GPU), "
+                 "or nccl (one GPU per rank; a CUDA build with NCCL)")
+      ->check(CLI::IsMember({"staged", "nccl"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {

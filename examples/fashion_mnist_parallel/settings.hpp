@@ -31,6 +31,7 @@ struct settings {
   std::string json;
   double min_accuracy = 0;
   std::string kernels = "thrust";  // the device example's products: thrust, or cublas (a CUDA build)
+  std::string comm = "staged";     // the device example's collectives: staged, or nccl (a CUDA build with NCCL)
 };
 
 // The layers' boundaries between stages: by parameter count, and with tensor parallelism only

@@ -3,7 +3,7 @@
 // mesh {dp, pp, tp} over the world's ranks, the MLP cut into stages, `Stage`s tensor-parallel over
 // the tp group, the pipeline trainer over the pp group averaging over the dp group, progress lines,
 // test accuracy after each epoch, samples/s and the measured bubble. `Layout` names the types:
-// the world's transport, the pp, tp and dp collectives (each built from its process group), the
+// the world's transport, the pp, tp and dp collectives (each from its process group: see `form`), the
 // stage and the updater (main.cpp's host_layout; device_training.cpp's for device memory). No fmt
 // or CLI here: nvcc compiles this too.
 
@@ -86,6 +86,17 @@ double evaluate(Trainer& trainer, sample_source& source, const split& test, Mesh
   return hits[0] / static_cast<double>(share * static_cast<std::size_t>(dp));
 }
 
+/// The collective `C` of the mesh's `axis`: built from the axis's process group, or formed over it
+/// by `Layout::form` where the layout has one (NCCL's communicators, collective on the group).
+template <class Layout, class C, class Mesh>
+C form(Mesh& mesh, const char* axis) {
+  if constexpr (requires { Layout::template form<C>(mesh.group(axis), axis); }) {
+    return Layout::template form<C>(mesh.group(axis), axis);
+  } else {
+    return C(mesh.group(axis));
+  }
+}
+
 /// Trains `s` with `schedule` on `Layout`'s memory over `transport` (this rank's, of every rank's
 /// world); returns the exit status: 0, or 3 below `s.min_accuracy`.
 template <class Layout, class Schedule>
@@ -118,7 +129,7 @@ int train(const settings& s, Schedule schedule, typename Layout::transport trans
   const int v = schedule.chunks();
   const auto bounds = cut(widths, s.pp * v, s.tp > 1);
 
-  typename Layout::tp_collective tensor_group(mesh.group("tp"));
+  auto tensor_group = form<Layout, typename Layout::tp_collective>(mesh, "tp");
   dtrain::communicator<group> everyone(world);
   sample_source source;
   std::vector<typename Layout::stage> chunks;
@@ -134,9 +145,9 @@ int train(const settings& s, Schedule schedule, typename Layout::transport trans
   using pipe = typename Layout::pp_collective;
   using replicas = typename Layout::dp_collective;
   dtrain::pipeline::trainer<pipe, Schedule, typename Layout::updater, typename Layout::stage, replicas> trainer(
-      pipe(mesh.group("pp")), std::move(chunks),
+      form<Layout, pipe>(mesh, "pp"), std::move(chunks),
       typename Layout::updater(dtrain::momentum<float>(s.lr, s.momentum)),
-      schedule, options, replicas(mesh.group("dp")));
+      schedule, options, form<Layout, replicas>(mesh, "dp"));
 
   const bool reporter = mesh.coordinate("dp") == 0 && mesh.coordinate("tp") == 0 &&
                         (trainer.shape().stages() - 1) % s.pp == mesh.coordinate("pp");
