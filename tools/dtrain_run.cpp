@@ -383,7 +383,12 @@ int main(int argc, char** argv) {
     for (const auto& c : children) {
       if (c.pid > 0) facts.ends[c.rank] = describe_status(c.status);
     }
-    report_flight(flight_dir, facts);
+    // A directory of its own that no rank dumped into (a rank refused its input and exited) has
+    // nothing to read: it goes, as after a clean exit; one with dumps stays for the user.
+    if (!report_flight(flight_dir, facts) && own_flight_dir) {
+      std::error_code ignored;
+      std::filesystem::remove(flight_dir, ignored);  // only while empty
+    }
   } else if (own_flight_dir) {
     std::error_code ignored;
     std::filesystem::remove_all(flight_dir, ignored);

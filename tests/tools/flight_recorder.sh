@@ -8,8 +8,8 @@ set -u
 run=$1
 worker=$2
 . "$(dirname "$0")/checks.sh"
-dir=$(mktemp -d)
-trap 'rm -rf "$out" "$err" "$dir"' EXIT
+dir=$(mktemp -d) own=$(mktemp -d)
+trap 'rm -rf "$out" "$err" "$dir" "$own"' EXIT
 reports() { grep -qE -- "^dtrain-run:   $1" "$err"; }
 never_reached() {  # never_reached RANK OTHERS: the line's start, as a regular expression
   echo "rank $1 never reached call 4 of group 'world', allreduce \(float32 sum, count 1024\), which ranks? $2 entered"
@@ -20,6 +20,19 @@ in_none="it was in none of its collectives when it dumped"
 launch -- -n 3 "$worker" ok
 expect "a clean job succeeds (status $status)" test "$status" -eq 0
 expect "a clean job prints no flight report" test ! -s "$err"
+
+# dtrain-run's own flight directory (under TMPDIR) goes after a clean job and after a failure that
+# left no dump; after one with dumps it stays, where the report says.
+launch TMPDIR="$own" -- -n 2 "$worker" ok
+expect "own directory: a clean job leaves none" test -z "$(ls -A "$own")"
+launch TMPDIR="$own" -- -n 2 /bin/false
+expect "own directory: a job that failed without a dump leaves none (status $status)" \
+  test "$status" -ne 0 -a -z "$(ls -A "$own")"
+rm -rf "${own:?}"/*
+launch TMPDIR="$own" DTRAIN_TEST_BAD_RANK=1 -- -n 2 "$worker" kill
+kept=$(ls -d "$own"/dtrain-flight-* 2> /dev/null)
+expect "own directory: a failed job's dumps stay where the report says" \
+  test -n "$kept" -a -s "$kept/flight.0.txt" -a "$(grep -c -F -- "dumps in $kept)" "$err")" -eq 1
 
 # Rank 2 asks itself for a dump mid-job (SIGUSR2), finds its 8 calls in it, and goes on.
 launch DTRAIN_TEST_BAD_RANK=2 -- -n 3 "$worker" ask
