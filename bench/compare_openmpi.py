@@ -1,18 +1,24 @@
 #!/usr/bin/env python3
-"""dtrain vs Open MPI, float32 sum allreduce on one host, same run, over shared memory or TCP.
+"""dtrain vs Open MPI (and torch's Gloo), float32 sum allreduce on one host, same run, over shared
+memory or TCP.
 
 For each world size P, in alternating rounds (this machine is shared and noisy), measures
   --path shm: dtrain bench_collectives --transport shm (every allreduce algorithm)
               Open MPI MPI_Allreduce with --mca btl vader,self --mca pml ob1 (CMA single copy where allowed)
   --path tcp: dtrain bench_collectives --transport tcp (every allreduce algorithm)
               Open MPI MPI_Allreduce with --mca btl tcp,self --mca pml ob1 (loopback)
-dtrain with blocking and spin progress (--progress: any of default, blocking, spin), and prints the median over rounds of each side's best busbw
-(GB/s, nccl-tests' definition), the ratio, and the time per call (us). Every result is checked by
-both programs; any wrong element fails the run.
+  --peers gloo: also torch.distributed's Gloo on CPU tensors (loopback TCP, its only path),
+              bench/peers/torch_gloo_allreduce.py under --python (a Python with torch)
+dtrain with blocking and spin progress (--progress: any of default, blocking, spin), and prints the
+median over rounds of each side's best busbw (GB/s, nccl-tests' definition), dtrain's ratio to each
+peer, and the time per call (us). Every result is checked by every program; any wrong element fails
+the run.
 
   python3 bench/compare_openmpi.py --build build [--path shm|tcp] [--ranks 2 4 8] [--rounds 3]
-                                   [--sizes 4096 65536 ...] [--json out.json]
+                                   [--sizes 4096 65536 ...] [--peers openmpi gloo] [--python PY]
+                                   [--json out.json]
 """
+import os
 import argparse
 import json
 import statistics
@@ -47,6 +53,12 @@ def mpi_rows(build, path, p, seconds, sizes):
                           + [str(s) for s in sizes]))
 
 
+def gloo_rows(python, p, seconds, sizes):
+    here = os.path.dirname(os.path.abspath(__file__))
+    return json_lines(run([python, f"{here}/peers/torch_gloo_allreduce.py", "--ranks", str(p), "-t", str(seconds)]
+                          + [str(s) for s in sizes]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
@@ -58,14 +70,20 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument("--progress", nargs="+", default=["blocking", "spin"], choices=["default", "blocking", "spin"],
                     help="dtrain's progress policies, each run and the best kept (default: blocking and spin)")
+    ap.add_argument("--peers", nargs="+", default=["openmpi"], choices=["openmpi", "gloo"],
+                    help="the libraries dtrain is measured against (gloo: torch's, through --python)")
+    ap.add_argument("--python", default=sys.executable, help="the Python whose torch runs the Gloo peer")
     a = ap.parse_args()
     rows = []
     for rnd in range(a.rounds):
         for p in a.ranks:
-            # Alternate which side goes first, so neither always runs on a warmer or quieter machine.
-            sides = [lambda: mpi_rows(a.build, a.path, p, a.seconds, a.sizes),
-                     lambda: [r for prog in a.progress for r in dtrain_rows(a.build, a.path, p, a.seconds, prog, a.sizes)]]
-            for side in (sides if rnd % 2 == 0 else sides[::-1]):
+            # Alternate the order of the sides, so none always runs on a warmer or quieter machine.
+            sides = [lambda: [r for prog in a.progress for r in dtrain_rows(a.build, a.path, p, a.seconds, prog, a.sizes)]]
+            if "openmpi" in a.peers:
+                sides.append(lambda: mpi_rows(a.build, a.path, p, a.seconds, a.sizes))
+            if "gloo" in a.peers:
+                sides.append(lambda: gloo_rows(a.python, p, a.seconds, a.sizes))
+            for side in (sides[::-1] if rnd % 2 == 0 else sides):
                 for r in side():
                     r["round"] = rnd
                     rows.append(r)
@@ -76,17 +94,21 @@ def main():
         return (statistics.median(r["busbw_GBps"] for r in per_round),
                 statistics.median(r["time_us"] for r in per_round), per_round)
 
+    names = {"openmpi": "OpenMPI", "gloo": "Gloo"}
+    peers = [q for q in names if q in a.peers]
     print(f"# float32 sum allreduce over {'shared memory' if a.path == 'shm' else 'TCP loopback'}, busbw GB/s, median over {a.rounds} alternating rounds of each"
           " side's best; dtrain = best of its algorithms and progress policies")
-    print(f"# {'P':>2} {'size':>10} | {'dtrain':>7} {'OpenMPI':>8} | {'ratio':>6} | {'dtrain us':>10} {'OpenMPI us':>10}"
-          f" | dtrain's best (per round)")
+    print(f"# {'P':>2} {'size':>10} | {'dtrain':>7}" + "".join(f" {names[q]:>8}" for q in peers) + " |"
+          + "".join(f" {'vs ' + names[q]:>10}" for q in peers) + f" | {'dtrain us':>10}"
+          + "".join(f" {names[q] + ' us':>10}" for q in peers) + " | dtrain's best (per round)")
     for p in a.ranks:
         for size in a.sizes:
             d_bw, d_us, d_rows = median_best("dtrain", p, size)
-            m_bw, m_us, _ = median_best("openmpi", p, size)
-            ratio = d_bw / m_bw if m_bw > 0 else float("nan")
-            print(f"  {p:>2} {size:>10} | {d_bw:>7.3f} {m_bw:>8.3f} | {ratio:>5.2f}x | {d_us:>10.2f} {m_us:>10.2f} |"
-                  f" {', '.join(r['algorithm'] for r in d_rows)}")
+            theirs = [median_best(q, p, size) for q in peers]
+            ratios = [d_bw / bw if bw > 0 else float("nan") for bw, _, _ in theirs]
+            print(f"  {p:>2} {size:>10} | {d_bw:>7.3f}" + "".join(f" {bw:>8.3f}" for bw, _, _ in theirs) + " |"
+                  + "".join(f" {r:>9.2f}x" for r in ratios) + f" | {d_us:>10.2f}"
+                  + "".join(f" {us:>10.2f}" for _, us, _ in theirs) + f" | {', '.join(r['algorithm'] for r in d_rows)}")
     return finish(rows, a.json)
 
 

@@ -3,7 +3,8 @@
 
 Runs, alternated round by round so that a slow spell of the machine hits every program alike:
   dtrain   bench_ps under dtrain-run: dense push+pull (1 and 4 tensors in flight, 1+1 and 2+2
-           servers+workers) and sparse push+pull of 100k keys (with and without key caching)
+           servers+workers, or --layouts) and sparse push+pull of 100k keys (with and without key
+           caching)
   bare TCP bench_tcp_ceiling: the same message patterns over blocking sockets (1 and 4 in flight)
   ZeroMQ   peers/zmq_push_pull: DEALER/ROUTER, ps-lite's transport (when built; libzmq)
   ps-lite  peers/pslite_push_pull (with --pslite DIR: a ps-lite checkout you built, and dtrain
@@ -14,6 +15,7 @@ measured in the same round, with the machine and the commit measured.
 
   python3 bench/ps_throughput.py --build build [--rounds 5] [--seconds 1] [--json ps_throughput.json]
   python3 bench/ps_throughput.py --build build --pslite /tmp/ps-lite        # with ps-lite's columns
+  python3 bench/ps_throughput.py --build build --layouts 1+1 2+2 4+4        # servers+workers measured
   python3 bench/ps_throughput.py --from-json ps_throughput.json     # the table of a saved run
 """
 import argparse
@@ -83,8 +85,9 @@ def run_pslite(launcher, servers, workers, cmd):
         return rows
 
 
-def configurations(build, seconds, with_zmq, pslite):
-    """(key, label, command, unit, rows -> {size: value}) for every program in the table."""
+def configurations(build, seconds, with_zmq, pslite, layouts):
+    """(key, label, command, unit, rows -> {size: value}) for every program in the table; `layouts`
+    lists the (servers, workers) pairs of the parameter servers."""
     run = [os.path.join(build, "tools", "dtrain-run")]
     ps = os.path.join(build, "bench", "bench_ps")
     sizes = [str(s) for s in DENSE_SIZES]
@@ -96,17 +99,17 @@ def configurations(build, seconds, with_zmq, pslite):
     def sparse(rows):
         return {"keys": r["Mkeys_per_s"] for r in rows if r["op"] == "sparse push+pull"}
 
-    configs = [
-        ("dtrain_1_1", "dtrain bench_ps, 1+1, 1 in flight",
-         run + ["--servers", "1", "-n", "2", ps, "--only", "dense", "--sizes", *sizes] + common, "GB/s", dense),
-        ("dtrain_1_1_d4", "dtrain bench_ps, 1+1, 4 in flight",
-         run + ["--servers", "1", "-n", "2", ps, "--only", "dense", "--sizes", *sizes, "--depth", "4"] + common,
-         "GB/s", dense),
-        ("dtrain_2_2", "dtrain bench_ps, 2+2, 1 in flight",
-         run + ["--servers", "2", "-n", "4", ps, "--only", "dense", "--sizes", *sizes] + common, "GB/s", dense),
-        ("dtrain_2_2_d4", "dtrain bench_ps, 2+2, 4 in flight",
-         run + ["--servers", "2", "-n", "4", ps, "--only", "dense", "--sizes", *sizes, "--depth", "4"] + common,
-         "GB/s", dense),
+    def launch(s, w):
+        return run + ["--servers", str(s), "-n", str(s + w), ps]
+
+    configs = []
+    for s, w in layouts:
+        for depth in (1, 4):
+            configs.append((f"dtrain_{s}_{w}" + ("_d4" if depth == 4 else ""),
+                            f"dtrain bench_ps, {s}+{w}, {depth} in flight",
+                            launch(s, w) + ["--only", "dense", "--sizes", *sizes]
+                            + (["--depth", "4"] if depth == 4 else []) + common, "GB/s", dense))
+    configs += [
         ("tcp_d1", "bare TCP (bench_tcp_ceiling), 1 in flight",
          [os.path.join(build, "bench", "bench_tcp_ceiling"), "--sizes", *sizes] + common, "GB/s", dense),
         ("tcp_d4", "bare TCP (bench_tcp_ceiling), 4 in flight",
@@ -124,25 +127,20 @@ def configurations(build, seconds, with_zmq, pslite):
     if pslite:
         driver = os.path.join(build, "bench", "pslite_push_pull")
         launcher = os.path.join(pslite, "tests", "local.sh")
-        for s, w in ((1, 1), (2, 2)):
+        for s, w in layouts:
             for depth in (1, 4):
                 key = f"pslite_{s}_{w}" + ("_d4" if depth == 4 else "")
                 configs.append((key, f"ps-lite (pslite_push_pull), {s}+{w}, {depth} in flight",
                                 (launcher, s, w, [driver, "--only", "dense", "--sizes", *sizes, "--depth", str(depth)]
                                  + common), "GB/s", dense))
     keys = ["--only", "sparse", "--keys", str(SPARSE_KEYS)] + common
-    configs += [
-        ("sparse_1_1", "dtrain sparse, key caching, 1+1", run + ["--servers", "1", "-n", "2", ps] + keys, "Mkeys/s",
-         sparse),
-        ("sparse_2_2", "dtrain sparse, key caching, 2+2", run + ["--servers", "2", "-n", "4", ps] + keys, "Mkeys/s",
-         sparse),
-        ("sparse_1_1_nc", "dtrain sparse, --no-key-cache, 1+1",
-         run + ["--servers", "1", "-n", "2", ps, "--no-key-cache"] + keys, "Mkeys/s", sparse),
-        ("sparse_2_2_nc", "dtrain sparse, --no-key-cache, 2+2",
-         run + ["--servers", "2", "-n", "4", ps, "--no-key-cache"] + keys, "Mkeys/s", sparse),
-    ]
+    for cache in (True, False):
+        for s, w in layouts:
+            configs.append((f"sparse_{s}_{w}" + ("" if cache else "_nc"),
+                            f"dtrain sparse, {'key caching' if cache else '--no-key-cache'}, {s}+{w}",
+                            launch(s, w) + ([] if cache else ["--no-key-cache"]) + keys, "Mkeys/s", sparse))
     if pslite:
-        for s, w in ((1, 1), (2, 2)):
+        for s, w in layouts:
             configs.append((f"pslite_sparse_{s}_{w}", f"ps-lite sparse (KVServerDefaultHandle), {s}+{w}",
                             (launcher, s, w, [driver] + keys), "Mkeys/s", sparse))
     return configs
@@ -156,14 +154,25 @@ def main():
     ap.add_argument("--json", help="write every sample, with the machine and commit, to this file")
     ap.add_argument("--from-json", help="print the table of an earlier run's --json instead of measuring")
     ap.add_argument("--pslite", help="a built ps-lite checkout: adds its columns (its tests/local.sh launches it)")
+    ap.add_argument("--layouts", nargs="+", default=["1+1", "2+2"], metavar="S+W",
+                    help="parameter-server layouts measured: servers+workers (default: 1+1 2+2)")
     args = ap.parse_args()
+    try:
+        layouts = [tuple(int(n) for n in text.split("+")) for text in args.layouts]
+    except ValueError:
+        layouts = []
+    if not layouts or any(len(sw) != 2 or min(sw) < 1 for sw in layouts):
+        ap.error(f"--layouts takes servers+workers pairs such as 2+2, not {' '.join(args.layouts)}")
     source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     saved = json.load(open(args.from_json)) if args.from_json else None
     # ZeroMQ is measured where its peer program was built; a saved run lists it if it had it.
     with_zmq = "zmq_d1" in saved["samples"] if saved else os.access(
         os.path.join(args.build, "bench", "zmq_push_pull"), os.X_OK)
-    with_pslite = ("pslite_1_1" in saved["samples"]) if saved else bool(args.pslite)
-    configs = configurations(args.build, args.seconds, with_zmq, args.pslite or ("(saved)" if with_pslite else None))
+    with_pslite = any(k.startswith("pslite_") for k in saved["samples"]) if saved else bool(args.pslite)
+    if saved:
+        layouts = [tuple(sw) for sw in saved.get("layouts", [(1, 1), (2, 2)])]
+    configs = configurations(args.build, args.seconds, with_zmq, args.pslite or ("(saved)" if with_pslite else None),
+                             layouts)
     samples = {key: {} for key, *_ in configs}
     where, measured = machine(), commit(source)
     if saved:
@@ -219,7 +228,7 @@ def main():
             print(f"| {label} | {cell(samples[key].get('keys', []))} | {ratio(key, peer, 'keys') if peer else ''} |")
     if args.json and not args.from_json:
         with open(args.json, "w") as f:
-            json.dump({"machine": where, "commit": measured, "rounds": args.rounds,
+            json.dump({"machine": where, "commit": measured, "rounds": args.rounds, "layouts": layouts,
                        "samples": {k: {str(c): v for c, v in cols.items()} for k, cols in samples.items()}}, f, indent=1)
 
 

@@ -6,21 +6,27 @@
 #   scripts/many-core-check.sh run LOG_DIR DIR [P...]  # there, DIR carried; P: 2 4 8 16 by default
 #
 # `pack` copies from BUILD (a build with DTRAIN_BENCH_NATIVE=OFF, so that the binaries run on
-# another CPU) dtrain-run, bench_collectives, bench_host_reduce, mpi_allreduce and the
-# Fashion-MNIST example, the shared libraries they load beyond glibc, this machine's Open MPI
-# (Debian's files, relocated with OPAL_PREFIX) and the data set: about 57 MiB (a carry holds 64).
+# another CPU) dtrain-run, bench_collectives, bench_host_reduce, mpi_allreduce, bench_ps,
+# bench_tcp_ceiling, the peers' drivers it has and the Fashion-MNIST example, the shared libraries
+# they load beyond glibc, this machine's Open MPI (Debian's files, relocated with OPAL_PREFIX) and
+# the data set: about 61 MiB (a carry holds 64).
 # `run` measures, each step under a deadline with its log in LOG_DIR and LOG_DIR/summary.txt
 # listing each step's status and seconds (packed into $MANY_CORE_ARCHIVE after every step when set):
 #   1. the machine, and one core's memcpy and a[i] += b[i] bandwidth (bench_host_reduce);
-#   2. shared-memory allreduce against Open MPI (vader, CMA) at each P, alternated, with the
-#      progress a user gets by default (bench/compare_openmpi.py --progress default);
+#   2. shared-memory allreduce against Open MPI (vader, CMA) and torch's Gloo at each P,
+#      alternated, with the progress a user gets by default (bench/compare_openmpi.py --progress
+#      default --peers openmpi gloo);
 #   3. the default progress against blocking alone at 8 ranks, 1 KiB to 64 MiB;
-#   4. the Fashion-MNIST example against DDP (Gloo; torch from $PYTHON, default python3) at P = 1
+#   4. the parameter server (bench_ps) against bare TCP, ZeroMQ and ps-lite at 1+1, 2+2 and 4+4
+#      servers+workers (bench/ps_throughput.py); ZeroMQ's and ps-lite's drivers where BUILD has
+#      them (ps-lite: configured with -DDTRAIN_PSLITE_DIR, whose tests/local.sh is packed);
+#   5. the Fashion-MNIST example against DDP (Gloo; torch from $PYTHON, default python3) at P = 1
 #      and each P.
-# The parameter server against ps-lite and torch's Gloo collectives are not in it yet.
 set -u
 here=$(cd "$(dirname "$0")/.." && pwd)
-bins=(tools/dtrain-run bench/bench_collectives bench/bench_host_reduce bench/mpi_allreduce examples/fashion_mnist)
+bins=(tools/dtrain-run bench/bench_collectives bench/bench_host_reduce bench/mpi_allreduce examples/fashion_mnist
+  bench/bench_ps bench/bench_tcp_ceiling)
+peers=(bench/zmq_push_pull bench/pslite_push_pull)  # packed where BUILD has them
 
 pack() {
   local dir build
@@ -32,6 +38,17 @@ pack() {
     [ -x "$build/$b" ] || { echo "many-core-check: $build/$b is missing (build it first)" >&2; exit 1; }
     cp "$build/$b" "$dir/tree/$b"
   done
+  for b in "${peers[@]}"; do
+    if [ -x "$build/$b" ]; then cp "$build/$b" "$dir/tree/$b"; bins+=("$b"); fi
+  done
+  # ps-lite's launcher, from the checkout the build's pslite_push_pull was linked against.
+  local pslite
+  pslite=$(sed -n 's/^DTRAIN_PSLITE_DIR:PATH=//p' "$build/CMakeCache.txt")
+  if [ -x "$build/bench/pslite_push_pull" ] && [ -f "$pslite/tests/local.sh" ]; then
+    mkdir -p "$dir/pslite/tests" && cp "$pslite/tests/local.sh" "$dir/pslite/tests/"
+    (cd "$pslite" && git rev-parse HEAD) > "$dir/pslite/commit" 2> /dev/null
+  fi
+  strip "$dir"/tree/*/*  # symbols: 8 MiB of the carry's 64
   # Every library the binaries and Open MPI's own libraries load, but glibc's (the host has its
   # own) and Open MPI's (below); not those of the network components a one-host run never opens
   # (UCX, libfabric, PSM, verbs), whose load errors are silenced in `run`.
@@ -76,12 +93,18 @@ run() {
     "$python" -c 'import torch; print("torch", torch.__version__)'
   } > "$logs/machine.log" 2>&1
   step host_bandwidth 60 "$tree/bench/bench_host_reduce" --json "$logs/host_bandwidth.json"
-  step shm_vs_openmpi 360 python3 "$here/bench/compare_openmpi.py" --build "$tree" --path shm --ranks "${ranks[@]}" \
-    --rounds 2 --progress default --json "$logs/shm_vs_openmpi.json"
+  step shm_vs_openmpi_gloo 480 python3 "$here/bench/compare_openmpi.py" --build "$tree" --path shm \
+    --ranks "${ranks[@]}" --rounds 2 --progress default --peers openmpi gloo --python "$python" \
+    --json "$logs/shm_vs_openmpi_gloo.json"
   step progress_default_8 90 "$tree/tools/dtrain-run" -n 8 "$tree/bench/bench_collectives" --transport shm \
     --progress default --ops allreduce -b 1024 -e $((64 << 20)) --json "$logs/progress_default_8.json"
   step progress_blocking_8 90 "$tree/tools/dtrain-run" -n 8 "$tree/bench/bench_collectives" --transport shm \
     --progress blocking --ops allreduce -b 1024 -e $((64 << 20)) --json "$logs/progress_blocking_8.json"
+  # The parameter server against bare TCP, ZeroMQ and ps-lite, where packed, at 1+1, 2+2 and 4+4.
+  local with_pslite=()
+  [ -f "$dir/pslite/tests/local.sh" ] && with_pslite=(--pslite "$dir/pslite")
+  step ps_vs_pslite 420 python3 "$here/bench/ps_throughput.py" --build "$tree" --rounds 2 --seconds 0.5 \
+    --layouts 1+1 2+2 4+4 "${with_pslite[@]}" --json "$logs/ps_vs_pslite.json"
   step fashion_mnist_vs_ddp 600 python3 "$here/bench/fashion_mnist_vs_ddp.py" --build "$tree" --ranks 1 "${ranks[@]}" \
     --epochs 2 --data "$dir/data" --python "$python" --json "$logs/fashion_mnist_vs_ddp.json"
 }
