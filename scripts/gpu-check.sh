@@ -90,10 +90,16 @@ step staged_sendrecv_2 60 "$run" -n 2 "$bdc" --collective staged --ops sendrecv 
 if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then  # NCCL's point-to-point: a GPU per rank
   step nccl_sendrecv_2 60 "$run" -n 2 "$bdc" --collective nccl --ops sendrecv -b 1024 -e $((64 << 20)) \
     --json "$logs/nccl_sendrecv_2.json"
-  # The model-parallel example's pipeline over NCCL's messages (its one-rank run is a ctest above).
-  step fashion_mnist_parallel_nccl_pp2 240 "$run" -n 2 "$build/examples/fashion_mnist_parallel_device" \
-    --data "$data" --comm nccl --pp 2 --kernels cublas --epochs 2 --min-accuracy 0.80 --log-every 0 \
-    --json "$logs/fashion_mnist_parallel_nccl_pp2.json"
+  # The model-parallel example over NCCL (its one-rank run is a ctest above): a pipeline over
+  # NCCL's messages, tensor-parallel layers over its collectives, and two replicas averaging.
+  for layout in pp2 tp2 dp2; do  # --pp 1 --tp 1 on two ranks: two replicas
+    ways=(--pp 1 --tp 1)
+    [ "$layout" = pp2 ] && ways=(--pp 2)
+    [ "$layout" = tp2 ] && ways=(--tp 2)
+    step "fashion_mnist_parallel_nccl_$layout" 240 "$run" -n 2 "$build/examples/fashion_mnist_parallel_device" \
+      --data "$data" --comm nccl "${ways[@]}" --kernels cublas --epochs 2 --min-accuracy 0.80 --log-every 0 \
+      --json "$logs/fashion_mnist_parallel_nccl_$layout.json"
+  done
 fi
 step nccl_2_on_one_gpu 80 env NCCL_DEBUG=WARN "$run" -n 2 "$bdc" --collective nccl --ops allreduce -b $((1 << 20)) \
   -e $((1 << 20))

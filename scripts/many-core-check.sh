@@ -63,6 +63,10 @@ pack() {
   cp "${FASHION_MNIST:-/usr/share/datasets/fashion-mnist}"/*.gz "$dir/data/"
   (cd "$here" && git rev-parse HEAD) > "$dir/commit"
   du -sh "$dir"
+  if [ "$(du -sm "$dir" | cut -f1)" -ge 64 ]; then
+    echo "many-core-check: $dir is over the 64 MiB a carry holds" >&2
+    exit 1
+  fi
 }
 
 run() {

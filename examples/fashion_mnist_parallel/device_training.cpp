@@ -63,6 +63,7 @@ struct nccl_layout {
   template <class C>
   static C form(group ranks, std::string_view axis) {
     dtrain::nccl_options o;
+    dtrain::cuda::check(cudaGetDevice(&o.device), "cudaGetDevice");  // train_on_device's, whatever the axis rank
     o.point_to_point = axis == "pp";
     dtrain::communicator<group> host(std::move(ranks));
     return C::over(host, o);

@@ -144,10 +144,11 @@ int train(const settings& s, Schedule schedule, typename Layout::transport trans
   options.learning_rate = dtrain::lr_schedule{s.lr, 1.0, 0, steps_per_epoch * static_cast<std::size_t>(s.epochs), 0.0};
   using pipe = typename Layout::pp_collective;
   using replicas = typename Layout::dp_collective;
+  auto pipe_group = form<Layout, pipe>(mesh, "pp");  // tp, pp, dp: one order on every rank (`form` may be collective)
+  auto replica_group = form<Layout, replicas>(mesh, "dp");
   dtrain::pipeline::trainer<pipe, Schedule, typename Layout::updater, typename Layout::stage, replicas> trainer(
-      form<Layout, pipe>(mesh, "pp"), std::move(chunks),
-      typename Layout::updater(dtrain::momentum<float>(s.lr, s.momentum)),
-      schedule, options, form<Layout, replicas>(mesh, "dp"));
+      std::move(pipe_group), std::move(chunks), typename Layout::updater(dtrain::momentum<float>(s.lr, s.momentum)),
+      schedule, options, std::move(replica_group));
 
   const bool reporter = mesh.coordinate("dp") == 0 && mesh.coordinate("tp") == 0 &&
                         (trainer.shape().stages() - 1) % s.pp == mesh.coordinate("pp");

@@ -24,10 +24,12 @@ expect "a clean job prints no flight report" test ! -s "$err"
 # dtrain-run's own flight directory (under TMPDIR) goes after a clean job and after a failure that
 # left no dump; after one with dumps it stays, where the report says.
 launch TMPDIR="$own" -- -n 2 "$worker" ok
-expect "own directory: a clean job leaves none" test -z "$(ls -A "$own")"
+expect "own directory: a clean job leaves none (status $status)" test "$status" -eq 0 -a -z "$(ls -A "$own")"
+rm -rf "${own:?}"/*
 launch TMPDIR="$own" -- -n 2 /bin/false
 expect "own directory: a job that failed without a dump leaves none (status $status)" \
   test "$status" -ne 0 -a -z "$(ls -A "$own")"
+expect "own directory: ... though it made one there" has_err "no dump in $own/dtrain-flight-"
 rm -rf "${own:?}"/*
 launch TMPDIR="$own" DTRAIN_TEST_BAD_RANK=1 -- -n 2 "$worker" kill
 kept=$(ls -d "$own"/dtrain-flight-* 2> /dev/null)
