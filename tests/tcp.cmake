@@ -1,7 +1,7 @@
 # TCP transport, rendezvous and launching: real sockets, real processes.
 
 dtrain_add_test(test_rendezvous SOURCES rendezvous/stores.cpp rendezvous/environment.cpp LIBS dtrain::asio TIER tcp)
-dtrain_add_test(test_tcp SOURCES transport/tcp.cpp transport/progress.cpp LIBS dtrain::asio TIER tcp)
+dtrain_add_test(test_tcp SOURCES transport/tcp.cpp transport/progress.cpp transport/early_messages.cpp LIBS dtrain::asio TIER tcp)
 dtrain_add_test(test_shm SOURCES transport/shm.cpp LIBS dtrain::asio TIER shm)
 dtrain_add_test(test_mixed SOURCES transport/mixed.cpp LIBS dtrain::asio TIER mixed)
 if(TARGET dtrain_test_thrust_cpp)

@@ -73,6 +73,7 @@ struct early_message {
   signature sig{};
   std::size_t length = 0;
   std::unique_ptr<std::byte[]> data;
+  std::size_t capacity = 0;  // of `data`, at least `length`
   bool complete = false;  // payload fully read; guarded by the engine lock
   byte_op_ptr claimed;    // the receive that matched it before its payload arrived
   std::optional<remote_ranges> remote;  // shared memory: the payload is still in the sender

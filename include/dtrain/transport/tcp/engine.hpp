@@ -39,6 +39,7 @@
 #include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/frame.hpp"
+#include "dtrain/detail/buffer_pool.hpp"
 #include "dtrain/net/handshake.hpp"
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/transport/tcp/connector.hpp"
@@ -335,6 +336,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   std::vector<std::unique_ptr<connection>> conns_;  // by peer rank; null for self
   // Posted receives and unexpected messages (guarded by m_).
   match_queue<op_ptr, incoming_ptr, match_keys> queue_;
+  buffer_pool early_buffers_;  // the early messages' payloads, kept for the next ones
   bool failed_ = false;
   std::atomic<bool> stopping_{false};
   std::string failure_;

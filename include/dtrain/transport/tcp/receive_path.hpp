@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "dtrain/core/error.hpp"
+#include "dtrain/detail/buffer_pool.hpp"
 #include "dtrain/detail/log.hpp"
 #include "dtrain/transport/tcp/operation.hpp"
 
@@ -290,7 +291,7 @@ class receive_path {
     in->tag = h.tag;
     in->sig = h.sig;
     in->length = len;
-    in->data = std::make_unique_for_overwrite<std::byte[]>(len == 0 ? 1 : len);
+    hold_payload(*in);
     self().queue_.hold(in);
     lock.unlock();
     c.rx_in = in;
@@ -383,7 +384,7 @@ class receive_path {
     in->tag = op->env.tag;
     in->sig = op->env.sig;
     in->length = op->data.bytes();
-    in->data = std::make_unique_for_overwrite<std::byte[]>(in->length == 0 ? 1 : in->length);
+    hold_payload(*in);
     scatter_copy(op->data, receive_parts(std::span<std::byte>(in->data.get(), in->length)));
     in->complete = true;
     self().queue_.hold(std::move(in));
@@ -391,8 +392,17 @@ class receive_path {
     op->complete({});
   }
 
-  static void deliver(const incoming& in, operation& recv) {
+  // Copies an early message into its receive, then keeps its buffer for the next one.
+  void deliver(incoming& in, operation& recv) {
     copy_into(in, send_parts(std::span<const std::byte>(in.data.get(), in.length)), recv);
+    self().early_buffers_.give({std::move(in.data), in.capacity});
+  }
+
+  // Room for an early message's payload, from the buffers earlier ones left.
+  void hold_payload(incoming& in) {
+    auto b = self().early_buffers_.take(in.length);
+    in.data = std::move(b.data);
+    in.capacity = b.capacity;
   }
 
   static void copy_into(const incoming& in, const send_parts& from, operation& recv) {
