@@ -1,14 +1,16 @@
 #pragma once
 // `detail::buffer_pool`: byte buffers kept for reuse, for the messages a transport must hold
 // because they came before their receive. glibc serves an allocation of 128 KiB or more with a
-// fresh mapping (mmap threshold), so each such message paid a page fault per 4 KiB written and an
-// munmap after its copy; a collective's early messages come in the same few sizes call after
-// call, so a handful of kept buffers serves them all. Bounded: a few buffers, none huge.
+// fresh mapping (its mmap threshold), so each such message paid a page fault per 4 KiB written
+// and an munmap after its copy; a collective's early messages come in the same few sizes call
+// after call, so a handful of kept buffers serves them all. Smaller ones come from glibc's heap,
+// where they are cheap. Bounded: a few buffers, none huge.
 
 #include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace dtrain::detail {
@@ -23,7 +25,7 @@ class buffer_pool {
 
   /// Below `min_bytes` a buffer comes from the heap (cheap there) and goes back to it; at most
   /// `max_kept` buffers of at most `max_bytes` each are kept.
-  static constexpr std::size_t min_bytes = std::size_t{64} << 10;
+  static constexpr std::size_t min_bytes = std::size_t{128} << 10;
   static constexpr std::size_t max_bytes = std::size_t{4} << 20;
   static constexpr std::size_t max_kept = 4;
 
@@ -56,8 +58,8 @@ class buffer_pool {
     }
     auto smallest = std::min_element(kept_.begin(), kept_.end(),
                                      [](const buffer& x, const buffer& y) { return x.capacity < y.capacity; });
-    if (smallest->capacity < b.capacity) *smallest = std::move(b);
-  }
+    if (smallest->capacity < b.capacity) std::swap(*smallest, b);
+  }  // `b`, the one not kept, is freed here, after the lock: an munmap under it would stall takers
 
   /// How many buffers are kept (for tests).
   std::size_t kept() const {

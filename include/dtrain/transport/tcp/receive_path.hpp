@@ -392,10 +392,12 @@ class receive_path {
     op->complete({});
   }
 
-  // Copies an early message into its receive, then keeps its buffer for the next one.
+  // Copies an early message into its receive and keeps its buffer for the next one, before the
+  // receive completes (whose waiter may then end the engine).
   void deliver(incoming& in, operation& recv) {
-    copy_into(in, send_parts(std::span<const std::byte>(in.data.get(), in.length)), recv);
+    const bool fits = fill(in, send_parts(std::span<const std::byte>(in.data.get(), in.length)), recv);
     self().early_buffers_.give({std::move(in.data), in.capacity});
+    recv.complete(fits ? std::error_code{} : make_error_code(errc::message_truncated));
   }
 
   // Room for an early message's payload, from the buffers earlier ones left.
@@ -406,11 +408,16 @@ class receive_path {
   }
 
   static void copy_into(const incoming& in, const send_parts& from, operation& recv) {
+    const bool fits = fill(in, from, recv);
+    recv.complete(fits ? std::error_code{} : make_error_code(errc::message_truncated));
+  }
+
+  // The message's envelope and bytes into `recv`. @returns whether they fit.
+  static bool fill(const incoming& in, const send_parts& from, operation& recv) {
     recv.env.peer = in.peer;
     recv.env.sig = in.sig;
     recv.env.bytes = in.length;
-    const bool fits = copy_message(from, recv.buffer, recv.grow);
-    recv.complete(fits ? std::error_code{} : make_error_code(errc::message_truncated));
+    return copy_message(from, recv.buffer, recv.grow);
   }
 
  private:
