@@ -23,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -174,6 +175,22 @@ bool pump(int fd, std::string& pending, int rank, FILE* sink) {
   return true;
 }
 
+// The arguments CLI11 left over that came before the program: options dtrain-run does not know
+// (`prefix_command` keeps them instead of refusing them, and may take an unknown option's value
+// for the program). The program is the first occurrence of `program` in argv after which every
+// argument is one of the left-over ones, in order.
+std::vector<std::string> unknown_before_program(int argc, char** argv, const std::string& program,
+                                                const std::vector<std::string>& left) {
+  for (int p = 1; p < argc; ++p) {
+    const auto tail = static_cast<std::size_t>(argc - 1 - p);
+    if (program != argv[p] || tail > left.size()) continue;
+    if (std::equal(argv + p + 1, argv + argc, left.end() - static_cast<std::ptrdiff_t>(tail))) {
+      return {left.begin(), left.end() - static_cast<std::ptrdiff_t>(tail)};
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,8 +266,18 @@ int main(int argc, char** argv) {
       if (name.rfind("flight.", 0) == 0 && entry.path().extension() == ".txt") std::filesystem::remove(entry, ec);
     }
   }
+  const std::vector<std::string> left = app.remaining();
+  if (const auto unknown = unknown_before_program(argc, argv, program, left); !unknown.empty()) {
+    std::string text;
+    for (const auto& a : unknown) text += (text.empty() ? "" : " ") + a;
+    std::fprintf(stderr,
+                 "dtrain-run: unknown option before the program: %s (the program's own options go after its "
+                 "path; see --help)\n",
+                 text.c_str());
+    return 2;
+  }
   std::vector<std::string> command{program};
-  for (auto& a : app.remaining()) command.push_back(a);
+  command.insert(command.end(), left.begin(), left.end());
 
   std::string token = dtrain::detail::auth::load_token(std::nullopt);  // the user's, if set
   if (token.empty()) token = dtrain::detail::auth::generate_token();

@@ -38,6 +38,19 @@ launch -n 2 /nonexistent/program
 expect "a missing program gives 127 (got $status)" test "$status" -eq 127
 expect "and says which" has_err "cannot start /nonexistent/program"
 
+# An option dtrain-run does not know, before the program, is refused, naming it; after the
+# program's path it is the program's.
+launch -n 2 --replicas 2 /bin/echo hi
+expect "an unknown option before the program gives 2 (got $status)" test "$status" -eq 2
+expect "and is named" has_err "unknown option before the program: --replicas"
+expect "no rank started" test "$(grep -c 'hi' "$out")" -eq 0
+launch --bogus -n 2 /bin/echo hi
+expect "an unknown flag first gives 2 (got $status)" test "$status" -eq 2
+expect "and is named" has_err "unknown option before the program: --bogus"
+launch -n 2 /bin/echo --replicas 2 /bin/echo
+expect "options after the program are its own: exit 0 (got $status)" test "$status" -eq 0
+expect "and reach it unchanged" has_out "[1] --replicas 2 /bin/echo"
+
 # Late workers of a parameter-server job: the last workers before the standby servers start
 # --join-after-ms after the others, and every rank is told who is late.
 launch -n 5 --servers 1 --standby 1 --late-workers 1 --join-after-ms 600 \
