@@ -25,6 +25,19 @@ target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)
 add_test(NAME dtrain_run_contract COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/dtrain_run.sh $<TARGET_FILE:dtrain-run>)
 set_tests_properties(dtrain_run_contract PROPERTIES TIMEOUT 120 LABELS tcp)
 
+# docs/parameter_server.md's whole program (its first block, compiled by the doc-block rules)
+# run as the page says: one server, two workers, each of which must have trained.
+if(TARGET doc_block_docs_parameter_server_1)
+  add_executable(doc_ps_program $<TARGET_OBJECTS:doc_block_docs_parameter_server_1>)
+  target_link_libraries(doc_ps_program PRIVATE dtrain::asio)
+  add_test(NAME doc_ps_program COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/examples/status_and_line.sh 0
+                                       "[2] worker done: w[0] from 1 to" $<TARGET_FILE:dtrain-run> --servers 1 -n 3
+                                       $<TARGET_FILE:doc_ps_program>)
+  set_tests_properties(doc_ps_program PROPERTIES TIMEOUT 120 LABELS tcp)
+elseif(Python3_Interpreter_FOUND)
+  message(FATAL_ERROR "dtrain: docs/parameter_server.md's first block is no longer the program doc_ps_program runs")
+endif()
+
 # The flight recorder in real processes: a rank skips a call, calls a different size, aborts, is
 # SIGKILLed, sleeps past the collectives' deadline and past dtrain-run's time limit; each time
 # dtrain-run's report must name that rank and that call (and a clean job must leave no report).

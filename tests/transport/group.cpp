@@ -222,3 +222,12 @@ TEST_CASE("device_mesh: coordinates, rank order (last axis innermost) and axis g
   });
   for (const auto& e : errors) CHECK(contains(e, "hold 6 ranks but the group has 4"));
 }
+
+TEST_CASE("device_mesh: a one-axis mesh names its group by the axis alone", "[transport][group]") {
+  std::vector<std::string> names(2);
+  run_inproc(2, [&](int r, inproc_transport t) {
+    device_mesh<inproc_transport> mesh(group(std::move(t)), {{"dp", 2}});
+    names[static_cast<std::size_t>(r)] = mesh.group("dp").name();
+  });
+  CHECK(names == std::vector<std::string>{"mesh:dp", "mesh:dp"});
+}

@@ -6,19 +6,21 @@
 ///
 /// <!-- frame: ps_job -->
 /// @code
-/// using trainer = dtrain::ps::trainer<dtrain::tcp_transport, dtrain::ssp<2>, dtrain::adagrad<float>,
+/// using trainer = dtrain::ps::trainer<dtrain::tcp_transport, dtrain::asp, dtrain::adagrad<float>,
 ///                                     dtrain::ps::downpour<float>>;
-/// auto transport = dtrain::tcp_transport::from_environment();
+/// dtrain::tcp_options options;
+/// options.abort_group_on_peer_loss = false;  // a lost server is for fail-over to handle
+/// auto transport = dtrain::tcp_transport::from_environment(options);
 /// const auto roles = dtrain::ps::roles::from_environment(transport.size());  // DTRAIN_PS_SERVERS
 /// trainer job(std::move(transport), dtrain::adagrad<float>(0.1), dtrain::ps::downpour<float>(1, 1), roles);
-/// // gradient_of_batch(std::span<const float> w, std::span<float> g, std::int64_t t) writes g
-/// if (job.is_server()) {
-///   job.serve();
-/// } else {
-///   job.begin(std::span(weights));
-///   for (int t = 0; t < steps; ++t) job.step(std::span(weights), gradient_of_batch, t);
-///   job.end(std::span(weights));
-/// }
+/// if (job.is_server()) return job.serve(), 0;
+/// std::vector<float> weights(1000, 1.0f);  // the model, alike on every worker
+/// auto gradient_of_batch = [](std::span<const float> w, std::span<float> g, std::int64_t /*batch*/) {
+///   for (std::size_t i = 0; i < w.size(); ++i) g[i] = w[i];  // of |w|^2 / 2
+/// };
+/// job.begin(weights);
+/// for (std::int64_t t = job.first_step(); t < 100; ++t) job.step(weights, gradient_of_batch, t);
+/// job.end(weights);
 /// @endcode
 
 #include <cstdint>

@@ -109,8 +109,8 @@ class device_mesh {
   group_type form_axis_group(std::size_t a) const {
     std::vector<int> coords = coordinates_;
     std::vector<int> members;
-    std::string label = "mesh:" + axes_[a].name + "@";  // "mesh:tp@dp0,pp1"
-    const char* separator = "";
+    std::string label = "mesh:" + axes_[a].name;  // "mesh:tp@dp0,pp1"; a one-axis mesh's "mesh:dp"
+    const char* separator = "@";
     for (std::size_t b = 0; b < axes_.size(); ++b) {
       if (b == a) continue;
       label += separator + axes_[b].name + std::to_string(coords[b]);

@@ -1,19 +1,17 @@
-// Statements in a function that returns the process's exit status, given the reader's weights,
-// step count and gradient function (compiled only).
+// Statements in a function that returns the process's exit status (compiled only; the page's
+// whole program, docs/parameter_server.md, runs as doc_ps_program).
 // links: dtrain::asio
 // needs: asio
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <dtrain/ps/trainer.hpp>
 #include <dtrain/dtrain.hpp>
 #include <dtrain/transport/tcp.hpp>
 
-int doc_block(std::vector<float>& weights, std::int64_t steps) {
-  auto gradient_of_batch = [](std::span<const float> x, std::span<float> g, std::int64_t) {
-    for (std::size_t i = 0; i < x.size(); ++i) g[i] = x[i];
-  };
+int doc_block() {
 // @block@
   return 0;
 }
