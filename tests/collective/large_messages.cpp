@@ -11,6 +11,7 @@
 
 #include "../catch.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
 
 using namespace dtrain;
@@ -30,7 +31,56 @@ struct measuring_transport : inproc_transport {
   using inproc_transport::isend;
 };
 
+// The in-process transport with pieces of 4 KiB for halving-doubling's exchanges, remembering
+// its largest message.
+struct small_piece_transport : inproc_transport {
+  static constexpr std::size_t reduce_piece_bytes = 4096;
+  inline static std::atomic<std::size_t> largest{0};
+  explicit small_piece_transport(inproc_transport t) : inproc_transport(std::move(t)) {}
+  auto isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
+    std::size_t seen = largest.load();
+    while (bytes.size() > seen && !largest.compare_exchange_weak(seen, bytes.size())) {
+    }
+    return inproc_transport::isend(peer, tag, sig, bytes);
+  }
+  using inproc_transport::isend;
+};
+
 }  // namespace
+
+static_assert(reduce_piece_bytes_of<inproc_transport> == std::size_t{128} << 10);
+static_assert(reduce_piece_bytes_of<small_piece_transport> == 4096);
+static_assert(reduce_piece_bytes_of<process_group<small_piece_transport>> == 4096, "a group keeps its world's");
+
+TEST_CASE("halving and recursive doubling: exchanges go in the transport's pieces, the last one short, and sum "
+          "exactly", "[collective][large]") {
+  for (algorithm a : {algorithm::halving_doubling, algorithm::recursive_doubling}) {
+    for (int p : {2, 3, 4, 5}) {
+      // Pieces of 512 doubles: whole ones, a short last one, and a vector of under one piece.
+      for (std::size_t n : {std::size_t{512} * 4 * static_cast<std::size_t>(p) + 300, std::size_t{300}}) {
+        small_piece_transport::largest = 0;
+        std::atomic<long> wrong{0};
+        run_inproc(p, [&](int r, inproc_transport t) {
+          communicator<small_piece_transport> c{small_piece_transport(std::move(t))};
+          std::vector<double> v(n);
+          for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>(i % 11) + 0.25 * r;
+          c.allreduce(std::span(v), reduce_op::sum, a);
+          long bad = 0;
+          for (std::size_t i = 0; i < n; ++i) bad += v[i] != p * static_cast<double>(i % 11) + 0.125 * p * (p - 1);
+          wrong += bad;
+        });
+        INFO(algorithm_name(a) << ", " << p << " ranks, " << n << " doubles");
+        CHECK(wrong.load() == 0);
+        // Recursive doubling on a power of two sends nothing but its pieced exchanges (a fold
+        // sends whole vectors, halving-doubling's allgather whole blocks).
+        if (a == algorithm::recursive_doubling && (p & (p - 1)) == 0) {
+          CHECK(small_piece_transport::largest.load() <= 4096);
+          CHECK(small_piece_transport::largest.load() >= (n > 512 ? 4096u : n * sizeof(double)));
+        }
+      }
+    }
+  }
+}
 
 TEST_CASE("collectives: buffers past the message cap go in parts, and arrive whole", "[collective][large]") {
   const std::size_t n = 2 * detail::max_message_bytes / sizeof(float) + 5;

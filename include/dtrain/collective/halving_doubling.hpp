@@ -13,6 +13,7 @@
 
 #include "dtrain/collective/context.hpp"
 #include "dtrain/concepts/reduction.hpp"
+#include "dtrain/concepts/transport.hpp"
 #include "dtrain/detail/scratch_buffer.hpp"
 
 namespace dtrain::detail {
@@ -37,13 +38,10 @@ struct fold_shape {
   int first_block(int c) const { return c < folded ? 2 * c : c + folded; }
 };
 
-/// Bytes of one piece of `exchange_reduce`: small enough that a piece received is still in the
-/// cache when it is reduced, large enough that a message's fixed cost stays small.
-inline constexpr std::size_t reduce_piece_bytes = std::size_t{128} << 10;
 inline constexpr std::size_t reduce_slots = 4;  // pieces received ahead of the reduction
 
-/// Sends `give` to `partner` and reduces what it sends back into `keep`. Past one piece each
-/// way, both go as pieces (both sides cut the same way, so each knows the other's from its own
+/// Sends `give` to `partner` and reduces what it sends back into `keep`. Past one piece
+/// (`reduce_piece_bytes_of<Transport>`) each way, both go as pieces (both sides cut the same way, so each knows the other's from its own
 /// lengths), and each piece received is reduced as soon as it lands, out of one of a few
 /// piece-sized slots of `scratch` that stay in the cache. One receive of the whole would write
 /// it to memory and read it back; pieces also let the reduction of one overlap the arrival of
@@ -51,7 +49,7 @@ inline constexpr std::size_t reduce_slots = 4;  // pieces received ahead of the 
 template <transport Transport, element T, class Reduction>
 void exchange_reduce(call_context<Transport>& ctx, int partner, std::span<const T> give, std::span<T> keep,
                      reduce_op op, const Reduction& reduce, scratch_buffer<T>& scratch) {
-  const std::size_t piece = std::max<std::size_t>(1, reduce_piece_bytes / sizeof(T));
+  const std::size_t piece = std::max<std::size_t>(1, reduce_piece_bytes_of<Transport> / sizeof(T));
   const std::size_t n_in = (keep.size() + piece - 1) / piece, n_out = (give.size() + piece - 1) / piece;
   if (n_in <= 1 && n_out <= 1) {
     scratch.resize(std::max(scratch.size(), keep.size()));

@@ -77,6 +77,8 @@ concept message_receiver =
 ///     usually of a known size (values landing straight in the caller's buffer) but may be an
 ///     error text of any size.
 ///  7. `T::memory_space` is the memory the byte spans live in (`host_memory` for inproc and TCP).
+///  8. Optional: `T::reduce_piece_bytes`, how large the pieces of an exchange that reduces as it
+///     receives (halving-doubling's) are on this transport: `reduce_piece_bytes_of<T>`.
 ///  Semantics:
 ///  - Ordering: messages from one sender to one receiver on one tag match receives in the order
 ///    they were sent, and receives match in the order they were posted (MPI's non-overtaking
@@ -94,5 +96,18 @@ concept message_receiver =
 template <class T>
 concept transport = std::movable<T> && group_member<T> && message_sender<T> && gathering_sender<T> &&
                     message_receiver<T> && requires { typename T::memory_space; };
+
+/// The piece of an exchange that reduces each piece as it lands, on transport `T`: its own
+/// `T::reduce_piece_bytes`, else 128 KiB, small enough that a piece received is still in the cache
+/// when it is reduced (shared memory, in-process). A transport whose every message costs system
+/// calls and wake-ups (TCP) says more.
+template <class T>
+inline constexpr std::size_t reduce_piece_bytes_of = [] {
+  if constexpr (requires { T::reduce_piece_bytes; }) {
+    return std::size_t{T::reduce_piece_bytes};
+  } else {
+    return std::size_t{128} << 10;
+  }
+}();
 
 }  // namespace dtrain

@@ -60,6 +60,7 @@ class process_group : public transport_buffer_forms<process_group<World>> {
   using transport_buffer_forms<process_group>::isend;
   using memory_space = typename World::memory_space;
   using request = group_request<typename World::request>;
+  static constexpr std::size_t reduce_piece_bytes = reduce_piece_bytes_of<World>;  // the world's
 
   /// The whole of `world`'s group, which it takes over; every group formed from it shares it.
   /// `timeout` bounds `split`'s exchange.
