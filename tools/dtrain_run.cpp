@@ -175,22 +175,6 @@ bool pump(int fd, std::string& pending, int rank, FILE* sink) {
   return true;
 }
 
-// The arguments CLI11 left over that came before the program: options dtrain-run does not know
-// (`prefix_command` keeps them instead of refusing them, and may take an unknown option's value
-// for the program). The program is the first occurrence of `program` in argv after which every
-// argument is one of the left-over ones, in order.
-std::vector<std::string> unknown_before_program(int argc, char** argv, const std::string& program,
-                                                const std::vector<std::string>& left) {
-  for (int p = 1; p < argc; ++p) {
-    const auto tail = static_cast<std::size_t>(argc - 1 - p);
-    if (program != argv[p] || tail > left.size()) continue;
-    if (std::equal(argv + p + 1, argv + argc, left.end() - static_cast<std::ptrdiff_t>(tail))) {
-      return {left.begin(), left.end() - static_cast<std::ptrdiff_t>(tail)};
-    }
-  }
-  return {};
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,9 +222,22 @@ int main(int argc, char** argv) {
   app.add_option("--join-after-ms", join_after_ms,
                  "with --late-workers or --growing: start their processes this long after the others")
       ->check(CLI::Range(0, 86400000));
-  app.add_option("program", program, "the program; everything after it is its arguments");
-  app.prefix_command();  // options after the program belong to the program
+  // Parsing stops at the first argument that is not one of the options above: the program,
+  // then its arguments, whatever they look like (a positional would let CLI11 go on taking
+  // options it knows, such as -n, from the program's arguments).
+  app.prefix_command();
+  app.footer("After the options: the program and its arguments (or -- first).");
   CLI11_PARSE(app, argc, argv);
+  std::vector<std::string> command = app.remaining();
+  if (!command.empty() && command.front() == "--") command.erase(command.begin());
+  if (!command.empty() && command.front().size() > 1 && command.front()[0] == '-') {
+    std::fprintf(stderr,
+                 "dtrain-run: unknown option before the program: %s (the program's own options go after its "
+                 "path; see --help)\n",
+                 command.front().c_str());
+    return 2;
+  }
+  if (!command.empty()) program = command.front();
   if (!analyze_dir.empty()) return report_flight(analyze_dir, {n, {}}) ? 0 : 1;
   if (n == 0 || program.empty()) {
     std::fprintf(stderr, "dtrain-run: -n and a program are required (or --analyze DIR); see --help\n");
@@ -266,18 +263,6 @@ int main(int argc, char** argv) {
       if (name.rfind("flight.", 0) == 0 && entry.path().extension() == ".txt") std::filesystem::remove(entry, ec);
     }
   }
-  const std::vector<std::string> left = app.remaining();
-  if (const auto unknown = unknown_before_program(argc, argv, program, left); !unknown.empty()) {
-    std::string text;
-    for (const auto& a : unknown) text += (text.empty() ? "" : " ") + a;
-    std::fprintf(stderr,
-                 "dtrain-run: unknown option before the program: %s (the program's own options go after its "
-                 "path; see --help)\n",
-                 text.c_str());
-    return 2;
-  }
-  std::vector<std::string> command{program};
-  command.insert(command.end(), left.begin(), left.end());
 
   std::string token = dtrain::detail::auth::load_token(std::nullopt);  // the user's, if set
   if (token.empty()) token = dtrain::detail::auth::generate_token();

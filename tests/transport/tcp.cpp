@@ -14,11 +14,17 @@
 #include "../support/thread_checks.hpp"
 #include "../support/thread_ranks.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "dtrain/transport/group.hpp"
 #include "dtrain/transport/tcp.hpp"
 #include "parts_case.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
+
+// Halving-doubling's pieces over TCP (docs/transports.md, "Larger pieces over TCP"), the same in a
+// group formed from it.
+static_assert(reduce_piece_bytes_of<tcp_transport> == std::size_t{512} << 10);
+static_assert(reduce_piece_bytes_of<process_group<tcp_transport>> == std::size_t{512} << 10);
 
 namespace {
 

@@ -78,7 +78,8 @@ concept message_receiver =
 ///     error text of any size.
 ///  7. `T::memory_space` is the memory the byte spans live in (`host_memory` for inproc and TCP).
 ///  8. Optional: `T::reduce_piece_bytes`, how large the pieces of an exchange that reduces as it
-///     receives (halving-doubling's) are on this transport: `reduce_piece_bytes_of<T>`.
+///     receives (halving-doubling's) are on this transport: `reduce_piece_bytes_of<T>`. Both
+///     partners cut alike, so every rank of a group must use the same transport type.
 ///  Semantics:
 ///  - Ordering: messages from one sender to one receiver on one tag match receives in the order
 ///    they were sent, and receives match in the order they were posted (MPI's non-overtaking
