@@ -41,11 +41,11 @@ struct fold_shape {
 inline constexpr std::size_t reduce_slots = 4;  // pieces received ahead of the reduction
 
 /// Sends `give` to `partner` and reduces what it sends back into `keep`. Past one piece
-/// (`reduce_piece_bytes_of<Transport>`) each way, both go as pieces (both sides cut the same way, so each knows the other's from its own
-/// lengths), and each piece received is reduced as soon as it lands, out of one of a few
-/// piece-sized slots of `scratch` that stay in the cache. One receive of the whole would write
-/// it to memory and read it back; pieces also let the reduction of one overlap the arrival of
-/// the next.
+/// (`reduce_piece_bytes_of<Transport>`) each way, both go as pieces (both sides cut the same
+/// way, so each knows the other's from its own lengths), and each piece received is reduced as
+/// soon as it lands, out of one of a few piece-sized slots of `scratch` that stay in the cache.
+/// One receive of the whole would write it to memory and read it back; pieces also let the
+/// reduction of one overlap the arrival of the next.
 template <transport Transport, element T, class Reduction>
 void exchange_reduce(call_context<Transport>& ctx, int partner, std::span<const T> give, std::span<T> keep,
                      reduce_op op, const Reduction& reduce, scratch_buffer<T>& scratch) {
