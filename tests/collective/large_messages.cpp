@@ -31,19 +31,10 @@ struct measuring_transport : inproc_transport {
   using inproc_transport::isend;
 };
 
-// The in-process transport with pieces of 4 KiB for halving-doubling's exchanges, remembering
-// its largest message.
-struct small_piece_transport : inproc_transport {
+// The same with pieces of 4 KiB for halving-doubling's exchanges.
+struct small_piece_transport : measuring_transport {
   static constexpr std::size_t reduce_piece_bytes = 4096;
-  inline static std::atomic<std::size_t> largest{0};
-  explicit small_piece_transport(inproc_transport t) : inproc_transport(std::move(t)) {}
-  auto isend(int peer, std::uint64_t tag, const signature& sig, std::span<const std::byte> bytes) {
-    std::size_t seen = largest.load();
-    while (bytes.size() > seen && !largest.compare_exchange_weak(seen, bytes.size())) {
-    }
-    return inproc_transport::isend(peer, tag, sig, bytes);
-  }
-  using inproc_transport::isend;
+  explicit small_piece_transport(inproc_transport t) : measuring_transport(std::move(t)) {}
 };
 
 }  // namespace
@@ -58,7 +49,7 @@ TEST_CASE("halving and recursive doubling: exchanges go in the transport's piece
     for (int p : {2, 3, 4, 5}) {
       // Pieces of 512 doubles: whole ones, a short last one, and a vector of under one piece.
       for (std::size_t n : {std::size_t{512} * 4 * static_cast<std::size_t>(p) + 300, std::size_t{300}}) {
-        small_piece_transport::largest = 0;
+        measuring_transport::largest = 0;
         std::atomic<long> wrong{0};
         run_inproc(p, [&](int r, inproc_transport t) {
           communicator<small_piece_transport> c{small_piece_transport(std::move(t))};
@@ -74,8 +65,8 @@ TEST_CASE("halving and recursive doubling: exchanges go in the transport's piece
         // Recursive doubling on a power of two sends nothing but its pieced exchanges (a fold
         // sends whole vectors, halving-doubling's allgather whole blocks).
         if (a == algorithm::recursive_doubling && (p & (p - 1)) == 0) {
-          CHECK(small_piece_transport::largest.load() <= 4096);
-          CHECK(small_piece_transport::largest.load() >= (n > 512 ? 4096u : n * sizeof(double)));
+          CHECK(measuring_transport::largest.load() <= 4096);
+          CHECK(measuring_transport::largest.load() >= (n > 512 ? 4096u : n * sizeof(double)));
         }
       }
     }
