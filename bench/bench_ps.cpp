@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
   std::size_t slice_kib = 4096;
   bool no_key_cache = false;
   app.add_option("--slice-kib", slice_kib, "dense slice size (ps_options::dense_slice_bytes) in KiB");
+  std::size_t posted = ps_options{}.posted_requests;
+  app.add_option("--posted", posted, "request receives a server keeps posted (ps_options::posted_requests)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1024}));
   app.add_flag("--no-key-cache", no_key_cache, "send every key list in full (ps_options::key_cache_lists = 0)");
   int depth = 1;
   int replicas = 1;
@@ -73,6 +76,7 @@ int main(int argc, char** argv) {
   const roles r = roles::from_environment(t.size());
   ps_options o;
   o.dense_slice_bytes = slice_kib << 10;
+  o.posted_requests = posted;
   if (no_key_cache) o.key_cache_lists = 0;
   o.replicas = replicas;
   if (r.is_server(t.rank())) {
@@ -126,7 +130,8 @@ int main(int argc, char** argv) {
   w.finish();
   if (w.id() == 0) {
     fmt::print("# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers, {} dense tensor(s) in flight, "
-               "{} KiB slices, {} replica(s)\n", r.servers, r.workers, depth, slice_kib, replicas);
+               "{} KiB slices, {} posted receives, {} replica(s)\n", r.servers, r.workers, depth, slice_kib, posted,
+               replicas);
     fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "op", "size(B)", "keys", "time(us)", "GB/s", "Mkeys/s");
     std::string out = "[\n";
     for (std::size_t i = 0; i < results.size(); ++i) {
