@@ -181,7 +181,6 @@ int main(int argc, char** argv) {
   CLI::App app{"dtrain-run: start N local processes of one dtrain job"};
   int n = 0;
   int grace_ms = 5000;
-  std::string program;
   app.add_option("-n,--nproc", n, "number of processes (ranks)")->check(CLI::Range(1, 4096));
   double time_limit_s = 0;
   app.add_option("--time-limit", time_limit_s,
@@ -237,9 +236,8 @@ int main(int argc, char** argv) {
                  command.front().c_str());
     return 2;
   }
-  if (!command.empty()) program = command.front();
   if (!analyze_dir.empty()) return report_flight(analyze_dir, {n, {}}) ? 0 : 1;
-  if (n == 0 || program.empty()) {
+  if (n == 0 || command.empty()) {
     std::fprintf(stderr, "dtrain-run: -n and a program are required (or --analyze DIR); see --help\n");
     return 2;
   }

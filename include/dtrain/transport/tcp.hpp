@@ -125,7 +125,7 @@ class basic_tcp_transport : public detail::engine_handle<basic_tcp_transport<Pro
   using typename handle::request;
   /// Halving-doubling's pieces (concepts/transport.hpp): each TCP message costs system calls and
   /// wake-ups that outweigh what cache-sized pieces save; with 4x shared memory's, allreduce at
-  /// 1-16 MiB is 1.1-1.4x faster (docs/transports.md, "At 1 MiB with four ranks").
+  /// 1-16 MiB is 1.1-1.4x faster (docs/transports.md, "Larger pieces over TCP").
   static constexpr std::size_t reduce_piece_bytes = std::size_t{512} << 10;
 
   /// Forms the group of `size` ranks through `store`: publishes this rank's address, connects
