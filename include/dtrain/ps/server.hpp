@@ -25,7 +25,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <ranges>
 #include <span>
 #include <string>
@@ -44,6 +43,7 @@
 #include "dtrain/ps/options.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/server_membership.hpp"
+#include "dtrain/ps/server_watch.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/server_context.hpp"
 #include "dtrain/ps/shard_replica.hpp"
@@ -95,7 +95,7 @@ class server {
     dtrain::detail::receive_ring<Transport> requests;
     requests.start(ctx_.transport, any_peer, ctx_.options.tag, ctx_.options.posted_requests);
     ctx_.ring = &requests;
-    watch_servers();
+    watch_.start();
     membership_.start();
     for (;;) {
       std::error_code ec;
@@ -124,9 +124,7 @@ class server {
     }
     requests.cancel();
     ctx_.ring = nullptr;
-    for (auto& w : watches_) {
-      if (w) w->cancel();
-    }
+    watch_.cancel();
     flush_sends();
   }
 
@@ -169,7 +167,6 @@ class server {
 
  private:
   using clock = std::chrono::steady_clock;
-  using watch_handle = decltype(std::declval<Transport&>().irecv(0, 0, std::span<std::byte>{}));
   using fit = typename shard_chain<Transport, T>::fit;
 
   int me() const noexcept { return ctx_.me(); }
@@ -365,17 +362,6 @@ class server {
 
   // --- other servers ------------------------------------------------------------------------------
 
-  // A receive from every other server on a tag nobody sends on: it fails when the server is lost.
-  void watch_servers() {
-    watches_.resize(static_cast<std::size_t>(ctx_.group.size()));
-    for (int s = 0; s < ctx_.group.size(); ++s) {
-      if (s != me() && ctx_.group.is_server(s) && !ctx_.layout.lost(s)) {
-        watches_[static_cast<std::size_t>(s)].emplace(
-            ctx_.transport.irecv(s, ctx_.options.tag - 1, std::span<std::byte>{}));
-      }
-    }
-  }
-
   // This server ended its job: every worker said goodbye to it, so every worker is done. The
   // standbys hear it before this server's connection ends, so they do not take that end for a
   // loss (a worker's own `worker_done` may still be on its way to them).
@@ -406,23 +392,17 @@ class server {
   // (its connection's data comes before its end), so the requests that arrived are handled
   // first, in the chains as they were: a new head numbers on after the last update it got.
   void notice_losses(dtrain::detail::receive_ring<Transport>& requests) {
-    std::vector<int> lost;
-    for (std::size_t s = 0; s < watches_.size(); ++s) {
-      if (watches_[s] && watches_[s]->test()) lost.push_back(static_cast<int>(s));
-    }
+    const auto lost = watch_.lost();
     if (lost.empty()) return;
     for (std::error_code ec; requests.wait_current(std::chrono::microseconds(0), std::chrono::milliseconds(0), ec);) {
       handle_current(requests);
     }
     // After the workers have left, servers leaving are the end of the job, not news.
     const auto level = liveness_.live() > 0 ? dtrain::detail::log_level::warn : dtrain::detail::log_level::debug;
-    for (int s : lost) {
-      std::error_code ec;
-      watches_[static_cast<std::size_t>(s)]->wait(deadline::after(std::chrono::milliseconds(0)), ec);
-      watches_[static_cast<std::size_t>(s)].reset();
+    for (const auto& [s, why] : lost) {
       membership_.lose(s);
       dtrain::detail::log(level, "ps::server " + std::to_string(me()) + ": server " + std::to_string(s) + " is lost (" +
-                                     ec.message() + "); its chains close over it");
+                                     why + "); its chains close over it");
     }
     membership_.after_losses(level);
   }
@@ -507,7 +487,7 @@ class server {
   server_context<Transport> ctx_;
   worker_clocks liveness_;  // hello, heartbeats and goodbyes, whatever shard they name
   std::map<int, replica> shards_;
-  std::vector<std::optional<watch_handle>> watches_;
+  server_watch<Transport> watch_{ctx_};  // which other servers are lost
   kept_requests kept_;
   std::string failure_;
   std::atomic<bool> leaving_{false};
