@@ -35,8 +35,6 @@ LARGE_HEADERS = {
     "one class users hold; to split: the uneven (v) forms into a CRTP part"),
     "dtrain/allreduce/basic_trainer.hpp": (525, "the allreduce trainer: step, accumulation, checkpoints, memory "
     "accounting; to split: save and load into a part of their own"),
-    "dtrain/ps/server.hpp": (580, "the server's dispatch; to split: worker requests and server messages each "
-    "into a part of their own"),
     "dtrain/ps/replication.hpp": (523, "shard_chain, one shard's replication chain; to split: fail-over apart "
     "from forwarding"),
     "dtrain/ps/shard_replica.hpp": (510, "one shard's copy (table, clocks, chain); to split: taking the state "

@@ -17,7 +17,8 @@
 /// was in, as the tail, starting from the state the tail before it sends: the shards have k
 /// copies again (ps/replacements.hpp decides who takes whose place). A growing standby joins the
 /// shards it grows into when it comes, and their first copies give them up (ps/shard_moves.hpp);
-/// ps/server_membership.hpp makes these changes.
+/// ps/server_membership.hpp makes these changes. The other servers' messages are handled in
+/// ps/server_messages.hpp; ps/server_watch.hpp tells which servers are lost.
 
 #include <algorithm>
 #include <atomic>
@@ -43,6 +44,7 @@
 #include "dtrain/ps/options.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/server_membership.hpp"
+#include "dtrain/ps/server_messages.hpp"
 #include "dtrain/ps/server_watch.hpp"
 #include "dtrain/ps/roles.hpp"
 #include "dtrain/ps/server_context.hpp"
@@ -57,7 +59,9 @@ namespace dtrain::ps {
 template <transport Transport, consistency Consistency, std::floating_point T, updater<T> Updater,
           initializer<T> Initializer = zero_initializer>
   requires std::copy_constructible<Updater>
-class server {
+class server : private server_messages<server<Transport, Consistency, T, Updater, Initializer>> {
+  friend class server_messages<server>;
+
  public:
   using replica = shard_replica<Transport, Consistency, T, Updater, Initializer>;
 
@@ -117,7 +121,7 @@ class server {
       }
       if (leaving_.load() && !replacing().handing_over()) membership_.hand_over();
       if (finished()) {
-        tell_standbys_done();
+        this->tell_standbys_done();
         break;
       }
       if (leaving_.load() && safe_to_leave()) break;
@@ -167,7 +171,9 @@ class server {
 
  private:
   using clock = std::chrono::steady_clock;
-  using fit = typename shard_chain<Transport, T>::fit;
+  using value_type = T;
+  using chain = shard_chain<Transport, T>;
+  using fit = typename chain::fit;
 
   int me() const noexcept { return ctx_.me(); }
   replica& own() { return held(me()); }
@@ -214,7 +220,7 @@ class server {
 
   void dispatch(int from, request_view<T>& r) {
     const request_header& h = r.header;
-    if (ctx_.group.is_server(from)) return on_server_message(from, r);
+    if (ctx_.group.is_server(from)) return this->on_server_message(from, r);
     response_header reply = ctx_.answer_to(h.what, h.id, h.shard);
     auto refuse = [&](errc code, const std::string& why) { ctx_.send_now(from, encode_error(reply, code, why)); };
     if (static_cast<int>(h.worker) != ctx_.group.worker_of(from)) {
@@ -263,75 +269,6 @@ class server {
     it->second.handle(from, r);
   }
 
-  // An update, acknowledgement or goodbye from another server, for the shard it names.
-  void on_server_message(int from, const request_view<T>& r) {
-    if (r.header.what == op::state) return install(from, r);
-    if (r.header.what == op::hand_over) return membership_.take_place_of(from);
-    if (r.header.what == op::leave) return membership_.on_left(from, static_cast<int>(r.header.shard));
-    if (r.header.what == op::done) return on_server_done();
-    const auto it = shards_.find(static_cast<int>(r.header.shard));
-    const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
-    if (it == shards_.end() && ctx_.layout.left(static_cast<int>(r.header.shard), me()))
-      return;  // it moved: news of it is moot
-    if (it == shards_.end())
-      fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
-                                     " sent a " + what + ", which this server holds no copy of");
-    const bool fits = it->second.chain().fits(r.header.what, from) == fit::yes;
-    if (!fits && ctx_.layout.gone(static_cast<int>(r.header.shard), from)) {
-      // Kept back until news of a loss, and its sender lost since: what it said no longer
-      // applies (the chain closed over it, and what it had not passed on is sent again).
-      dtrain::detail::log(dtrain::detail::log_level::debug, "ps::server " + std::to_string(me()) + ": dropping a " +
-                                                                what + " from server " + std::to_string(from) +
-                                                                ", lost since");
-      return;
-    }
-    if (!fits) {
-      fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
-                                     " sent a " + what + " out of its chain (" +
-                                     std::to_string(ctx_.layout.replicas()) + " replicas on " +
-                                     std::to_string(ctx_.group.servers) + " servers)");
-    }
-    try {
-      if (r.header.what == op::join) {
-        dtrain::detail::log(dtrain::detail::log_level::warn, "ps::server " + std::to_string(me()) + ": server " +
-                                                                 std::to_string(from) + " joins shard " +
-                                                                 std::to_string(it->first) + "'s chain");
-        it->second.on_join(from);
-      } else {
-        it->second.on_server_message(from, r);
-      }
-    } catch (const error& e) {
-      fail(code_of(e), e.reason());
-    }
-  }
-
-  // The state of a shard this standby asked to join, from the copy that was its tail.
-  void install(int from, const request_view<T>& r) {
-    const int s = static_cast<int>(r.header.shard);
-    if (const auto held = shards_.find(s); held != shards_.end()) {  // sent again after a loss
-      using again = typename shard_chain<Transport, T>::again;
-      if (held->second.chain().state_again(ctx_.transport, r.header.id) != again::reinstall) return;
-      held->second.chain().flush(deadline::after(ctx_.options.timeout));  // its sends hold its buffers
-      shards_.erase(held);
-    } else if (!replacing().joined(s)) {
-      fail(errc::protocol_error, "ps::server " + std::to_string(me()) + ": server " + std::to_string(from) +
-                                     " sent the state of shard " + std::to_string(s) +
-                                     ", which this server did not ask to join");
-    }
-    replica& held = shards_.try_emplace(s, ctx_, s, consistency_, updater_, init_, mode_).first->second;
-    try {
-      held.install(from, r.values);
-    } catch (const error& e) {
-      fail(code_of(e), e.reason());
-    }
-    // The move's progress: which shards are here, how big each was, how many are still to come.
-    dtrain::detail::log(
-        dtrain::detail::log_level::warn,
-        "ps::server " + std::to_string(me()) + " holds a copy of shard " + std::to_string(s) + " now (version " +
-            std::to_string(held.updates().version()) + ", " + std::to_string(r.values.size()) + " bytes of state, " +
-            std::to_string(replacing().still_to_join()) + " more to come, from server " + std::to_string(from) + ")");
-  }
-
   // Whether a message must wait for news of a loss this server has not seen yet: a worker's
   // request for a shard this server holds but does not head, or a server's message that would
   // fit its chain once servers between are lost; or for the state of a shard it joins.
@@ -361,31 +298,6 @@ class server {
   }
 
   // --- other servers ------------------------------------------------------------------------------
-
-  // This server ended its job: every worker said goodbye to it, so every worker is done. The
-  // standbys hear it before this server's connection ends, so they do not take that end for a
-  // loss (a worker's own `worker_done` may still be on its way to them).
-  // Best effort, as the workers' message: a standby that finished is gone, and a late one that
-  // never came never reads it.
-  void tell_standbys_done() {
-    const request_header h{op::done, table_id::sparse, 0, 0, 0, 0, 0, 0};
-    auto standbys = std::views::iota(0, ctx_.group.size()) | std::views::filter([this](int s) {
-                      return s != me() && ctx_.group.is_standby(s) && !ctx_.layout.lost(s);
-                    });
-    send_notice(ctx_.transport, standbys, ctx_.options.tag,
-                encode_request<T>(h, std::span<const key_type>{}, std::span<const T>{}), ctx_.options.timeout);
-  }
-
-  // A server ended its job. A standby that heads no shard takes it as every worker's
-  // `worker_done` (no goodbye comes to it); one that heads shards waits for the workers'
-  // goodbyes to them, as any head does.
-  void on_server_done() {
-    if (replacing().joining()) return;
-    for (auto& [s, held] : shards_) {
-      if (held.heading()) return;
-    }
-    for (std::size_t w = 0; w < liveness_.workers(); ++w) liveness_.finished(w);
-  }
 
   // Closes the chains over every server found lost, taking over the shards this server now
   // heads. What a lost server sent before it was lost has arrived by the time its loss shows
