@@ -3,7 +3,9 @@
 // paths, truncation, self-sends, graceful shutdown, malformed frames from an authenticated peer,
 // group formation errors, the spin progress policy.
 
+#include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <future>
 #include <numeric>
@@ -182,6 +184,31 @@ TEST_CASE("tcp: collectives run unchanged over it, blocking and spinning", "[tcp
   };
   run_tcp(4, body);
   run_tcp<basic_tcp_transport<spin_then_block<20>>>(4, body);
+}
+
+// A waiter reads its peer's connection itself, and leaves it disarmed for the reader thread until
+// it has been idle for a millisecond: the next call's messages, which often come before their
+// receives are posted, stay in the socket for the waiter instead of waking the reader thread.
+TEST_CASE("tcp: collectives run back to back are read by the threads that wait for them, not the reader thread",
+          "[tcp]") {
+  constexpr int ranks = 4, calls = 2000;
+  std::atomic<std::uint64_t> by_reader{0};
+  run_tcp(ranks, [&](int r, auto& t) {
+    communicator<tcp_transport> c(std::move(t));
+    std::vector<double> v(256);
+    for (int k = 0; k < calls; ++k) {
+      std::ranges::fill(v, r + k);
+      c.allreduce(std::span(v), reduce_op::sum, algorithm::recursive_doubling);
+      if (v.front() != ranks * k + 6 || v.back() != ranks * k + 6) {
+        TFAIL("call " << k << " summed to " << v.front());
+        break;
+      }
+    }
+    by_reader += c.transport().frames_read_by_reader();
+  });
+  const std::uint64_t frames = std::uint64_t{ranks} * 2 * calls;  // two exchanges per call and rank
+  INFO(by_reader << " of " << frames << " frames read by the reader thread");
+  CHECK(by_reader < frames / 32);  // before the idle rule: 6-9% here, 22-28% beside two busy loops
 }
 
 TEST_CASE("tcp: a root mismatch where both ranks only send is caught by the next call", "[tcp]") {

@@ -224,6 +224,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
       ::poll(&p, 1, static_cast<int>(std::clamp<long long>(ms, 0, 50)));
     }
+    c->left_at.store(deadline::clock::now().time_since_epoch().count(), std::memory_order_release);
     if (c->helpers.fetch_sub(1, std::memory_order_acq_rel) == 1 && !c->lazy.exchange(true)) {
       // Re-armed by the reader thread within a millisecond unless another wait comes first:
       // back-to-back waits (a collective's steps) then never wake the reader thread.
@@ -317,6 +318,9 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     }
   }
 
+  /// Frames the reader thread read because no thread waited on their connection.
+  std::uint64_t frames_by_reader() const noexcept { return frames_by_reader_.load(std::memory_order_relaxed); }
+
   /// Text for errors after the group failed; empty while it is healthy.
   std::string failure() const {
     std::lock_guard lock(m_);
@@ -348,6 +352,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   int epoll_fd_ = -1;  // the reader thread's: every connection, EPOLLONESHOT
   std::atomic<int> lazy_count_{0};        // connections waiting for rearm_lazy
   std::atomic<bool> reader_asleep_{false};  // in (or entering) epoll_wait without a timeout
+  std::atomic<std::uint64_t> frames_by_reader_{0};
   int stop_fd_ = -1;   // eventfd that ends the reader thread
   int wake_fd_ = -1;   // eventfd that makes it look at lazy connections
   std::thread reader_thread_;

@@ -64,6 +64,7 @@ struct connection {
   std::atomic<bool> reading{false};
   std::atomic<int> helpers{0};         // threads waiting on this peer that read for themselves
   std::atomic<bool> lazy{false};       // left disarmed by the last waiter; the reader re-arms it
+  std::atomic<std::int64_t> left_at{0};  // when the last waiter left (steady clock ticks)
   std::atomic<bool> rx_closed{false};  // nothing more will be read
   rx_state rx_phase = rx_state::header;
   frame_bytes rx_header{};

@@ -13,7 +13,9 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -22,6 +24,7 @@
 #include <system_error>
 #include <vector>
 
+#include "dtrain/core/deadline.hpp"
 #include "dtrain/core/error.hpp"
 #include "dtrain/detail/buffer_pool.hpp"
 #include "dtrain/detail/log.hpp"
@@ -37,11 +40,17 @@ class receive_path {
   // costs no thread hand-off). The fd is registered EPOLLONESHOT; whoever releases the flag
   // re-arms it, and level-triggered readiness then reports anything that arrived meanwhile.
 
-  // Connections a waiter left disarmed: watch them again, unless a waiter is back.
+  // Connections a waiter left disarmed: watch them again once idle for `lazy_idle`, unless a
+  // waiter is back. Re-arming one sooner (when the reader wakes for another reason) would hand
+  // the reader thread the next message of a collective still running, at the cost of a wake-up
+  // and a copy, instead of the waiter that is about to come for it.
   void rearm_lazy() {
+    const std::int64_t now = deadline::clock::now().time_since_epoch().count();
+    const std::int64_t idle = std::chrono::duration_cast<deadline::clock::duration>(lazy_idle).count();
     for (auto& c : self().conns_) {
       if (!c || !c->lazy.load(std::memory_order_acquire)) continue;
       if (c->helpers.load(std::memory_order_acquire) > 0) continue;  // it will leave it lazy again
+      if (now - c->left_at.load(std::memory_order_acquire) < idle) continue;
       c->lazy.store(false, std::memory_order_release);
       self().lazy_count_.fetch_sub(1, std::memory_order_acq_rel);
       rearm(*c);
@@ -51,6 +60,7 @@ class receive_path {
   // Every epoll registration: a connection's socket for reading (keyed by the connection's
   // address), a dup of it for writing (the same key with the low bit set), and two eventfds with
   // keys no aligned address takes.
+  static constexpr std::chrono::milliseconds lazy_idle{1};
   static constexpr std::uint64_t stop_key = 0;
   static constexpr std::uint64_t wake_key = 2;
   static constexpr std::uint32_t read_events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
@@ -98,14 +108,15 @@ class receive_path {
           continue;
         }
         if (c.helpers.load(std::memory_order_acquire) > 0) continue;  // a waiter reads; it re-arms
-        drain(c);
+        drain(c, true);
       }
     }
   }
 
   // Reads whatever the socket holds and acts on it. @returns false if another thread is reading.
-  bool drain(connection& c) {
+  bool drain(connection& c, bool by_reader = false) {
     if (c.reading.exchange(true, std::memory_order_acquire)) return false;
+    const std::uint64_t first_frame = c.rx_seq;
     while (true) {
       iovec iov[max_message_parts + 1];
       const int parts = target_iov(c, iov);
@@ -141,6 +152,7 @@ class receive_path {
       read_failed(c, why);
       return false;
     }
+    if (by_reader) self().frames_by_reader_.fetch_add(c.rx_seq - first_frame, std::memory_order_relaxed);
     c.reading.store(false, std::memory_order_release);
     if (c.helpers.load(std::memory_order_acquire) == 0) rearm(c);
     return true;
