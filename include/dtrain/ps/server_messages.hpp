@@ -32,11 +32,11 @@ class server_messages {
     if (r.header.what == op::done) return on_server_done();
     const auto it = sv.shards_.find(static_cast<int>(r.header.shard));
     const std::string what = std::string(op_name(r.header.what)) + " of shard " + std::to_string(r.header.shard);
-    const std::string sender = lead() + "server " + std::to_string(from);
+    auto sender = [&] { return lead() + "server " + std::to_string(from); };  // for errors and logs only
     if (it == sv.shards_.end() && sv.ctx_.layout.left(static_cast<int>(r.header.shard), sv.me()))
       return;  // it moved: news of it is moot
     if (it == sv.shards_.end())
-      sv.fail(errc::protocol_error, sender + " sent a " + what + ", which this server holds no copy of");
+      sv.fail(errc::protocol_error, sender() + " sent a " + what + ", which this server holds no copy of");
     const bool fits = it->second.chain().fits(r.header.what, from) == Server::fit::yes;
     if (!fits && sv.ctx_.layout.gone(static_cast<int>(r.header.shard), from)) {
       // Kept back until news of a loss, and its sender lost since: what it said no longer
@@ -46,14 +46,14 @@ class server_messages {
       return;
     }
     if (!fits) {
-      sv.fail(errc::protocol_error, sender + " sent a " + what + " out of its chain (" +
+      sv.fail(errc::protocol_error, sender() + " sent a " + what + " out of its chain (" +
                                         std::to_string(sv.ctx_.layout.replicas()) + " replicas on " +
                                         std::to_string(sv.ctx_.group.servers) + " servers)");
     }
     try {
       if (r.header.what == op::join) {
         dtrain::detail::log(dtrain::detail::log_level::warn,
-                            sender + " joins shard " + std::to_string(it->first) + "'s chain");
+                            sender() + " joins shard " + std::to_string(it->first) + "'s chain");
         it->second.on_join(from);
       } else {
         it->second.on_server_message(from, r);

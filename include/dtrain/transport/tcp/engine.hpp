@@ -206,7 +206,9 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     if (c->helpers.fetch_add(1, std::memory_order_acq_rel) == 0 && !c->lazy.load(std::memory_order_acquire)) {
       disarm(*c);  // no reader wake-ups while this thread reads
     }
+    bool read = false;  // whether this wait read (or tried to): only then does it keep the connection
     while (!op->flag.done() && !d.expired()) {
+      read = true;
       if (c->rx_closed.load(std::memory_order_acquire)) {
         op->flag.block_until(d);  // its failure completes the operation
         break;
@@ -224,12 +226,13 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
       auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d.remaining()).count();
       ::poll(&p, 1, static_cast<int>(std::clamp<long long>(ms, 0, 50)));
     }
-    c->left_at.store(deadline::clock::now().time_since_epoch().count(), std::memory_order_release);
+    if (read) c->left_at.store(deadline::clock::now().time_since_epoch().count(), std::memory_order_release);
     if (c->helpers.fetch_sub(1, std::memory_order_acq_rel) == 1 && !c->lazy.exchange(true)) {
-      // Re-armed by the reader thread within a millisecond unless another wait comes first:
-      // back-to-back waits (a collective's steps) then never wake the reader thread.
-      // A reader thread already asleep without a timeout would never re-arm it: wake it. Both
-      // sides are sequentially consistent, so either it saw the count or we see it asleep.
+      // Re-armed by the reader thread once no wait has read it for `lazy_idle` (1 ms), within
+      // about two: back-to-back waits (a collective's steps and calls) never wake the reader.
+      // A reader thread asleep without a timeout would never re-arm it: wake it, to poll every
+      // millisecond. Both sides are sequentially consistent, so either it saw the count or we
+      // see it asleep.
       lazy_count_.fetch_add(1);
       if (reader_asleep_.load()) {
         std::uint64_t one = 1;

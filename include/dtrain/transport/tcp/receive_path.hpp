@@ -117,10 +117,14 @@ class receive_path {
   bool drain(connection& c, bool by_reader = false) {
     if (c.reading.exchange(true, std::memory_order_acquire)) return false;
     const std::uint64_t first_frame = c.rx_seq;
+    auto count = [&] {
+      if (by_reader) self().frames_by_reader_.fetch_add(c.rx_seq - first_frame, std::memory_order_relaxed);
+    };
     while (true) {
       iovec iov[max_message_parts + 1];
       const int parts = target_iov(c, iov);
       if (parts < 0) {  // closed
+        count();
         c.reading.store(false, std::memory_order_release);
         return false;
       }
@@ -148,11 +152,12 @@ class receive_path {
                                  : "connection error: " + std::string(std::strerror(errno));
       fail_reception(c, "was lost mid-message");
       stop_reading(c);
+      count();
       c.reading.store(false, std::memory_order_release);
       read_failed(c, why);
       return false;
     }
-    if (by_reader) self().frames_by_reader_.fetch_add(c.rx_seq - first_frame, std::memory_order_relaxed);
+    count();
     c.reading.store(false, std::memory_order_release);
     if (c.helpers.load(std::memory_order_acquire) == 0) rearm(c);
     return true;
