@@ -213,6 +213,32 @@ TEST_CASE("tcp: collectives run back to back are read by the threads that wait f
   CHECK(by_reader < frames / 32);  // before the idle rule: 6-9% here, 22-28% beside two busy loops
 }
 
+// The other side of that rule: what nobody waits for on a connection a waiter has just left is
+// still read soon, by the reader thread (an any-peer receive waits on its flag and reads nothing).
+TEST_CASE("tcp: a message nobody reads for on a connection a waiter just left arrives within milliseconds",
+          "[tcp]") {
+  run_tcp<basic_tcp_transport<blocking>>(2, [](int r, auto& t) {
+    std::vector<int> first(64, 1), second(64, 2);
+    if (r == 1) {
+      t.isend(0, 1, sig_for(1), bytes_of(first)).wait(deadline::after(5s));
+      std::this_thread::sleep_for(20ms);  // after rank 0's wait has left the connection
+      t.isend(0, 2, sig_for(2), bytes_of(second)).wait(deadline::after(5s));
+      return;
+    }
+    std::vector<int> got(64, 0);
+    t.irecv(1, 1, bytes_of(got)).wait(deadline::after(5s));  // this thread reads the connection
+    TCHECK(got == first);
+    const auto posted = std::chrono::steady_clock::now();
+    std::vector<std::byte> later;
+    t.irecv(any_peer, 2, later).wait(deadline::after(5s));
+    const auto took = std::chrono::steady_clock::now() - posted;
+    TCHECK(later.size() == second.size() * sizeof(int));
+    // 20 ms until it is sent, then a millisecond or two; a connection kept from the reader for
+    // half a second or more (or for good) fails here.
+    TCHECK(took < 500ms);
+  });
+}
+
 TEST_CASE("tcp: a root mismatch where both ranks only send is caught by the next call", "[tcp]") {
   // Each rank thinks the other is the root, so each sends and, its send buffered by TCP, returns:
   // nothing can be compared during the call. The stray message stays queued, signed reduce #0,
