@@ -130,9 +130,12 @@ class basic_tcp_transport : public detail::engine_handle<basic_tcp_transport<Pro
 
   /// Frames (messages, goodbyes) the transport's reader thread read because no thread was
   /// waiting on their connection: they cost wake-ups of that thread (one may read several), and
-  /// a copy each whose receive was not posted yet. A connection stays with its waiters until it has been idle for
-  /// a millisecond, so collectives run back to back keep this near zero (docs/transports.md).
-  std::uint64_t frames_read_by_reader() const noexcept { return this->engine_ ? this->engine_->frames_by_reader() : 0; }
+  /// a copy each whose receive was not posted yet. A connection stays with its waiters until it
+  /// has been idle for a millisecond, so collectives run back to back keep this near zero
+  /// (docs/transports.md).
+  std::uint64_t frames_read_by_reader() const noexcept {
+    return this->engine_ ? this->engine_->frames_by_reader() : 0;
+  }
 
   /// Forms the group of `size` ranks through `store`: publishes this rank's address, connects
   /// to every lower rank (retrying until the deadline), accepts every higher rank, and waits

@@ -44,6 +44,7 @@ class receive_path {
   // waiter is back. Re-arming one sooner (when the reader wakes for another reason) would hand
   // the reader thread the next message of a collective still running, at the cost of a wake-up
   // and a copy, instead of the waiter that is about to come for it.
+  static constexpr std::chrono::milliseconds lazy_idle{1};
   void rearm_lazy() {
     const std::int64_t now = deadline::clock::now().time_since_epoch().count();
     const std::int64_t idle = std::chrono::duration_cast<deadline::clock::duration>(lazy_idle).count();
@@ -60,7 +61,6 @@ class receive_path {
   // Every epoll registration: a connection's socket for reading (keyed by the connection's
   // address), a dup of it for writing (the same key with the low bit set), and two eventfds with
   // keys no aligned address takes.
-  static constexpr std::chrono::milliseconds lazy_idle{1};
   static constexpr std::uint64_t stop_key = 0;
   static constexpr std::uint64_t wake_key = 2;
   static constexpr std::uint32_t read_events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
