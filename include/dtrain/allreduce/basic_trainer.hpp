@@ -31,7 +31,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <numeric>
 #include <optional>
 #include <span>
@@ -41,6 +40,7 @@
 
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/allreduce/checkpoint.hpp"
+#include "dtrain/allreduce/trainer_checkpoints.hpp"
 #include "dtrain/allreduce/trainer_options.hpp"
 #include "dtrain/compress/topk.hpp"
 #include "dtrain/concepts/collective.hpp"
@@ -60,7 +60,9 @@ namespace dtrain::allreduce {
 /// belongs to the trainer's communication thread; use `with_collective` to run other collectives
 /// in order with it.
 template <class Backend, class Collective, class Updater, class Model>
-class basic_trainer {
+class basic_trainer : public trainer_checkpoints<basic_trainer<Backend, Collective, Updater, Model>> {
+  friend class trainer_checkpoints<basic_trainer>;
+
  public:
   using value_type = typename Model::value_type;
   using batch_type = typename Model::batch_type;
@@ -229,61 +231,6 @@ class basic_trainer {
     worker_->drain();
   }
 
-  /// Writes this rank's parameters, updater state, step count and learning rate, with `at`
-  /// (where this rank is in its data), to `path` atomically. Call between steps. During
-  /// synchronous training the replicas are identical and any rank's file restores every rank;
-  /// during local SGD each rank needs its own. Local: no communication.
-  /// On the device the tensors go through host copies, after the updates enqueued so far: the file
-  /// is the same, and loads on either memory.
-  /// @throws dtrain::error `invalid_argument` after an `accumulate` whose `step` has not run, and
-  ///   the system error when the file cannot be written.
-  void save(const std::string& path, data::sampler_position at = {}) {
-    if (accumulated_ > 0) {
-      throw error(errc::invalid_argument, name() + ": save between steps, not between accumulate and step");
-    }
-    std::vector<std::vector<master_type>> copies;
-    for (std::size_t i = 0; i < plan_.tensor_count(); ++i) copies.push_back(on_host(backend_.master(model_, i)));
-    const std::vector<std::span<master_type>> params(copies.begin(), copies.end());
-    const checkpoint_state state{steps_, updater_.learning_rate(), at, scaler_.scale(), scaler_.good_steps()};
-    save_allreduce_checkpoint<master_type>(path, identity(), state, params,
-                                           std::span<const master_type>(on_host(updater_.state())));
-  }
-
-  /// Restores what `save` wrote, so the next `step` continues that job bit for bit; returns the
-  /// data position saved with it. Collective: every rank loads (its own file, or under
-  /// synchronous training any rank's), and all check that all succeeded at the same step.
-  /// @throws dtrain::error `bad_data` naming the file and what does not match (model, world
-  ///   size, updater, options, rank) or that it is corrupt, on the rank that read it, and on
-  ///   every other rank an error naming that rank; nothing is changed on any rank then.
-  data::sampler_position load(const std::string& path) {
-    std::vector<master_type> params(plan_.elements()), state(updater_.state().size());
-    checkpoint_state at;
-    std::exception_ptr failure;
-    try {
-      at = load_allreduce_checkpoint<master_type>(path, identity(), std::span(params), std::span(state));
-    } catch (const error&) {
-      failure = std::current_exception();
-    }
-    // Every rank learns whether every rank read a good file for the same step.
-    const std::vector<std::int64_t> mine{failure ? 0 : 1, static_cast<std::int64_t>(at.steps)};
-    std::vector<std::int64_t> all;
-    with_collective([&](Collective& c) { all = backend_.allgather_digests(c, std::span<const std::int64_t>(mine)); });
-    if (failure) std::rethrow_exception(failure);
-    if (const std::string fault = detail::load_disagreement(all); !fault.empty()) {
-      throw error(errc::bad_data, name() + ": " + fault);
-    }
-    for (std::size_t i = 0; i < plan_.tensor_count(); ++i) {
-      from_host(backend_.master(model_, i),
-                std::span<const master_type>(params).subspan(plan_.parameter_offset(i), plan_.tensor_size(i)));
-      backend_.publish(model_, i);
-    }
-    from_host(updater_.state(), std::span<const master_type>(state));
-    updater_.set_learning_rate(at.learning_rate);
-    scaler_.restore(at.loss_scale, at.good_steps);
-    steps_ = at.steps;
-    return at.position;
-  }
-
   /// Runs `f(collective)` on the communication thread, after every bucket queued before it, and
   /// waits for it. Use it for other collectives (metrics, sync batch norm), also from inside the
   /// model's `forward_backward`: calls happen in program order, so the same order on every rank.
@@ -318,6 +265,7 @@ class basic_trainer {
   enum class role { broadcast_parameters, average_gradients, average_parameters };
   using span = typename Backend::span;
   using master_type = typename Backend::master_type;
+  using updater_policy = Updater;
 
   // Every tensor's update (Adam's state moves even where a gradient is 0), and local SGD's averaging.
   void update(step_result& result, bool sync) {
@@ -346,28 +294,6 @@ class basic_trainer {
   }
 
   bool local_sgd_now() const noexcept { return options_.average_every > 1 && steps_ >= options_.local_sgd_after; }
-
-  // A checkpoint's host copy of `s` (the backend's: on the device, after the updates enqueued).
-  template <class S>
-  std::vector<master_type> on_host(S s) {
-    return backend_.download(model_, s);
-  }
-  template <class S>
-  void from_host(S s, std::span<const master_type> v) {
-    backend_.upload(model_, s, v);
-  }
-
-  // What this rank's checkpoint must match.
-  checkpoint_identity identity() const {
-    checkpoint_identity id{std::string(Updater::name), static_cast<std::uint32_t>(Updater::state_slots),
-                           static_cast<std::uint32_t>(sizeof(master_type)), static_cast<std::uint32_t>(comm_.size()),
-                           static_cast<std::uint32_t>(comm_.rank()), true,
-                           static_cast<std::uint64_t>(detail::digest_of(plan_, contiguous_, options_)[3]), {}};
-    // During local SGD the replicas differ, except right after an averaging.
-    id.replicas_identical = !local_sgd_now() || (steps_ - options_.local_sgd_after) % options_.average_every == 0;
-    for (std::size_t i = 0; i < plan_.tensor_count(); ++i) id.sizes.push_back(plan_.tensor_size(i));
-    return id;
-  }
 
   // DDP's find_unused_parameters: what the model did not report gets a zero gradient, reported.
   template <class OnReady>

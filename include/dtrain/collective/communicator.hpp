@@ -28,6 +28,7 @@
 
 #include "dtrain/collective/arguments.hpp"
 #include "dtrain/collective/bruck.hpp"
+#include "dtrain/collective/communicator_options.hpp"
 #include "dtrain/collective/context.hpp"
 #include "dtrain/collective/dissemination.hpp"
 #include "dtrain/collective/double_tree.hpp"
@@ -49,21 +50,6 @@
 #include "dtrain/reduce/host.hpp"
 
 namespace dtrain {
-
-/// How a communicator runs its collectives.
-struct communicator_options {
-  /// Deadline of each call, from its start. A call that cannot finish in time raises
-  /// `errc::timeout` naming the operation, its sequence number and the peer it waited for.
-  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  /// The transport tag all of this communicator's messages use. Two communicators over one
-  /// transport need different tags.
-  std::uint64_t tag = 0x647472'61696e00;  // "dtrain\0"
-  /// Pipeline granularity of the ring and tree algorithms.
-  std::size_t segment_bytes = std::size_t{1} << 20;
-  /// Algorithm rules and cost model. The environment variable DTRAIN_ALGORITHMS (same syntax as
-  /// `selection_table::parse`) adds rules that take precedence over these.
-  selection_table algorithms{};
-};
 
 /// Runs the collective operations of one group over `Transport` (a model of `collective`).
 /// Algorithms are chosen per call by `options().algorithms`; reductions run through `Reduction`.
@@ -321,7 +307,7 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
           "in and out must be equal and hold size() equal blocks");
     check_no_overlap(in, out, coll_op::alltoall);
     run<T>(coll_op::alltoall, reduce_op::sum, 0, in.size() / p, in.size_bytes(),
-           [&](auto& ctx, algorithm a) { alltoall_blocks(ctx, a, in, out); });
+           [&](auto& ctx, algorithm a) { detail::alltoall_blocks(ctx, a, in, out); });
   }
   /// In place (through one temporary copy of `buf`).
   template <element T>
@@ -331,7 +317,7 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     run<T>(coll_op::alltoall, reduce_op::sum, 0, buf.size() / p, buf.size_bytes(), [&](auto& ctx, algorithm a) {
       auto& in = staging_for<T>();
       in.assign(buf.begin(), buf.end());
-      alltoall_blocks(ctx, a, std::span<const T>(in.data(), in.size()), buf);
+      detail::alltoall_blocks(ctx, a, std::span<const T>(in.data(), in.size()), buf);
     });
   }
 
@@ -413,16 +399,6 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
     const auto mine = detail::block_of(buf, offs, rank());
     if (op == reduce_op::avg) combine.finish_average(mine, size());
     return mine;
-  }
-
-  template <class T>
-  void alltoall_blocks(context& ctx, algorithm a, std::span<const T> in, std::span<T> out) {
-    const auto offs = detail::uniform_offsets(in.size() / static_cast<std::size_t>(size()), size());
-    if (a == algorithm::linear) {
-      detail::linear_alltoall(ctx, in, out, offs, offs);
-    } else {
-      detail::pairwise_alltoall(ctx, in, out, offs, offs);
-    }
   }
 
   // Calls `body(op, reduction)`: a built-in operator (checked for `T`) with `Reduction`, or a

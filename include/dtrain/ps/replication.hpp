@@ -19,7 +19,8 @@
 ///  - A server joins the chain as its new tail (`add_member`): the head sends a membership
 ///    update down the chain, numbered like an update; the copy that was the tail sends the
 ///    joiner the shard's state as of that update, then passes on every later update to it, and
-///    the joiner, the tail now, acknowledges to the head from then on.
+///    the joiner, the tail now, acknowledges to the head from then on. These two changes of
+///    membership are ps/chain_membership.hpp's, a CRTP part of this class.
 ///  - At the end the head says goodbye to its chain once the tail holds everything.
 /// Sequence numbers are checked: an update that skips one is a protocol error (one was lost), a
 /// repeated one is passed on without being applied again.
@@ -44,6 +45,7 @@
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
 #include "dtrain/ps/chain.hpp"
+#include "dtrain/ps/chain_membership.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/stats.hpp"
 
@@ -59,7 +61,9 @@ struct update_origin {
 /// One server's side of one shard's chain over `Transport`; the server calls it from its one
 /// thread. With one replica it does nothing and holds nothing.
 template <transport Transport, class T>
-class shard_chain {
+class shard_chain : public chain_membership<shard_chain<Transport, T>> {
+  friend class chain_membership<shard_chain>;
+
  public:
   /// @param layout the job's chains (the server's, shared by its shards: losses show at once)
   /// @param me this server's index @param tag the servers' request tag
@@ -133,66 +137,6 @@ class shard_chain {
     std::vector<std::byte> b = std::move(spares_.back());
     spares_.pop_back();
     return b;
-  }
-
-  /// Adds server `joiner` to the chain as its tail, in order with the updates: the membership
-  /// update goes down the chain with the next sequence number, and the copy just before the
-  /// joiner sends it the state instead. A joiner that asks again (the copy that was to send the
-  /// state was lost first) gets a new membership update, and so a state from the copy before
-  /// it now. @returns true when that copy is this head: the caller sends the state itself.
-  bool add_member(Transport& t, int joiner) {
-    if (layout_->gone(shard_, joiner)) return false;
-    layout_->join(shard_, joiner);
-    const int next = layout_->successor(shard_, me_);
-    if (!holding()) last_progress_ = clock::now();
-    ++forwarded_;  // replies wait until the joiner acknowledges it, holding the state
-    if (next == joiner) return true;
-    outgoing& o = unacked_.emplace_back();
-    o.sequence = forwarded_;
-    o.joiner = joiner;
-    request_header h{op::replicate, table_id::sparse, forwarded_, 0, 0, 0, 0, static_cast<std::uint32_t>(joiner)};
-    h.shard = static_cast<std::uint32_t>(shard_);
-    h.flags = membership;
-    encode_request_header(h, 0, std::span(o.header));
-    start(t, next, o);
-    return false;
-  }
-
-  /// Sends the joiner `to` the shard's state (`payload`, as of `sequence()`), before anything
-  /// else this server passes on to it.
-  void send_state(Transport& t, int to, std::vector<std::byte> payload) {
-    outgoing& o = relays_.emplace_back();
-    request_header h{op::state, table_id::sparse, sequence(), 0, 0, 0, 0, 0};
-    h.shard = static_cast<std::uint32_t>(shard_);
-    encode_request_header(h, 0, std::span(o.header));
-    o.frame = std::move(payload);
-    o.value_bytes = std::span<const std::byte>(o.frame);
-    start(t, to, o);
-  }
-
-  /// A state for the shard this server joined already, sent again after a loss (by a copy
-  /// that could not know the first one arrived): one this copy has everything of is ignored,
-  /// the next update's is taken as that update; a later one must replace this copy.
-  enum class again { ignored, taken, reinstall };
-  again state_again(Transport& t, std::uint64_t sequence) {
-    if (sequence <= applied_) return again::ignored;
-    if (sequence > applied_ + 1) return again::reinstall;
-    applied_ = sequence;
-    if (layout_->successor(shard_, me_) < 0) acknowledge(t, applied_);
-    return again::taken;
-  }
-
-  /// This server joined the chain with the state of update `sequence` (the members that
-  /// joined before it, and the rounds and pushes it holds, came with it): it is the tail now
-  /// and acknowledges that update to the head.
-  void joined(Transport& t, std::uint64_t sequence, const std::vector<int>& joined_before, std::int64_t rounds,
-              std::map<std::uint32_t, std::uint64_t> last_push) {
-    for (int s : joined_before) layout_->join(shard_, s);
-    layout_->join(shard_, me_);
-    applied_ = sequence;
-    rounds_applied_ = rounds;
-    last_push_ = std::move(last_push);
-    if (layout_->successor(shard_, me_) < 0 && layout_->head(shard_) >= 0) acknowledge(t, applied_);
   }
 
   /// Whether an update this server applied is not yet at the tail: replies must then wait.
@@ -307,48 +251,6 @@ class shard_chain {
       case op::goodbye: head_said_goodbye_ = true; break;
       default: refuse(from, std::string("sent a ") + op_name(h.what));
     }
-  }
-
-  /// The chain lost a server: a new head numbers on from what it applied as a copy; the head
-  /// sends every update the tail has not acknowledged down the chain again (whichever member
-  /// was lost, updates it had not passed on are then passed on; a copy that has one passes it
-  /// on without applying it); a new tail acknowledges what it holds (an acknowledgement the lost
-  /// one owed may never come).
-  template <class SendReply, class SendState>
-  void chain_changed(Transport& t, SendReply&& send_reply, SendState&& send_state) {
-    if (!replicating()) return;
-    const int next = layout_->successor(shard_, me_);
-    if (heads() && !was_head_) {
-      was_head_ = true;
-      forwarded_ = applied_;
-      acked_ = next < 0 ? forwarded_ : 0;  // until the tail says what it holds
-      last_progress_ = clock::now();
-    }
-    if (heads()) {
-      if (next < 0) {
-        acked_ = forwarded_;
-        unacked_.clear();
-      } else if (layout_->chain(shard_) != seen_) {
-        // A joiner whose state the lost copy owed it gets this head's, which holds everything.
-        const bool owes_state = std::any_of(unacked_.begin(), unacked_.end(), [&](const outgoing& o) {
-          return o.joiner == next && o.sequence > acked_;
-        });
-        if (owes_state) {
-          send_state(next);
-        } else {
-          for (outgoing& o : unacked_) {  // in order; the new successor skips what it has
-            if (o.sequence > acked_) {
-              start(t, next, o);
-              ++stats_->resent;
-            }
-          }
-        }
-      }
-      release(send_reply);
-    } else if (next < 0 && layout_->head(shard_) >= 0) {
-      acknowledge(t, applied_);
-    }
-    seen_ = layout_->chain(shard_);
   }
 
   // --- the end of the job ---------------------------------------------------------------------------

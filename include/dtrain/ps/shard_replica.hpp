@@ -17,9 +17,10 @@
 ///  - Staleness of a push: the shard's version (updates applied) when it is applied, minus the
 ///    version the worker last pulled. Averaged pushes carry their mean staleness.
 ///
-/// A copy becomes the head when the heads before it in the chain are lost (`take_over`). It then
-/// serves the requests the workers send again: a push it already holds (by the worker's request
-/// id under ASP and SSP, by the round under a barrier model) is acknowledged, not applied twice.
+/// A copy becomes the head when the heads before it in the chain are lost (`take_over`; it and the
+/// other changes of membership are in ps/replica_membership.hpp). It then serves the requests the
+/// workers send again: a push it already holds (by the worker's request id under ASP and SSP, by
+/// the round under a barrier model) is acknowledged, not applied twice.
 
 #include <algorithm>
 #include <chrono>
@@ -40,6 +41,7 @@
 #include "dtrain/ps/key_cache.hpp"
 #include "dtrain/ps/protocol.hpp"
 #include "dtrain/ps/push_rounds.hpp"
+#include "dtrain/ps/replica_membership.hpp"
 #include "dtrain/ps/replication.hpp"
 #include "dtrain/ps/server_context.hpp"
 #include "dtrain/ps/shard_checkpoints.hpp"
@@ -51,7 +53,11 @@
 namespace dtrain::ps {
 
 template <transport Transport, consistency Consistency, std::floating_point T, updater<T> Updater, class Initializer>
-class shard_replica {
+class shard_replica
+    : public replica_membership<shard_replica<Transport, Consistency, T, Updater, Initializer>> {
+  friend class replica_membership<shard_replica>;
+  using replica_membership<shard_replica>::send_state;
+
  public:
   /// A request whose reply waits for the consistency model.
   struct deferred {
@@ -91,25 +97,6 @@ class shard_replica {
     checkpoints_.start_after(workers_.slowest());
   }
 
-  /// This copy heads the shard now (the heads before it are lost). Every worker starts at the
-  /// rounds this copy holds under a barrier model (their pushes of the interrupted round come
-  /// again), else at `clocks` (the server's own shard's view; a worker's clock request corrects
-  /// it); `liveness` says which workers have left or were dropped.
-  void take_over(const std::vector<std::int64_t>& clocks, const worker_clocks& liveness) {
-    heading_ = true;
-    taken_over_ = true;
-    std::vector<std::int64_t> start(clocks.size(), chain().rounds_applied());
-    workers_.restore(consistency_.staleness_bound() == 0 ? start : clocks);
-    for (std::size_t w = 0; w < liveness.workers(); ++w) {
-      if (workers_.absent(w) && !liveness.absent(w)) workers_.arrive(w, workers_.clock_of(w));
-      workers_.greeted(w);
-      if (liveness.has_finished(w)) workers_.finished(w);
-      if (liveness.dead(w)) workers_.drop(w);
-    }
-    checkpoints_.start_after(workers_.slowest());
-    progress();
-  }
-
   // --- requests ---------------------------------------------------------------------------------
 
   /// Serves worker request `r` from rank `from` (this copy heads the shard).
@@ -144,29 +131,6 @@ class shard_replica {
                         bool last) { updates_.apply_copy(which, keys, values, length, staleness, last); };
     chain().handle(ctx_->transport, from, r, [this] { return take_message(); }, apply,
                    [this](int to, message m) { ctx_->send_now(to, std::move(m)); }, [this](int to) { send_state(to); });
-  }
-
-  /// Server `from` asks to join the chain (this copy heads it): it becomes the tail once it
-  /// holds the state the copy before it sends.
-  void on_join(int from) {
-    if (chain().add_member(ctx_->transport, from)) send_state(from);
-  }
-
-  /// This copy was just created on a server joining the chain: it installs the state server
-  /// `from` sent (`payload`) and becomes the chain's tail.
-  /// @throws dtrain::error `bad_data` when the state is malformed
-  void install(int from, std::span<const std::byte> payload) {
-    const chain_position at =
-        read_shard_state(payload, updates_.sparse(), updates_.dense(), "server " + std::to_string(from));
-    updates_.set_version(at.version);
-    heading_ = false;
-    chain().joined(ctx_->transport, at.sequence, at.joined, at.rounds, at.last_push);
-  }
-
-  /// The chain lost a server (after `take_over`, when this copy heads it now).
-  void chain_changed() {
-    chain().chain_changed(ctx_->transport, [this](int to, message m) { ctx_->send_now(to, std::move(m)); },
-                          [this](int to) { send_state(to); });
   }
 
   /// Worker `w` was dropped as dead: it no longer holds anyone back.
@@ -431,13 +395,6 @@ class shard_replica {
     } catch (const error& e) {
       send(from, encode_error(reply, code_of(e), e.reason()));
     }
-  }
-
-  // Sends a server joining the chain this shard's state, as of the last update this copy holds.
-  void send_state(int to) {
-    const chain_position at{chain().sequence(), updates_.version(), chain().rounds_applied(),
-                            ctx_->layout.joined(shard_), chain().last_pushes()};
-    chain().send_state(ctx_->transport, to, write_shard_state(at, updates_.sparse(), updates_.dense()));
   }
 
   void save() {
