@@ -113,11 +113,13 @@ long run_once(Comm& c, coll_op op, std::vector<float>& in,
       break;
     case coll_op::reduce_scatter:
       f.template reduce_scatter<float>(std::span(in).first(count * P), std::span(out).first(count), reduce_op::sum);
-      if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != expect_sum(static_cast<std::size_t>(r) * count + i);
+      if (check)
+        for (std::size_t i = 0; i < count; ++i) wrong += out[i] != expect_sum(static_cast<std::size_t>(r) * count + i);
       break;
     case coll_op::allgather:
       f.template allgather<float>(std::span(in).first(count), std::span(out).first(count * P));
-      if (check) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), i % count);
+      if (check)
+        for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), i % count);
       break;
     case coll_op::broadcast:
       if (r == 0) std::copy_n(in.begin(), count, out.begin());
@@ -126,15 +128,19 @@ long run_once(Comm& c, coll_op op, std::vector<float>& in,
       break;
     case coll_op::gather:
       f.template gather<float>(std::span(in).first(count), std::span(out).first(r == 0 ? count * P : 0), 0);
-      if (check && r == 0) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), i % count);
+      if (check && r == 0)
+        for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), i % count);
       break;
     case coll_op::scatter:
       f.template scatter<float>(std::span(in).first(r == 0 ? count * P : 0), std::span(out).first(count), 0);
-      if (check) for (std::size_t i = 0; i < count; ++i) wrong += out[i] != own(0, static_cast<std::size_t>(r) * count + i);
+      if (check)
+        for (std::size_t i = 0; i < count; ++i) wrong += out[i] != own(0, static_cast<std::size_t>(r) * count + i);
       break;
     case coll_op::alltoall:
       f.template alltoall<float>(std::span(in).first(count * P), std::span(out).first(count * P));
-      if (check) for (std::size_t i = 0; i < count * P; ++i) wrong += out[i] != own(static_cast<int>(i / count), static_cast<std::size_t>(r) * count + i % count);
+      if (check)
+        for (std::size_t i = 0; i < count * P; ++i)
+          wrong += out[i] != own(static_cast<int>(i / count), static_cast<std::size_t>(r) * count + i % count);
       break;
     default: break;
   }
@@ -248,8 +254,8 @@ int run_all(const options& o, int ranks, bool printer, const std::string& what, 
   for (const auto& name : o.ops) {
     coll_op op = op_named(name);
     for (algorithm a : all_algorithms) {
-      if (!supports(op, a) || (!o.algorithms.empty() &&
-                               std::find(o.algorithms.begin(), o.algorithms.end(), algorithm_name(a)) == o.algorithms.end())) {
+      if (!supports(op, a) || (!o.algorithms.empty() && std::find(o.algorithms.begin(), o.algorithms.end(),
+                                                                  algorithm_name(a)) == o.algorithms.end())) {
         continue;
       }
       for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= static_cast<std::size_t>(o.step)) {
@@ -323,7 +329,8 @@ int run_tcp_hosts(const options& o) {
       return r;
     };
   };
-  const std::vector<variant> variants{{"hierarchical", through(hierarchy::always)}, {"auto", through(hierarchy::automatic)}};
+  const std::vector<variant> variants{{"hierarchical", through(hierarchy::always)},
+                                      {"auto", through(hierarchy::automatic)}};
   return run_all(
       o, h.size(), h.rank() == 0, what,
       [&](coll_op op, algorithm a, std::size_t bytes) { return measure_on(flat, o, op, a, bytes); }, variants);

@@ -41,7 +41,8 @@ namespace {
 
 coll_op op_named(const std::string& s) {
   if (s == "sendrecv") return coll_op::message;  // point-to-point, staged only
-  for (coll_op op : {coll_op::allreduce, coll_op::allgather, coll_op::reduce_scatter, coll_op::alltoall, coll_op::broadcast}) {
+  for (coll_op op :
+       {coll_op::allreduce, coll_op::allgather, coll_op::reduce_scatter, coll_op::alltoall, coll_op::broadcast}) {
     if (coll_op_name(op) == s) return op;
   }
   throw error(errc::invalid_argument, "no device benchmark for '" + s + "'");
@@ -100,7 +101,8 @@ void print_ratios_to_raw(const std::vector<bench::row>& rows) {
   for (const auto& r : rows) {
     if (r.algo != "raw-nccl") continue;
     fmt::print("# {:>12} bytes: dtrain / raw NCCL throughput: one call at a time {:.3f}, in flight {:.3f}\n", r.bytes,
-               seconds_of(r.bytes, "raw-nccl-sync") / seconds_of(r.bytes, "nccl"), r.seconds / seconds_of(r.bytes, "nccl-inflight"));
+               seconds_of(r.bytes, "raw-nccl-sync") / seconds_of(r.bytes, "nccl"),
+               r.seconds / seconds_of(r.bytes, "nccl-inflight"));
   }
 }
 
@@ -113,20 +115,30 @@ int main(int argc, char** argv) {
   int step = 4, rounds = 3;
   bool peer = false;
   bench::device_plan plan;
-  CLI::App app{"dtrain collectives on GPU buffers: NCCL, or staged over TCP (nccl-tests columns; launch with dtrain-run)"};
-  app.add_option("--collective", collective, "nccl or staged")->check(CLI::IsMember({"nccl", "staged"}))->capture_default_str();
+  CLI::App app{
+      "dtrain collectives on GPU buffers: NCCL, or staged over TCP (nccl-tests columns; launch with dtrain-run)"};
+  app.add_option("--collective", collective, "nccl or staged")
+      ->check(CLI::IsMember({"nccl", "staged"}))
+      ->capture_default_str();
   app.add_option("--ops", ops, "collectives")->delimiter(',')->capture_default_str();
   app.add_option("-b,--min-bytes", min_bytes, "smallest size")->capture_default_str();
   app.add_option("-e,--max-bytes", max_bytes, "largest size")->capture_default_str();
-  app.add_option("-f,--step-factor", step, "size multiplier between points")->check(CLI::Range(2, 1024))->capture_default_str();
+  app.add_option("-f,--step-factor", step, "size multiplier between points")
+      ->check(CLI::Range(2, 1024))
+      ->capture_default_str();
   app.add_option("-w,--warmup", plan.warmup, "untimed calls per point")->capture_default_str();
-  app.add_option("-n,--iters", plan.iterations, "timed calls per point")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("-n,--iters", plan.iterations, "timed calls per point")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--json", json, "write the rows as JSON (rank 0)");
   app.add_flag("--peer", peer, "NCCL allreduce: also raw ncclAllReduce and dtrain's calls in flight, alternated");
-  app.add_option("--rounds", rounds, "rounds of the --peer comparison (median)")->check(CLI::Range(1, 100))->capture_default_str();
+  app.add_option("--rounds", rounds, "rounds of the --peer comparison (median)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
-    if (cuda::device_count() == 0) throw error(errc::device_error, "no CUDA device is visible: this benchmark needs a GPU");
+    if (cuda::device_count() == 0)
+      throw error(errc::device_error, "no CUDA device is visible: this benchmark needs a GPU");
     for (const auto& name : ops) plan.ops.push_back(op_named(name));
     for (std::size_t b = min_bytes; b <= max_bytes; b *= static_cast<std::size_t>(step)) plan.sizes.push_back(b);
 
@@ -162,8 +174,8 @@ int main(int argc, char** argv) {
     cuda::check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
     fmt::print("# dtrain bench_device_collectives: {} ranks, {}, on {}\n", size,
                collective == "nccl" ? "NCCL" : "device buffers staged over TCP, reduced by Thrust", prop.name);
-    fmt::print("# {:>12} {:>12} {:>8} {:>6} {:>5} | {:>10} {:>9} {:>9} {:>7}  {}\n", "size(B)", "count", "type", "redop",
-               "root", "time(us)", "algbw", "busbw", "#wrong", "op algorithm");
+    fmt::print("# {:>12} {:>12} {:>8} {:>6} {:>5} | {:>10} {:>9} {:>9} {:>7}  {}\n", "size(B)", "count", "type",
+               "redop", "root", "time(us)", "algbw", "busbw", "#wrong", "op algorithm");
     std::vector<bench::row> rows;
     long wrong = 0;
     for (const auto& p : points) {
@@ -180,8 +192,9 @@ int main(int argc, char** argv) {
       r.busbw = r.algbw * bench::busbw_factor(p.op, size);
       r.wrong = p.wrong;
       wrong += p.wrong;
-      fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>5} | {:>10.1f} {:>9.2f} {:>9.2f} {:>7}  {} {}\n", r.bytes, r.count, r.type,
-                 r.redop, p.op == coll_op::broadcast ? "0" : "-", r.seconds * 1e6, r.algbw, r.busbw, r.wrong, r.op, r.algo);
+      fmt::print("  {:>12} {:>12} {:>8} {:>6} {:>5} | {:>10.1f} {:>9.2f} {:>9.2f} {:>7}  {} {}\n", r.bytes, r.count,
+                 r.type, r.redop, p.op == coll_op::broadcast ? "0" : "-", r.seconds * 1e6, r.algbw, r.busbw, r.wrong,
+                 r.op, r.algo);
       rows.push_back(r);
     }
     print_ratios_to_raw(rows);

@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
   fmt::print("# host reduction, float32, {} MiB buffers, best of {}x3 runs\n", mib, reps);
   fmt::print("{:<28} {:>10} {:>10} {:>9}\n", "kernel", "time(ms)", "GB/s", "vs plain");
   fmt::print("{:<28} {:>10.3f} {:>10.2f} {:>9.3f}\n", "plain a[i] += b[i]", plain * 1e3, gbps(plain, 3), 1.0);
-  fmt::print("{:<28} {:>10.3f} {:>10.2f} {:>9.3f}\n", "dtrain host_reduction sum", ours * 1e3, gbps(ours, 3), plain / ours);
+  fmt::print("{:<28} {:>10.3f} {:>10.2f} {:>9.3f}\n", "dtrain host_reduction sum", ours * 1e3, gbps(ours, 3),
+             plain / ours);
   fmt::print("{:<28} {:>10.3f} {:>10.2f} {:>9}\n", "memcpy", copy * 1e3, gbps(copy, 2), "-");
 
   fmt::print("\n# every op and type, {} MiB, GB/s (3 bytes moved per byte reduced)\n", mib);
@@ -84,8 +85,9 @@ int main(int argc, char** argv) {
       g.push_back(reduce_gbps<T>(bytes, op, std::max(3, reps / 4)));
     }
     fmt::print("{:<10} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f}\n", name, g[0], g[1], g[2], g[3], g[4]);
-    rows += fmt::format("{}{{\"type\": \"{}\", \"sum\": {:.3f}, \"prod\": {:.3f}, \"min\": {:.3f}, \"max\": {:.3f}, \"avg\": {:.3f}}}",
-                        rows.empty() ? "" : ",\n    ", name, g[0], g[1], g[2], g[3], g[4]);
+    rows += fmt::format(
+        "{}{{\"type\": \"{}\", \"sum\": {:.3f}, \"prod\": {:.3f}, \"min\": {:.3f}, \"max\": {:.3f}, \"avg\": {:.3f}}}",
+        rows.empty() ? "" : ",\n    ", name, g[0], g[1], g[2], g[3], g[4]);
   };
   line.operator()<float>("float32");
   line.operator()<double>("float64");
@@ -94,8 +96,9 @@ int main(int argc, char** argv) {
   line.operator()<dtrain::float16>("float16");
   line.operator()<dtrain::bfloat16>("bfloat16");
   dtrain::bench::write_file(
-      json, fmt::format("{{\n  \"mib\": {},\n  \"plain_add_GBps\": {:.3f},\n  \"host_reduction_GBps\": {:.3f},\n"
-                        "  \"memcpy_GBps\": {:.3f},\n  \"ratio_to_plain\": {:.4f},\n  \"by_type\": [\n    {}\n  ]\n}}\n",
-                        mib, gbps(plain, 3), gbps(ours, 3), gbps(copy, 2), plain / ours, rows));
+      json,
+      fmt::format("{{\n  \"mib\": {},\n  \"plain_add_GBps\": {:.3f},\n  \"host_reduction_GBps\": {:.3f},\n"
+                  "  \"memcpy_GBps\": {:.3f},\n  \"ratio_to_plain\": {:.4f},\n  \"by_type\": [\n    {}\n  ]\n}}\n",
+                  mib, gbps(plain, 3), gbps(ours, 3), gbps(copy, 2), plain / ours, rows));
   return 0;
 }

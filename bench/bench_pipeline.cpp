@@ -48,7 +48,9 @@ void take(std::chrono::microseconds d) {
 // machine's monotonic clock, the same for every process).
 using timed_run = std::array<double, 5>;
 
-double now_ms() { return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 // A stage with no parameters that takes a fixed time per micro-batch.
 struct sleeping_stage {
@@ -110,8 +112,8 @@ double median(std::vector<double> v) {
 }
 
 template <class Schedule>
-std::vector<sleeping_stage> stages_of(const group& world, const Schedule& schedule, double forward_us, std::size_t activation,
-                                      std::vector<timed_run>* log = nullptr) {
+std::vector<sleeping_stage> stages_of(const group& world, const Schedule& schedule, double forward_us,
+                                      std::size_t activation, std::vector<timed_run>* log = nullptr) {
   const int p = world.size(), r = world.rank(), v = schedule.chunks();
   std::vector<sleeping_stage> chunks;
   for (int c = 0; c < v; ++c) {
@@ -125,8 +127,8 @@ std::vector<sleeping_stage> stages_of(const group& world, const Schedule& schedu
 // One step of `schedule` with m micro-batches, every forward and backward timed; rank 0 appends
 // them to `json` as {"schedule", "p", "v", "m", "runs": [[rank, stage, mb, forward, start, end]]}.
 template <class Schedule>
-void record_timeline(group& world, dtrain::communicator<group>& sums, const Schedule& schedule, int m, double forward_us,
-                     std::size_t activation, std::string& json) {
+void record_timeline(group& world, dtrain::communicator<group>& sums, const Schedule& schedule, int m,
+                     double forward_us, std::size_t activation, std::string& json) {
   std::vector<timed_run> log;
   dtrain::pipeline::trainer_options o;
   o.micro_batches = m;
@@ -141,12 +143,13 @@ void record_timeline(group& world, dtrain::communicator<group>& sums, const Sche
   std::vector<double> all(mine.size() * static_cast<std::size_t>(world.size()));  // every rank runs as many
   sums.gather(std::span<const double>(mine), std::span(all), 0);
   if (world.rank() != 0) return;
-  json += fmt::format("{}  {{\"schedule\": \"{}\", \"p\": {}, \"v\": {}, \"m\": {}, \"runs\": [", json.size() > 2 ? ",\n" : "",
-                      Schedule::name, world.size(), schedule.chunks(), m);
+  json += fmt::format("{}  {{\"schedule\": \"{}\", \"p\": {}, \"v\": {}, \"m\": {}, \"runs\": [",
+                      json.size() > 2 ? ",\n" : "", Schedule::name, world.size(), schedule.chunks(), m);
   const std::size_t per_rank = mine.size() / 5;
   for (std::size_t i = 0; i < all.size() / 5; ++i) {
     const double* r = &all[i * 5];
-    json += fmt::format("{}[{}, {}, {}, {}, {:.3f}, {:.3f}]", i ? ", " : "", i / per_rank, r[0], r[1], r[2], r[3], r[4]);
+    json +=
+        fmt::format("{}[{}, {}, {}, {}, {:.3f}, {:.3f}]", i ? ", " : "", i / per_rank, r[0], r[1], r[2], r[3], r[4]);
   }
   json += "]}";
 }
@@ -157,7 +160,8 @@ void measure(group& world, dtrain::communicator<group>& sums, const Schedule& sc
   std::vector<sleeping_stage> chunks = stages_of(world, schedule, forward_us, activation);
   dtrain::pipeline::trainer_options o;
   o.micro_batches = pt.m;
-  dtrain::pipeline::trainer<group, Schedule, dtrain::sgd<float>, sleeping_stage> t(world, std::move(chunks), dtrain::sgd<float>(), schedule, o);
+  dtrain::pipeline::trainer<group, Schedule, dtrain::sgd<float>, sleeping_stage> t(world, std::move(chunks),
+                                                                                   dtrain::sgd<float>(), schedule, o);
   t.step();  // warm-up: connections, buffers
   std::vector<double> totals{0, 0, 0};  // compute, pipeline time, wall
   int peak = 0;
@@ -181,7 +185,8 @@ double simulated_bubble(const point& pt, int p, double forward, double latency) 
   namespace pl = dtrain::pipeline;
   const pl::step_costs costs{forward / pt.v, 2 * forward / pt.v, latency};
   if (pt.schedule == "gpipe") return pl::simulate(pl::gpipe{}, p, pt.m, costs).bubble();
-  if (pt.schedule == "interleaved_one_f_one_b") return pl::simulate(pl::interleaved_one_f_one_b{pt.v}, p, pt.m, costs).bubble();
+  if (pt.schedule == "interleaved_one_f_one_b")
+    return pl::simulate(pl::interleaved_one_f_one_b{pt.v}, p, pt.m, costs).bubble();
   if (pt.schedule == "pipedream") return pl::simulate(pl::pipedream{}, p, pt.m, costs).bubble();
   return pl::simulate(pl::one_f_one_b{}, p, pt.m, costs).bubble();
 }
@@ -194,10 +199,12 @@ int main(int argc, char** argv) {
   std::size_t activation_kib = 16;
   std::vector<int> micro_batches{1, 2, 4, 8, 16, 32};
   std::string json, timeline;
-  CLI::App app{"Pipeline schedules' bubble and live activations on balanced sleeping stages (launch with dtrain-run -n p)"};
+  CLI::App app{
+      "Pipeline schedules' bubble and live activations on balanced sleeping stages (launch with dtrain-run -n p)"};
   app.add_option("--rounds", rounds, "rounds, alternating the schedules' order")->capture_default_str();
   app.add_option("--steps", steps, "steps per point and round")->capture_default_str();
-  app.add_option("--forward-us", forward_us, "a stage's forward per micro-batch (backward: twice)")->capture_default_str();
+  app.add_option("--forward-us", forward_us, "a stage's forward per micro-batch (backward: twice)")
+      ->capture_default_str();
   app.add_option("--activation-kib", activation_kib, "activation size between stages")->capture_default_str();
   app.add_option("--micro-batches", micro_batches, "m values")->delimiter(',')->capture_default_str();
   app.add_option("--json", json, "write the table as JSON (rank 0)");
@@ -215,7 +222,9 @@ int main(int argc, char** argv) {
         pt.schedule = s;
         pt.v = pt.schedule == "interleaved_one_f_one_b" ? 2 : 1;
         pt.m = m;
-        pt.promised = pt.schedule == "gpipe" ? m : pt.v == 1 ? std::min(p, m) : std::min(dtrain::pipeline::interleaved_one_f_one_b{2}.warmups(p, m)[0] + 1, 2 * m);
+        pt.promised = pt.schedule == "gpipe" ? m
+                      : pt.v == 1            ? std::min(p, m)
+                                  : std::min(dtrain::pipeline::interleaved_one_f_one_b{2}.warmups(p, m)[0] + 1, 2 * m);
         points.push_back(pt);
       }
     }
@@ -240,30 +249,34 @@ int main(int argc, char** argv) {
         namespace pl = dtrain::pipeline;
         if (pt.schedule == "gpipe") measure(world, sums, pl::gpipe{}, pt, steps, forward_us, activation);
         if (pt.schedule == "one_f_one_b") measure(world, sums, pl::one_f_one_b{}, pt, steps, forward_us, activation);
-        if (pt.schedule == "interleaved_one_f_one_b") measure(world, sums, pl::interleaved_one_f_one_b{2}, pt, steps, forward_us, activation);
+        if (pt.schedule == "interleaved_one_f_one_b")
+          measure(world, sums, pl::interleaved_one_f_one_b{2}, pt, steps, forward_us, activation);
         if (pt.schedule == "pipedream") measure(world, sums, pl::pipedream{}, pt, steps, forward_us, activation);
       }
     }
     if (world.rank() == 0) {
-      fmt::print("# bench_pipeline: p {}, forward {} us and backward {} us per stage and micro-batch, activations {} KiB "
-                 "({:.1f} us one way), {} rounds of {} steps\n",
-                 p, forward_us, 2 * forward_us, activation_kib, latency * 1e6, rounds, steps);
+      fmt::print(
+          "# bench_pipeline: p {}, forward {} us and backward {} us per stage and micro-batch, activations {} KiB "
+          "({:.1f} us one way), {} rounds of {} steps\n",
+          p, forward_us, 2 * forward_us, activation_kib, latency * 1e6, rounds, steps);
       fmt::print("# bubble: measured; formula: (p-1)/(v m+p-1); ratio: bubble/formula; model: the schedule simulated "
                  "with that message time\n");
-      fmt::print("# {:>24} {:>3} {:>2} {:>4} {:>9} {:>9} {:>6} {:>9} {:>5} {:>8} {:>9}\n", "schedule", "p", "v", "m", "bubble",
-                 "formula", "ratio", "model", "peak", "promised", "step_ms");
+      fmt::print("# {:>24} {:>3} {:>2} {:>4} {:>9} {:>9} {:>6} {:>9} {:>5} {:>8} {:>9}\n", "schedule", "p", "v", "m",
+                 "bubble", "formula", "ratio", "model", "peak", "promised", "step_ms");
       std::string out = "[\n";
       for (std::size_t i = 0; i < points.size(); ++i) {
         const point& pt = points[i];
         const double measured = median(pt.bubbles), formula = dtrain::pipeline::bubble_fraction(p, pt.m, pt.v);
         const double ratio = formula > 0 ? measured / formula : 0;
         const double model = simulated_bubble(pt, p, forward_us * 1e-6, latency);
-        fmt::print("  {:>24} {:>3} {:>2} {:>4} {:>9.4f} {:>9.4f} {:>6.3f} {:>9.4f} {:>5} {:>8} {:>9.2f}\n", pt.schedule, p, pt.v,
-                   pt.m, measured, formula, ratio, model, pt.peak_live, pt.promised, median(pt.step_seconds) * 1e3);
-        out += fmt::format("  {{\"schedule\": \"{}\", \"p\": {}, \"v\": {}, \"m\": {}, \"bubble\": {:.5f}, \"formula\": {:.5f}, "
-                           "\"model\": {:.5f}, \"peak_live\": {}, \"promised_peak\": {}, \"step_ms\": {:.3f}}}{}\n",
-                           pt.schedule, p, pt.v, pt.m, measured, formula, model, pt.peak_live, pt.promised,
-                           median(pt.step_seconds) * 1e3, i + 1 < points.size() ? "," : "");
+        fmt::print("  {:>24} {:>3} {:>2} {:>4} {:>9.4f} {:>9.4f} {:>6.3f} {:>9.4f} {:>5} {:>8} {:>9.2f}\n", pt.schedule,
+                   p, pt.v, pt.m, measured, formula, ratio, model, pt.peak_live, pt.promised,
+                   median(pt.step_seconds) * 1e3);
+        out += fmt::format(
+            "  {{\"schedule\": \"{}\", \"p\": {}, \"v\": {}, \"m\": {}, \"bubble\": {:.5f}, \"formula\": {:.5f}, "
+            "\"model\": {:.5f}, \"peak_live\": {}, \"promised_peak\": {}, \"step_ms\": {:.3f}}}{}\n",
+            pt.schedule, p, pt.v, pt.m, measured, formula, model, pt.peak_live, pt.promised,
+            median(pt.step_seconds) * 1e3, i + 1 < points.size() ? "," : "");
       }
       dtrain::bench::write_file(json, out + "]\n");
     }

@@ -129,9 +129,10 @@ int main(int argc, char** argv) {
                      static_cast<double>(keys.size()) * r.workers / s / 1e6});
   w.finish();
   if (w.id() == 0) {
-    fmt::print("# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers, {} dense tensor(s) in flight, "
-               "{} KiB slices, {} posted receives, {} replica(s)\n", r.servers, r.workers, depth, slice_kib, posted,
-               replicas);
+    fmt::print(
+        "# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers, {} dense tensor(s) in flight, "
+        "{} KiB slices, {} posted receives, {} replica(s)\n",
+        r.servers, r.workers, depth, slice_kib, posted, replicas);
     fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "op", "size(B)", "keys", "time(us)", "GB/s", "Mkeys/s");
     std::string out = "[\n";
     for (std::size_t i = 0; i < results.size(); ++i) {

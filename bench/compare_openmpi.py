@@ -37,8 +37,8 @@ def step_factor(sizes):
 def dtrain_rows(build, path, p, seconds, progress, sizes):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         run([f"{build}/tools/dtrain-run", "-n", str(p), f"{build}/bench/bench_collectives", "--transport", path,
-             "--progress", progress, "--ops", "allreduce", "-b", str(min(sizes)), "-e", str(max(sizes)), "-f", str(step_factor(sizes)),
-             "-t", str(seconds), "--json", f.name])
+             "--progress", progress, "--ops", "allreduce", "-b", str(min(sizes)), "-e", str(max(sizes)),
+             "-f", str(step_factor(sizes)), "-t", str(seconds), "--json", f.name])
         rows = json.load(open(f.name))
     for r in rows:
         r["peer"] = "dtrain"
@@ -78,7 +78,8 @@ def main():
     for rnd in range(a.rounds):
         for p in a.ranks:
             # Alternate the order of the sides, so none always runs on a warmer or quieter machine.
-            sides = [lambda: [r for prog in a.progress for r in dtrain_rows(a.build, a.path, p, a.seconds, prog, a.sizes)]]
+            sides = [lambda: [r for prog in a.progress
+                              for r in dtrain_rows(a.build, a.path, p, a.seconds, prog, a.sizes)]]
             if "openmpi" in a.peers:
                 sides.append(lambda: mpi_rows(a.build, a.path, p, a.seconds, a.sizes))
             if "gloo" in a.peers:
@@ -97,7 +98,8 @@ def main():
 
     names = {"openmpi": "OpenMPI", "gloo": "Gloo"}
     peers = [q for q in names if q in a.peers]
-    print(f"# float32 sum allreduce over {'shared memory' if a.path == 'shm' else 'TCP loopback'}, busbw GB/s, median over {a.rounds} alternating rounds of each"
+    over = 'shared memory' if a.path == 'shm' else 'TCP loopback'
+    print(f"# float32 sum allreduce over {over}, busbw GB/s, median over {a.rounds} alternating rounds of each"
           " side's best; dtrain = best of its algorithms and progress policies")
     print(f"# {'P':>2} {'size':>10} | {'dtrain':>7}" + "".join(f" {names[q]:>8}" for q in peers) + " |"
           + "".join(f" {'vs ' + names[q]:>10}" for q in peers) + f" | {'dtrain us':>10}"

@@ -39,7 +39,8 @@ def json_lines(text):
 def dtrain_rows(build, p, seconds, progress):
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         run([f"{build}/tools/dtrain-run", "-n", str(p), f"{build}/bench/bench_collectives", "--transport", "tcp",
-             "--progress", progress, "--ops", "allreduce", "--algorithms", "ring", "halving_doubling", "recursive_doubling",
+             "--progress", progress, "--ops", "allreduce",
+             "--algorithms", "ring", "halving_doubling", "recursive_doubling",
              "-b", str(SIZES[0]), "-e", str(SIZES[-1]), "-f", "4", "-t", str(seconds), "--json", f.name])
         rows = json.load(open(f.name))
     for r in rows:
@@ -90,7 +91,8 @@ def main():
         rows += mpi_rows(a.build, p, a.seconds)
         rows += gloo_rows(a.build, p)
     print("# float32 sum allreduce over TCP (loopback), busbw in GB/s; dtrain = best of its algorithms and policies")
-    print(f"# {'P':>2} {'size':>10} | {'dtrain':>7} {'(algorithm/progress)':<28} {'OpenMPI':>8} {'Gloo':>7} {'(best)':<26}"
+    print(f"# {'P':>2} {'size':>10} | {'dtrain':>7} {'(algorithm/progress)':<28}"
+          f" {'OpenMPI':>8} {'Gloo':>7} {'(best)':<26}"
           f" | {'vs MPI':>7} {'vs Gloo':>8}")
     for p in a.ranks:
         for size in SIZES:

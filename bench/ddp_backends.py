@@ -61,13 +61,15 @@ def main():
             for backend in ("gloo", "dtrain") if r % 2 == 0 else ("dtrain", "gloo"):
                 print(f"round {r + 1}/{args.rounds}: {backend}, {ranks} ranks", file=sys.stderr, flush=True)
                 results.setdefault((ranks, backend), []).append(run(args, backend, ranks))
-    commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "-C", HERE, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip()
     import torch
     print(f"# DDP Fashion-MNIST, {args.epochs} epochs, global batch 128, seed 1; {args.rounds} alternated rounds")
     gpu = f", GPU {torch.cuda.get_device_name()}" if args.device == "cuda" else ""
     print(f"# machine: {os.cpu_count()} CPUs, {cpu_name()}{gpu}; tensors on {args.device}; torch {torch.__version__}; "
           f"dtrain {commit}")
-    print("| ranks | backend | samples/s (low-high) | dtrain / gloo (median) | final test accuracy | gradient sync share of a step |")
+    print("| ranks | backend | samples/s (low-high) | dtrain / gloo (median) | final test accuracy "
+          "| gradient sync share of a step |")
     print("|---|---|---|---|---|---|")
     for ranks in args.ranks:
         gloo, mine = results[(ranks, "gloo")], results[(ranks, "dtrain")]
@@ -76,7 +78,8 @@ def main():
             sps = [x["samples_per_second"] for x in runs]
             accs = sorted({round(x["test_accuracy"], 4) for x in runs})
             shares = [x["communication_share"] for x in runs]
-            print(f"| {ranks} | {backend} | {min(sps):.0f}-{max(sps):.0f} | {f'{ratio:.2f}x' if backend == 'dtrain' else ''} | "
+            versus = f'{ratio:.2f}x' if backend == 'dtrain' else ''
+            print(f"| {ranks} | {backend} | {min(sps):.0f}-{max(sps):.0f} | {versus} | "
                   f"{', '.join(f'{a:.4f}' for a in accs)} | {min(shares):.0%}-{max(shares):.0%} |")
     if args.json:
         with open(args.json, "w") as f:

@@ -84,7 +84,8 @@ inline std::vector<float> download(const cuda::device_buffer<float>& d) {
 /// `in_flight`: allreduce through `iallreduce`, every call enqueued before the last is waited for
 /// (as nccl-tests times), instead of one blocking call after another.
 template <class Comm>
-device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, int iterations, bool in_flight = false) {
+device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, int iterations,
+                            bool in_flight = false) {
   const int p = c.size(), r = c.rank();
   const auto P = static_cast<std::size_t>(p);
   const bool blocks = op == coll_op::allgather || op == coll_op::reduce_scatter || op == coll_op::alltoall;
@@ -99,22 +100,33 @@ device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, 
   cuda::check(cudaMemcpy(in.data(), host_in.data(), in_n * sizeof(float), cudaMemcpyHostToDevice), "H2D");
   detail::last_request<Comm> last;
   auto call = [&] {
-    if constexpr (requires { last.request = c.iallreduce(device_span<const float>(in.span()), out.span(), reduce_op::sum); }) {
+    if constexpr (requires {
+                    last.request = c.iallreduce(device_span<const float>(in.span()), out.span(), reduce_op::sum);
+                  }) {
       if (in_flight && op == coll_op::allreduce) {
         last.request = c.iallreduce(device_span<const float>(in.span()), out.span(), reduce_op::sum);
         return;
       }
     }
     switch (op) {
-      case coll_op::allreduce: c.allreduce(device_span<const float>(in.span()), out.span(), reduce_op::sum); break;
-      case coll_op::allgather: c.allgather(device_span<const float>(in.span()), out.span()); break;
-      case coll_op::reduce_scatter: c.reduce_scatter(device_span<const float>(in.span()), out.span(), reduce_op::sum); break;
-      case coll_op::alltoall: c.alltoall(device_span<const float>(in.span()), out.span()); break;
+      case coll_op::allreduce:
+        c.allreduce(device_span<const float>(in.span()), out.span(), reduce_op::sum);
+        break;
+      case coll_op::allgather:
+        c.allgather(device_span<const float>(in.span()), out.span());
+        break;
+      case coll_op::reduce_scatter:
+        c.reduce_scatter(device_span<const float>(in.span()), out.span(), reduce_op::sum);
+        break;
+      case coll_op::alltoall:
+        c.alltoall(device_span<const float>(in.span()), out.span());
+        break;
       case coll_op::broadcast:
         cuda::check(cudaMemcpy(out.data(), in.data(), n * sizeof(float), cudaMemcpyDeviceToDevice), "D2D");
         c.broadcast(out.span(), 0);
         break;
-      default: throw error(errc::invalid_argument, "bench_device_collectives: no device form of this collective here");
+      default:
+        throw error(errc::invalid_argument, "bench_device_collectives: no device form of this collective here");
     }
   };
   for (int k = 0; k < warmup; ++k) call();
@@ -139,7 +151,9 @@ device_point measure_device(Comm& c, coll_op op, std::size_t bytes, int warmup, 
         for (int q = 0; q < p; ++q) want += detail::input_of(q, static_cast<std::size_t>(r) * count + i);
         break;
       case coll_op::allgather: want = detail::input_of(static_cast<int>(i / count), i % count); break;
-      case coll_op::alltoall: want = detail::input_of(static_cast<int>(i / count), static_cast<std::size_t>(r) * count + i % count); break;
+      case coll_op::alltoall:
+        want = detail::input_of(static_cast<int>(i / count), static_cast<std::size_t>(r) * count + i % count);
+        break;
       default: want = detail::input_of(0, i); break;  // broadcast from rank 0
     }
     wrong += got[i] == want ? 0 : 1;

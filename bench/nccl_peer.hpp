@@ -59,7 +59,8 @@ class raw_nccl {
 
  private:
   static void check(ncclResult_t r, const char* what) {
-    if (r != ncclSuccess) throw error(errc::device_error, std::string("raw nccl: ") + what + ": " + ncclGetErrorString(r));
+    if (r != ncclSuccess)
+      throw error(errc::device_error, std::string("raw nccl: ") + what + ": " + ncclGetErrorString(r));
   }
 
   ncclComm_t comm_ = nullptr;

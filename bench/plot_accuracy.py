@@ -68,7 +68,8 @@ def main():
             for key, style in (("dtrain", "-"), ("ddp", "--")):  # one colour per P
                 r = row[key]
                 t, a = zip(*r["curve"])
-                right.plot(t, a, style, color=f"C{i}", marker=".", label=f"{r['framework']}, {row['ranks']} process(es)")
+                right.plot(t, a, style, color=f"C{i}", marker=".",
+                           label=f"{r['framework']}, {row['ranks']} process(es)")
         right.set(title="benchmark recipe (5 epochs, constant lr)", xlabel="training time (s)",
                   ylabel="test accuracy", ylim=(0.80, 0.91))
         right.legend(fontsize=8, loc="lower right")

@@ -4,7 +4,8 @@ per rank, a box per forward (light) and backward (dark) coloured by micro-batch 
 its number (and, interleaved, the stage), so the warm-up, the steady 1F1B phase, the flush and
 the bubble are visible as they ran.
 
-  build/tools/dtrain-run -n 4 build/bench/bench_pipeline --timeline /tmp/timeline.json --micro-batches 8 --forward-us 10000
+  build/tools/dtrain-run -n 4 build/bench/bench_pipeline --timeline /tmp/timeline.json --micro-batches 8 \
+      --forward-us 10000
   /usr/bin/python3 bench/plot_pipeline.py /tmp/timeline.json docs/images/pipeline_schedules.png
 """
 import json

@@ -29,7 +29,8 @@ def main():
             for replicas in (1, 2):
                 print(f"round {rnd + 1}/{args.rounds}: 2 servers, {workers} worker(s), {replicas} replica(s)",
                       file=sys.stderr, flush=True)
-                cmd = [run, "--servers", "2", "-n", str(2 + workers), ps, "--only", "dense", "--replicas", str(replicas),
+                cmd = [run, "--servers", "2", "-n", str(2 + workers), ps, "--only", "dense",
+                       "--replicas", str(replicas),
                        "--seconds", str(args.seconds), "--sizes", *map(str, args.sizes)]
                 for row in run_json(cmd):
                     if row["op"] in ops:
@@ -43,7 +44,8 @@ def main():
     for workers in args.workers:
         for op in ops:
             for size in args.sizes:
-                one, two, median = ratio_cells(samples.get((workers, 1, op, size), []), samples.get((workers, 2, op, size), []))
+                one, two, median = ratio_cells(samples.get((workers, 1, op, size), []),
+                                               samples.get((workers, 2, op, size), []))
                 print(f"| {workers} | {op.split(' ', 1)[1]} | {size >> 20} MiB | {one} | {two} | {median} |")
 
 

@@ -206,7 +206,8 @@ def main():
     for key, label, _, unit, _ in configs:
         if unit != "GB/s":
             continue
-        row = f"| {label} | {cell(samples[key].get(DENSE_SIZES[0], []))} | {cell(samples[key].get(DENSE_SIZES[1], []))} |"
+        small, large = (cell(samples[key].get(size, [])) for size in DENSE_SIZES[:2])
+        row = f"| {label} | {small} | {large} |"
         if key.startswith("dtrain"):
             # Against the peer with as many requests in flight.
             depth = "d4" if key.endswith("_d4") else "d1"
@@ -229,7 +230,8 @@ def main():
     if args.json and not args.from_json:
         with open(args.json, "w") as f:
             json.dump({"machine": where, "commit": measured, "rounds": args.rounds, "layouts": layouts,
-                       "samples": {k: {str(c): v for c, v in cols.items()} for k, cols in samples.items()}}, f, indent=1)
+                       "samples": {k: {str(c): v for c, v in cols.items()} for k, cols in samples.items()}},
+                      f, indent=1)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ struct pattern_options {
   void add_to(CLI::App& app) {
     app.add_option("--seconds", seconds, "time per measurement")->check(CLI::PositiveNumber);
     app.add_option("--depth", depth, "requests in flight")->check(CLI::Range(1, 1024));
-    app.add_option("--sizes", sizes, "value bytes per request")->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
+    app.add_option("--sizes", sizes, "value bytes per request")
+        ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 30));
     app.add_option("--json", json, "write the results as JSON");
   }
 };
@@ -53,7 +54,8 @@ template <class Time>
 std::vector<pattern_result> run_patterns(const pattern_options& o, Time time) {
   std::vector<pattern_result> results;
   for (std::size_t bytes : o.sizes) {
-    for (auto [what, name] : {std::pair{pattern::push, "push"}, {pattern::pull, "pull"}, {pattern::push_pull, "push+pull"}}) {
+    for (auto [what, name] :
+         {std::pair{pattern::push, "push"}, {pattern::pull, "pull"}, {pattern::push_pull, "push+pull"}}) {
       const double s = time(what, bytes);
       const double moved = static_cast<double>(bytes) * (what == pattern::push_pull ? 2 : 1);
       results.push_back({name, bytes, s, moved / s / 1e9});
@@ -71,8 +73,9 @@ inline void print_patterns(const std::string& prefix, const std::string& title, 
   for (std::size_t i = 0; i < results.size(); ++i) {
     const pattern_result& r = results[i];
     fmt::print("  {:<18} {:>12} {:>12.1f} {:>10.3f}\n", prefix + " " + r.what, r.bytes, r.seconds * 1e6, r.gbps);
-    out += fmt::format("  {{\"op\": \"{} {}\", \"depth\": {}, \"bytes\": {}, \"time_us\": {:.2f}, \"GBps\": {:.4f}}}{}\n",
-                       prefix, r.what, o.depth, r.bytes, r.seconds * 1e6, r.gbps, i + 1 < results.size() ? "," : "");
+    out +=
+        fmt::format("  {{\"op\": \"{} {}\", \"depth\": {}, \"bytes\": {}, \"time_us\": {:.2f}, \"GBps\": {:.4f}}}{}\n",
+                    prefix, r.what, o.depth, r.bytes, r.seconds * 1e6, r.gbps, i + 1 < results.size() ? "," : "");
   }
   if (o.json.empty()) return;
   if (std::FILE* f = std::fopen(o.json.c_str(), "w")) {

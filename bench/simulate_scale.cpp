@@ -146,7 +146,8 @@ int main(int argc, char** argv) {
   app.add_option("--segment-bytes", o.segment_bytes, "pipeline segment of the flat algorithms");
   app.add_option("--pipeline-bytes", o.pipeline_bytes, "chunk of the hierarchical allreduce");
   app.add_option("--ranks", o.ranks, "world sizes P for the table")->delimiter(',');
-  app.add_option("--per-host", o.per_host, "ranks per host L (the table: several; --predict: the first)")->delimiter(',');
+  app.add_option("--per-host", o.per_host, "ranks per host L (the table: several; --predict: the first)")
+      ->delimiter(',');
   app.add_option("-b,--minbytes", o.min_bytes, "smallest size");
   app.add_option("-e,--maxbytes", o.max_bytes, "largest size");
   app.add_option("-f,--stepfactor", o.factor, "size multiplier")->check(CLI::PositiveNumber);

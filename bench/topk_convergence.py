@@ -23,7 +23,8 @@ CONFIGS = [("dense", ["--compress", "none"]), ("top-k 10%", ["--compress", "topk
 
 def run(build, ranks, extra):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [os.path.join(build, "tools", "dtrain-run"), "-n", str(ranks), os.path.join(build, "examples", "fashion_mnist"),
+        cmd = [os.path.join(build, "tools", "dtrain-run"), "-n", str(ranks),
+               os.path.join(build, "examples", "fashion_mnist"),
                "--log-every", "0", "--json", out.name] + extra
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         return json.load(open(out.name))
@@ -44,7 +45,8 @@ def main():
     P = args.ranks
     dense_acc = results["dense"][0]["test_accuracy"]
     print(f"Fashion-MNIST MLP, {P} ranks over TCP, {args.epochs} epochs, seed 1 ({args.rounds} round(s))")
-    print(f"{'compression':<12} {'test acc':>9} {'vs dense':>9} {'payload B/step':>15} {'ring wire B/step':>17} {'samples/s':>10}")
+    print(f"{'compression':<12} {'test acc':>9} {'vs dense':>9} {'payload B/step':>15}"
+          f" {'ring wire B/step':>17} {'samples/s':>10}")
     rows = []
     for label, _ in CONFIGS:
         r = results[label]

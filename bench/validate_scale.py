@@ -29,7 +29,8 @@ def measure(args, hosts, per_host, rate):
     """One run: the measured rows and the simulator's flags from the calibration."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [os.path.join(HERE, "emulated_cluster.sh"), "--hosts", str(hosts), "--ranks-per-host", str(per_host),
-               "--rate", rate, "--burst", str(args.burst), "--gso", str(args.gso), "--", f"{args.build}/bench/bench_collectives", "--transport", "tcp-hosts", "--ops",
+               "--rate", rate, "--burst", str(args.burst), "--gso", str(args.gso), "--",
+               f"{args.build}/bench/bench_collectives", "--transport", "tcp-hosts", "--ops",
                "allreduce", "-b", str(args.min_bytes), "-e", str(args.max_bytes), "-f", str(args.factor), "-t",
                str(args.seconds), "--json", f.name]
         out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)

@@ -9,7 +9,7 @@ above lower ones) and every `#include "dtrain/..."` under include/, and fails wh
   - the includes form a cycle,
   - a header includes PyTorch, pybind11 or Python (those belong to extensions/torch_backend, a
     separate target; the header-only library stays free of them),
-  - a header under include/ or a source under extensions/ is longer than MAX_LINES as a reader holds
+  - a header under include/, or a source or build file under OTHER_FOLDERS, is longer than MAX_LINES as a reader holds
     it (each line counted as the lines it takes wrapped at WRAP columns, so joining lines does not
     shorten a file) and is not in LARGE_HEADERS below, or is listed there but no longer needs to be
     (so the list stays short and true),
@@ -26,6 +26,9 @@ MAX_LINES = 500
 WRAP = 100
 MAX_COLUMNS = 120
 SOURCES = (".hpp", ".cuh", ".h", ".cpp", ".cu", ".py")
+BUILD_FILES = (".sh", ".cmake", "CMakeLists.txt")
+# Beside include/, the folders whose sources and build files are held to the same sizes.
+OTHER_FOLDERS = ("extensions", "tests", "bench", "examples", "tools", "scripts", "cmake")
 
 # Files allowed past MAX_LINES (paths under include/ without it, others from the root), each with
 # a ceiling (its size when allowed, plus a few lines: it may not keep growing) and the reason it
@@ -123,11 +126,13 @@ def main():
         if h not in state:
             visit(h)
 
-    for folder, _, files in os.walk(os.path.join(args.root, "extensions")):
-        for f in files:
-            if f.endswith(SOURCES):
-                path = os.path.join(folder, f)
-                sizes.append((os.path.relpath(path, args.root), open(path, encoding="utf-8").read()))
+    for top in OTHER_FOLDERS:
+        for folder, _, files in os.walk(os.path.join(args.root, top)):
+            for f in files:
+                if f.endswith(SOURCES + BUILD_FILES):
+                    path = os.path.join(folder, f)
+                    sizes.append((os.path.relpath(path, args.root), open(path, encoding="utf-8").read()))
+    sizes.append(("CMakeLists.txt", open(os.path.join(args.root, "CMakeLists.txt"), encoding="utf-8").read()))
     size_of = {}
     for path, text in sorted(sizes):
         lines = reader_lines(text)
@@ -155,7 +160,8 @@ def main():
         print(f"check_layers: {len(problems)} problem(s) in {len(headers)} headers", file=sys.stderr)
         return 1
     print(f"check_layers: {len(headers)} headers in {len(layers)} layers, no upward include, no cycle, "
-          f"no file over {MAX_LINES} lines wrapped at {WRAP} columns nor any line over {MAX_COLUMNS} columns" + (f" but the {len(LARGE_HEADERS)} allowed" if LARGE_HEADERS else ""))
+          f"no file over {MAX_LINES} lines wrapped at {WRAP} columns nor any line over {MAX_COLUMNS} columns"
+          + (f" but the {len(LARGE_HEADERS)} allowed" if LARGE_HEADERS else ""))
     return 0
 
 

@@ -66,7 +66,8 @@ for name in "${names[@]}"; do
   status=0
   run_tests "$tests" "$work/$name.mutant.log" || status=$?
   (cd "$src" && git apply -R --unidiff-zero "$patch")
-  if [[ $quick -eq 0 && -n $targets ]] && ! cmake --build "$build" -j2 --target $targets > "$work/$name.rebuild.log" 2>&1; then
+  if [[ $quick -eq 0 && -n $targets ]] \
+     && ! cmake --build "$build" -j2 --target $targets > "$work/$name.rebuild.log" 2>&1; then
     echo "   FAIL: the tree does not build again without the mutation (see $work/$name.rebuild.log)"; failed=1
     continue
   fi
@@ -80,7 +81,8 @@ for name in "${names[@]}"; do
   elif [[ $status -eq 0 ]]; then
     echo "   FAIL: '$tests' passed with the property broken (see $work/$name.mutant.log)"; failed=1; continue
   fi
-  grep -E "^[0-9]+% tests passed|\(Failed\)|\*\*\*Failed|Exception|Timeout" "$work/$name.mutant.log" | sed 's/^/   mutant: /' | head -n 8
+  grep -E "^[0-9]+% tests passed|\(Failed\)|\*\*\*Failed|Exception|Timeout" "$work/$name.mutant.log" \
+    | sed 's/^/   mutant: /' | head -n 8
   if [[ $quick -eq 1 ]]; then
     echo "   ok: '$tests' failed with the property broken"
     continue

@@ -44,8 +44,11 @@ archive=${GPU_CHECK_ARCHIVE:-}
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv
   lscpu | grep -E 'Model name|^CPU\(s\)'
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-  for b in "$build"/tests/test_nccl "$build"/examples/fashion_mnist_gpu; do ldd "$b" | grep -E 'nccl|cublas|cudart|not found'; done
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())'
+  for b in "$build"/tests/test_nccl "$build"/examples/fashion_mnist_gpu; do
+    ldd "$b" | grep -E 'nccl|cublas|cudart|not found'
+  done
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda,
+                                  "nccl", torch.cuda.nccl.version())'
 } > "$logs/machine.log" 2>&1
 
 # 1. Every [gpu] test, through ctest (the entries CI skips without a device).
@@ -53,8 +56,8 @@ if command -v ctest > /dev/null; then
   step gpu_tests 300 ctest --test-dir "$build" -L gpu --output-on-failure --timeout 300 \
     --repeat "until-fail:${GPU_CHECK_REPEAT:-1}"
 else  # no CMake on the host: the same test programs, one process each
-  for t in test_nccl test_nccl_p2p test_thrust_cuda test_staged_cuda test_device_pipeline_cuda test_device_trainer_cuda \
-           test_tensor_parallel_cuda test_nccl_pipeline_cuda; do
+  for t in test_nccl test_nccl_p2p test_thrust_cuda test_staged_cuda test_device_pipeline_cuda \
+           test_device_trainer_cuda test_tensor_parallel_cuda test_nccl_pipeline_cuda; do
     step "$t" 300 "$build/tests/$t"
   done
 fi
@@ -120,7 +123,9 @@ killed_mid_allreduce() {  # NAME COLLECTIVE RANKS
   ( sleep 60; kill "$launcher" 2> /dev/null ) &
   wait "$launcher"
   local rc=$?
-  echo "# rank $((n - 1)) (pid ${victim:-none}) SIGKILLed 4 s in; the launcher exited $(( ($(date +%s%N) - killed) / 1000000 )) ms later, status $rc" >> "$log"
+  local took_ms=$(( ($(date +%s%N) - killed) / 1000000 ))
+  echo "# rank $((n - 1)) (pid ${victim:-none}) SIGKILLed 4 s in; the launcher exited $took_ms ms later, status $rc" \
+    >> "$log"
   printf '%-28s rc=%-4s %4ss\n' "$name" "$rc" "$((SECONDS - t0))" | tee -a "$summary"
   if [ -n "${GPU_CHECK_ARCHIVE:-}" ]; then tar -czf "$GPU_CHECK_ARCHIVE" -C "$logs" .; fi
 }

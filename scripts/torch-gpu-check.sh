@@ -44,7 +44,8 @@ print(' '.join(['-I' + p for p in e.include_paths()] + ['-I' + sysconfig.get_pat
   # dtrain's own TCP benches, built here ($BUILD, default build): `bench` runs them there to tell
   # the transport's speed from the torch layer's. Built against an older glibc, they run on newer.
   local build=${BUILD:-build}
-  if [ -x "$build/bench/bench_collectives" ] && [ -x "$build/bench/bench_tcp_ceiling" ] && [ -x "$build/tools/dtrain-run" ]; then
+  if [ -x "$build/bench/bench_collectives" ] && [ -x "$build/bench/bench_tcp_ceiling" ] \
+     && [ -x "$build/tools/dtrain-run" ]; then
     mkdir -p "$dir/bin"
     cp "$build/bench/bench_collectives" "$build/bench/bench_tcp_ceiling" "$build/tools/dtrain-run" "$dir/bin/"
     cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 "$dir/lib/"

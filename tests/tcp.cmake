@@ -1,7 +1,8 @@
 # TCP transport, rendezvous and launching: real sockets, real processes.
 
 dtrain_add_test(test_rendezvous SOURCES rendezvous/stores.cpp rendezvous/environment.cpp LIBS dtrain::asio TIER tcp)
-dtrain_add_test(test_tcp SOURCES transport/tcp.cpp transport/progress.cpp transport/early_messages.cpp LIBS dtrain::asio TIER tcp)
+dtrain_add_test(test_tcp SOURCES transport/tcp.cpp transport/tcp_forming.cpp transport/progress.cpp
+                transport/early_messages.cpp LIBS dtrain::asio TIER tcp)
 dtrain_add_test(test_shm SOURCES transport/shm.cpp LIBS dtrain::asio TIER shm)
 dtrain_add_test(test_mixed SOURCES transport/mixed.cpp LIBS dtrain::asio TIER mixed)
 if(TARGET dtrain_test_thrust_cpp)
@@ -44,7 +45,8 @@ endif()
 add_executable(flight_worker tools/flight_worker.cpp)
 target_link_libraries(flight_worker PRIVATE dtrain::asio dtrain_warnings)
 add_test(NAME flight_recorder
-         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/flight_recorder.sh $<TARGET_FILE:dtrain-run> $<TARGET_FILE:flight_worker>)
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/flight_recorder.sh $<TARGET_FILE:dtrain-run>
+                 $<TARGET_FILE:flight_worker>)
 set_tests_properties(flight_recorder PROPERTIES TIMEOUT 300 LABELS tcp)
 
 # Every collective and algorithm across 2..6 processes started by dtrain-run.
@@ -68,7 +70,8 @@ endforeach()
 # rank keeps early messages it has no room for (4 ranks held 8.3 GB each without them and
 # outgrew this 24 GiB machine; with them the largest peak is 6.5 GB).
 foreach(n 2 4)
-  add_test(NAME tcp_large_allreduce_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> large-allreduce)
+  add_test(NAME tcp_large_allreduce_${n}
+           COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> large-allreduce)
   set_tests_properties(tcp_large_allreduce_${n} PROPERTIES TIMEOUT 900 RUN_SERIAL TRUE LABELS tcp)
 endforeach()
 
@@ -87,7 +90,8 @@ endforeach()
 add_executable(tcp_pipeline_worker pipeline/tcp_pipeline_worker.cpp)
 target_link_libraries(tcp_pipeline_worker PRIVATE dtrain::asio dtrain_warnings)
 foreach(n 1 2 3 4)
-  add_test(NAME tcp_pipeline_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_pipeline_worker>)
+  add_test(NAME tcp_pipeline_dtrain_run_${n}
+           COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_pipeline_worker>)
   set_tests_properties(tcp_pipeline_dtrain_run_${n} PROPERTIES TIMEOUT 600 LABELS tcp)
 endforeach()
 
@@ -110,7 +114,8 @@ endforeach()
 foreach(n RANGE 1 9)
   add_test(NAME shm_conformance_dtrain_run_${n}
            COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> conformance)
-  set_tests_properties(shm_conformance_dtrain_run_${n} PROPERTIES TIMEOUT 600 ENVIRONMENT DTRAIN_TEST_TRANSPORT=shm LABELS shm)
+  set_tests_properties(shm_conformance_dtrain_run_${n}
+                       PROPERTIES TIMEOUT 600 ENVIRONMENT DTRAIN_TEST_TRANSPORT=shm LABELS shm)
 endforeach()
 foreach(n 2 3 5)
   add_test(NAME shm_api_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> api)
@@ -121,18 +126,19 @@ endforeach()
 # no message here reaches): large messages are read from the sender's memory across processes, and
 # every rank checks it sent through both paths with no fallback it did not ask for (tcp_worker's
 # DTRAIN_TEST_EXPECT_PATHS), as does the mixed transport on 2 emulated hosts.
+set(single_copy_from_4k "DTRAIN_SHM_SINGLE_COPY_BYTES=4096;DTRAIN_TEST_EXPECT_PATHS=single-copy")
 foreach(run "conformance;2" "conformance;3" "conformance;5" "api;3")
   list(GET run 0 mode)
   list(GET run 1 n)
   add_test(NAME shm_single_copy_${mode}_dtrain_run_${n}
            COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_worker> ${mode})
   set_tests_properties(shm_single_copy_${mode}_dtrain_run_${n} PROPERTIES TIMEOUT 600 LABELS shm ENVIRONMENT
-                       "DTRAIN_TEST_TRANSPORT=shm;DTRAIN_SHM_SINGLE_COPY_BYTES=4096;DTRAIN_TEST_EXPECT_PATHS=single-copy")
+                       "DTRAIN_TEST_TRANSPORT=shm;${single_copy_from_4k}")
 endforeach()
 add_test(NAME mixed_single_copy_conformance_dtrain_run_4
          COMMAND $<TARGET_FILE:dtrain-run> -n 4 $<TARGET_FILE:tcp_worker> conformance)
 set_tests_properties(mixed_single_copy_conformance_dtrain_run_4 PROPERTIES TIMEOUT 600 LABELS mixed ENVIRONMENT
-                     "DTRAIN_TEST_TRANSPORT=mixed;DTRAIN_TEST_HOSTS=2;DTRAIN_SHM_SINGLE_COPY_BYTES=4096;DTRAIN_TEST_EXPECT_PATHS=single-copy")
+                     "DTRAIN_TEST_TRANSPORT=mixed;DTRAIN_TEST_HOSTS=2;${single_copy_from_4k}")
 
 # The TCP conformance again over the mixed transport in 1..9 processes: rank r on emulated host
 # r % hosts, so ranks of one host (interleaved in the world) share memory and the others use TCP.
@@ -198,11 +204,13 @@ foreach(mode sync local-sgd)
 endforeach()
 # Mixed precision (a bfloat16 model, float master weights) across processes.
 foreach(n 2 3)
-  add_test(NAME allreduce_trainer_tcp_bf16_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:trainer_worker> bf16)
+  add_test(NAME allreduce_trainer_tcp_bf16_${n}
+           COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:trainer_worker> bf16)
   set_tests_properties(allreduce_trainer_tcp_bf16_${n} PROPERTIES TIMEOUT 300 LABELS tcp)
 endforeach()
 # A job resumed from a mid-epoch checkpoint ends bit-identical to the straight job (issue 16).
-add_test(NAME allreduce_trainer_tcp_resume_2 COMMAND $<TARGET_FILE:dtrain-run> -n 2 $<TARGET_FILE:trainer_worker> resume)
+add_test(NAME allreduce_trainer_tcp_resume_2
+         COMMAND $<TARGET_FILE:dtrain-run> -n 2 $<TARGET_FILE:trainer_worker> resume)
 set_tests_properties(allreduce_trainer_tcp_resume_2 PROPERTIES TIMEOUT 300 LABELS tcp)
 
 # The sharded trainer across real processes, against the serial simulation of every rank.
@@ -212,7 +220,8 @@ foreach(run zero1:3 zero2:3 zero3:3 zero3:4 hybrid:4 zero2:8 zero3:8 hybrid:8 bf
   string(REPLACE ":" ";" run ${run})
   list(GET run 0 mode)
   list(GET run 1 n)
-  add_test(NAME sharded_trainer_tcp_${mode}_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:sharded_worker> ${mode})
+  add_test(NAME sharded_trainer_tcp_${mode}_${n}
+           COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:sharded_worker> ${mode})
   set_tests_properties(sharded_trainer_tcp_${mode}_${n} PROPERTIES TIMEOUT 300 LABELS tcp)
 endforeach()
 
@@ -227,6 +236,6 @@ endforeach()
 add_test(NAME ps_tcp_asp_4 COMMAND ${CMAKE_COMMAND} -E env DTRAIN_PS_SERVERS=2
                                    $<TARGET_FILE:dtrain-run> -n 4 $<TARGET_FILE:ps_worker> asp)
 set_tests_properties(ps_tcp_asp_4 PROPERTIES TIMEOUT 300 LABELS tcp)
-dtrain_add_test(test_ps_faults SOURCES ps/faults.cpp LIBS dtrain::asio TIER tcp)
+dtrain_add_test(test_ps_faults SOURCES ps/faults.cpp ps/membership.cpp LIBS dtrain::asio TIER tcp)
 target_compile_definitions(test_ps_faults PRIVATE DTRAIN_PS_WORKER="$<TARGET_FILE:ps_worker>")
 add_dependencies(test_ps_faults ps_worker)

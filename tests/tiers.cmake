@@ -11,7 +11,8 @@
 # SKIP_RETURN_CODE there and lists it with its reason; where the capability is present, 77 is a
 # failure like any other exit status. check_gates.cmake refuses any other SKIP_RETURN_CODE.
 
-option(DTRAIN_FULL_SUITE "Fail to configure where a test tier's dependency is missing, and fail the gate below a tier's floor" OFF)
+option(DTRAIN_FULL_SUITE
+       "Fail to configure where a test tier's dependency is missing, and fail the gate below a tier's floor" OFF)
 
 # Capabilities no package brings. Without one, the tests that need it may skip.
 execute_process(COMMAND id -u OUTPUT_VARIABLE _dtrain_uid OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)

@@ -207,11 +207,13 @@ int main(int argc, char** argv) {
                  "(sets DTRAIN_PS_STANDBY)")
       ->check(CLI::Range(0, 4095));
   int shards = 0, growing = 0;
-  app.add_option("--shards", shards, "parameter-server jobs: cut the keys into N shards, N >= servers (sets DTRAIN_PS_SHARDS)")
+  app.add_option("--shards", shards,
+                 "parameter-server jobs: cut the keys into N shards, N >= servers (sets DTRAIN_PS_SHARDS)")
       ->check(CLI::Range(0, 1 << 20));
-  app.add_option("--growing", growing,
-                 "parameter-server jobs: the first N standby servers add capacity, taking their share of the shards when "
-                 "they come; their processes start --join-after-ms later (sets DTRAIN_PS_GROWING)")
+  app.add_option(
+         "--growing", growing,
+         "parameter-server jobs: the first N standby servers add capacity, taking their share of the shards when "
+         "they come; their processes start --join-after-ms later (sets DTRAIN_PS_GROWING)")
       ->check(CLI::Range(0, 4095));
   int late_workers = 0, join_after_ms = 0;
   app.add_option("--late-workers", late_workers,
@@ -269,8 +271,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> env_text;
   for (char** e = environ; *e != nullptr; ++e) env_text.emplace_back(*e);
   if (late_workers > 0 && servers + standby + late_workers >= n) {
-    std::fprintf(stderr, "dtrain-run: %d servers, %d standby and %d late workers leave no worker to start the job\n", servers,
-                 standby, late_workers);
+    std::fprintf(stderr, "dtrain-run: %d servers, %d standby and %d late workers leave no worker to start the job\n",
+                 servers, standby, late_workers);
     return 2;
   }
   const int first_late = n - standby - late_workers;  // late workers: [first_late, n - standby)
@@ -305,7 +307,8 @@ int main(int argc, char** argv) {
     for (auto& c : children) {
       if (c.pid >= 0 || std::chrono::steady_clock::now() < c.start_at) continue;  // started, given up, or not yet
       if (const int rc = spawn(c, command, envs[static_cast<std::size_t>(c.rank)]); rc != 0) {
-        std::fprintf(stderr, "dtrain-run: cannot start %s (rank %d): %s\n", command[0].c_str(), c.rank, std::strerror(rc));
+        std::fprintf(stderr, "dtrain-run: cannot start %s (rank %d): %s\n", command[0].c_str(), c.rank,
+                     std::strerror(rc));
         for (auto& o : children) if (o.pid > 0 && o.running) ::kill(o.pid, SIGKILL);
         return false;
       }

@@ -7,7 +7,8 @@ Prints per-epoch lines and writes a JSON summary like dtrain's example (--json).
 
   /usr/bin/python3 bench/peers/ddp_fashion_mnist.py --ranks 2 --epochs 5
   python3 bench/peers/ddp_fashion_mnist.py --device cuda --backend nccl --epochs 10   # the peer of fashion_mnist_gpu
-  /usr/bin/python3 bench/peers/ddp_fashion_mnist.py --ranks 2 --backend dtrain --module-dir build/extensions/torch_backend
+  /usr/bin/python3 bench/peers/ddp_fashion_mnist.py --ranks 2 --backend dtrain \
+      --module-dir build/extensions/torch_backend
 """
 import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per process, BLAS included
@@ -121,7 +122,8 @@ def worker(rank, args, port):
     share = max(0.0, 1.0 - min(timings[False]) / min(timings[True])) if args.ranks > 1 else 0.0
     if rank == 0:
         result = {"framework": "pytorch-ddp", "torch": torch.__version__, "backend": args.backend,
-                  "device": torch.cuda.get_device_name(device) if gpu else "cpu", "ranks": args.ranks, "epochs": args.epochs,
+                  "device": torch.cuda.get_device_name(device) if gpu else "cpu", "ranks": args.ranks,
+                  "epochs": args.epochs,
                   "global_batch": args.batch, "samples_per_second": steps * args.batch * args.epochs / train_seconds,
                   "epoch_seconds": epoch_seconds, "communication_share": share, "test_accuracy": curve[-1][1],
                   "curve": curve}
@@ -142,7 +144,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--json", default="")
-    p.add_argument("--backend", default="gloo", help="torch.distributed backend: gloo, dtrain (CPU); nccl with --device cuda")
+    p.add_argument("--backend", default="gloo",
+                   help="torch.distributed backend: gloo, dtrain (CPU); nccl with --device cuda")
     p.add_argument("--module-dir", default="", help="with --backend dtrain: where dtrain_torch was built "
                    "(build/extensions/torch_backend)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the model and the data live")

@@ -20,7 +20,8 @@
 namespace {
 
 template <class Algorithm>
-void measure(const char* name, const std::shared_ptr<gloo::rendezvous::Context>& ctx, std::size_t bytes, double seconds) {
+void measure(const char* name, const std::shared_ptr<gloo::rendezvous::Context>& ctx, std::size_t bytes,
+             double seconds) {
   const int rank = ctx->rank, size = ctx->size;
   const std::size_t n = bytes / sizeof(float);
   std::vector<float> data(n);
@@ -36,7 +37,8 @@ void measure(const char* name, const std::shared_ptr<gloo::rendezvous::Context>&
   double one = std::chrono::duration<double>(clock::now() - t0).count() / 2;
   // Every rank must run the same count: rank 0's estimate travels by allreduce (max).
   std::vector<float> iters{static_cast<float>(std::clamp(seconds / std::max(one, 1e-7), 3.0, 10000.0))};
-  gloo::AllreduceRingChunked<float> agree(ctx, std::vector<float*>{iters.data()}, 1, gloo::ReductionFunction<float>::max);
+  gloo::AllreduceRingChunked<float> agree(ctx, std::vector<float*>{iters.data()}, 1,
+                                          gloo::ReductionFunction<float>::max);
   agree.run();
   const int count = static_cast<int>(iters[0]);
   t0 = clock::now();

@@ -80,7 +80,8 @@ tensor make_tensor(std::size_t floats, std::size_t slice_floats, int index) {
   const std::size_t n = (floats + slice_floats - 1) / slice_floats;
   for (std::size_t j = 0; j < n; ++j) {
     const auto& r = ranges[j % ranges.size()];
-    slices.emplace_back(r.begin() + static_cast<ps::Key>(index) * 1024 + j, static_cast<int>(std::min(slice_floats, floats - j * slice_floats)));
+    slices.emplace_back(r.begin() + static_cast<ps::Key>(index) * 1024 + j,
+                        static_cast<int>(std::min(slice_floats, floats - j * slice_floats)));
   }
   std::sort(slices.begin(), slices.end());
   tensor t;
@@ -158,23 +159,26 @@ int main(int argc, char** argv) {
       ps::SArray<ps::Key> skeys(keys);
       ps::SArray<float> grad(keys.size(), 1e-3f), values(keys.size(), 0.0f);
       barrier_workers();
-      const double s = dtrain::bench::time_per_call([&] { kv.Wait(kv.ZPushPull(skeys, grad, &values, nullptr, sparse_cmd)); }, seconds, 3);
+      const double s = dtrain::bench::time_per_call(
+          [&] { kv.Wait(kv.ZPushPull(skeys, grad, &values, nullptr, sparse_cmd)); }, seconds, 3);
       results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
                          2.0 * static_cast<double>(keys.size() * sizeof(float)) * workers / s / 1e9,
                          static_cast<double>(keys.size()) * workers / s / 1e6});
     }
     if (ps::MyRank() == 0) {
-      fmt::print("# ps-lite: {} server(s), {} worker(s), {} dense tensor(s) in flight, {} KiB slices\n", ps::NumServers(),
-                 workers, depth, slice_kib);
-      fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "op", "size(B)", "keys", "time(us)", "GB/s", "Mkeys/s");
+      fmt::print("# ps-lite: {} server(s), {} worker(s), {} dense tensor(s) in flight, {} KiB slices\n",
+                 ps::NumServers(), workers, depth, slice_kib);
+      fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "op", "size(B)", "keys", "time(us)", "GB/s",
+                 "Mkeys/s");
       std::string out = "[\n";
       for (std::size_t i = 0; i < results.size(); ++i) {
         const auto& r = results[i];
-        fmt::print("  {:<18} {:>12} {:>10} {:>12.1f} {:>10.3f} {:>10.2f}\n", r.what, r.bytes, r.keys, r.seconds * 1e6, r.gbps,
-                   r.mkeys);
-        out += fmt::format("  {{\"op\": \"{}\", \"bytes\": {}, \"keys\": {}, \"time_us\": {:.2f}, \"GBps\": {:.4f}, "
-                           "\"Mkeys_per_s\": {:.3f}}}{}\n",
-                           r.what, r.bytes, r.keys, r.seconds * 1e6, r.gbps, r.mkeys, i + 1 < results.size() ? "," : "");
+        fmt::print("  {:<18} {:>12} {:>10} {:>12.1f} {:>10.3f} {:>10.2f}\n", r.what, r.bytes, r.keys, r.seconds * 1e6,
+                   r.gbps, r.mkeys);
+        out += fmt::format(
+            "  {{\"op\": \"{}\", \"bytes\": {}, \"keys\": {}, \"time_us\": {:.2f}, \"GBps\": {:.4f}, "
+            "\"Mkeys_per_s\": {:.3f}}}{}\n",
+            r.what, r.bytes, r.keys, r.seconds * 1e6, r.gbps, r.mkeys, i + 1 < results.size() ? "," : "");
       }
       if (!json.empty()) {
         if (std::FILE* f = std::fopen(json.c_str(), "w")) {

@@ -63,7 +63,8 @@ def worker(rank, args, port, scratch):
     schedule = schedule_type(stage, n_microbatches=args.micro_batches, loss_fn=loss_fn)
     opt = torch.optim.SGD(part.parameters(), lr=args.lr, momentum=0.9)
     steps = len(y_train) // args.batch
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, steps * args.epochs) / (steps * args.epochs))))
+    total = steps * args.epochs
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
     generator = torch.Generator().manual_seed(args.seed)
     seconds = 0.0
     for epoch in range(args.epochs):
@@ -92,8 +93,9 @@ def worker(rank, args, port, scratch):
         rate = steps * args.batch * args.epochs / seconds
         print(f"torch.distributed.pipelining {args.schedule}: {rate:.0f} samples/s, test accuracy {accuracy:.4f}")
         if args.json:
-            json.dump({"framework": f"torch {torch.__version__} pipelining", "schedule": args.schedule, "ranks": 2, "dp": 1,
-                       "pp": 2, "tp": 1, "micro_batches": args.micro_batches, "samples_per_second": rate,
+            json.dump({"framework": f"torch {torch.__version__} pipelining", "schedule": args.schedule,
+                       "ranks": 2, "dp": 1, "pp": 2, "tp": 1, "micro_batches": args.micro_batches,
+                       "samples_per_second": rate,
                        "bubble": float("nan"), "test_accuracy": accuracy}, open(args.json, "w"))
     dist.destroy_process_group()
 

@@ -162,7 +162,9 @@ int run(const settings& s) {
       auto pulled = w.pull(keys, std::span(weights), 1);
       w.wait(pulled);
       grads.assign(keys.size(), 0.0f);
-      auto index = [&](std::uint64_t k) { return static_cast<std::size_t>(std::lower_bound(keys.begin(), keys.end(), k) - keys.begin()); };
+      auto index = [&](std::uint64_t k) {
+        return static_cast<std::size_t>(std::lower_bound(keys.begin(), keys.end(), k) - keys.begin());
+      };
       const std::size_t bias = index(bias_key);
       for (auto it = first; it != last; ++it) {
         double z = weights[bias];
@@ -182,8 +184,8 @@ int run(const settings& s) {
       w.wait(clocked);
       if (w.id() == 0 && s.log_every > 0 && (b + 1) % static_cast<std::size_t>(s.log_every) == 0) {
         const double secs = std::chrono::duration<double>(clock_type::now() - start).count();
-        fmt::print("epoch {} batch {:>5}/{}  train logloss {:.4f}  {:.0f} samples/s per worker\n", epoch, b + 1, batches,
-                   window_loss / (s.log_every * s.batch), static_cast<double>((b + 1) * s.batch) / secs);
+        fmt::print("epoch {} batch {:>5}/{}  train logloss {:.4f}  {:.0f} samples/s per worker\n", epoch, b + 1,
+                   batches, window_loss / (s.log_every * s.batch), static_cast<double>((b + 1) * s.batch) / secs);
         window_loss = 0;
       }
     }
@@ -191,9 +193,11 @@ int run(const settings& s) {
   }
   const auto& st = w.stats();
   if (w.id() == 0) {
-    fmt::print("worker 0: {} pushes, {} pulls, {} keys pushed, {} keys pulled, {:.1f} MB out, {:.1f} MB in, "
-               "{:.1f} s waiting\n", st.pushes, st.pulls, st.keys_pushed, st.keys_pulled, static_cast<double>(st.bytes_out) / 1e6,
-               static_cast<double>(st.bytes_in) / 1e6, st.wait_seconds);
+    fmt::print(
+        "worker 0: {} pushes, {} pulls, {} keys pushed, {} keys pulled, {:.1f} MB out, {:.1f} MB in, "
+        "{:.1f} s waiting\n",
+        st.pushes, st.pulls, st.keys_pushed, st.keys_pulled, static_cast<double>(st.bytes_out) / 1e6,
+        static_cast<double>(st.bytes_in) / 1e6, st.wait_seconds);
   }
   w.finish();
   // Written so that a NaN gap fails too.

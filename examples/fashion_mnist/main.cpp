@@ -9,6 +9,8 @@
 // Each rank trains on its shard of every epoch's shuffled training set (global batch split
 // evenly), evaluates its share of the test set, and rank 0 prints progress and a summary.
 
+// settings.hpp holds the command line's settings; ps_training.hpp the parameter-server trainer.
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -27,80 +29,15 @@
 #include <dtrain/transport/mixed.hpp>
 #include <dtrain/transport/shm.hpp>
 #include <dtrain/transport/tcp.hpp>
-#include <dtrain/consistency/policies.hpp>
-#include <dtrain/core/hash.hpp>
-#include <dtrain/ps/trainer.hpp>
-#include <dtrain/updater/adagrad.hpp>
-#include <dtrain/updater/delta.hpp>
-#include <dtrain/updater/momentum.hpp>
-#include <dtrain/updater/staleness_aware.hpp>
 
 #include "dataset.hpp"
 #include "mlp.hpp"
+#include "ps_training.hpp"
+#include "settings.hpp"
+
+using namespace example;
 
 namespace {
-
-struct settings {
-  std::string data = fashion_mnist::default_directory;
-  int epochs = 20;
-  std::size_t global_batch = 128;
-  double lr = 0.05, momentum = 0.9;
-  std::string schedule = "cosine";
-  double warmup_epochs = 0;
-  std::vector<int> hidden{256, 128};
-  std::string compress = "none";
-  double density = 0.01;  // --compress topk: the share of each bucket a rank sends
-  std::size_t local_sgd = 1, local_sgd_after = 0;
-  double first_bucket_kib = 0, bucket_mib = 25;  // 0: the trainer's automatic first bucket
-  bool no_overlap = false;
-  std::size_t log_every = 100, limit_train = 0;
-  std::uint64_t seed = 1;
-  std::string json;
-  double min_accuracy = 0;
-  // The parameter-server trainer (--trainer ps): servers are the first DTRAIN_PS_SERVERS ranks.
-  std::string trainer = "allreduce", consistency = "bsp", algorithm = "sync";
-  std::string transport = "auto";
-  int tau = 8;               // the period of ADAG, EASGD, model averaging; DynSGD's window
-  double rho = 0.5;          // EASGD's elasticity (alpha = lr * rho)
-  double time_budget = 0;    // > 0: stop training after this many seconds (equal-time comparisons)
-  int replicas = 1;          // copies of each parameter shard (chain replication over the servers)
-  std::size_t slice_kib = 4096;  // the parameters travel and are sharded in slices of this size
-};
-
-using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
-
-// 784, the hidden widths, 10.
-std::vector<int> layer_widths(const settings& s) {
-  std::vector<int> widths{static_cast<int>(fashion_mnist::pixels_per_image)};
-  widths.insert(widths.end(), s.hidden.begin(), s.hidden.end());
-  widths.push_back(fashion_mnist::classes);
-  return widths;
-}
-
-// The final parameters' bits in 16 hex digits: equal digests mean bit-identical models.
-std::string digest_of(std::span<const float> x) {
-  return fmt::format("{:016x}", dtrain::fnv1a().bytes(std::as_bytes(x)).value());
-}
-
-// The summary the bench and plot scripts read.
-void write_summary(const settings& s, const std::string& framework, int ranks, double samples_per_second,
-                   const std::vector<double>& epoch_seconds, double comm_share, double accuracy,
-                   const std::vector<std::pair<double, double>>& curve, double final_loss, double bytes_per_step = 0) {
-  if (s.json.empty()) return;
-  std::ofstream out(s.json);
-  out << fmt::format(
-      "{{\"framework\":\"{}\",\"ranks\":{},\"epochs\":{},\"global_batch\":{},\"samples_per_second\":{:.1f},"
-      "\"epoch_seconds\":[{:.4f}],\"communication_share\":{:.4f},\"test_accuracy\":{:.4f},\"test_loss\":{:.5f},"
-      "\"compress\":\"{}\",\"density\":{},\"payload_bytes_per_step\":{:.0f},\"curve\":[",
-      framework, ranks, epoch_seconds.size(), s.global_batch, samples_per_second, fmt::join(epoch_seconds, ","),
-      comm_share, accuracy, final_loss, s.compress, s.density, bytes_per_step);
-  for (std::size_t i = 0; i < curve.size(); ++i) {
-    out << fmt::format("{}[{:.4f},{:.4f}]", i ? "," : "", curve[i].first, curve[i].second);
-  }
-  out << "]}\n";
-  if (!out) throw dtrain::error(dtrain::errc::bad_data, "cannot write " + s.json);
-}
 
 template <class Transport>
 int run_allreduce(const settings& s) {
@@ -131,8 +68,9 @@ int run_allreduce(const settings& s) {
   options.average_every = s.local_sgd;
   options.local_sgd_after = s.local_sgd_after;
   options.overlap = !s.no_overlap;
-  dtrain::lr_schedule schedule{s.lr, 1.0, static_cast<std::size_t>(s.warmup_epochs * static_cast<double>(steps_per_epoch)),
-                                          s.schedule == "cosine" ? steps_per_epoch * s.epochs : 0, 0.0};
+  dtrain::lr_schedule schedule{s.lr, 1.0,
+                               static_cast<std::size_t>(s.warmup_epochs * static_cast<double>(steps_per_epoch)),
+                               s.schedule == "cosine" ? steps_per_epoch * s.epochs : 0, 0.0};
   options.learning_rate = schedule;
 
   using collective = dtrain::communicator<Transport>;
@@ -223,7 +161,8 @@ int run_allreduce(const settings& s) {
   const double samples_per_second =
       static_cast<double>(total_steps * s.global_batch) / train_seconds;
   if (rank == 0) {
-    const double bytes_per_step = static_cast<double>(trainer.stats().bytes_reduced) / static_cast<double>(std::max<std::size_t>(1, total_steps));
+    const double bytes_per_step =
+        static_cast<double>(trainer.stats().bytes_reduced) / static_cast<double>(std::max<std::size_t>(1, total_steps));
     fmt::print("final test accuracy {:.4f}; {:.0f} samples/s over {} epochs on {} rank(s); {:.0f} bytes a step "
                "handed to collectives per rank; parameters digest {}\n", accuracy, samples_per_second,
                epoch_seconds.size(), ranks, bytes_per_step, digest_of(model.flat_parameters()));
@@ -233,156 +172,21 @@ int run_allreduce(const settings& s) {
   return accuracy >= s.min_accuracy ? 0 : 3;
 }
 
-// --- the parameter-server trainer ------------------------------------------------------------------
-
-// Trains with ps::trainer<mixed_transport, Consistency, Updater, Algorithm>: the MLP's flat
-// parameters are one dense tensor on the servers; each worker runs the algorithm on its shard.
-template <class Consistency, class Updater, class Algorithm>
-int run_ps_with(const settings& s, dtrain::mixed_transport transport, Updater updater, Algorithm algorithm) {
-  const auto roles = dtrain::ps::roles::from_environment(transport.size());
-  const auto P = static_cast<std::size_t>(roles.workers);
-  if (s.global_batch % P != 0) {
-    throw dtrain::error(dtrain::errc::invalid_argument,
-                        fmt::format("--batch {} does not split evenly across {} workers", s.global_batch, P));
-  }
-  dtrain::ps::ps_options o;
-  o.replicas = s.replicas;
-  o.dense_slice_bytes = s.slice_kib * 1024;
-  // The servers create the parameters: uniform in +-0.05, near PyTorch's +-1/sqrt(fan_in) for
-  // these layers (0.036 to 0.088), and the same on every run.
-  dtrain::ps::trainer<dtrain::mixed_transport, Consistency, Updater, Algorithm, float, dtrain::ps::uniform_initializer> job(
-      std::move(transport), std::move(updater), std::move(algorithm), roles, o, dtrain::ps::uniform_initializer{0.05, s.seed});
-  if (job.is_server()) {
-    const auto& st = job.serve();
-    fmt::print("server: {} updates applied as a head, {} pushes, {} pulls, {:.1f} MB in, {:.1f} MB out, "
-               "longest wait queue {}, mean staleness {:.2f}\n", st.head_updates, st.pushes, st.pulls, static_cast<double>(st.bytes_in) / 1e6,
-               static_cast<double>(st.bytes_out) / 1e6, st.max_deferred, st.mean_staleness());
-    return 0;
-  }
-  auto& w = job.worker_endpoint();
-  const int me = w.id();
-  const auto train = fashion_mnist::load(s.data, "train");
-  const auto test = fashion_mnist::load(s.data, "t10k");
-  const std::size_t train_samples = s.limit_train > 0 ? std::min(s.limit_train, train.size()) : train.size();
-  const auto widths = layer_widths(s);
-  fashion_mnist::mlp model(widths, train, s.seed);
-  dtrain::data::distributed_sampler sampler(train_samples, me, roles.workers, s.seed);
-  const std::size_t local_batch = s.global_batch / P;
-  const std::size_t steps_per_epoch = sampler.shard_size() / local_batch;
-  if (me == 0) {
-    fmt::print("fashion_mnist: parameter server, {} server(s), {} worker(s), {}, {}, MLP {}, global batch {} ({} per "
-               "worker), {} steps per epoch\n", roles.servers, roles.workers, Consistency::name, Algorithm::name,
-               fmt::join(widths, "-"), s.global_batch, local_batch, steps_per_epoch);
-  }
-  // Every worker starts from what the servers hold, so replicas agree.
-  const auto x = model.flat_parameters();
-  job.begin(x);
-  std::vector<std::size_t> order;
-  auto gradient = [&](std::span<const float>, std::span<float> g, std::int64_t t) {
-    const auto step = static_cast<std::size_t>(t) % steps_per_epoch;
-    if (step == 0) order = sampler.indices(static_cast<std::uint64_t>(t) / steps_per_epoch);
-    auto none = [](std::size_t) {};
-    model.forward_backward(std::span<const std::size_t>(order).subspan(step * local_batch, local_batch),
-                           dtrain::gradient_ready(none));
-    const auto grads = model.flat_gradients();
-    std::copy(grads.begin(), grads.end(), g.begin());
-  };
-  auto evaluate = [&] {
-    std::size_t hits = 0;
-    double loss = 0;
-    for (std::size_t at = 0; at < test.size(); at += 1000) {
-      const auto [h, l] = model.evaluate(test, at, std::min<std::size_t>(1000, test.size() - at));
-      hits += h;
-      loss += l;
-    }
-    return std::pair<double, double>(static_cast<double>(hits) / static_cast<double>(test.size()),
-                                     loss / static_cast<double>(test.size()));
-  };
-  double train_seconds = 0;
-  std::vector<double> epoch_seconds;
-  std::vector<std::pair<double, double>> curve;
-  std::int64_t t = 0;
-  bool out_of_time = false;
-  for (int epoch = 0; epoch < s.epochs && !out_of_time; ++epoch) {
-    const auto start = clock_type::now();
-    for (std::size_t step = 0; step < steps_per_epoch; ++step, ++t) {
-      job.step(x, gradient, t);
-      if (s.time_budget > 0 && train_seconds + since(start) >= s.time_budget) {
-        out_of_time = true;
-        break;
-      }
-    }
-    const double seconds = since(start);
-    train_seconds += seconds;
-    epoch_seconds.push_back(seconds);
-    if (me == 0) {
-      const auto [accuracy, loss] = evaluate();  // this worker's replica
-      curve.emplace_back(train_seconds, accuracy);
-      fmt::print("epoch {:>2}/{}  replica test accuracy {:.4f}  test loss {:.4f}  {:.2f} s  {:.0f} samples/s\n",
-                 epoch + 1, s.epochs, accuracy, loss, seconds,
-                 static_cast<double>(steps_per_epoch * s.global_batch) / seconds);
-    }
-  }
-  job.end(x);  // the servers' final parameters
-  if (me != 0) return 0;
-  const auto [accuracy, loss] = evaluate();
-  const double samples_per_second = static_cast<double>(t) * static_cast<double>(s.global_batch) / train_seconds;
-  fmt::print("final test accuracy {:.4f}, test loss {:.4f} (the servers' parameters); {:.0f} samples/s over {} "
-             "steps; {:.1f} s waiting for the servers; parameters digest {}\n", accuracy, loss, samples_per_second, t,
-             w.stats().wait_seconds, digest_of(x));
-  write_summary(s, fmt::format("dtrain-ps-{}-{}", Consistency::name, Algorithm::name), roles.workers,
-                samples_per_second, epoch_seconds, 0, accuracy, curve, loss);
-  return accuracy >= s.min_accuracy ? 0 : 3;
-}
-
-int run_ps(const settings& s) {
-  dtrain::mixed_options to;
-  // The servers decide what a lost worker means.
-  to.tcp.abort_group_on_peer_loss = to.shm.abort_group_on_peer_loss = false;
-  if (s.transport != "auto") to.path = s.transport == "tcp" ? dtrain::peer_path::tcp : dtrain::peer_path::shm;
-  auto t = dtrain::mixed_transport::from_environment(to);
-  using namespace dtrain;
-  using namespace dtrain::ps;
-  const double lr = s.lr;
-  const auto& c = s.consistency;
-  const auto& a = s.algorithm;
-  auto bad = [&] {
-    return error(errc::invalid_argument, "--algorithm " + a + " does not run under --consistency " + c +
-                                             " here; see the table of pairs in docs/parameter_server.md (worker algorithms)");
-  };
-  if (a == "sync") {
-    momentum<float> opt(lr, s.momentum);
-    if (c == "bsp") return run_ps_with<bsp>(s, std::move(t), opt, sync_sgd<float>());
-    if (c == "ssp1") return run_ps_with<ssp<1>>(s, std::move(t), opt, sync_sgd<float>());
-    if (c == "ssp4") return run_ps_with<ssp<4>>(s, std::move(t), opt, sync_sgd<float>());
-    if (c == "asp") return run_ps_with<asp>(s, std::move(t), opt, sync_sgd<float>());
-    if (c == "soft2") return run_ps_with<soft_sync<2>>(s, std::move(t), opt, sync_sgd<float>());
-    throw bad();
-  }
-  if (a == "downpour" && c == "asp") return run_ps_with<asp>(s, std::move(t), adagrad<float>(lr), downpour<float>(1, 1));
-  if (a == "adag" && c == "asp") return run_ps_with<asp>(s, std::move(t), delta<float>(), adag<float>(lr, s.tau));
-  if (a == "easgd" && c == "bsp") {
-    return run_ps_with<bsp>(s, std::move(t), delta<float>(), easgd<float>(lr, s.rho, s.tau, easgd<float>::mode::synchronous));
-  }
-  if (a == "easgd" && c == "asp") {
-    return run_ps_with<asp>(s, std::move(t), delta<float>(), easgd<float>(lr, s.rho, s.tau, easgd<float>::mode::asynchronous));
-  }
-  if (a == "averaging" && c == "bsp") return run_ps_with<bsp>(s, std::move(t), delta<float>(), model_averaging<float>(lr, s.tau));
-  if (a == "dynsgd" && c == "asp") {
-    return run_ps_with<asp>(s, std::move(t), staleness_aware<delta<float>, 1>(delta<float>()), dynsgd<float>(lr, s.tau));
-  }
-  throw bad();
-}
-
 }  // namespace
+
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // progress shows as it happens, through dtrain-run's pipes too
   settings s;
-  CLI::App app{"Fashion-MNIST MLP trained with dtrain's allreduce trainer or parameter server (launch with dtrain-run)"};
+  CLI::App app{
+      "Fashion-MNIST MLP trained with dtrain's allreduce trainer or parameter server (launch with dtrain-run)"};
   app.add_option("--data", s.data, "directory of the IDX files (.gz or plain)")->capture_default_str();
-  app.add_option("--epochs", s.epochs, "passes over the training set")->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--batch", s.global_batch, "global batch (split across ranks)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--epochs", s.epochs, "passes over the training set")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--batch", s.global_batch, "global batch (split across ranks)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--lr", s.lr, "learning rate")->capture_default_str();
   app.add_option("--momentum", s.momentum, "momentum")->capture_default_str();
   app.add_option("--schedule", s.schedule, "learning-rate schedule after warm-up")
@@ -391,11 +195,14 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", s.hidden, "hidden layer widths")->delimiter(',')->capture_default_str();
   app.add_option("--compress", s.compress, "gradient compression on the wire")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "topk"}))->capture_default_str();
-  app.add_option("--density", s.density, "top-k: share of each bucket's entries a rank sends (error feedback keeps the rest)")
-      ->check(CLI::Range(1e-6, 1.0))->capture_default_str();
+  app.add_option("--density", s.density,
+                 "top-k: share of each bucket's entries a rank sends (error feedback keeps the rest)")
+      ->check(CLI::Range(1e-6, 1.0))
+      ->capture_default_str();
   app.add_option("--local-sgd", s.local_sgd, "average parameters every TAU steps instead of gradients every step")
       ->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--local-sgd-after", s.local_sgd_after, "synchronous steps before local SGD starts")->capture_default_str();
+  app.add_option("--local-sgd-after", s.local_sgd_after, "synchronous steps before local SGD starts")
+      ->capture_default_str();
   app.add_option("--first-bucket-kib", s.first_bucket_kib,
                  "first gradient bucket (0: 1 MiB, or an eighth of the model where every rank has cores to spare)")
       ->capture_default_str();

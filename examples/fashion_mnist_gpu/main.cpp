@@ -85,7 +85,8 @@ int run(const options& o, fashion_mnist_gpu::settings s) {
     epochs = fashion_mnist_gpu::train_over_nccl(std::move(nccl), s, train_view, test_view, report);
   } else {
     dtrain::cuda::check(cudaSetDevice(dtrain::cuda::local_device()), "cudaSetDevice");  // a host's ranks in turn
-    epochs = fashion_mnist_gpu::train_over_staged(dtrain::any_transport(std::move(tcp)), s, train_view, test_view, report);
+    epochs =
+        fashion_mnist_gpu::train_over_staged(dtrain::any_transport(std::move(tcp)), s, train_view, test_view, report);
   }
   if (rank != 0) return 0;
   double seconds = 0, samples = 0;
@@ -108,8 +109,12 @@ int main(int argc, char** argv) {
   app.add_option("--data", o.data, "directory of the IDX files (.gz or plain)")->capture_default_str();
   app.add_option("--collective", o.collective, "nccl (one rank per GPU) or staged (TCP; ranks may share a GPU)")
       ->check(CLI::IsMember({"nccl", "staged"}))->capture_default_str();
-  app.add_option("--epochs", s.epochs, "passes over the training set")->check(CLI::Range(1, 100000))->capture_default_str();
-  app.add_option("--batch", s.global_batch, "global batch (split across ranks)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--epochs", s.epochs, "passes over the training set")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--batch", s.global_batch, "global batch (split across ranks)")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
   app.add_option("--lr", s.lr, "learning rate")->capture_default_str();
   app.add_option("--momentum", s.momentum, "momentum")->capture_default_str();
   app.add_option("--hidden", o.hidden, "hidden layer widths")->delimiter(',')->capture_default_str();

@@ -27,7 +27,8 @@ namespace cuda = dtrain::cuda;
 
 void check_blas(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) {
-    throw dtrain::error(dtrain::errc::device_error, std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
+    throw dtrain::error(dtrain::errc::device_error,
+                        std::string(what) + ": cuBLAS status " + std::to_string(static_cast<int>(s)));
   }
 }
 
@@ -93,8 +94,10 @@ struct device_split {
   std::size_t size = 0;
 
   explicit device_split(const images& h) : pixels(h.pixels.size()), labels(h.labels.size()), size(h.size()) {
-    cuda::check(cudaMemcpy(pixels.data(), h.pixels.data(), h.pixels.size_bytes(), cudaMemcpyHostToDevice), "upload pixels");
-    cuda::check(cudaMemcpy(labels.data(), h.labels.data(), h.labels.size_bytes(), cudaMemcpyHostToDevice), "upload labels");
+    cuda::check(cudaMemcpy(pixels.data(), h.pixels.data(), h.pixels.size_bytes(), cudaMemcpyHostToDevice),
+                "upload pixels");
+    cuda::check(cudaMemcpy(labels.data(), h.labels.data(), h.labels.size_bytes(), cudaMemcpyHostToDevice),
+                "upload labels");
   }
 };
 
@@ -144,7 +147,8 @@ class gpu_mlp {
   double forward_backward(const batch_type& batch, dtrain::gradient_ready ready) {
     const std::size_t b = batch.size();
     reserve(b);
-    cuda::check(cudaMemcpyAsync(idx_.data(), batch.data(), b * sizeof(int), cudaMemcpyHostToDevice, stream()), "upload batch");
+    cuda::check(cudaMemcpyAsync(idx_.data(), batch.data(), b * sizeof(int), cudaMemcpyHostToDevice, stream()),
+                "upload batch");
     gather_rows<<<blocks_for(b * dim(0), 256), 256, 0, stream()>>>(train_->pixels.data(), idx_.data(), b, dim(0),
                                                                    acts_[0].data());
     forward(b);
@@ -189,8 +193,8 @@ class gpu_mlp {
                                   cudaMemcpyDeviceToDevice, stream()),
                   "copy test images");
       forward(b);
-      softmax_xent<<<blocks_for(b, 128), 128, 0, stream()>>>(acts_.back().data(), nullptr, split.labels.data() + first, b,
-                                                             dim(layers()), nullptr, loss_.data(), hits.data());
+      softmax_xent<<<blocks_for(b, 128), 128, 0, stream()>>>(acts_.back().data(), nullptr, split.labels.data() + first,
+                                                             b, dim(layers()), nullptr, loss_.data(), hits.data());
     }
     unsigned total = 0;
     cuda::check(cudaMemcpyAsync(&total, hits.data(), sizeof total, cudaMemcpyDeviceToHost, stream()), "download hits");
@@ -250,7 +254,8 @@ std::vector<epoch_report> train(Collective comm, const settings& s, const images
   const std::size_t local = s.global_batch / static_cast<std::size_t>(size);
   if (local == 0) {
     throw dtrain::error(dtrain::errc::invalid_argument, "a global batch of " + std::to_string(s.global_batch) +
-                                                            " cannot be split across " + std::to_string(size) + " ranks");
+                                                            " cannot be split across " + std::to_string(size) +
+                                                            " ranks");
   }
   const device_split train_d(train_h), test_d(test_h);
   gpu_mlp model(s.widths, train_d, s.seed);
@@ -271,10 +276,12 @@ std::vector<epoch_report> train(Collective comm, const settings& s, const images
     const auto t0 = clock::now();
     double loss_sum = 0;
     for (std::size_t k = 0; k < steps; ++k) {
-      const std::span<const int> mine(order.data() + k * s.global_batch + static_cast<std::size_t>(rank) * local, local);
+      const std::span<const int> mine(order.data() + k * s.global_batch + static_cast<std::size_t>(rank) * local,
+                                      local);
       const double loss = trainer.step(mine).loss;
       loss_sum += loss;
-      if (report.progress && s.log_every > 0 && (k + 1) % s.log_every == 0) report.progress({epoch, k + 1, steps, loss});
+      if (report.progress && s.log_every > 0 && (k + 1) % s.log_every == 0)
+        report.progress({epoch, k + 1, steps, loss});
     }
     cuda::check(cudaStreamSynchronize(model.stream()), "epoch");
     const double seconds = std::chrono::duration<double>(clock::now() - t0).count();

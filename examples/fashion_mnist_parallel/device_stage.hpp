@@ -187,7 +187,8 @@ class device_parallel_stage {
     thrust::for_each(on(), thrust::counting_iterator<std::size_t>(0), thrust::counting_iterator<std::size_t>(b),
                      device::softmax_row{z.data(), labels_d.data(), dz == nullptr ? nullptr : dz->data(),
                                          loss_d.data(), hit_d.data(), static_cast<std::size_t>(classes), b});
-    const std::vector<double> loss = device::space::to_host<double>(dtrain::thrust_buffer<const double>(loss_d.span()), {});
+    const std::vector<double> loss =
+        device::space::to_host<double>(dtrain::thrust_buffer<const double>(loss_d.span()), {});
     const std::vector<int> hit = device::space::to_host<int>(dtrain::thrust_buffer<const int>(hit_d.span()), {});
     double sum = 0;
     for (std::size_t r = 0; r < b; ++r) {

@@ -106,9 +106,10 @@ int train_on_device(const settings& s, dtrain::any_transport world, const split&
 #if THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA
   if (s.kernels == "cublas") return run<dtrain::tensor_parallel::cublas_kernels>(s, std::move(world), train_set, test);
 #endif
-  throw dtrain::error(dtrain::errc::invalid_argument,
-                      "--kernels " + s.kernels + ": this build has thrust" +
-                          (THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA ? ", cublas" : " (cublas needs a CUDA build)"));
+  throw dtrain::error(
+      dtrain::errc::invalid_argument,
+      "--kernels " + s.kernels + ": this build has thrust" +
+          (THRUST_DEVICE_SYSTEM == THRUST_DEVICE_SYSTEM_CUDA ? ", cublas" : " (cublas needs a CUDA build)"));
 }
 
 }  // namespace fashion_mnist

@@ -39,17 +39,20 @@ struct eigen_kernels {
     const auto b = static_cast<Eigen::Index>(x.size() / in);
     Eigen::Map<matrix<T>> ym(y.data(), b, static_cast<Eigen::Index>(out));
     ym.noalias() += Eigen::Map<const matrix<T>>(x.data(), b, static_cast<Eigen::Index>(in)) *
-                    Eigen::Map<const matrix<T>>(w.data(), static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in)).transpose();
+                    Eigen::Map<const matrix<T>>(w.data(), static_cast<Eigen::Index>(out), static_cast<Eigen::Index>(in))
+                        .transpose();
   }
 
   template <class T>
   static void linear_backward(std::span<const T> x, std::span<const T> dy, std::span<const T> w, std::size_t in,
                               std::size_t out, std::span<T> gw, std::span<T> dx) {
     if (out == 0) return;
-    const auto b = static_cast<Eigen::Index>(dy.size() / out), i = static_cast<Eigen::Index>(in), o = static_cast<Eigen::Index>(out);
+    const auto b = static_cast<Eigen::Index>(dy.size() / out), i = static_cast<Eigen::Index>(in),
+               o = static_cast<Eigen::Index>(out);
     Eigen::Map<const matrix<T>> dym(dy.data(), b, o);
     Eigen::Map<matrix<T>>(gw.data(), o, i).noalias() += dym.transpose() * Eigen::Map<const matrix<T>>(x.data(), b, i);
-    if (!dx.empty()) Eigen::Map<matrix<T>>(dx.data(), b, i).noalias() = dym * Eigen::Map<const matrix<T>>(w.data(), o, i);
+    if (!dx.empty())
+      Eigen::Map<matrix<T>>(dx.data(), b, i).noalias() = dym * Eigen::Map<const matrix<T>>(w.data(), o, i);
   }
 };
 
@@ -70,7 +73,9 @@ class parallel_stage {
   std::size_t tensor_count() const noexcept { return 2 * static_cast<std::size_t>(last_ - first_); }
   std::span<float> parameters(std::size_t i) { return layers_.tensor(i, false); }
   std::span<float> gradients(std::size_t i) { return layers_.tensor(i, true); }
-  std::size_t input_size() const noexcept { return first_ == 0 ? 0 : source_->micro_batch_size * static_cast<std::size_t>(widths_[first_]); }
+  std::size_t input_size() const noexcept {
+    return first_ == 0 ? 0 : source_->micro_batch_size * static_cast<std::size_t>(widths_[first_]);
+  }
   std::size_t output_size() const noexcept {
     return last_ == layers() ? 0 : source_->micro_batch_size * static_cast<std::size_t>(widths_[last_]);
   }

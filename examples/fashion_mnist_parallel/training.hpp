@@ -113,7 +113,8 @@ int train(const settings& s, Schedule schedule, typename Layout::transport trans
   dtrain::device_mesh<typename Layout::transport> mesh(world, {{"dp", dp}, {"pp", s.pp}, {"tp", s.tp}});
   const std::size_t local_batch = s.global_batch / static_cast<std::size_t>(dp);
   const std::size_t micro = local_batch / static_cast<std::size_t>(s.micro_batches);
-  if (s.global_batch % static_cast<std::size_t>(dp) != 0 || local_batch % static_cast<std::size_t>(s.micro_batches) != 0) {
+  if (s.global_batch % static_cast<std::size_t>(dp) != 0 ||
+      local_batch % static_cast<std::size_t>(s.micro_batches) != 0) {
     throw dtrain::error(dtrain::errc::invalid_argument,
                         "--batch " + std::to_string(s.global_batch) + " does not split into " + std::to_string(dp) +
                             " replicas x " + std::to_string(s.micro_batches) + " micro-batches");
@@ -123,8 +124,9 @@ int train(const settings& s, Schedule schedule, typename Layout::transport trans
   widths.insert(widths.end(), s.hidden.begin(), s.hidden.end());
   widths.push_back(classes);
   if (s.tp > 1 && (widths.size() - 1) % 2 != 0) {
-    throw dtrain::error(dtrain::errc::invalid_argument,
-                        "--tp needs an even number of layers (column/row pairs): give an odd number of --hidden widths");
+    throw dtrain::error(
+        dtrain::errc::invalid_argument,
+        "--tp needs an even number of layers (column/row pairs): give an odd number of --hidden widths");
   }
   const int v = schedule.chunks();
   const auto bounds = cut(widths, s.pp * v, s.tp > 1);

@@ -51,7 +51,8 @@ void run_steps(Trainer& tr, std::size_t first, std::size_t last) {
 // Trains `steps` steps on p ranks; with `save_at`, saves every rank's file there, then builds
 // fresh models and trainers (other initial weights), loads and finishes. Returns the weights.
 template <class Updater>
-std::vector<std::vector<double>> job(int p, std::size_t steps, Updater proto, const std::string& dir, std::size_t save_at = 0) {
+std::vector<std::vector<double>> job(int p, std::size_t steps, Updater proto, const std::string& dir,
+                                     std::size_t save_at = 0) {
   std::vector<std::vector<double>> out(static_cast<std::size_t>(p));
   run_inproc(p, [&](int r, inproc_transport t) {
     process_group world(std::move(t));
@@ -96,7 +97,8 @@ TEST_CASE("a job resumed mid-epoch ends bit-identical to the uninterrupted job",
   CHECK(job(2, 30, adam<double>(0.01), dir.path, 17) != job(2, 31, adam<double>(0.01), dir.path));
 }
 
-TEST_CASE("a checkpoint of another world size, model, updater or options is refused, naming it", "[allreduce][checkpoint]") {
+TEST_CASE("a checkpoint of another world size, model, updater or options is refused, naming it",
+          "[allreduce][checkpoint]") {
   temp_dir dir;
   // Two ranks save after 5 steps.
   run_inproc(2, [&](int r, inproc_transport t) {
@@ -140,7 +142,8 @@ TEST_CASE("a checkpoint of another world size, model, updater or options is refu
   refused_on_every_rank(3, with_momentum(tensor_sizes, options()), "a job of 2 ranks; this job has 3");
   auto other = tensor_sizes;
   std::swap(other[0], other[1]);
-  refused_on_every_rank(2, with_momentum(other, options()), "holds tensors of sizes [3,40,1,17,60,9]; this model's are [40,3,");
+  refused_on_every_rank(2, with_momentum(other, options()),
+                        "holds tensors of sizes [3,40,1,17,60,9]; this model's are [40,3,");
   auto compressed = options();
   compressed.compress = allreduce::compression::bf16;
   refused_on_every_rank(2, with_momentum(tensor_sizes, compressed), "other compression or local SGD options");

@@ -60,7 +60,8 @@ void check_device_updater_matches_host(Updater host) {
   dev.resize(n / 2);
   dev.resize(n);  // growing keeps the old state and zeroes the new
   for (int step = 0; step < 5; ++step) {
-    for (std::size_t i = 0; i < n; ++i) g[i] = 0.1 * static_cast<double>((i * 7 + static_cast<std::size_t>(step)) % 11) - 0.5;
+    for (std::size_t i = 0; i < n; ++i)
+      g[i] = 0.1 * static_cast<double>((i * 7 + static_cast<std::size_t>(step)) % 11) - 0.5;
     // two ranges with offsets, as a trainer steps tensor by tensor
     const step_info info{0, 1.0, static_cast<std::uint64_t>(step + 1)};  // adam reads the count
     host.step(std::span(w_host).first(300), std::span<const double>(g).first(300), 0, info);
@@ -190,9 +191,10 @@ TEST_CASE("device_trainer: a job resumed from its checkpoint continues bit for b
   std::vector<std::vector<double>> straight(p), resumed(p), saved(p), host_loaded(p), host_resumed(p);
   run_inproc(p, [&](int r, inproc_transport t) {
     group world(std::move(t));  // copies share the endpoint: one trainer after another
-    const std::string path = (std::filesystem::temp_directory_path() /
-                              ("dtrain_device_trainer." + std::to_string(::getpid()) + "." + std::to_string(r) + ".ckpt"))
-                                 .string();
+    const std::string path =
+        (std::filesystem::temp_directory_path() /
+         ("dtrain_device_trainer." + std::to_string(::getpid()) + "." + std::to_string(r) + ".ckpt"))
+            .string();
     auto data = data_of(r);
     auto batch_at = [](int k) {
       const std::size_t begin = (static_cast<std::size_t>(k) * batch) % 400;

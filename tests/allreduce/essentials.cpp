@@ -173,7 +173,8 @@ TEST_CASE("top-k compressor: sent plus residual is the input, NaN is sent, bad i
   c.compress(g, idx, val);
   CHECK(idx == std::vector<std::int32_t>{1, 3});  // sorted by index
   CHECK(val == std::vector<float>{-3.0f, 2.0f});
-  CHECK(std::vector<float>(c.residual().begin(), c.residual().end()) == std::vector<float>{0.5f, 0, 0.25f, 0, -0.125f, 1.0f});
+  CHECK(std::vector<float>(c.residual().begin(), c.residual().end()) ==
+        std::vector<float>{0.5f, 0, 0.25f, 0, -0.125f, 1.0f});
   c.compress(std::vector<float>{0.75f, 0, 0, 0, 0, std::nanf("")}, idx, val);
   CHECK(idx == std::vector<std::int32_t>{0, 5});  // 0.5 + 0.75 and the NaN
   std::vector<float> out(6, 0.0f);
@@ -197,7 +198,8 @@ TEST_CASE("top-k compressor: sent plus residual is the input, NaN is sent, bad i
     }
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return std::fabs(in[a]) > std::fabs(in[b]); });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return std::fabs(in[a]) > std::fabs(in[b]); });
     std::vector<std::int32_t> want(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
     std::sort(want.begin(), want.end());
     topk_compressor<float> fresh(n);

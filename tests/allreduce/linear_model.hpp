@@ -100,7 +100,8 @@ class linear_model {
   /// The weights as one dense vector (without the gaps).
   std::vector<double> weights() {
     std::vector<double> dense;
-    for (std::size_t i = 0; i < sizes_.size(); ++i) dense.insert(dense.end(), parameters(i).begin(), parameters(i).end());
+    for (std::size_t i = 0; i < sizes_.size(); ++i)
+      dense.insert(dense.end(), parameters(i).begin(), parameters(i).end());
     return dense;
   }
   std::function<void()> midway;  // run inside forward_backward, after half the reports

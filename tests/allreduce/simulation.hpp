@@ -38,7 +38,8 @@ struct sim_options {
 
 // Replica r's top-k contribution with error feedback: a = g + e, keep the k largest |a|,
 // e = the rest.
-inline std::vector<double> topk_with_feedback(std::vector<double>& residual, const std::vector<double>& g, double density) {
+inline std::vector<double> topk_with_feedback(std::vector<double>& residual, const std::vector<double>& g,
+                                              double density) {
   std::vector<double> a(g.size());
   for (std::size_t j = 0; j < g.size(); ++j) a[j] = g[j] + residual[j];
   std::vector<std::size_t> by_size(g.size());

@@ -93,7 +93,9 @@ TEST_CASE("synchronous trainer equals the serial simulation, replicas bit-identi
 TEST_CASE("the learning-rate hook sets each step's rate, and the update uses it", "[allreduce]") {
   // A rate that changes every step (decay with a bump at step 7): the reported rate and the
   // weights must follow it step by step, as the serial simulation with the same rates does.
-  const auto rate = [](std::size_t step) { return 0.05 / (1.0 + 0.1 * static_cast<double>(step)) + (step == 7 ? 0.02 : 0.0); };
+  const auto rate = [](std::size_t step) {
+    return 0.05 / (1.0 + 0.1 * static_cast<double>(step)) + (step == 7 ? 0.02 : 0.0);
+  };
   allreduce::trainer_options o = small_buckets();
   o.learning_rate = rate;
   std::vector<double> reported;
@@ -246,8 +248,8 @@ TEST_CASE("a model that skips or repeats a gradient report gets a clear error", 
     std::sort(errors.begin(), errors.end());  // "allreduce::trainer: ..." sorts before "broken"
     for (int k = 0; k < 2; ++k) {
       INFO(errors[static_cast<std::size_t>(k)]);
-      CHECK(errors[static_cast<std::size_t>(k)].find(variant == 0 ? "never reported tensor 0" : "reported tensor 5 twice") !=
-            std::string::npos);
+      CHECK(errors[static_cast<std::size_t>(k)].find(variant == 0 ? "never reported tensor 0"
+                                                                  : "reported tensor 5 twice") != std::string::npos);
     }
     CHECK(errors[2] == "broken");
     CHECK(errors[3] == "broken");
@@ -342,7 +344,8 @@ TEST_CASE("buckets are reduced while the backward pass is still running", "[allr
     std::remove(("/tmp/dtrain_overlap_test_" + std::to_string(r) + "." + std::to_string(r) + ".json").c_str());
   }
   for (const auto& events : timelines) {
-    const auto fb = std::find_if(events.begin(), events.end(), [](const auto& e) { return e.name == "forward+backward"; });
+    const auto fb =
+        std::find_if(events.begin(), events.end(), [](const auto& e) { return e.name == "forward+backward"; });
     REQUIRE(fb != events.end());
     std::size_t during = 0, on_other_thread = 0;
     for (const auto& e : events) {

@@ -61,7 +61,8 @@ int resume() {
   allreduce::trainer straight(communicator<group>(all("straight")), adam<double>(0.01), straight_model, o);
   run_steps(straight, 0, steps);
 
-  const std::string path = "/tmp/dtrain-resume-" + std::to_string(::getppid()) + "-rank" + std::to_string(rank) + ".ckpt";
+  const std::string path =
+      "/tmp/dtrain-resume-" + std::to_string(::getppid()) + "-rank" + std::to_string(rank) + ".ckpt";
   linear_model first_model(tensor_sizes, data, 0.25);
   allreduce::trainer first(communicator<group>(all("first")), adam<double>(0.01), first_model, o);
   run_steps(first, 0, save_at);
@@ -73,11 +74,13 @@ int resume() {
   std::remove(path.c_str());
   run_steps(resumed, at.next / batch, steps);
 
-  std::vector<std::int64_t> wrong{resumed_model.weights() == straight_model.weights() && resumed.steps() == steps ? 0 : 1};
+  std::vector<std::int64_t> wrong{resumed_model.weights() == straight_model.weights() && resumed.steps() == steps ? 0
+                                                                                                                  : 1};
   straight.with_collective([&](auto& c) { c.allreduce(std::span(wrong), reduce_op::sum); });
   if (rank == 0) {
-    std::printf("trainer resume: %d ranks over TCP, checkpoint at step %zu of %zu: %lld ranks differ from the straight run\n",
-                ranks, save_at, steps, static_cast<long long>(wrong[0]));
+    std::printf(
+        "trainer resume: %d ranks over TCP, checkpoint at step %zu of %zu: %lld ranks differ from the straight run\n",
+        ranks, save_at, steps, static_cast<long long>(wrong[0]));
   }
   return wrong[0] == 0 ? 0 : 1;
 }

@@ -69,7 +69,8 @@ TEST_CASE("a user's operator reduces with every algorithm as the serial fold doe
   }
 }
 
-TEST_CASE("nonblocking collectives complete in any wait order and blocking calls queue behind them", "[collective][api]") {
+TEST_CASE("nonblocking collectives complete in any wait order and blocking calls queue behind them",
+          "[collective][api]") {
   for (int p : {1, 2, 3, 5}) {
     for (std::size_t n : {std::size_t{1}, std::size_t{777}, std::size_t{100000}}) {
       INFO("p " << p << " n " << n);
@@ -130,19 +131,30 @@ TEST_CASE("the new forms refuse bad arguments with invalid_argument", "[collecti
     std::vector<float> buf(6), out(6);
     std::vector<std::size_t> two{1, 2}, three{1, 2, 3};
     TCHECK(refused([&] { c.allgatherv<float>(std::span(buf).first(1), std::span(out), two); }, "one entry per rank"));
-    TCHECK(refused([&] { c.allgatherv<float>(std::span(buf).first(three[static_cast<std::size_t>(r)] % 3 + 1), std::span(out), three); }, "counts[rank()]"));
-    TCHECK(refused([&] { c.allgatherv<float>(std::span(buf).subspan(0, three[static_cast<std::size_t>(r)]), std::span(out).first(5), three); },
-                  "sum of the counts (6 elements), not 5"));
-    TCHECK(refused([&] { c.alltoallv<float>(std::span(buf), three, std::span(out).first(4), three); }, "out must hold the sum"));
+    TCHECK(refused(
+        [&] {
+          c.allgatherv<float>(std::span(buf).first(three[static_cast<std::size_t>(r)] % 3 + 1), std::span(out), three);
+        },
+        "counts[rank()]"));
+    TCHECK(refused(
+        [&] {
+          c.allgatherv<float>(std::span(buf).subspan(0, three[static_cast<std::size_t>(r)]), std::span(out).first(5),
+                              three);
+        },
+        "sum of the counts (6 elements), not 5"));
+    TCHECK(refused([&] { c.alltoallv<float>(std::span(buf), three, std::span(out).first(4), three); },
+                   "out must hold the sum"));
     TCHECK(refused([&] { c.reduce_scatterv<float>(std::span(buf).first(5), three, std::span(out), reduce_op::sum); },
                   "in must hold the sum of the counts (6 elements), not 5"));
     TCHECK(refused([&] { c.reduce_scatterv<float>(std::span(buf), three, std::span(out).first(4), reduce_op::sum); },
                   "counts[rank()]"));
-    TCHECK(refused([&] { c.scatterv<float>(std::span(buf), three, std::span(out).first(1), 3); }, "root is not a rank"));
+    TCHECK(
+        refused([&] { c.scatterv<float>(std::span(buf), three, std::span(out).first(1), 3); }, "root is not a rank"));
     auto flags = std::make_unique<bool[]>(4);
     TCHECK(refused([&] { c.allreduce<bool>(std::span(flags.get(), 4), reduce_op::avg); }, "avg of bool"));
     TCHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::custom); }, "set by a user_op"));
-    TCHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::bxor); }, "bitwise and, or and xor reduce integers and bools"));
+    TCHECK(refused([&] { c.allreduce<float>(std::span(buf), reduce_op::bxor); },
+                   "bitwise and, or and xor reduce integers and bools"));
     c.barrier();  // nothing above reached the wire: the group is still in step
   });
 }

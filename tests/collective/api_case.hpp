@@ -83,7 +83,8 @@ int uneven(Comm& c, unsigned seed, std::size_t largest) {
 
     std::vector<T> source(r == root ? offs.back() : 0);
     for (int q = 0; q < p && r == root; ++q) {
-      for (std::size_t i = 0; i < counts[static_cast<std::size_t>(q)]; ++i) source[offs[static_cast<std::size_t>(q)] + i] = as<T>(value(q, i));
+      for (std::size_t i = 0; i < counts[static_cast<std::size_t>(q)]; ++i)
+        source[offs[static_cast<std::size_t>(q)] + i] = as<T>(value(q, i));
     }
     std::vector<T> got(counts[ri]);
     c.template scatterv<T>(source, counts, std::span(got), root);
@@ -103,14 +104,17 @@ int uneven(Comm& c, unsigned seed, std::size_t largest) {
           const T v = as<T>(value(q, offs[ri] + i));
           want = op == reduce_op::sum ? static_cast<T>(want + v) : std::max(want, v);
         }
-        report(wrong, got[i] == want, "reduce_scatterv " + std::string(reduce_op_name(op)) + " rank " + std::to_string(r) +
-                                          " index " + std::to_string(i));
+        report(wrong, got[i] == want,
+               "reduce_scatterv " + std::string(reduce_op_name(op)) + " rank " + std::to_string(r) + " index " +
+                   std::to_string(i));
       }
     }
   }
 
   // alltoallv: rank s sends rank d a block of (s * 3 + d * 5 + seed) % 4 elements (some empty).
-  auto pair_count = [&](int s, int d) { return static_cast<std::size_t>((s * 3 + d * 5 + static_cast<int>(seed)) % 4); };
+  auto pair_count = [&](int s, int d) {
+    return static_cast<std::size_t>((s * 3 + d * 5 + static_cast<int>(seed)) % 4);
+  };
   auto pair_value = [&](int s, int d, std::size_t i) { return as<T>(value(s * 31 + d, i)); };
   std::vector<std::size_t> send_counts(static_cast<std::size_t>(p)), recv_counts(static_cast<std::size_t>(p));
   std::vector<T> in, out;
@@ -170,8 +174,8 @@ int small_types(Comm& c, std::size_t n) {
   const int p = c.size();
   const int r = c.rank();
   auto each_type = [&]<class T>(T) {
-    for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::band, reduce_op::bor,
-                         reduce_op::bxor}) {
+    for (reduce_op op : {reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::band,
+                         reduce_op::bor, reduce_op::bxor}) {
       for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::recursive_doubling,
                           algorithm::binomial_tree, algorithm::double_binary_tree}) {
         auto storage = std::make_unique<T[]>(n);  // not std::vector, which packs bools
@@ -195,7 +199,8 @@ int small_types(Comm& c, std::size_t n) {
   std::vector<std::int64_t> length{r == p - 1 ? static_cast<std::int64_t>(object.size()) : 0};
   c.template broadcast<std::int64_t>(std::span(length), p - 1);
   std::vector<std::byte> bytes(static_cast<std::size_t>(length[0]));
-  if (r == p - 1) std::transform(object.begin(), object.end(), bytes.begin(), [](char ch) { return static_cast<std::byte>(ch); });
+  if (r == p - 1)
+    std::transform(object.begin(), object.end(), bytes.begin(), [](char ch) { return static_cast<std::byte>(ch); });
   c.template broadcast<std::byte>(std::span(bytes), p - 1);
   std::string got(bytes.size(), '\0');
   std::transform(bytes.begin(), bytes.end(), got.begin(), [](std::byte b) { return static_cast<char>(b); });
@@ -220,7 +225,9 @@ int user_operator(Comm& c, std::size_t n) {
   const int p = c.size();
   const int r = c.rank();
   auto gcd = user_op<std::int64_t>([](std::int64_t a, std::int64_t b) { return std::gcd(a, b); });
-  auto mine = [&](int q, std::size_t i) { return (value(q, i) % 7 + 1) * (value(q + 1, i) % 5 + 1) * static_cast<std::int64_t>(i % 6 + 1); };
+  auto mine = [&](int q, std::size_t i) {
+    return (value(q, i) % 7 + 1) * (value(q + 1, i) % 5 + 1) * static_cast<std::int64_t>(i % 6 + 1);
+  };
   auto expect = [&](std::size_t i) {
     std::int64_t g = mine(0, i);
     for (int q = 1; q < p; ++q) g = std::gcd(g, mine(q, i));
@@ -234,7 +241,8 @@ int user_operator(Comm& c, std::size_t n) {
     std::vector<std::int64_t> buf(n);
     fill(buf);
     c.template allreduce<std::int64_t>(std::span(buf), gcd, a);
-    for (std::size_t i = 0; i < n; ++i) report(wrong, buf[i] == expect(i), "user op allreduce/" + std::string(algorithm_name(a)));
+    for (std::size_t i = 0; i < n; ++i)
+      report(wrong, buf[i] == expect(i), "user op allreduce/" + std::string(algorithm_name(a)));
   }
   std::vector<std::int64_t> in(n), out(n);
   fill(in);
@@ -243,7 +251,8 @@ int user_operator(Comm& c, std::size_t n) {
   std::vector<std::int64_t> blocks(n * static_cast<std::size_t>(p)), mine_block(n);
   fill(blocks);
   c.template reduce_scatter<std::int64_t>(blocks, std::span(mine_block), gcd);
-  for (std::size_t i = 0; i < n; ++i) report(wrong, mine_block[i] == expect(static_cast<std::size_t>(r) * n + i), "user op reduce_scatter");
+  for (std::size_t i = 0; i < n; ++i)
+    report(wrong, mine_block[i] == expect(static_cast<std::size_t>(r) * n + i), "user op reduce_scatter");
   return wrong;
 }
 
@@ -276,7 +285,8 @@ int nonblocking(Comm& c, std::size_t n, unsigned seed) {
   // Each rank waits in its own order: rank r starts at request r and polls some with test().
   std::vector<std::size_t> order(reqs.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
-  std::rotate(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) % order.size()), order.end());
+  std::rotate(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) % order.size()),
+              order.end());
   if (r % 2 == 1) std::reverse(order.begin(), order.end());
   for (std::size_t k : order) {
     if (k % 2 == 0) {
@@ -301,7 +311,8 @@ int nonblocking(Comm& c, std::size_t n, unsigned seed) {
     report(wrong, bcast[i] == static_cast<float>(i), "ibroadcast index " + std::to_string(i));
     report(wrong, late[i] == p && now[i] == 2 * p, "blocking allreduce behind an iallreduce");
     for (int q = 0; q < p; ++q) {
-      report(wrong, gathered[static_cast<std::size_t>(q) * n + i] == static_cast<std::int32_t>(value(q, i)), "iallgather");
+      report(wrong, gathered[static_cast<std::size_t>(q) * n + i] == static_cast<std::int32_t>(value(q, i)),
+             "iallgather");
     }
   }
   std::size_t at = 0;

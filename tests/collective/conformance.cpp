@@ -77,21 +77,25 @@ void run_matrix(coll_op op) {
     if (!supports(op, a)) continue;
     for (int p = 1; p <= max_world; ++p) {
       // Block collectives take a per-rank count; the large case keeps the total near 1<<20.
-      std::vector<std::size_t> counts{0, 1, 7, 1000, blocks ? (std::size_t{1} << 20) / static_cast<std::size_t>(p) + 1 : (std::size_t{1} << 20) + 3};
+      std::vector<std::size_t> counts{
+          0, 1, 7, 1000,
+          blocks ? (std::size_t{1} << 20) / static_cast<std::size_t>(p) + 1 : (std::size_t{1} << 20) + 3};
       for (std::size_t n : counts) {
         const bool large = n > 1000;
         std::vector<int> roots = is_rooted(op) ? (large ? std::vector<int>{p / 2} : std::vector<int>{0, p - 1})
                                                : std::vector<int>{0};
         if (roots.size() == 2 && roots[0] == roots[1]) roots.pop_back();
-        std::vector<reduce_op> ops = reducing ? std::vector<reduce_op>{reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}
+        std::vector<reduce_op> ops = reducing ? std::vector<reduce_op>{reduce_op::sum, reduce_op::prod, reduce_op::min,
+                                                                       reduce_op::max, reduce_op::avg}
                                               : std::vector<reduce_op>{reduce_op::sum};
         // The bitwise operators, on the integer types: each algorithm's combining is the same
         // code for every operator, so the small counts show they are wired through.
         if (reducing && !large) ops.insert(ops.end(), {reduce_op::band, reduce_op::bor, reduce_op::bxor});
         // Large: out of place on 2, 3, 6 and 7 ranks (a power of two among them: halving-doubling
         // then sends its first step straight from `in`), in place on the others.
-        std::vector<bool> places = has_in_place ? (large ? std::vector<bool>{(p / 2) % 2 == 0} : std::vector<bool>{false, true})
-                                                : std::vector<bool>{false};
+        std::vector<bool> places = has_in_place
+                                       ? (large ? std::vector<bool>{(p / 2) % 2 == 0} : std::vector<bool>{false, true})
+                                       : std::vector<bool>{false};
         for (int root : roots) {
           for (reduce_op rop : ops) {
             for (bool in_place : places) {
@@ -158,7 +162,9 @@ TEST_CASE("conformance: the automatic choice runs every collective correctly", "
         std::vector<double> all(n * static_cast<std::size_t>(p));
         c.allgather<double>(std::span(v).first(n), std::span(all));
         for (int b = 0; b < p; ++b) {
-          if (!std::equal(ref.begin(), ref.end(), all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b) * n))) TFAIL("allgather");
+          if (!std::equal(ref.begin(), ref.end(),
+                          all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(b) * n)))
+            TFAIL("allgather");
         }
         std::vector<double> bc(n, r == p - 1 ? 1.5 : 0.0);
         c.broadcast(std::span(bc), p - 1);

@@ -171,7 +171,9 @@ void run_rank(const spec& s, int r, Comm& c, const std::vector<T>& expect, Check
       } else {
         c.template allgather<T>(in, std::span(out));
       }
-      check(r, out, [&](std::size_t i) { return in_val(static_cast<int>(i / std::max<std::size_t>(n, 1)), i % std::max<std::size_t>(n, 1)); });
+      check(r, out, [&](std::size_t i) {
+        return in_val(static_cast<int>(i / std::max<std::size_t>(n, 1)), i % std::max<std::size_t>(n, 1));
+      });
       break;
     }
     case coll_op::gather: {

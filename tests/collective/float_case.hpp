@@ -134,7 +134,8 @@ int run_rank(const spec& s, int r, Comm& c, Flat& flat, std::string& first) {
       if (!acceptable<T>(got[j], s.seed, s.p, at + j, s.rop)) return bad("element " + std::to_string(j));
     }
   };
-  std::vector<std::size_t> counts = s.op == coll_op::reduce_scatterv ? v_counts(s.p, s.n) : std::vector<std::size_t>(P, s.n);
+  std::vector<std::size_t> counts =
+      s.op == coll_op::reduce_scatterv ? v_counts(s.p, s.n) : std::vector<std::size_t>(P, s.n);
   std::size_t total = 0, mine_at = 0;
   for (std::size_t q = 0; q < P; ++q) (q < R ? mine_at : total) += counts[q];
   total += mine_at;
@@ -178,7 +179,8 @@ int run_rank(const spec& s, int r, Comm& c, Flat& flat, std::string& first) {
     case coll_op::allreduce: judge(got, 0); break;
     case coll_op::reduce:
       if (r == s.root) judge(got, 0);
-      else if (in_place ? in != original : std::any_of(out.begin(), out.end(), [](T x) { return x != T(77); })) bad("non-root buffer changed");
+      else if (in_place ? in != original : std::any_of(out.begin(), out.end(), [](T x) { return x != T(77); }))
+        bad("non-root buffer changed");
       break;
     default: judge(in_place ? got.subspan(mine_at, counts[R]) : got, mine_at);
   }

@@ -39,13 +39,15 @@ int run_all_on(Group& g, std::string& first) {
         o.segment_bytes = 256;  // several segments at n = 1000
         communicator<Group> c(g, o);
         ++cases_run;
-        run_rank<T>(s, g.rank(), c, expect, [&](int, std::span<const T> got, const std::function<T(std::size_t)>& want) {
-          for (std::size_t i = 0; i < got.size(); ++i) {
-            if (got[i] == want(i)) continue;
-            if (wrong++ == 0) first = describe_case(s, dtype_of_v<T>) + " on " + g.name() + ", element " + std::to_string(i);
-            return;
-          }
-        });
+        run_rank<T>(
+            s, g.rank(), c, expect, [&](int, std::span<const T> got, const std::function<T(std::size_t)>& want) {
+              for (std::size_t i = 0; i < got.size(); ++i) {
+                if (got[i] == want(i)) continue;
+                if (wrong++ == 0)
+                  first = describe_case(s, dtype_of_v<T>) + " on " + g.name() + ", element " + std::to_string(i);
+                return;
+              }
+            });
       }
     }
   }

@@ -27,7 +27,8 @@ namespace {
 std::string host_of(int r, int per_host) { return "emulated-host-" + std::to_string(r / per_host); }
 
 template <class T>
-int check_allreduce(hierarchical_communicator<inproc_transport>& c, int p, std::size_t n, reduce_op rop, bool in_place) {
+int check_allreduce(hierarchical_communicator<inproc_transport>& c, int p, std::size_t n, reduce_op rop,
+                    bool in_place) {
   const int r = c.rank();
   std::vector<T> in(n), out(n);
   for (std::size_t i = 0; i < n; ++i) in[i] = make<T>(input_value(coll_op::allreduce, rop, r, i));
@@ -44,7 +45,8 @@ int check_allreduce(hierarchical_communicator<inproc_transport>& c, int p, std::
 
 }  // namespace
 
-TEST_CASE("discover_hosts: local ranks, host groups and cross groups for hosts of 2 and 3 ranks", "[collective][hosts]") {
+TEST_CASE("discover_hosts: local ranks, host groups and cross groups for hosts of 2 and 3 ranks",
+          "[collective][hosts]") {
   for (int per_host : {2, 3}) {
     for (int p = 1; p <= 9; ++p) {
       std::vector<std::string> got(static_cast<std::size_t>(p));
@@ -82,7 +84,8 @@ TEST_CASE("discover_hosts: every rank agrees whether each host has two cores per
     std::vector<int> got(cores.size(), -1);
     run_inproc(p, [&](int r, inproc_transport t) {
       group world(std::move(t));
-      got[static_cast<std::size_t>(r)] = discover_hosts(world, host_of(r, 2), cores[static_cast<std::size_t>(r)]).two_cores_per_rank;
+      got[static_cast<std::size_t>(r)] =
+          discover_hosts(world, host_of(r, 2), cores[static_cast<std::size_t>(r)]).two_cores_per_rank;
     });
     for (int g : got) REQUIRE(g == got.front());  // the same verdict on every rank
     return got.front() == 1;
@@ -101,7 +104,8 @@ TEST_CASE("discover_hosts: every rank agrees whether each host has two cores per
   CHECK_FALSE(two_cores_per_rank(std::vector<std::int64_t>{}));
 }
 
-TEST_CASE("hierarchical allreduce equals the serial reduction, uniform and unequal hosts, P = 1-9", "[collective][hosts]") {
+TEST_CASE("hierarchical allreduce equals the serial reduction, uniform and unequal hosts, P = 1-9",
+          "[collective][hosts]") {
   std::atomic<long> cases{0};
   for (int per_host : {2, 3}) {
     for (int p = 1; p <= 9; ++p) {
@@ -117,7 +121,8 @@ TEST_CASE("hierarchical allreduce equals the serial reduction, uniform and unequ
             wrong += check_allreduce<float>(c, p, n, rop, in_place) + check_allreduce<double>(c, p, n, rop, !in_place) +
                      check_allreduce<std::int32_t>(c, p, n, rop, in_place) +
                      check_allreduce<std::int64_t>(c, p, n, rop, !in_place) +
-                     check_allreduce<float16>(c, p, n, rop, in_place) + check_allreduce<bfloat16>(c, p, n, rop, !in_place);
+                     check_allreduce<float16>(c, p, n, rop, in_place) +
+                     check_allreduce<bfloat16>(c, p, n, rop, !in_place);
             cases += 6;
           }
         }
@@ -160,7 +165,8 @@ TEST_CASE("hierarchical allreduce: the model's plan per size, the same on every 
   CHECK(m.two_levels(4 << 20) < m.flat(m.best_flat(4 << 20), 4 << 20));
 }
 
-TEST_CASE("hierarchical allreduce: a user's rule on the flat communicator comes before the model", "[collective][hosts]") {
+TEST_CASE("hierarchical allreduce: a user's rule on the flat communicator comes before the model",
+          "[collective][hosts]") {
   std::vector<algorithm> flat(4);
   std::vector<int> two_levels(4, -1);
   run_inproc(4, [&](int r, inproc_transport t) {
@@ -183,7 +189,8 @@ TEST_CASE("hierarchical allreduce: calibrate() measures positive constants and e
     got[static_cast<std::size_t>(r)] = c.calibrate(std::size_t{1} << 16, 2);
     kept[static_cast<std::size_t>(r)] = c.costs();
   });
-  for (int r = 0; r < 4; ++r) CHECK(kept[static_cast<std::size_t>(r)].alpha_cross == got[static_cast<std::size_t>(r)].alpha_cross);
+  for (int r = 0; r < 4; ++r)
+    CHECK(kept[static_cast<std::size_t>(r)].alpha_cross == got[static_cast<std::size_t>(r)].alpha_cross);
   for (const auto& k : got) {
     CHECK(k.alpha_local > 0);
     CHECK(k.alpha_cross > 0);
@@ -214,15 +221,16 @@ TEST_CASE("hierarchical allreduce: random floats within the summation bound, the
           communicator_options o;
           o.segment_bytes = 512;
           o.algorithms.force(coll_op::allreduce, across);  // across hosts (and the flat tail)
-          hierarchical_communicator<inproc_transport> c(group(std::move(t)), o,
-                                                        "emulated-host-" + std::to_string(r / per_host), hierarchy::always);
+          hierarchical_communicator<inproc_transport> c(
+              group(std::move(t)), o, "emulated-host-" + std::to_string(r / per_host), hierarchy::always);
           c.set_pipeline_bytes(p % 2 == 0 ? 1024 : std::size_t{4} << 20);
           std::string mine;
           int bad = 0;
           for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}}) {
             for (reduce_op rop : {reduce_op::sum, reduce_op::avg}) {
               const float_case::spec s{coll_op::allreduce, across, p, n, rop, 0, n % 2 == 0, false, n + 7};
-              bad += float_case::run_rank<float>(s, r, c, c.flat(), mine) + float_case::run_rank<double>(s, r, c, c.flat(), mine);
+              bad += float_case::run_rank<float>(s, r, c, c.flat(), mine) +
+                     float_case::run_rank<double>(s, r, c, c.flat(), mine);
             }
           }
           wrong += bad;

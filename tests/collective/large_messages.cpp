@@ -106,7 +106,8 @@ TEST_CASE("collectives: a 2 GiB allreduce on 2 and 4 in-process ranks, every alg
         for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 7 + static_cast<std::size_t>(r));
         c.allreduce(std::span(v), reduce_op::sum, a);
         long bad = 0;
-        for (std::size_t i = 0; i < n; ++i) bad += v[i] != static_cast<float>(p * static_cast<int>(i % 7) + p * (p - 1) / 2);
+        for (std::size_t i = 0; i < n; ++i)
+          bad += v[i] != static_cast<float>(p * static_cast<int>(i % 7) + p * (p - 1) / 2);
         wrong += bad;
       });
       INFO(p << " ranks, " << algorithm_name(a));

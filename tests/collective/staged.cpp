@@ -20,7 +20,9 @@ static_assert(collective<staged_communicator<inproc_transport>, double>);
 
 namespace {
 
-double value(int rank, std::size_t i) { return static_cast<double>((rank + 1) * 100) + static_cast<double>(i % 89) / 8; }
+double value(int rank, std::size_t i) {
+  return static_cast<double>((rank + 1) * 100) + static_cast<double>(i % 89) / 8;
+}
 
 // Runs every operation on `p` ranks with `n` elements each; collects what differs from the
 // reference (as text: Catch2 assertions stay on the main thread).
@@ -32,7 +34,8 @@ std::vector<std::string> run_all(int p, std::size_t n) {
     staged_communicator<inproc_transport> comm(std::move(t));
     auto fail = [&](const std::string& what) {
       std::lock_guard lock(m);
-      failures.push_back("p=" + std::to_string(p) + " n=" + std::to_string(n) + " rank " + std::to_string(r) + ": " + what);
+      failures.push_back("p=" + std::to_string(p) + " n=" + std::to_string(n) + " rank " + std::to_string(r) + ": " +
+                         what);
     };
     std::vector<double> mine(n), out(n);
     for (std::size_t i = 0; i < n; ++i) mine[i] = value(r, i);
@@ -79,7 +82,8 @@ std::vector<std::string> run_all(int p, std::size_t n) {
     comm.alltoall(std::span<const double>(blocks), std::span(swapped));
     for (int q = 0; q < p; ++q) {
       const std::size_t at = static_cast<std::size_t>(q) * n;
-      if (n > 0 && swapped[at] != value(q, static_cast<std::size_t>(r) * n)) fail("alltoall block " + std::to_string(q));
+      if (n > 0 && swapped[at] != value(q, static_cast<std::size_t>(r) * n))
+        fail("alltoall block " + std::to_string(q));
     }
     std::vector<double> reduced(n, -1.0);
     comm.reduce(std::span<const double>(mine), std::span(reduced), reduce_op::sum, 0);

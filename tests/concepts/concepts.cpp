@@ -102,13 +102,15 @@ static_assert(std::is_same_v<buffer_of<device_collective_archetype, float>, devi
 template <class C, class Buffer>
 concept allreduces = requires(C& c, Buffer b) { c.allreduce(b, reduce_op::sum); };
 static_assert(allreduces<communicator<inproc_transport>, std::span<float>>);
-static_assert(!allreduces<communicator<inproc_transport>, device_span<float>>, "a host collective refuses device memory");
+static_assert(!allreduces<communicator<inproc_transport>, device_span<float>>,
+              "a host collective refuses device memory");
 static_assert(!allreduces<ring<inproc_transport>, device_span<float>>);
 static_assert(allreduces<device_collective_archetype, device_span<float>>);
 static_assert(!allreduces<device_collective_archetype, std::span<float>>, "a device collective refuses host memory");
 template <class R, class Dst, class Src>
 concept reduces = requires(const R& r, Dst d, Src s) { r(d, s, reduce_op::sum); };
-static_assert(!reduces<host_reduction, device_span<float>, device_span<const float>>, "host reductions read host memory");
+static_assert(!reduces<host_reduction, device_span<float>, device_span<const float>>,
+              "host reductions read host memory");
 
 // --- reduction ---
 static_assert(reduction<reduction_archetype>);

@@ -64,7 +64,8 @@ TEST_CASE("bounded delay: each task starts once every task more than tau older f
       double ready = 0, latest_required_end = 0;
       for (std::size_t t = 0; t < n; ++t) {
         ready += compute[t];
-        if (t >= static_cast<std::size_t>(tau) + 1) latest_required_end = std::max(latest_required_end, tl.end[t - static_cast<std::size_t>(tau) - 1]);
+        if (t >= static_cast<std::size_t>(tau) + 1)
+          latest_required_end = std::max(latest_required_end, tl.end[t - static_cast<std::size_t>(tau) - 1]);
         ready = std::max(ready, latest_required_end);
         REQUIRE(tl.start[t] == ready);
       }
@@ -108,7 +109,8 @@ TEST_CASE("bounded delay and SSP bound different things", "[consistency]") {
       std::size_t in_flight = 0;
       for (double e : ends[w]) in_flight += e > now[w] ? 1 : 0;
       out.max_in_flight = std::max(out.max_in_flight, in_flight);
-      out.max_gap = std::max(out.max_gap, *std::max_element(clock.begin(), clock.end()) - *std::min_element(clock.begin(), clock.end()));
+      out.max_gap = std::max(
+          out.max_gap, *std::max_element(clock.begin(), clock.end()) - *std::min_element(clock.begin(), clock.end()));
     }
     return out;
   };

@@ -41,5 +41,6 @@ TEST_CASE("README: the example trains identical replicas towards the target", "[
   });
   for (int r = 1; r < p; ++r) CHECK(w[static_cast<std::size_t>(r)] == w[0]);
   // 100 momentum steps from 0 on (w - target): the error shrinks well below its start.
-  for (std::size_t i = 0; i < 4; ++i) CHECK(std::fabs(w[0][i] - static_cast<double>(i + 1)) < 0.5 * static_cast<double>(i + 1));
+  for (std::size_t i = 0; i < 4; ++i)
+    CHECK(std::fabs(w[0][i] - static_cast<double>(i + 1)) < 0.5 * static_cast<double>(i + 1));
 }

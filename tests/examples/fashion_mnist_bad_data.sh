@@ -24,8 +24,10 @@ expect "missing directory" "Install Debian's dataset-fashion-mnist" "$dir/nowher
 
 mkdir "$dir/truncated"
 cp /usr/share/datasets/fashion-mnist/*.gz "$dir/truncated/" 2>/dev/null || {
-  echo "FAIL: dataset-fashion-mnist is not installed (examples/CMakeLists.txt registers this test only where it is)"; exit 1; }
-head -c 100000 /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz > "$dir/truncated/train-images-idx3-ubyte.gz"
+  echo "FAIL: dataset-fashion-mnist is not installed" \
+       "(examples/CMakeLists.txt registers this test only where it is)"; exit 1; }
+head -c 100000 /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz \
+  > "$dir/truncated/train-images-idx3-ubyte.gz"
 expect "truncated gzip" "train-images-idx3-ubyte.gz is corrupt (unexpected end of file)" "$dir/truncated"
 
 mkdir "$dir/not_idx"

@@ -50,8 +50,10 @@ kill -9 "$victim"
 wait "$job"
 code=$?
 out=$(cat "$log")
-if [ $code -ne 137 ] || ! printf '%s\n' "$out" | grep -q 'rank 0 was killed by signal 9 (SIGKILL); the others go on'; then
-  echo "FAIL: the job with server 0 killed exited with status $code (want 137, rank 0 killed, no other failure): $out"; exit 1
+killed='rank 0 was killed by signal 9 (SIGKILL); the others go on'
+if [ $code -ne 137 ] || ! printf '%s\n' "$out" | grep -q "$killed"; then
+  echo "FAIL: the job with server 0 killed exited with status $code" \
+       "(want 137, rank 0 killed, no other failure): $out"; exit 1
 fi
 if printf '%s\n' "$out" | grep -q 'dtrain-run: rank [1-9]'; then
   echo "FAIL: another rank failed after server 0 was killed: $out"; exit 1
@@ -83,5 +85,7 @@ fixed=$(printf '%s\n' "$out" | sed -n 's/.*parameters digest \([0-9a-f]\{16\}\).
 if [ -z "$fixed" ] || [ "$grown" != "$fixed" ]; then
   echo "FAIL: the job that grew ends at '$grown', the same job without growing at '$fixed'"; exit 1
 fi
-echo "ok: every layout ends at parameters digest $one; with server 0 killed mid-run (a standby taking its place) at $long, as without; grown by a server mid-run at $grown, as without"
+echo "ok: every layout ends at parameters digest $one;" \
+     "with server 0 killed mid-run (a standby taking its place) at $long, as without;" \
+     "grown by a server mid-run at $grown, as without"
 

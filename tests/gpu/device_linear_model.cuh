@@ -26,8 +26,8 @@ __global__ void residuals(const double* x, const double* y, const double* w, std
 }
 
 // grad[k] = sum_s err[s] * x[s][first + k] / count, summed in sample order as the host does.
-__global__ void gradient_slice(const double* x, const double* err, std::size_t dim, std::size_t begin, std::size_t count,
-                               std::size_t first, std::size_t size, double* grad) {
+__global__ void gradient_slice(const double* x, const double* err, std::size_t dim, std::size_t begin,
+                               std::size_t count, std::size_t first, std::size_t size, double* grad) {
   const std::size_t k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= size) return;
   const double n = static_cast<double>(count);
@@ -79,7 +79,8 @@ class device_linear_model {
       ready(i);
     }
     std::vector<double> err(count);
-    cuda::check(cudaMemcpyAsync(err.data(), err_.data(), count * sizeof(double), cudaMemcpyDeviceToHost, stream()), "D2H");
+    cuda::check(cudaMemcpyAsync(err.data(), err_.data(), count * sizeof(double), cudaMemcpyDeviceToHost, stream()),
+                "D2H");
     cuda::check(cudaStreamSynchronize(stream()), "sync");
     double loss = 0;
     for (double e : err) loss += 0.5 * e * e / static_cast<double>(count);
@@ -92,7 +93,8 @@ class device_linear_model {
     std::vector<double> dense;
     for (std::size_t i = 0; i < sizes_.size(); ++i) {
       std::vector<double> t(sizes_[i]);
-      cuda::check(cudaMemcpy(t.data(), w_.data() + offsets_[i], t.size() * sizeof(double), cudaMemcpyDeviceToHost), "D2H");
+      cuda::check(cudaMemcpy(t.data(), w_.data() + offsets_[i], t.size() * sizeof(double), cudaMemcpyDeviceToHost),
+                  "D2H");
       dense.insert(dense.end(), t.begin(), t.end());
     }
     return dense;

@@ -46,7 +46,8 @@ class device_mlp_stage {
   }
   void backward(const micro_batch& mb, device_span<const double> out_grad, device_span<double> in_grad) {
     weights_to_host();
-    for (std::size_t i = 0; i < tensor_count(); ++i) download(host_.gradients(i), device_span<const double>(g_[i].span()));
+    for (std::size_t i = 0; i < tensor_count(); ++i)
+      download(host_.gradients(i), device_span<const double>(g_[i].span()));
     std::vector<double> dy(out_grad.size()), dx(in_grad.size());
     download(std::span(dy), out_grad);
     host_.backward(mb, dy, dx);
@@ -64,7 +65,8 @@ class device_mlp_stage {
     cuda::check(cudaMemcpy(to.data(), from.data(), from.size_bytes(), cudaMemcpyDeviceToHost), "D2H");
   }
   void weights_to_host() {
-    for (std::size_t i = 0; i < tensor_count(); ++i) download(host_.parameters(i), device_span<const double>(w_[i].span()));
+    for (std::size_t i = 0; i < tensor_count(); ++i)
+      download(host_.parameters(i), device_span<const double>(w_[i].span()));
   }
 
   mlp_stage<double> host_;

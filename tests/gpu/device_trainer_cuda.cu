@@ -93,13 +93,15 @@ TEST_CASE("device trainer on the GPU: staged ranks sharing a device train as the
   for (bool gaps : {false, true}) {
     for (int p : {1, 2, 3}) {
       INFO("p=" << p << " gaps " << gaps);
-      const auto got = train(p, 10, gaps, [](int, inproc_transport t) { return staged_communicator<inproc_transport>(std::move(t)); });
+      const auto got = train(
+          p, 10, gaps, [](int, inproc_transport t) { return staged_communicator<inproc_transport>(std::move(t)); });
       check_against_simulation(got, p, 10);
     }
   }
 }
 
-TEST_CASE("device trainer on the GPU: NCCL, one rank per device, trains as the serial simulation", "[gpu][device][nccl]") {
+TEST_CASE("device trainer on the GPU: NCCL, one rank per device, trains as the serial simulation",
+          "[gpu][device][nccl]") {
   DTRAIN_REQUIRE_GPUS(1);
   const int p = dtrain::cuda::device_count();
   const auto dir = std::filesystem::temp_directory_path() / ("dtrain_device_trainer_" + std::to_string(::getpid()));

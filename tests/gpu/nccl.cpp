@@ -159,7 +159,8 @@ TEST_CASE("nccl: a rank whose peer never joins times out, naming what it waited 
   CHECK(std::chrono::steady_clock::now() - t0 < 30s);
 }
 
-TEST_CASE("nccl: a group formed over a host communicator (the id broadcast through it) reduces correctly", "[gpu][nccl]") {
+TEST_CASE("nccl: a group formed over a host communicator (the id broadcast through it) reduces correctly",
+          "[gpu][nccl]") {
   DTRAIN_REQUIRE_GPUS(1);
   const int p = std::min(cuda::device_count(), 4);
   std::vector<std::vector<std::string>> failures(static_cast<std::size_t>(p));

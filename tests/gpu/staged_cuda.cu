@@ -59,7 +59,9 @@ namespace {
 // Rank r's message: r * 1000 + i % 997 (exact in float).
 struct ring_value {
   int rank;
-  __host__ __device__ float operator()(std::size_t i) const { return static_cast<float>(rank * 1000 + static_cast<int>(i % 997)); }
+  __host__ __device__ float operator()(std::size_t i) const {
+    return static_cast<float>(rank * 1000 + static_cast<int>(i % 997));
+  }
 };
 }  // namespace
 

@@ -1,6 +1,6 @@
 // The tensor-parallel layers on the GPU: an MLP block (column layer, tanh, row layer) over 1-3 and
-// 8 staged ranks sharing one device, outputs starting as NaN, two backward passes, its tensors in device memory, with Thrust's kernels and with
-// cuBLAS's, plain and sequence parallel: the output, the input gradient and every parameter
+// 8 staged ranks sharing one device, outputs starting as NaN, two backward passes, its tensors in device memory, with
+// Thrust's kernels and with cuBLAS's, plain and sequence parallel: the output, the input gradient and every parameter
 // gradient equal the unsplit block's within 1e-12 relative (double; cuBLAS sums in its own order)
 // and 1e-4 (float).
 
@@ -97,7 +97,9 @@ std::vector<std::vector<std::vector<double>>> run_block(const unsplit& ref, int 
 template <class T, class Kernels>
 void check_block(double tolerance) {
   const unsplit ref(24);  // whole shares on 1-3 and 8 ranks
-  auto near = [&](double got, double want) { return std::abs(got - want) <= tolerance * std::max(1.0, std::abs(want)); };
+  auto near = [&](double got, double want) {
+    return std::abs(got - want) <= tolerance * std::max(1.0, std::abs(want));
+  };
   for (const bool sequence : {false, true}) {
     for (const int p : {1, 2, 3, 8}) {  // on 8 ranks one holds none of the 7 hidden features
       INFO((sequence ? "sequence parallel, " : "") << p << " ranks");

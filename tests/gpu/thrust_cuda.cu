@@ -50,8 +50,8 @@ void check_all_ops(bool on_stream) {
                    : op == reduce_op::min ? std::min(a[i], b[i]) : std::max(a[i], b[i]);
       if (got[i] != want && wrong++ == 0) first = i;
     }
-    INFO(reduce_op_name(op) << " on " << sizeof(T) * 8 << "-bit floats, " << (on_stream ? "stream-ordered" : "synchronising")
-                            << ": first wrong element " << first);
+    INFO(reduce_op_name(op) << " on " << sizeof(T) * 8 << "-bit floats, "
+                            << (on_stream ? "stream-ordered" : "synchronising") << ": first wrong element " << first);
     CHECK(wrong == 0);
   }
 }

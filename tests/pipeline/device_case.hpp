@@ -111,7 +111,8 @@ int device_case_wrong(Comm& comm, const Schedule& schedule, Updater updater, int
   };
   const auto actions = schedule.actions(r, shape);
   for (int s = 0; s < steps; ++s) run.run(actions, shape, static_cast<std::uint64_t>(s), hooks);
-  const auto want = pipedream ? serial_pipedream(bounds, m, steps, fresh) : serial_accumulation(bounds, m, steps, fresh);
+  const auto want =
+      pipedream ? serial_pipedream(bounds, m, steps, fresh) : serial_accumulation(bounds, m, steps, fresh);
   return count_wrong(std::span(chunks), want, p, r, Schedule::name, 0.0, first);
 }
 
@@ -140,7 +141,8 @@ device_trainer_result device_trainer_case(Comm pipeline, Replicas replicas, int 
   const pipeline::partition bounds = pipeline::uniform_partition(static_cast<int>(widths.size()) - 1, p * v);
   auto chunks = [&] {
     std::vector<Stage> out;
-    for (int c = 0; c < v; ++c) out.push_back(make(widths, bounds[c * p + r], bounds[c * p + r + 1], test_batch, replica, dp));
+    for (int c = 0; c < v; ++c)
+      out.push_back(make(widths, bounds[c * p + r], bounds[c * p + r + 1], test_batch, replica, dp));
     return out;
   };
   pipeline::trainer_options o;

@@ -158,11 +158,12 @@ void check_device_trainer(const Schedule& schedule) {
         run_tcp_world(dp * pp, [&](int, tcp_transport& t) {
           device_mesh<tcp_transport> mesh(group(std::move(t)), {{"dp", dp}, {"pp", pp}});
           const int replica = mesh.coordinate("dp");
-          auto r = dp == 1 ? testing::device_trainer_case<mlp>(staged_group(mesh.group("pp")), pipeline::single_replica{},
-                                                                0, schedule, adam<double>(0.01), m, 3, make_mlp)
-                           : testing::device_trainer_case<mlp>(staged_group(mesh.group("pp")),
-                                                                staged_group(mesh.group("dp")), replica, schedule,
-                                                                adam<double>(0.01), m, 3, make_mlp);
+          auto r =
+              dp == 1
+                  ? testing::device_trainer_case<mlp>(staged_group(mesh.group("pp")), pipeline::single_replica{}, 0,
+                                                      schedule, adam<double>(0.01), m, 3, make_mlp)
+                  : testing::device_trainer_case<mlp>(staged_group(mesh.group("pp")), staged_group(mesh.group("dp")),
+                                                      replica, schedule, adam<double>(0.01), m, 3, make_mlp);
           bits[static_cast<std::size_t>(replica * pp + mesh.coordinate("pp"))] = std::move(r.bits);
           wrong += r.wrong;
           std::lock_guard lock(mu);

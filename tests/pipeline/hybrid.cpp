@@ -41,7 +41,8 @@ void check_hybrid(const Schedule& schedule, int dp, int pp, int tpn, int m) {
       std::lock_guard lock(mu);
       if (first.empty()) first = mine.first;
     }
-    got[static_cast<std::size_t>((mesh.coordinate("dp") * pp + mesh.coordinate("pp")) * tpn + mesh.coordinate("tp"))] = std::move(mine);
+    got[static_cast<std::size_t>((mesh.coordinate("dp") * pp + mesh.coordinate("pp")) * tpn + mesh.coordinate("tp"))] =
+        std::move(mine);
   });
   INFO(Schedule::name << " dp " << dp << " pp " << pp << " tp " << tpn << " m " << m << ": " << first);
   CHECK(wrong.load() == 0);
@@ -59,7 +60,8 @@ void check_hybrid(const Schedule& schedule, int dp, int pp, int tpn, int m) {
 
 }  // namespace
 
-TEST_CASE("hybrid: data x pipeline x tensor parallel equals serial training of the unsplit network", "[pipeline][hybrid]") {
+TEST_CASE("hybrid: data x pipeline x tensor parallel equals serial training of the unsplit network",
+          "[pipeline][hybrid]") {
   for (int m : {1, 3, 4}) {
     check_hybrid(pipeline::one_f_one_b{}, 1, 1, 3, m);
     check_hybrid(pipeline::one_f_one_b{}, 1, 2, 2, m);

@@ -62,7 +62,8 @@ inline std::vector<double> slice_of_tensor(const std::vector<double>& whole, int
   if (k == 0) out.assign(whole.begin() + s.begin * in, whole.begin() + (s.begin + s.size) * in);  // fc1 rows
   if (k == 1) out.assign(whole.begin() + s.begin, whole.begin() + s.begin + s.size);            // fc1 bias
   if (k == 2) {                                                                                   // fc2 columns
-    for (std::size_t o = 0; o < whole.size() / h; ++o) out.insert(out.end(), whole.begin() + o * h + s.begin, whole.begin() + o * h + s.begin + s.size);
+    for (std::size_t o = 0; o < whole.size() / h; ++o)
+      out.insert(out.end(), whole.begin() + o * h + s.begin, whole.begin() + o * h + s.begin + s.size);
   }
   if (k == 3) out = whole;  // fc2 bias, whole on every rank
   return out;
@@ -110,8 +111,11 @@ hybrid_result hybrid_case(device_mesh<World>& mesh, const Schedule& schedule, in
       if (i % 4 == 3) append_bytes(stage, i, result.whole);
       const auto got = stage.parameters(i);
       bool same = got.size() == expect.size();
-      for (std::size_t k = 0; same && k < got.size(); ++k) same = std::abs(got[k] - expect[k]) <= 1e-12 * std::max(1.0, std::abs(expect[k]));
-      if (!same && result.first.empty()) result.first = std::string(Schedule::name) + ": block " + std::to_string(b) + " tensor " + std::to_string(i % 4);
+      for (std::size_t k = 0; same && k < got.size(); ++k)
+        same = std::abs(got[k] - expect[k]) <= 1e-12 * std::max(1.0, std::abs(expect[k]));
+      if (!same && result.first.empty())
+        result.first =
+            std::string(Schedule::name) + ": block " + std::to_string(b) + " tensor " + std::to_string(i % 4);
     }
   }
   return result;

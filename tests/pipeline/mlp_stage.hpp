@@ -22,8 +22,10 @@ namespace dtrain::testing {
 /// global index only, which counts every replica's micro-batches of every step in order.
 template <class T>
 std::vector<T> synthetic_samples(const micro_batch& mb, int replica, int replicas, int batch, int width, double salt) {
-  const auto global = static_cast<double>((mb.step * static_cast<std::uint64_t>(replicas) + static_cast<std::uint64_t>(replica)) *
-                                              static_cast<std::uint64_t>(mb.count) + static_cast<std::uint64_t>(mb.index));
+  const auto global =
+      static_cast<double>((mb.step * static_cast<std::uint64_t>(replicas) + static_cast<std::uint64_t>(replica)) *
+                              static_cast<std::uint64_t>(mb.count) +
+                          static_cast<std::uint64_t>(mb.index));
   std::vector<T> x(static_cast<std::size_t>(batch) * static_cast<std::size_t>(width));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = T(std::sin(salt * (global * 31.0 + static_cast<double>(i)) + salt));
   return x;
@@ -41,7 +43,8 @@ class mlp_stage {
     for (int l = first_; l < last_; ++l) {
       const auto in = static_cast<std::size_t>(widths_[l]), out = static_cast<std::size_t>(widths_[l + 1]);
       std::vector<T> w(in * out), b(out);
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] = T(0.6 * std::sin(1.3 * l + 0.7 * static_cast<double>(i)) / std::sqrt(double(in)));
+      for (std::size_t i = 0; i < w.size(); ++i)
+        w[i] = T(0.6 * std::sin(1.3 * l + 0.7 * static_cast<double>(i)) / std::sqrt(double(in)));
       for (std::size_t i = 0; i < b.size(); ++i) b[i] = T(0.1 * std::cos(0.9 * l + 0.5 * static_cast<double>(i)));
       params_.push_back(std::move(w));
       params_.push_back(std::move(b));
@@ -64,7 +67,8 @@ class mlp_stage {
     double loss = 0;
     if (last_ == layers()) {
       const std::vector<T> target = samples(mb, widths_.back(), 0.23);
-      for (std::size_t i = 0; i < target.size(); ++i) loss += 0.5 * double(acts.back()[i] - target[i]) * double(acts.back()[i] - target[i]);
+      for (std::size_t i = 0; i < target.size(); ++i)
+        loss += 0.5 * double(acts.back()[i] - target[i]) * double(acts.back()[i] - target[i]);
       loss /= batch_;
     } else {
       for (std::size_t i = 0; i < out.size(); ++i) out[i] = acts.back()[i];  // GCC 12 warns falsely on std::copy here
@@ -92,7 +96,9 @@ class mlp_stage {
 
  private:
   int layers() const noexcept { return static_cast<int>(widths_.size()) - 1; }
-  std::size_t width_at(int l) const noexcept { return static_cast<std::size_t>(batch_) * static_cast<std::size_t>(widths_[l]); }
+  std::size_t width_at(int l) const noexcept {
+    return static_cast<std::size_t>(batch_) * static_cast<std::size_t>(widths_[l]);
+  }
 
   std::vector<T> samples(const micro_batch& mb, int width, double salt) const {
     return synthetic_samples<T>(mb, replica_, replicas_, batch_, width, salt);

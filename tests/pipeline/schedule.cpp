@@ -26,7 +26,8 @@ void check_sound_everywhere(const Schedule& schedule) {
 }
 
 int count(const std::vector<pl::action>& actions, pl::action_kind kind) {
-  return static_cast<int>(std::count_if(actions.begin(), actions.end(), [&](const pl::action& a) { return a.kind == kind; }));
+  return static_cast<int>(
+      std::count_if(actions.begin(), actions.end(), [&](const pl::action& a) { return a.kind == kind; }));
 }
 
 }  // namespace
@@ -59,9 +60,16 @@ TEST_CASE("the simulator catches a deadlock, a wrong order and a backward before
     CHECK(pl::simulate(bad, shape).problem.find("carries micro-batch 0") != std::string::npos);
   }
   SECTION("a two-rank cycle: each receives before it sends") {
-    std::vector<std::vector<pl::action>> cycle{
-        {{k::forward, 0, 0}, {k::recv_gradient, 0, 0}, {k::send_activation, 0, 0}, {k::backward, 0, 0}, {k::optimizer_step, 0, 0}},
-        {{k::recv_activation, 0, 0}, {k::forward, 0, 0}, {k::backward, 0, 0}, {k::send_gradient, 0, 0}, {k::optimizer_step, 0, 0}}};
+    std::vector<std::vector<pl::action>> cycle{{{k::forward, 0, 0},
+                                                {k::recv_gradient, 0, 0},
+                                                {k::send_activation, 0, 0},
+                                                {k::backward, 0, 0},
+                                                {k::optimizer_step, 0, 0}},
+                                               {{k::recv_activation, 0, 0},
+                                                {k::forward, 0, 0},
+                                                {k::backward, 0, 0},
+                                                {k::send_gradient, 0, 0},
+                                                {k::optimizer_step, 0, 0}}};
     const auto sim = pl::simulate(cycle, pl::pipeline_shape{2, 1, 1});
     CHECK(sim.problem.find("deadlock") != std::string::npos);
     CHECK(sim.problem.find("rank 0 at recv_gradient mb 0") != std::string::npos);

@@ -40,7 +40,9 @@ bool same_on_every_rank(const group& g, const std::vector<std::byte>& bits, cons
   std::vector<std::byte> all(n * static_cast<std::size_t>(g.size()));
   communicator<group>(g).allgather<std::byte>(bits, all);
   for (int r = 0; r < g.size(); ++r) {
-    if (std::equal(bits.begin(), bits.end(), all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * n))) continue;
+    if (std::equal(bits.begin(), bits.end(),
+                   all.begin() + static_cast<std::ptrdiff_t>(static_cast<std::size_t>(r) * n)))
+      continue;
     std::fprintf(stderr, "WRONG (%s): rank %d of its group holds other bits than this rank\n", what, r);
     return false;
   }
@@ -58,7 +60,8 @@ int whole_world_pipelines(group& world) {
   for (int m : {1, 2, 5, 8, 16}) {
     wrong += count(testing::run_pipeline_case(world, pipeline::gpipe{}, sgd<double>(0.1), m, 2), "gpipe");
     wrong += count(testing::run_pipeline_case(world, pipeline::one_f_one_b{}, adam<double>(0.01), m, 2), "1f1b");
-    wrong += count(testing::run_pipeline_case(world, pipeline::interleaved_one_f_one_b{2}, sgd<double>(0.1), m, 2), "interleaved");
+    wrong += count(testing::run_pipeline_case(world, pipeline::interleaved_one_f_one_b{2}, sgd<double>(0.1), m, 2),
+                   "interleaved");
     wrong += count(testing::run_pipeline_case(world, pipeline::pipedream{}, adam<double>(0.01), m, 2), "pipedream");
   }
   return wrong;
@@ -69,8 +72,9 @@ int replicated_pipelines(group& world) {
   device_mesh<tcp_transport> mesh(world, {{"dp", 2}, {"pp", world.size() / 2}});
   int wrong = 0;
   for (int m : {1, 3, 8}) {
-    const testing::case_result r = testing::run_pipeline_case(mesh.group("pp"), pipeline::one_f_one_b{}, adam<double>(0.01), m, 2,
-                                                              communicator<group>(mesh.group("dp")), mesh.coordinate("dp"));
+    const testing::case_result r =
+        testing::run_pipeline_case(mesh.group("pp"), pipeline::one_f_one_b{}, adam<double>(0.01), m, 2,
+                                   communicator<group>(mesh.group("dp")), mesh.coordinate("dp"));
     wrong += count(r, "2 replicas of 1f1b");
     wrong += !same_on_every_rank(mesh.group("dp"), r.bits, "2 replicas of 1f1b, replicas' bits");
   }

@@ -123,7 +123,9 @@ class tp_mlp_stage {
   void discard(const micro_batch& mb) { saved_.erase(mb.index); }
 
  private:
-  std::size_t width(int b) const noexcept { return static_cast<std::size_t>(batch_) * static_cast<std::size_t>(net_.dims[b]); }
+  std::size_t width(int b) const noexcept {
+    return static_cast<std::size_t>(batch_) * static_cast<std::size_t>(net_.dims[b]);
+  }
 
   std::span<double> pick(std::size_t i, bool grad) {
     auto& p = i % 4 < 2 ? fc1_[i / 4].parameters() : fc2_[i / 4].parameters();

@@ -162,40 +162,50 @@ std::vector<testing::mlp_stage<double>> misfit_chunk(int r) {
 
 }  // namespace
 
-TEST_CASE("pipeline: neighbours built with different partitions or schedules fail at construction, naming both", "[pipeline]") {
+TEST_CASE("pipeline: neighbours built with different partitions or schedules fail at construction, naming both",
+          "[pipeline]") {
   pipeline::trainer_options o;
   o.micro_batches = 2;
   o.executor.timeout = std::chrono::seconds(10);
   using stage_t = testing::mlp_stage<double>;
-  CHECK(ranks_naming("disagree on the activation between them: 18 elements expected here, 24 sent there", [&](int r, inproc_transport t) {
-          pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, stage_t> tr(std::move(t), misfit_chunk(r), sgd<double>(0.1), {}, o);
-          tr.step();
-        }) == 1);
+  CHECK(ranks_naming("disagree on the activation between them: 18 elements expected here, 24 sent there",
+                     [&](int r, inproc_transport t) {
+                       pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, stage_t> tr(
+                           std::move(t), misfit_chunk(r), sgd<double>(0.1), {}, o);
+                       tr.step();
+                     }) == 1);
   const auto bounds = pipeline::uniform_partition(testing::test_widths().size() - 1, 2);
-  CHECK(ranks_naming("run different schedules: one_f_one_b on 2 ranks x 1 chunks, 2 micro-batches here, gpipe on 2 ranks", [&](int r, inproc_transport t) {
-          std::vector<stage_t> chunk;
-          chunk.emplace_back(testing::test_widths(), bounds[r], bounds[r + 1], testing::test_batch);
-          if (r == 0) {
-            pipeline::trainer<inproc_transport, pipeline::gpipe, sgd<double>, stage_t> tr(std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
-            tr.step();
-          } else {
-            pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, stage_t> tr(std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
-            tr.step();
-          }
-        }) == 1);
+  CHECK(
+      ranks_naming("run different schedules: one_f_one_b on 2 ranks x 1 chunks, 2 micro-batches here, gpipe on 2 ranks",
+                   [&](int r, inproc_transport t) {
+                     std::vector<stage_t> chunk;
+                     chunk.emplace_back(testing::test_widths(), bounds[r], bounds[r + 1], testing::test_batch);
+                     if (r == 0) {
+                       pipeline::trainer<inproc_transport, pipeline::gpipe, sgd<double>, stage_t> tr(
+                           std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
+                       tr.step();
+                     } else {
+                       pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, stage_t> tr(
+                           std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
+                       tr.step();
+                     }
+                   }) == 1);
 }
 
 TEST_CASE("pipeline: an activation that does not match its action fails the step naming both messages", "[pipeline]") {
   // The executors alone, without the trainer's handshake: the first activation's signature says
   // what differs.
-  CHECK(ranks_naming("expected the activation of micro-batch 0 into stage 1 (float64, 18 elements) from stage 0 (rank 0), "
-                     "got a message with the activation of micro-batch 0 into stage 1 (float64, 24 elements)",
-                     [&](int r, inproc_transport t) {
-                       auto chunk = misfit_chunk(r);
-                       pipeline::executor<inproc_transport, testing::mlp_stage<double>> ex(t, std::span(chunk), {.timeout = std::chrono::seconds(10)});
-                       const pipeline::pipeline_shape shape{2, 1, 2};
-                       ex.run(pipeline::one_f_one_b{}.actions(r, shape), shape, 0, {.optimizer_step = [](int) {}, .gradients_final = {}});
-                     }) == 1);
+  CHECK(ranks_naming(
+            "expected the activation of micro-batch 0 into stage 1 (float64, 18 elements) from stage 0 (rank 0), "
+            "got a message with the activation of micro-batch 0 into stage 1 (float64, 24 elements)",
+            [&](int r, inproc_transport t) {
+              auto chunk = misfit_chunk(r);
+              pipeline::executor<inproc_transport, testing::mlp_stage<double>> ex(
+                  t, std::span(chunk), {.timeout = std::chrono::seconds(10)});
+              const pipeline::pipeline_shape shape{2, 1, 2};
+              ex.run(pipeline::one_f_one_b{}.actions(r, shape), shape, 0,
+                     {.optimizer_step = [](int) {}, .gradients_final = {}});
+            }) == 1);
 }
 
 TEST_CASE("pipeline: after a failed step the trainer refuses to go on", "[pipeline]") {
@@ -207,7 +217,8 @@ TEST_CASE("pipeline: after a failed step the trainer refuses to go on", "[pipeli
     pipeline::trainer_options o;
     o.micro_batches = 2;
     o.executor.timeout = std::chrono::seconds(10);
-    pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, testing::mlp_stage<double>> tr(std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
+    pipeline::trainer<inproc_transport, pipeline::one_f_one_b, sgd<double>, testing::mlp_stage<double>> tr(
+        std::move(t), std::move(chunk), sgd<double>(0.1), {}, o);
     tr.step();
     if (r == 1) throw std::runtime_error("rank 1 leaves");  // its endpoint goes: rank 0's next step loses its peer
     try {
@@ -247,7 +258,8 @@ void check_replicated(const Schedule& schedule, bool overlap) {
           std::lock_guard lock(mu);
           if (r.wrong > 0 && first.empty()) first = r.first;
         });
-        INFO(Schedule::name << (overlap ? " overlapped" : "") << " dp " << dp << " pp " << pp << " m " << m << ": " << first);
+        INFO(Schedule::name << (overlap ? " overlapped" : "") << " dp " << dp << " pp " << pp << " m " << m << ": "
+                            << first);
         CHECK(wrong.load() == 0);
         // Data-parallel replicas hold the same bits, not just values near the serial run's.
         for (const auto& b : bits) REQUIRE(!b.empty());
@@ -262,7 +274,8 @@ void check_replicated(const Schedule& schedule, bool overlap) {
 
 }  // namespace
 
-TEST_CASE("pipeline: data-parallel replicas of a pipeline along a mesh equal serial training and hold the same bits", "[pipeline]") {
+TEST_CASE("pipeline: data-parallel replicas of a pipeline along a mesh equal serial training and hold the same bits",
+          "[pipeline]") {
   check_replicated(pipeline::interleaved_one_f_one_b{2}, true);
   check_replicated(pipeline::one_f_one_b{}, false);
   check_replicated(pipeline::gpipe{}, true);
@@ -278,12 +291,15 @@ using trainer_t = pipeline::trainer<process_group<inproc_transport>, Schedule, a
 // This rank's chunks of the test network cut into `stages` stages at `bounds`.
 std::vector<stage_t> chunks_for(int rank, int ranks, int v, const pipeline::partition& bounds) {
   std::vector<stage_t> chunks;
-  for (int c = 0; c < v; ++c) chunks.emplace_back(testing::test_widths(), bounds[c * ranks + rank], bounds[c * ranks + rank + 1], testing::test_batch);
+  for (int c = 0; c < v; ++c)
+    chunks.emplace_back(testing::test_widths(), bounds[c * ranks + rank], bounds[c * ranks + rank + 1],
+                        testing::test_batch);
   return chunks;
 }
 
 std::string checkpoint_path(const std::string& name, int rank) {
-  return (std::filesystem::temp_directory_path() / ("dtrain_pipeline_" + name + "." + std::to_string(rank) + ".ckpt")).string();
+  return (std::filesystem::temp_directory_path() / ("dtrain_pipeline_" + name + "." + std::to_string(rank) + ".ckpt"))
+      .string();
 }
 
 template <class Schedule>
@@ -333,7 +349,8 @@ TEST_CASE("pipeline: a job resumed from its checkpoint continues bit for bit", "
   check_resume(pipeline::pipedream{});
 }
 
-TEST_CASE("pipeline: a checkpoint of another rank, partition, schedule or a corrupt one is refused, naming why", "[pipeline][checkpoint]") {
+TEST_CASE("pipeline: a checkpoint of another rank, partition, schedule or a corrupt one is refused, naming why",
+          "[pipeline][checkpoint]") {
   const auto bounds = pipeline::uniform_partition(testing::test_widths().size() - 1, 2);
   std::vector<std::string> wrong;  // each way a refusal went wrong, checked on this thread
   run_inproc(1, [&](int, inproc_transport endpoint) {
@@ -341,7 +358,8 @@ TEST_CASE("pipeline: a checkpoint of another rank, partition, schedule or a corr
     // A one-rank "pipeline" holding stage 0 of 2 is enough to write a file of rank 0.
     pipeline::trainer_options o;
     o.micro_batches = 2;
-    trainer_t<pipeline::one_f_one_b> a(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, o);
+    trainer_t<pipeline::one_f_one_b> a(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)},
+                                       adam<double>(0.01), {}, o);
     a.step();
     const std::string path = checkpoint_path("refuse", 0);
     a.save(path);
@@ -351,22 +369,29 @@ TEST_CASE("pipeline: a checkpoint of another rank, partition, schedule or a corr
         trainer.load(path);
         wrong.push_back(std::string(why) + ": loaded");
       } catch (const dtrain::error& e) {
-        if (e.code() != errc::bad_data || std::string(e.what()).find(why) == std::string::npos) wrong.push_back(std::string(why) + ": " + e.what());
+        if (e.code() != errc::bad_data || std::string(e.what()).find(why) == std::string::npos)
+          wrong.push_back(std::string(why) + ": " + e.what());
       }
-      if (testing::flat_parameters(trainer.chunks()[0]) != before) wrong.push_back(std::string(why) + ": parameters changed");
+      if (testing::flat_parameters(trainer.chunks()[0]) != before)
+        wrong.push_back(std::string(why) + ": parameters changed");
     };
-    trainer_t<pipeline::one_f_one_b> other_partition(t, {stage_t(testing::test_widths(), 0, 7, testing::test_batch)}, adam<double>(0.01), {}, o);
+    trainer_t<pipeline::one_f_one_b> other_partition(t, {stage_t(testing::test_widths(), 0, 7, testing::test_batch)},
+                                                     adam<double>(0.01), {}, o);
     refused(other_partition, "a different partition of the model?");
-    trainer_t<pipeline::gpipe> other_schedule(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, o);
+    trainer_t<pipeline::gpipe> other_schedule(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)},
+                                              adam<double>(0.01), {}, o);
     refused(other_schedule, "belongs to pipeline rank 0 of 1 (one_f_one_b");
-    pipeline::trainer<process_group<inproc_transport>, pipeline::one_f_one_b, sgd<double>, stage_t> other_updater(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, sgd<double>(0.1), {}, o);
+    pipeline::trainer<process_group<inproc_transport>, pipeline::one_f_one_b, sgd<double>, stage_t> other_updater(
+        t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, sgd<double>(0.1), {}, o);
     refused(other_updater, "was written with updater adam");
     pipeline::trainer_options more = o;
     more.micro_batches = 4;
-    trainer_t<pipeline::one_f_one_b> other_m(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, more);
+    trainer_t<pipeline::one_f_one_b> other_m(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)},
+                                             adam<double>(0.01), {}, more);
     refused(other_m, "2 micro-batches a step");
     testing::flip_bit(path, 200);  // in the middle of the parameters
-    trainer_t<pipeline::one_f_one_b> same(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)}, adam<double>(0.01), {}, o);
+    trainer_t<pipeline::one_f_one_b> same(t, {stage_t(testing::test_widths(), 0, 8, testing::test_batch)},
+                                          adam<double>(0.01), {}, o);
     refused(same, "is corrupt");
     std::filesystem::remove(path);
   });

@@ -142,8 +142,9 @@ TEST_CASE("top-k SGD under BSP equals serial top-k with error feedback, and conv
         for (std::size_t j = 0; j < dim; ++j) residual[w][j] += g[w][j];
         std::vector<std::size_t> order(dim);
         for (std::size_t j = 0; j < dim; ++j) order[j] = j;
-        std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
-                          [&](std::size_t a, std::size_t b) { return std::fabs(residual[w][a]) > std::fabs(residual[w][b]); });
+        std::partial_sort(
+            order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+            [&](std::size_t a, std::size_t b) { return std::fabs(residual[w][a]) > std::fabs(residual[w][b]); });
         for (std::size_t i = 0; i < k; ++i) sent[w][order[i]] = residual[w][order[i]], residual[w][order[i]] = 0.0f;
       }
       const auto mean = combine(sent, 1.0f / W);

@@ -24,7 +24,8 @@ namespace {
 using adam_table = table<float, lazy_adam<float>, uniform_initializer>;
 
 std::string temp_path(const char* name) {
-  return (std::filesystem::temp_directory_path() / (std::string("dtrain_ckpt_") + std::to_string(::getpid()) + "_" + name))
+  return (std::filesystem::temp_directory_path() /
+          (std::string("dtrain_ckpt_") + std::to_string(::getpid()) + "_" + name))
       .string();
 }
 
@@ -119,15 +120,18 @@ TEST_CASE("broken or mismatched checkpoints are refused, saying why", "[ps][chec
   std::remove(path.c_str());
 }
 
-TEST_CASE("a shard's state sent to a joining server continues bit for bit like the original, and a damaged one is refused",
-          "[ps][checkpoint][replication]") {
-  adam_table sparse(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}), dense(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
+TEST_CASE(
+    "a shard's state sent to a joining server continues bit for bit like the original, and a damaged one is refused",
+    "[ps][checkpoint][replication]") {
+  adam_table sparse(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}),
+      dense(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
   train(sparse, 30, 1);
   train(dense, 10, 2);
   const chain_position at{41, 40, 12, {7, 9}, {{0, 5}, {3, 17}}};
   const std::vector<std::byte> bytes = write_shard_state(at, sparse, dense);
   CHECK(bytes.size() % 8 == 0);
-  adam_table s2(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}), d2(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
+  adam_table s2(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}),
+      d2(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
   const chain_position got = read_shard_state(bytes, s2, d2, "server 2");
   CHECK(got.sequence == 41);
   CHECK(got.version == 40);
@@ -140,7 +144,8 @@ TEST_CASE("a shard's state sent to a joining server continues bit for bit like t
   CHECK(pull_all(dense) == pull_all(d2));
 
   auto refusal = [&](std::vector<std::byte> b) {
-    adam_table s3(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}), d3(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
+    adam_table s3(lazy_adam<float>(0.01), uniform_initializer{0.1, 3}),
+        d3(lazy_adam<float>(0.01), uniform_initializer{0.1, 3});
     try {
       read_shard_state(b, s3, d3, "server 2");
     } catch (const dtrain::error& e) {

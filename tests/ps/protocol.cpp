@@ -62,7 +62,8 @@ TEST_CASE("ps protocol: malformed requests are refused, saying what is wrong", "
   const std::vector<float> values{1, 2};
   const auto good = copy(encode_request<float>(h, keys, values));
   CHECK(decode_error(good) == "no error");
-  CHECK_THAT(decode_error(std::vector<std::byte>(good.begin(), good.begin() + 20)), Catch::Contains("shorter than a header"));
+  CHECK_THAT(decode_error(std::vector<std::byte>(good.begin(), good.begin() + 20)),
+             Catch::Contains("shorter than a header"));
   auto bad = good;
   bad[0] = std::byte{0};
   CHECK_THAT(decode_error(bad), Catch::Contains("wrong magic"));

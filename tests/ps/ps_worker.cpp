@@ -26,10 +26,9 @@
 // DTRAIN_TEST_LEAVE_WORKER=w with DTRAIN_TEST_LEAVE_AFTER=s makes worker w leave the job after s
 // steps (under BSP the others go on, averaging over themselves from the next round).
 // With DTRAIN_PS_STANDBY=n the last n ranks are standby servers; with DTRAIN_LATE_RANKS=n too and
-// DTRAIN_TEST_LATE_MS=m they join the TCP group m ms after it formed, as processes started later. Every server prints a digest of
-// each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check
-// that the copies are equal.
-// DTRAIN_PS_LATE_WORKERS=n: the last n workers join the running job (with DTRAIN_LATE_RANKS and
+// DTRAIN_TEST_LATE_MS=m they join the TCP group m ms after it formed, as processes started later. Every server prints a
+// digest of each copy it holds at the end ("copy of shard s: version v digest d"), so a test can check that the copies
+// are equal. DTRAIN_PS_LATE_WORKERS=n: the last n workers join the running job (with DTRAIN_LATE_RANKS and
 // DTRAIN_TEST_LATE_MS, as processes that connect later). Under BSP the harness decides where one
 // enters, DTRAIN_TEST_ENTER_AT=c: worker 0 holds before its step c - 1, writing
 // DTRAIN_TEST_HOLD_FILE, until the late worker has entered (it writes DTRAIN_TEST_JOIN_FILE once
@@ -77,7 +76,8 @@ namespace {
 
 const auto process_start = std::chrono::steady_clock::now();
 long long ms_since_start() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - process_start).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - process_start)
+      .count();
 }
 
 int env_int(const char* name, int fallback) {
@@ -163,7 +163,8 @@ class push_log {
   }
 
   static long long now() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
   void gradient(std::span<float> g) {
     if (file_ == nullptr) return;
@@ -233,7 +234,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
     std::jthread leaving;  // DTRAIN_TEST_LEAVE_RANK: this server leaves the job cleanly after 300 ms
     if (env_int("DTRAIN_TEST_LEAVE_RANK", -1) == rank) {
       leaving = std::jthread([&job](std::stop_token stop) {
-        for (int ms = 0; ms < 300 && !stop.stop_requested(); ms += 10) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        for (int ms = 0; ms < 300 && !stop.stop_requested(); ms += 10)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
         job.server_endpoint().leave();
       });
     }
@@ -248,7 +250,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
                 static_cast<unsigned long long>(st.pushes), static_cast<unsigned long long>(st.pulls));
     auto& server = job.server_endpoint();
     for (int s = 0; s < r.shard_count(); ++s) {
-      if (server.heads(s)) std::printf("shard %d version %llu\n", s, static_cast<unsigned long long>(server.version_of(s)));
+      if (server.heads(s))
+        std::printf("shard %d version %llu\n", s, static_cast<unsigned long long>(server.version_of(s)));
     }
     for (int s : left ? std::vector<int>{} : server.held_shards()) {  // one that left holds none
       dtrain::fnv1a digest;
@@ -257,7 +260,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
           digest.word(key).bytes(std::as_bytes(values)).bytes(std::as_bytes(state));
         });
       }
-      std::printf("copy of shard %d: version %llu digest %016llx\n", s, static_cast<unsigned long long>(server.version_of(s)),
+      std::printf("copy of shard %d: version %llu digest %016llx\n", s,
+                  static_cast<unsigned long long>(server.version_of(s)),
                   static_cast<unsigned long long>(digest.value()));
     }
     return 0;
@@ -268,7 +272,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
   job.begin(std::span(x));
   std::printf("worker %d began at %lld ms\n", w, ms_since_start());
   const int enter_at = env_int("DTRAIN_TEST_ENTER_AT", -1), resumed_at = env_int("DTRAIN_TEST_RESUMED_AT", 0);
-  if (job.first_step() > 0 && w == 0) std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
+  if (job.first_step() > 0 && w == 0)
+    std::printf("worker 0 resumes at step %lld\n", static_cast<long long>(job.first_step()));
   if (r.is_late_worker(w)) {
     std::printf("worker %d entered the running job at clock %lld\n", w, static_cast<long long>(job.first_step()));
     if (enter_at >= 0 && job.first_step() != enter_at) {
@@ -322,7 +327,9 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
     // worker counts from the clock the harness made it enter at (DTRAIN_TEST_ENTER_AT), and after
     // a restart also in the rounds it was there for before the restart, [first_join, resumed_at).
     const long long entered = std::max(enter_at, 0), first_join = env_int("DTRAIN_TEST_FIRST_JOIN", -1);
-    auto late_counts = [&](int it) { return it >= entered || (first_join >= 0 && it >= first_join && it < resumed_at); };
+    auto late_counts = [&](int it) {
+      return it >= entered || (first_join >= 0 && it >= first_join && it < resumed_at);
+    };
     std::vector<problem> all;
     for (int k = 0; k < r.workers; ++k) all.emplace_back(k);
     std::vector<float> center(dim, 0.0f), g(dim);
@@ -347,8 +354,8 @@ int run(tcp_transport t, Updater u, Algorithm a, int steps, bool check_bsp, bool
     return ok ? 0 : 1;
   }
   const float loss = p.loss(x);
-  std::printf("ps %.*s: worker %d final loss %.5f\n", static_cast<int>(Consistency::name.size()), Consistency::name.data(), w,
-              static_cast<double>(loss));
+  std::printf("ps %.*s: worker %d final loss %.5f\n", static_cast<int>(Consistency::name.size()),
+              Consistency::name.data(), w, static_cast<double>(loss));
   return loss < 0.05f ? 0 : 1;
 }
 
@@ -373,19 +380,27 @@ int main(int argc, char** argv) {
       }
     }
     auto t = tcp_transport::from_environment(o);
-    if (mode == "bsp") return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 30), true);
-    if (mode == "asp") return run<asp>(std::move(t), adagrad<float>(0.2), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150), false);
-    if (mode == "ssp") return run<ssp<2>>(std::move(t), adagrad<float>(0.2), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 150), false);
+    if (mode == "bsp")
+      return run<bsp>(std::move(t), sgd<float>(0.05), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 30), true);
+    if (mode == "asp")
+      return run<asp>(std::move(t), adagrad<float>(0.2), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150),
+                      false);
+    if (mode == "ssp")
+      return run<ssp<2>>(std::move(t), adagrad<float>(0.2), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 150),
+                         false);
     if (mode == "asp-exact") {
-      return run<asp>(std::move(t), sgd<float>(0.03125f), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150), false, true);
+      return run<asp>(std::move(t), sgd<float>(0.03125f), downpour<float>(2, 2), env_int("DTRAIN_TEST_STEPS", 150),
+                      false, true);
     }
     if (mode == "ssp-exact") {
-      return run<ssp<2>>(std::move(t), sgd<float>(0.03125f), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 150), false, true);
+      return run<ssp<2>>(std::move(t), sgd<float>(0.03125f), sync_sgd<float>(), env_int("DTRAIN_TEST_STEPS", 150),
+                         false, true);
     }
     std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
     return 2;
   } catch (const dtrain::error& e) {
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
     std::printf("caught dtrain::error [%s] after %lld ms: %s\n", e.code().message().c_str(), static_cast<long long>(ms),
                 e.what());
     std::fflush(stdout);

@@ -1,7 +1,7 @@
-// Chain replication, with servers and workers as threads of one process: the layout of the
-// chains; every copy of a key equal bit for bit to its head's, updater state included; BSP
-// results unchanged by the number of copies; replies held for the tail; messages that do not
-// fit the chains refused, naming the sender.
+// Chain replication, with servers and workers as threads of one process: every copy of a key
+// equal bit for bit to its head's, updater state included; BSP results unchanged by the number
+// of copies; replies held for the tail; messages that do not fit the chains refused, naming the
+// sender. The chains' layout is tested in chain_layout.cpp.
 
 #include <chrono>
 #include <cstring>
@@ -21,149 +21,6 @@
 using namespace dtrain;
 using namespace dtrain::ps;
 using namespace std::chrono_literals;
-
-TEST_CASE("chain layout: shard s lives on s, s+1, ..., s+k-1, each server heads one shard", "[ps][replication]") {
-  const chain_layout c(4, 3);
-  CHECK(c.head(1) == 1);
-  CHECK(c.members(1)[1] == 2);
-  CHECK(c.tail(1) == 3);
-  CHECK(c.tail(3) == 1);  // wraps around
-  CHECK(c.position(3, 0) == 1);
-  CHECK(c.position(3, 2) == -1);  // not in shard 3's chain
-  CHECK(c.successor(3, 3) == 0);
-  CHECK(c.successor(3, 1) == -1);  // the tail
-  CHECK(c.predecessor(3, 0) == 3);
-  CHECK(c.predecessor(3, 3) == -1);  // the head
-  CHECK(c.held_by(0) == std::vector<int>{0, 3, 2});
-  // Every server holds exactly k shards, and heads one.
-  for (int server = 0; server < 4; ++server) {
-    int held = 0;
-    for (int shard = 0; shard < 4; ++shard) held += c.position(shard, server) >= 0;
-    CHECK(held == 3);
-  }
-  const chain_layout one(3, 1);
-  CHECK(one.tail(2) == 2);
-  CHECK(one.successor(2, 2) == -1);
-  CHECK(one.held_by(1) == std::vector<int>{1});
-  CHECK_THROWS_WITH(chain_layout(2, 3), Catch::Contains("3 replicas of each shard on 2 servers"));
-  CHECK_THROWS_WITH(chain_layout(2, 0), Catch::Contains("need 1 <= replicas <= servers"));
-}
-
-TEST_CASE("chain layout: with more shards than servers, server s heads s, s+S, s+2S, ... and holds the k-1 chains before each",
-          "[ps][replication]") {
-  chain_layout c(3, 2, 7);  // shards 0-6 on servers 0-2
-  CHECK(c.shards() == 7);
-  CHECK(c.chain(4) == std::vector<int>{1, 2});
-  CHECK(c.chain(6) == std::vector<int>{0, 1});
-  CHECK(c.chain(5) == std::vector<int>{2, 0});
-  CHECK(c.held_by(0) == std::vector<int>{0, 3, 6, 2, 5});
-  CHECK(c.held_by(2) == std::vector<int>{2, 5, 1, 4});
-  // Every shard has k copies on distinct servers, and the heads differ by at most one shard.
-  std::vector<int> heads(3, 0), copies(7, 0);
-  for (int server = 0; server < 3; ++server) {
-    for (int shard : c.held_by(server)) ++copies[static_cast<std::size_t>(shard)];
-  }
-  for (int shard = 0; shard < 7; ++shard) ++heads[static_cast<std::size_t>(c.head(shard))];
-  CHECK(copies == std::vector<int>(7, 2));
-  CHECK(heads == std::vector<int>{3, 2, 2});
-  c.lose(1);
-  CHECK(c.chain(4) == std::vector<int>{2});  // shard 4's head lost: its copy on 2 heads it
-  CHECK(c.head(6) == 0);
-  CHECK(chain_layout(3, 1).held_by(1) == chain_layout(3, 1, 3).held_by(1));
-  CHECK_THROWS_WITH(chain_layout(3, 1, 2), Catch::Contains("2 shards on 3 servers; need at least one shard per server"));
-  CHECK_THROWS_WITH(roles::of(5, 3, 0, 0, 2), Catch::Contains("each server heads at least one (DTRAIN_PS_SHARDS >= DTRAIN_PS_SERVERS)"));
-}
-
-TEST_CASE("chain layout: a shard moves to a growing server, which joins its chain, and its first copy then leaves that chain "
-          "only", "[ps][replication]") {
-  // 3 servers, 1 growing standby (rank 5 in a group of 3 servers, 2 workers, 1 standby), 8
-  // shards: the growing server takes the shards j with j mod 4 = 3.
-  const roles r = roles::of(6, 3, 1, 0, 8, 1);
-  CHECK(r.grows_into(3) == 5);
-  CHECK(r.grows_into(7) == 5);
-  for (int j : {0, 1, 2, 4, 5, 6}) CHECK(r.grows_into(j) == -1);
-  CHECK_THROWS_WITH(roles::of(6, 3, 1, 0, 3, 1), Catch::Contains("needs a shard to take"));
-  CHECK_THROWS_WITH(roles::of(6, 3, 0, 0, 8, 1), Catch::Contains("a growing server is a standby"));
-  chain_layout c(3, 2, 8);  // shard 3: 0 -> 1
-  CHECK_FALSE(moves_away(c, r, 0, 3));  // the growing server is not in the chain yet
-  c.join(3, 5);
-  CHECK(c.chain(3) == std::vector<int>{0, 1, 5});
-  CHECK(moves_away(c, r, 0, 3));
-  CHECK_FALSE(moves_away(c, r, 1, 3));  // only the first copy gives it up
-  CHECK_FALSE(moves_away(c, r, 0, 0));  // shard 0 grows into nobody
-  c.leave(3, 0);
-  CHECK(c.chain(3) == std::vector<int>{1, 5});  // 1 heads it, 5 is its tail: still two copies
-  CHECK(c.head(0) == 0);                        // server 0 still heads its other shards
-  CHECK(c.held_by(0) == std::vector<int>{0, 6, 2, 5});
-  CHECK(c.gone(3, 0));
-  CHECK_FALSE(c.gone(0, 0));
-  CHECK(c.successor(3, 1) == 5);
-  CHECK_FALSE(moves_away(c, r, 1, 3));  // once moved, the shard stays
-  // With a copy lost, the first copy keeps the shard: it would be left with fewer than k.
-  chain_layout lossy(3, 2, 8);
-  lossy.join(7, 5);  // shard 7: 1 -> 2 -> 5
-  lossy.lose(2);
-  CHECK_FALSE(moves_away(lossy, r, 1, 7));
-  // Workers asking server 0 for shard 3 now are told where it went.
-  response_header h{op::push, 0, 42, 0, 0, 0, 0};
-  h.shard = 3;
-  const message m = moved_reply(c, r, h);
-  const response_header back = decode_response(m.bytes(), 0);
-  CHECK(back.status == shard_moved);
-  CHECK(back.joined[0] == 5 + 1);
-  CHECK(back.id == 42);
-  CHECK(std::string(reinterpret_cast<const char*>(m.bytes().data()) + header_bytes, m.bytes().size() - header_bytes) ==
-        "shard 3 moved to server 5");
-}
-
-TEST_CASE("chain layout: lost servers leave the chains, the next copy heads, the one before tails", "[ps][replication]") {
-  chain_layout c(4, 3);  // shard 0: 0 1 2, shard 1: 1 2 3, shard 2: 2 3 0, shard 3: 3 0 1
-  c.lose(2);
-  CHECK(c.chain(0) == std::vector<int>{0, 1});     // the tail was lost: 1 tails
-  CHECK(c.chain(1) == std::vector<int>{1, 3});     // the middle: 1 passes to 3
-  CHECK(c.chain(2) == std::vector<int>{3, 0});     // the head: 3 heads
-  CHECK(c.head(2) == 3);
-  CHECK(c.tail(0) == 1);
-  CHECK(c.successor(1, 1) == 3);
-  CHECK(c.predecessor(1, 3) == 1);
-  CHECK(c.successor(0, 1) == -1);
-  CHECK(c.predecessor(2, 3) == -1);  // the head now
-  CHECK(c.position(2, 2) == 0);       // static positions do not move
-  c.lose(3);
-  CHECK(c.chain(2) == std::vector<int>{0});
-  CHECK(c.head(2) == 0);
-  CHECK(c.tail(2) == 0);
-  c.lose(0);
-  CHECK(c.chain(2).empty());  // every copy lost
-  CHECK(c.head(2) == -1);
-  CHECK(c.tail(2) == -1);
-  CHECK(c.chain(0) == std::vector<int>{1});
-}
-
-TEST_CASE("chain layout: a server that joins a chain is its new tail, and heads it once the copies before are lost",
-          "[ps][replication]") {
-  chain_layout c(3, 2);  // shard 0: 0 1, shard 1: 1 2, shard 2: 2 0; rank 7 a standby
-  c.lose(0);
-  CHECK(c.held_by(0) == std::vector<int>{0, 2});  // what a standby taking its place joins
-  c.join(0, 7);
-  c.join(2, 7);
-  c.join(2, 7);  // joining twice is joining once
-  CHECK(c.joined(2) == std::vector<int>{7});
-  CHECK(c.chain(0) == std::vector<int>{1, 7});
-  CHECK(c.chain(2) == std::vector<int>{2, 7});
-  CHECK(c.tail(0) == 7);
-  CHECK(c.successor(0, 1) == 7);
-  CHECK(c.predecessor(0, 7) == 1);
-  CHECK(c.position(0, 7) == 2);  // after the static members, lost or not
-  CHECK(c.held_by(7) == std::vector<int>{0, 2});
-  CHECK(c.held_by(1) == std::vector<int>{1, 0});
-  c.lose(1);
-  CHECK(c.head(0) == 7);
-  CHECK(c.predecessor(0, 7) == -1);
-  CHECK(c.chain(1) == std::vector<int>{2});
-  c.lose(7);
-  CHECK(c.chain(0).empty());
-}
 
 namespace {
 
@@ -228,8 +85,10 @@ std::vector<server_view> train(int servers, int workers, int replicas, int clock
     const std::size_t dense = w.add_dense(1000);
     std::vector<float> weights(keys.size()), grads(keys.size()), dense_weights(1000), dense_grads(1000);
     for (int c = 0; c < clocks; ++c) {
-      for (std::size_t i = 0; i < keys.size(); ++i) grads[i] = 0.5f * weights[i] - 0.01f * float((keys[i] + c) % 13) + 0.001f * float(w.id());
-      for (std::size_t i = 0; i < dense_grads.size(); ++i) dense_grads[i] = 0.3f * dense_weights[i] + 0.002f * float((i + c) % 17);
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        grads[i] = 0.5f * weights[i] - 0.01f * float((keys[i] + c) % 13) + 0.001f * float(w.id());
+      for (std::size_t i = 0; i < dense_grads.size(); ++i)
+        dense_grads[i] = 0.3f * dense_weights[i] + 0.002f * float((i + c) % 17);
       if (fused) {
         auto a = w.push_pull(keys, std::span<const float>(grads), std::span(weights), 1);
         auto b = w.push_pull_dense(dense, std::span<const float>(dense_grads), std::span(dense_weights));
@@ -295,7 +154,8 @@ void check_traffic(const std::vector<server_view>& views, int replicas) {
 
 }  // namespace
 
-TEST_CASE("replication under BSP: every copy equals its head, and the result does not depend on k", "[ps][replication]") {
+TEST_CASE("replication under BSP: every copy equals its head, and the result does not depend on k",
+          "[ps][replication]") {
   const bool fused = GENERATE(false, true);
   constexpr int servers = 3, workers = 2, clocks = 6;
   const auto one = train<bsp>(servers, workers, 1, clocks, fused);
@@ -343,7 +203,8 @@ TEST_CASE("more shards than servers: the keys cut finer give the same BSP result
   }
 }
 
-TEST_CASE("replication under ASP: pushes applied on arrival reach every copy, in the head's order", "[ps][replication]") {
+TEST_CASE("replication under ASP: pushes applied on arrival reach every copy, in the head's order",
+          "[ps][replication]") {
   const bool fused = GENERATE(false, true);
   const auto views = train<asp>(3, 3, 3, 8, fused);
   check_copies(views, 3, false);
@@ -367,7 +228,8 @@ std::string server0_refuses(request_header bogus) {
   run_inproc(4, [&](int rank, inproc_transport t) {
     try {
       if (rank == 2) {
-        const message m = encode_request<float>(bogus, std::vector<key_type>(bogus.keys, 1), std::vector<float>(bogus.keys, 1.0f));
+        const message m =
+            encode_request<float>(bogus, std::vector<key_type>(bogus.keys, 1), std::vector<float>(bogus.keys, 1.0f));
         t.isend(0, o.tag, signature{}, m.bytes()).wait(deadline::after(o.timeout));
       } else if (r.is_server(rank)) {
         server<inproc_transport, asp, float, momentum<float>> s(std::move(t), r, asp{}, momentum<float>(), {}, o);
@@ -385,7 +247,8 @@ std::string server0_refuses(request_header bogus) {
 
 }  // namespace
 
-TEST_CASE("replication: an update out of its chain, or after a lost one, stops the server naming the sender", "[ps][replication]") {
+TEST_CASE("replication: an update out of its chain, or after a lost one, stops the server naming the sender",
+          "[ps][replication]") {
   // Shard 1's chain is servers 1, 2: server 0 holds no copy of it.
   auto of_shard = [](request_header h, std::uint32_t shard) {
     h.shard = shard;
@@ -425,7 +288,9 @@ TEST_CASE("replication: a worker started with another replica count is refused, 
     }
   });
   for (const auto& s : stopped) CHECK_THAT(s, Catch::Contains("never said hello"));
-  CHECK_THAT(refused, Catch::Contains("configured differently from server 0 (2 servers, 1 workers, bsp, 4-byte values, 2 replicas)"));
+  CHECK_THAT(
+      refused,
+      Catch::Contains("configured differently from server 0 (2 servers, 1 workers, bsp, 4-byte values, 2 replicas)"));
 }
 
 TEST_CASE("replication: a tail that never acknowledges fails the head, which refuses what it held, naming the tail",
@@ -471,7 +336,8 @@ TEST_CASE("replication: a tail that never acknowledges fails the head, which ref
       }
     }
   });
-  CHECK_THAT(head_failure, Catch::Contains("server 1, the tail of shard 0, has not acknowledged update 1 within 1000 ms"));
+  CHECK_THAT(head_failure,
+             Catch::Contains("server 1, the tail of shard 0, has not acknowledged update 1 within 1000 ms"));
   CHECK_THAT(worker_failure, Catch::Contains("server 0 refused a push_pull"));
   CHECK_THAT(worker_failure, Catch::Contains("the tail of shard 0, has not acknowledged"));
 }

@@ -107,7 +107,8 @@ TEST_CASE("partition_keys keeps every key once, by owner, in order", "[ps][shard
   std::vector<key_type> duplicate{1, 5, 5};
   CHECK_THROWS_WITH(partition_keys(range_sharding(2), duplicate), Catch::Contains("sorted and unique"));
   std::vector<key_type> outside{1, 1u << 24};
-  CHECK_THROWS_WITH(partition_keys(range_sharding(2, key_type{1} << 24), outside), Catch::Contains("outside the key space"));
+  CHECK_THROWS_WITH(partition_keys(range_sharding(2, key_type{1} << 24), outside),
+                    Catch::Contains("outside the key space"));
 }
 
 TEST_CASE("dense layout: slices of at most the slice size, every element once, spread over servers",

@@ -29,7 +29,8 @@ wide_t<T> reference_combine(reduce_op op, wide_t<T> a, wide_t<T> b) {
     case reduce_op::band:
     case reduce_op::bor:
     case reduce_op::bxor:
-      if constexpr (std::is_integral_v<wide_t<T>>) return op == reduce_op::band ? (a & b) : op == reduce_op::bor ? (a | b) : (a ^ b);
+      if constexpr (std::is_integral_v<wide_t<T>>)
+        return op == reduce_op::band ? (a & b) : op == reduce_op::bor ? (a | b) : (a ^ b);
       break;  // refused for floating-point types
     case reduce_op::custom: break;  // not a built-in operator
   }

@@ -87,7 +87,8 @@ TEST_CASE("file store: semantics", "[rendezvous]") {
 
 TEST_CASE("tcp store: semantics over real sockets", "[rendezvous]") {
   tcp_store_server server("127.0.0.1", 0, "secret");
-  store_semantics([&] { return std::make_unique<tcp_store>("127.0.0.1", server.port(), deadline::after(5s), "secret"); });
+  store_semantics(
+      [&] { return std::make_unique<tcp_store>("127.0.0.1", server.port(), deadline::after(5s), "secret"); });
 }
 
 TEST_CASE("tcp store: a client with the wrong token is refused, quickly", "[rendezvous]") {

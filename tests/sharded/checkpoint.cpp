@@ -137,7 +137,8 @@ TEMPLATE_TEST_CASE("damaged, incomplete, mixed and foreign sets are refused on e
   refused(3, "holds tensors of sizes", true);  // another model
   const std::string shard = sharded::shard_path(a, 1, 4);
   std::filesystem::copy_file(shard, dir.path + "/kept");
-  std::filesystem::copy_file(sharded::shard_path(later, 1, 4), shard, std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(sharded::shard_path(later, 1, 4), shard,
+                             std::filesystem::copy_options::overwrite_existing);
   refused(2, "is from step 12; its set's manifest says step 10");  // a shard of another save
   flip_bit(shard, 100);
   refused(3, "shard-1-of-4 is corrupt");

@@ -58,7 +58,8 @@ std::vector<std::vector<double>> train(bool device, int p, int steps, Updater up
                                                                                 sharded_buckets());
       run(tr);
     } else {
-      sharded::trainer<staged_t, Stage, Updater, linear_model> tr(staged_t(std::move(t)), updater, m, sharded_buckets());
+      sharded::trainer<staged_t, Stage, Updater, linear_model> tr(staged_t(std::move(t)), updater, m,
+                                                                  sharded_buckets());
       run(tr);
     }
     out[static_cast<std::size_t>(r)] = m.weights();

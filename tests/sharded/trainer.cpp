@@ -197,8 +197,8 @@ TEST_CASE("stage 1 leaves the averaged gradient in the model, stage 2 each rank'
     run_inproc(p, [&](int r, inproc_transport t) {
       auto data = data_of(r);
       linear_model m(tensor_sizes, data, 0.25);
-      sharded::trainer<comm_t, Stage, momentum<double>, linear_model> tr(comm_t(std::move(t)),
-                                                                         momentum<double>(lr, mu), m, sharded_buckets());
+      sharded::trainer<comm_t, Stage, momentum<double>, linear_model> tr(comm_t(std::move(t)), momentum<double>(lr, mu),
+                                                                         m, sharded_buckets());
       tr.step({0, batch});
       for (std::size_t i = 0; i < m.tensor_count(); ++i) {
         got[static_cast<std::size_t>(r)].insert(got[static_cast<std::size_t>(r)].end(), m.gradients(i).begin(),

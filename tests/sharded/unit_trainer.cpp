@@ -124,7 +124,8 @@ TEST_CASE("stage 3 frees each unit when the model lets it go, and gathers the ne
       auto& mine = faults[static_cast<std::size_t>(r)];
       auto wait_for = [&](auto&& done) {
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-        while (!done() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        while (!done() && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
         return done();
       };
       m.on = [&](const std::string& event, std::size_t u) {
@@ -135,7 +136,8 @@ TEST_CASE("stage 3 frees each unit when the model lets it go, and gathers the ne
           }
         } else if (event == "forward" && limit == 1) {
           std::this_thread::sleep_for(std::chrono::milliseconds(2));
-          if (tr.memory().gathered != padded[u] * d) mine.push_back("more than unit " + std::to_string(u) + " gathered");
+          if (tr.memory().gathered != padded[u] * d)
+            mine.push_back("more than unit " + std::to_string(u) + " gathered");
         } else if (event == "forward_done") {
           const std::size_t left = tr.memory().gathered, allowed = limit == 2 && next < 4 ? padded[next] * d : 0;
           if (left != allowed) mine.push_back("after forward_done(" + std::to_string(u) + "): " + std::to_string(left));

@@ -81,14 +81,15 @@ void sweep_collectives(Comm& c, int p, int r, std::initializer_list<std::size_t>
         const auto expect = expected_results<float>(s);
         c.algorithms() = selection_table{};
         c.algorithms().force(op, a);
-        run_rank<float>(s, r, c, expect, [&](int, std::span<const float> got, const std::function<float(std::size_t)>& want) {
-          for (std::size_t i = 0; i < got.size(); ++i) {
-            if (!(got[i] == want(i))) {
-              ++wrong;
-              return;
-            }
-          }
-        });
+        run_rank<float>(s, r, c, expect,
+                        [&](int, std::span<const float> got, const std::function<float(std::size_t)>& want) {
+                          for (std::size_t i = 0; i < got.size(); ++i) {
+                            if (!(got[i] == want(i))) {
+                              ++wrong;
+                              return;
+                            }
+                          }
+                        });
       }
     }
   }

@@ -102,7 +102,8 @@ bool near(double got, double want) { return std::abs(got - want) <= 1e-12 * std:
 
 }  // namespace
 
-TEST_CASE("tensor parallel on device memory: the host layers' bits, and the unsplit block", "[tensor_parallel][device]") {
+TEST_CASE("tensor parallel on device memory: the host layers' bits, and the unsplit block",
+          "[tensor_parallel][device]") {
   const unsplit ref(24);  // 24 rows: whole shares on 1-4 and 8 ranks
   for (const bool sequence : {false, true}) {
     for (const int p : {1, 2, 3, 4, 8}) {  // on 8 ranks one holds none of the 7 hidden features

@@ -96,7 +96,8 @@ TEST_CASE("tensor parallel: an MLP block split over 1-4 ranks equals the unsplit
       for (double& v : h) v = std::tanh(v);
       fc2.forward(h, y);
       expect(group.allreduces == (p > 1 ? 1 : 0), "one allreduce forward");
-      for (std::size_t i = 0; i < y.size(); ++i) expect(near(y[i], ref.y[i]), "rank " + std::to_string(r) + " output " + std::to_string(i));
+      for (std::size_t i = 0; i < y.size(); ++i)
+        expect(near(y[i], ref.y[i]), "rank " + std::to_string(r) + " output " + std::to_string(i));
 
       std::vector<double> dh(h.size()), dx(ref.batch * in);
       fc2.backward(h, ref.dy, dh);
@@ -107,12 +108,18 @@ TEST_CASE("tensor parallel: an MLP block split over 1-4 ranks equals the unsplit
       // Each rank's slices of the parameter gradients.
       for (std::size_t j = 0; j < mine.size; ++j) {
         expect(near(fc1.parameters().bias_grad[j], ref.gb1[mine.begin + j]), "fc1 bias gradient");
-        for (std::size_t i = 0; i < in; ++i) expect(near(fc1.parameters().weight_grad[j * in + i], ref.gw1[(mine.begin + j) * in + i]), "fc1 weight gradient");
-        for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]), "fc2 weight gradient");
+        for (std::size_t i = 0; i < in; ++i)
+          expect(near(fc1.parameters().weight_grad[j * in + i], ref.gw1[(mine.begin + j) * in + i]),
+                 "fc1 weight gradient");
+        for (std::size_t o = 0; o < out; ++o)
+          expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]),
+                 "fc2 weight gradient");
       }
-      for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
+      for (std::size_t o = 0; o < out; ++o)
+        expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
       auto& mine_whole = whole[static_cast<std::size_t>(r)];
-      for (std::span<const std::byte> b : {std::as_bytes(std::span(y)), std::as_bytes(std::span(dx)), std::as_bytes(std::span(fc2.parameters().bias_grad))}) {
+      for (std::span<const std::byte> b : {std::as_bytes(std::span(y)), std::as_bytes(std::span(dx)),
+                                           std::as_bytes(std::span(fc2.parameters().bias_grad))}) {
         mine_whole.insert(mine_whole.end(), b.begin(), b.end());
       }
     });
@@ -154,7 +161,8 @@ TEST_CASE("tensor parallel: sequence parallelism splits the block's rows and sti
       expect(group.allreduces == 0 && group.allgathers == 1 && group.reduce_scatters == 1,
              "forward: one allgather and one reduce-scatter, no allreduce");
       const std::vector<double> want_y = my_rows(ref.y, out);
-      for (std::size_t i = 0; i < y.size(); ++i) expect(near(y[i], want_y[i]), "rank " + std::to_string(r) + " output " + std::to_string(i));
+      for (std::size_t i = 0; i < y.size(); ++i)
+        expect(near(y[i], want_y[i]), "rank " + std::to_string(r) + " output " + std::to_string(i));
 
       std::vector<double> dh(h.size()), dx(rows * in);
       fc2.backward(h, my_rows(ref.dy, out), dh);
@@ -163,13 +171,19 @@ TEST_CASE("tensor parallel: sequence parallelism splits the block's rows and sti
       expect(group.allreduces == 0 && group.allgathers == 3 && group.reduce_scatters == 2,
              "backward: the output gradient and the input allgathered, the input gradient reduce-scattered");
       const std::vector<double> want_dx = my_rows(ref.dx, in);
-      for (std::size_t i = 0; i < dx.size(); ++i) expect(near(dx[i], want_dx[i]), "input gradient " + std::to_string(i));
+      for (std::size_t i = 0; i < dx.size(); ++i)
+        expect(near(dx[i], want_dx[i]), "input gradient " + std::to_string(i));
       for (std::size_t j = 0; j < mine.size; ++j) {
         expect(near(fc1.parameters().bias_grad[j], ref.gb1[mine.begin + j]), "fc1 bias gradient");
-        for (std::size_t i = 0; i < in; ++i) expect(near(fc1.parameters().weight_grad[j * in + i], ref.gw1[(mine.begin + j) * in + i]), "fc1 weight gradient");
-        for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]), "fc2 weight gradient");
+        for (std::size_t i = 0; i < in; ++i)
+          expect(near(fc1.parameters().weight_grad[j * in + i], ref.gw1[(mine.begin + j) * in + i]),
+                 "fc1 weight gradient");
+        for (std::size_t o = 0; o < out; ++o)
+          expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]),
+                 "fc2 weight gradient");
       }
-      for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
+      for (std::size_t o = 0; o < out; ++o)
+        expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
       const auto b = std::as_bytes(std::span(fc2.parameters().bias_grad));
       bias_bits[static_cast<std::size_t>(r)].assign(b.begin(), b.end());
     });

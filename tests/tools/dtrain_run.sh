@@ -10,7 +10,8 @@ run=$1
 . "$(dirname "$0")/checks.sh"
 
 # Every rank runs with its rank, world size and store; output lines carry the rank.
-launch -n 3 sh -c 'echo "rank $DTRAIN_RANK of $DTRAIN_WORLD_SIZE local $DTRAIN_LOCAL_RANK store=${DTRAIN_STORE:+set} token=${DTRAIN_TOKEN:+set}"'
+launch -n 3 sh -c 'echo "rank $DTRAIN_RANK of $DTRAIN_WORLD_SIZE local $DTRAIN_LOCAL_RANK" \
+                        "store=${DTRAIN_STORE:+set} token=${DTRAIN_TOKEN:+set}"'
 expect "all ranks succeed: exit 0" test "$status" -eq 0
 for r in 0 1 2; do
   expect "rank $r's line is prefixed and has its environment" has_out "[$r] rank $r of 3 local $r store=set token=set"
@@ -65,20 +66,25 @@ launch -n 5 --servers 1 --standby 1 --late-workers 1 --join-after-ms 600 \
 expect "late workers: exit 0 (got $status)" test "$status" -eq 0
 expect "every rank knows the late workers and late ranks" test "$(grep -c 'late=1 ranks=2 at' "$out")" -eq 5
 at() { sed -n "s/^\[$1\] .* at \([0-9]*\)$/\1/p" "$out"; }
-expect "the late worker (rank 3) starts 600 ms after the others ($(at 0) -> $(at 3))" test $(($(at 3) - $(at 0))) -ge 550
+expect "the late worker (rank 3) starts 600 ms after the others ($(at 0) -> $(at 3))" \
+  test $(($(at 3) - $(at 0))) -ge 550
 expect "the standby (rank 4) starts with them ($(at 0) -> $(at 4))" test $(($(at 4) - $(at 0))) -lt 550
 
 # A growing server: the first standby starts --join-after-ms after the others, the second with
 # them, and every rank is told the shards, who grows and which ranks are late.
 launch -n 6 --servers 2 --standby 2 --growing 1 --shards 6 --join-after-ms 600 \
-  sh -c 'echo "rank $DTRAIN_RANK shards=$DTRAIN_PS_SHARDS growing=$DTRAIN_PS_GROWING ranks=$DTRAIN_LATE_RANKS at $(date +%s%3N)"'
+  sh -c 'echo "rank $DTRAIN_RANK shards=$DTRAIN_PS_SHARDS growing=$DTRAIN_PS_GROWING" \
+              "ranks=$DTRAIN_LATE_RANKS at $(date +%s%3N)"'
 expect "growing: exit 0 (got $status)" test "$status" -eq 0
-expect "every rank knows the shards, the growing server and the late ranks" test "$(grep -c 'shards=6 growing=1 ranks=2 at' "$out")" -eq 6
-expect "the growing server (rank 4) starts 600 ms after the others ($(at 0) -> $(at 4))" test $(($(at 4) - $(at 0))) -ge 550
+expect "every rank knows the shards, the growing server and the late ranks" \
+  test "$(grep -c 'shards=6 growing=1 ranks=2 at' "$out")" -eq 6
+expect "the growing server (rank 4) starts 600 ms after the others ($(at 0) -> $(at 4))" \
+  test $(($(at 4) - $(at 0))) -ge 550
 expect "the other standby (rank 5) starts with them ($(at 0) -> $(at 5))" test $(($(at 5) - $(at 0))) -lt 550
 
 # A job that fails before its late worker's time: the worker is never started.
-launch -n 3 --servers 1 --late-workers 1 --join-after-ms 5000 sh -c 'if [ "$DTRAIN_RANK" = 0 ]; then exit 3; fi; echo "rank $DTRAIN_RANK started"; exec sleep 60'
+launch -n 3 --servers 1 --late-workers 1 --join-after-ms 5000 \
+  sh -c 'if [ "$DTRAIN_RANK" = 0 ]; then exit 3; fi; echo "rank $DTRAIN_RANK started"; exec sleep 60'
 expect "the failure's status is dtrain-run's (got $status)" test "$status" -eq 3
 expect "the late worker never started" test "$(grep -c 'rank 2 started' "$out")" -eq 0
 expect "and is not waited for (${elapsed_ms} ms)" test "$elapsed_ms" -lt 4000

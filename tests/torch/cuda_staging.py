@@ -21,7 +21,7 @@ import sys
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, finish, input_of, launch  # noqa: E402
+from against_gloo import Checker, finish, input_of, launch  # noqa: E402
 
 SKIPPED = 77
 
@@ -201,8 +201,8 @@ def refusals(c, dist, torch, size, dev):
         dist.all_gather([torch.empty(2) for _ in range(size)], torch.ones(2, device=dev))
         c.true("a call mixing CPU and CUDA tensors is refused", False, "(returned)")
     except (RuntimeError, ValueError) as e:
-        c.true("a call mixing CPU and CUDA tensors is refused, naming the devices", "cuda" in str(e) and "cpu" in str(e),
-               str(e))
+        c.true("a call mixing CPU and CUDA tensors is refused, naming the devices",
+               "cuda" in str(e) and "cpu" in str(e), str(e))
 
 
 def rank_main(args):

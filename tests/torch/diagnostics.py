@@ -24,7 +24,7 @@ import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, finish, launch_or_run  # noqa: E402
+from against_gloo import Checker, finish, launch_or_run  # noqa: E402
 
 
 def logs(c, dist, dtrain_torch, rank):

@@ -26,7 +26,7 @@ import time
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, finish, launch_or_run  # noqa: E402
+from against_gloo import Checker, finish, launch_or_run  # noqa: E402
 
 TIMEOUT = timedelta(seconds=1)
 LATE_S = 3.0  # well past TIMEOUT: a late rank's call comes after rank 0 has given up

@@ -18,7 +18,7 @@ import sys
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, finish, launch_or_run  # noqa: E402
+from against_gloo import Checker, finish, launch_or_run  # noqa: E402
 
 
 def sparse_input(torch, rank, sizes, sparse_dims, nnz, dtype, seed):
@@ -105,7 +105,8 @@ def refusals(c, dist, torch, rank):
         dist.all_reduce(y)
         c.true(f"rank {rank}: sizes that differ refused", False, "(no error)")
     except RuntimeError as e:
-        c.true(f"rank {rank}: sizes that differ refused, naming a rank whose tensor differs", "differs" in str(e), str(e))
+        c.true(f"rank {rank}: sizes that differ refused, naming a rank whose tensor differs",
+               "differs" in str(e), str(e))
     w = sparse_input(torch, rank, (6, 2, 1) if rank == 1 else (6, 2), 1, 3, torch.float32, 11)
     try:
         dist.all_reduce(w)

@@ -28,7 +28,7 @@ import sys
 from datetime import timedelta
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from c10d_against_gloo import Checker, finish, launch  # noqa: E402
+from against_gloo import Checker, finish, launch  # noqa: E402
 
 
 def socket_fds():

@@ -84,7 +84,8 @@ void run(int rank, Transport& t, Check check) {
         for (auto& r : sent) r.wait(d());
         continue;
       }
-      const std::string where = std::to_string(s.total()) + " bytes" + (arrives_first ? ", arrived first" : ", posted first");
+      const std::string where =
+          std::to_string(s.total()) + " bytes" + (arrives_first ? ", arrived first" : ", posted first");
       if (arrives_first) t.irecv(0, note_tag, std::span(note)).wait(d());
       std::vector<std::byte> buffer(s.total());                                              // 1
       std::vector<std::byte> head(s.header), body(s.total() - s.header), cleared(3);         // 2
@@ -109,7 +110,8 @@ void run(int rank, Transport& t, Check check) {
       for (std::size_t k = 0; k < 6; ++k) ok[k] = r[k].wait(d(), ec[k]);
       check(ok[0] && buffer == whole, "gathered -> one buffer, " + where);
       head.insert(head.end(), body.begin(), body.end());
-      check(ok[1] && head == whole && cleared.empty() && r[1].info().bytes == s.total(), "one buffer -> parts, " + where);
+      check(ok[1] && head == whole && cleared.empty() && r[1].info().bytes == s.total(),
+            "one buffer -> parts, " + where);
       roomy_a.insert(roomy_a.end(), roomy_b.begin(), roomy_b.end());
       const bool spare_untouched = roomy_a[s.total()] == std::byte{0xee};  // nothing past the message
       roomy_a.resize(s.total());

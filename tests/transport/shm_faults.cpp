@@ -32,8 +32,10 @@ group_run run_shm_group(int n, const std::string& mode, Extra extra, During duri
 
 }  // namespace
 
-TEST_CASE("shm faults: a rank SIGKILLed mid-allreduce fails every survivor within 100 ms naming it and leaves nothing in /dev/shm",
-          "[shm][faults]") {
+TEST_CASE(
+    "shm faults: a rank SIGKILLed mid-allreduce fails every survivor within 100 ms naming it and leaves nothing in "
+    "/dev/shm",
+    "[shm][faults]") {
   std::vector<testing::mapped_segment> mapped;
   bool listed_while_running = false;
   auto g = run_shm_group(4, "allreduce-loop", [](int) {

@@ -130,8 +130,8 @@ int main() {
     if (wrong > 0) std::fprintf(stderr, "WRONG: %d results, first: %s\n", wrong, first.c_str());
     int wrong_ranks = wrong > 0 ? 1 : 0;
     communicator<group>(world).allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);
-    std::printf("groups: rank %d ran %ld cases, %s; %s\n", world.rank(), cases_run.load(), wrong > 0 ? "WRONG" : "correct",
-                wrong_ranks == 0 ? "all ranks correct" : "WRONG RESULTS on some rank");
+    std::printf("groups: rank %d ran %ld cases, %s; %s\n", world.rank(), cases_run.load(),
+                wrong > 0 ? "WRONG" : "correct", wrong_ranks == 0 ? "all ranks correct" : "WRONG RESULTS on some rank");
     return wrong_ranks == 0 && cases_run.load() > 0 ? 0 : 1;
   } catch (const dtrain::error& e) {
     std::printf("caught dtrain::error [%s]: %s\n", e.code().message().c_str(), e.what());

@@ -129,13 +129,15 @@ int run_conformance(Comm& c) {
     const bool has_in_place = op != coll_op::broadcast && op != coll_op::gather && op != coll_op::scatter;
     for (algorithm a : all_algorithms) {
       if (!supports(op, a)) continue;
-      std::vector<std::size_t> counts{0, 1, 7, 1000, blocks ? std::size_t{65536} / static_cast<std::size_t>(p) + 3 : 300007};
+      std::vector<std::size_t> counts{0, 1, 7, 1000,
+                                      blocks ? std::size_t{65536} / static_cast<std::size_t>(p) + 3 : 300007};
       for (std::size_t n : counts) {
         const bool large = n > 1000;
         std::vector<int> roots = is_rooted(op) ? std::vector<int>{0, p - 1} : std::vector<int>{0};
         if (roots.size() == 2 && roots[0] == roots[1]) roots.pop_back();
         std::vector<reduce_op> rops = reducing && !large
-                                          ? std::vector<reduce_op>{reduce_op::sum, reduce_op::prod, reduce_op::min, reduce_op::max, reduce_op::avg}
+                                          ? std::vector<reduce_op>{reduce_op::sum, reduce_op::prod, reduce_op::min,
+                                                                   reduce_op::max, reduce_op::avg}
                                           : std::vector<reduce_op>{reduce_op::sum};
         std::vector<bool> places = has_in_place ? std::vector<bool>{false, true} : std::vector<bool>{false};
         for (int root : roots) {
@@ -173,7 +175,8 @@ int run_conformance(Comm& c) {
       for (int r = 0; r < p; ++r) last_entry = std::max(last_entry, all[2 * static_cast<std::size_t>(r)]);
       if (mine[1] < last_entry) {
         std::fprintf(stderr, "WRONG: barrier (%s) round %d: rank %d left %lld us before the last rank entered\n",
-                     std::string(algorithm_name(a)).c_str(), round, c.rank(), static_cast<long long>(last_entry - mine[1]));
+                     std::string(algorithm_name(a)).c_str(), round, c.rank(),
+                     static_cast<long long>(last_entry - mine[1]));
         ok = false;
       }
       ++cases;
@@ -184,8 +187,8 @@ int run_conformance(Comm& c) {
   // rank's exit status, so a launcher that reports any one rank reports them all.
   int wrong_ranks = ok ? 0 : 1;
   c.allreduce(std::span(&wrong_ranks, 1), reduce_op::sum);
-  std::printf("conformance: %d cases on %d ranks over %s: rank %d %s; %s\n", cases, p, transport_name().c_str(), c.rank(),
-              ok ? "correct" : "WRONG", wrong_ranks == 0 ? "all correct" : "WRONG RESULTS on some rank");
+  std::printf("conformance: %d cases on %d ranks over %s: rank %d %s; %s\n", cases, p, transport_name().c_str(),
+              c.rank(), ok ? "correct" : "WRONG", wrong_ranks == 0 ? "all correct" : "WRONG RESULTS on some rank");
   return wrong_ranks == 0 ? 0 : 1;
 }
 
@@ -256,7 +259,8 @@ int send_then_die(Comm& c) {
   // Wait until the death has failed the group: a receive from rank 1 on another tag fails.
   int ignored = 0;
   std::error_code ec;
-  t.irecv(1, tag + 1, std::as_writable_bytes(std::span(&ignored, 1))).wait(deadline::after(std::chrono::seconds(10)), ec);
+  t.irecv(1, tag + 1, std::as_writable_bytes(std::span(&ignored, 1)))
+      .wait(deadline::after(std::chrono::seconds(10)), ec);
   int got = 0;
   t.irecv(1, tag, std::as_writable_bytes(std::span(&got, 1))).wait(deadline::after(std::chrono::seconds(10)));
   std::printf("the group failed (%s); the message sent before it still arrived: %d\n", ec.message().c_str(), got);
@@ -299,12 +303,14 @@ int large_allreduce(Comm& c) {
   for (algorithm a : {algorithm::ring, algorithm::halving_doubling, algorithm::recursive_doubling,
                       algorithm::binomial_tree, algorithm::double_binary_tree}) {
     v.assign(n, 0.0f);
-    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 7 + static_cast<std::size_t>(r));  // sums exact in float
+    for (std::size_t i = 0; i < n; ++i)
+      v[i] = static_cast<float>(i % 7 + static_cast<std::size_t>(r));  // sums exact in float
     reset_peak_resident();
     const auto start = clock_type::now();
     c.allreduce(std::span(v), reduce_op::sum, a);
     long bad = 0;
-    for (std::size_t i = 0; i < n; ++i) bad += v[i] != static_cast<float>(p * static_cast<int>(i % 7) + p * (p - 1) / 2);
+    for (std::size_t i = 0; i < n; ++i)
+      bad += v[i] != static_cast<float>(p * static_cast<int>(i % 7) + p * (p - 1) / 2);
     peak = std::max(peak, peak_resident_bytes());
     std::printf("large allreduce: rank %d, %s, %zu bytes, %.1f s, %ld wrong, peak resident %.2f GB\n", r,
                 std::string(algorithm_name(a)).c_str(), n * sizeof(float),
@@ -317,7 +323,8 @@ int large_allreduce(Comm& c) {
   // what the transport holds. Parts past the cap wait for the receiver's clear-to-send, so no
   // rank keeps a whole early message as well: at most 3.5 buffers a rank (8.3 GB on 4 ranks before).
   const double limit = 3.5 * static_cast<double>(n * sizeof(float));
-  if (peak > limit) std::printf("large allreduce: rank %d peak resident %.2f GB over the limit %.2f GB\n", r, peak / 1e9, limit / 1e9);
+  if (peak > limit)
+    std::printf("large allreduce: rank %d peak resident %.2f GB over the limit %.2f GB\n", r, peak / 1e9, limit / 1e9);
   std::vector<std::int64_t> verdict{wrong > 0 || peak > limit ? 1 : 0};
   c.allreduce(std::span(verdict), reduce_op::sum);
   return verdict[0] == 0 ? 0 : 1;
@@ -361,7 +368,8 @@ int check_paths(Comm& c, const std::optional<shm_stats>& s, int status) {
       std::fprintf(stderr, "rank %d: a fallback not asked for: %s\n", c.rank(), f.c_str());
     }
     std::printf("rank %d sent %llu messages through the rings (%llu large) and %llu by single copy\n", c.rank(),
-                static_cast<unsigned long long>(s->ring_messages), static_cast<unsigned long long>(s->large_ring_messages),
+                static_cast<unsigned long long>(s->ring_messages),
+                static_cast<unsigned long long>(s->large_ring_messages),
                 static_cast<unsigned long long>(s->single_copy_messages));
     if (!s->fallbacks.empty() || s->ring_messages == 0 || s->single_copy_messages == 0 || s->large_ring_messages > 0) {
       wrong = 1;

@@ -83,7 +83,8 @@ TEST_CASE("weight decay: SGD and momentum add wd * w to the gradient, AdamW deca
   std::vector<double> w{2.0}, zero{0.0};
   for (int k = 0; k < 7; ++k) plain.step(std::span(w), std::span<const double>(zero), 0, {});
   CHECK(w[0] == Approx(2.0 * std::pow(1 - 0.05, 7)));
-  check_against(sgd<double>(0.1, 0.01), [](double& x, double g, double*, int) { x -= 0.1 * (g + 0.01 * x); }, 19, 20, 1e-12);
+  check_against(
+      sgd<double>(0.1, 0.01), [](double& x, double g, double*, int) { x -= 0.1 * (g + 0.01 * x); }, 19, 20, 1e-12);
   check_against(momentum<double>(0.05, 0.9, false, 0.02),
                 [](double& x, double g, double* s, int) {
                   g += 0.02 * x;  // PyTorch: d_p = d_p + wd * p before the momentum buffer
@@ -112,7 +113,9 @@ TEST_CASE("weight decay: SGD and momentum add wd * w to the gradient, AdamW deca
   adamw<double> decoupled(0.01, 0.5, 0.9, 0.999, 1e-8);  // m = v = 0: the Adam step is 0 / eps = 0
   decoupled.resize(1);
   std::vector<double> x{3.0};
-  for (int k = 0; k < 5; ++k) decoupled.step(std::span(x), std::span<const double>(zero), 0, step_info{0, 1.0, static_cast<std::uint64_t>(k + 1)});
+  for (int k = 0; k < 5; ++k)
+    decoupled.step(std::span(x), std::span<const double>(zero), 0,
+                   step_info{0, 1.0, static_cast<std::uint64_t>(k + 1)});
   CHECK(x[0] == Approx(3.0 * std::pow(1 - 0.005, 5)));
   static_assert(updater<adamw<float>> && updater<adamw<double>, double>);
 }
@@ -235,7 +238,9 @@ TEST_CASE("ftrl: McMahan et al.'s Algorithm 1, and w minimises the proximal obje
     const double g = std::sin(0.9 * k) + 0.2;
     u.step(std::span(w), std::span<const double>(&g, 1), 0, step_info{});
     const double z = u.state()[0], n = u.state()[1];
-    auto objective = [&](double x) { return z * x + l1 * std::fabs(x) + 0.5 * (l2 + (beta + std::sqrt(n)) / alpha) * x * x; };
+    auto objective = [&](double x) {
+      return z * x + l1 * std::fabs(x) + 0.5 * (l2 + (beta + std::sqrt(n)) / alpha) * x * x;
+    };
     for (double d : {1e-4, -1e-4}) CHECK(objective(w[0]) <= objective(w[0] + d) + 1e-15);
   }
   // A strong L1 keeps every weight at exactly zero.

@@ -16,7 +16,8 @@ class my_device_stage {
   dtrain::thrust_buffer<float> gradients(std::size_t i);
   std::size_t input_size() const noexcept;
   std::size_t output_size() const noexcept;
-  double forward(const dtrain::micro_batch& mb, dtrain::thrust_buffer<const float> in, dtrain::thrust_buffer<float> out);
+  double forward(const dtrain::micro_batch& mb, dtrain::thrust_buffer<const float> in,
+                 dtrain::thrust_buffer<float> out);
   void backward(const dtrain::micro_batch& mb, dtrain::thrust_buffer<const float> out_grad,
                 dtrain::thrust_buffer<float> in_grad);
   void discard(const dtrain::micro_batch& mb);
