@@ -13,7 +13,7 @@ above lower ones) and every `#include "dtrain/..."` under include/, and fails wh
     it (each line counted as the lines it takes wrapped at WRAP columns, so joining lines does not
     shorten a file) and is not in LARGE_HEADERS below, or is listed there but no longer needs to be
     (so the list stays short and true),
-  - a line there is wider than MAX_COLUMNS.
+  - a line there, or in a C++ block of README.md or docs/, is wider than MAX_COLUMNS.
 
   python3 scripts/check_layers.py [--root .]
 """
@@ -26,7 +26,7 @@ MAX_LINES = 500
 WRAP = 100
 MAX_COLUMNS = 120
 SOURCES = (".hpp", ".cuh", ".h", ".cpp", ".cu", ".py")
-BUILD_FILES = (".sh", ".cmake", "CMakeLists.txt")
+BUILD_FILES = (".sh", ".cmake", ".in", "CMakeLists.txt")  # and scripts named by their #! line
 # Beside include/, the folders whose sources and build files are held to the same sizes.
 OTHER_FOLDERS = ("extensions", "tests", "bench", "examples", "tools", "scripts", "cmake")
 
@@ -42,6 +42,23 @@ FOREIGN = re.compile(r'^\s*#\s*include\s*[<"]((?:torch|ATen|c10|pybind11)/[^">]*
 def reader_lines(text):
     """Lines as a reader holds them: a line wider than WRAP columns counts as the lines it wraps to."""
     return sum(max(1, -(-len(line) // WRAP)) for line in text.splitlines())
+
+
+def wide_code_in_docs(root):
+    """C++ blocks in README.md and docs/ (compiled by the doc tests) wider than MAX_COLUMNS."""
+    problems = []
+    pages = [os.path.join(root, "README.md")]
+    for folder, _, files in os.walk(os.path.join(root, "docs")):
+        pages += [os.path.join(folder, f) for f in files if f.endswith(".md")]
+    for page in sorted(pages):
+        in_cpp = False
+        for number, line in enumerate(open(page, encoding="utf-8").read().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_cpp = not in_cpp and line.strip() in ("```cpp", "```c++", "```cuda")
+            elif in_cpp and len(line) > MAX_COLUMNS:
+                where = f"{os.path.relpath(page, root)}:{number}"
+                problems.append(f"{where}: {len(line)} columns of C++, over {MAX_COLUMNS}")
+    return problems
 
 
 def read_ladder(architecture):
@@ -127,11 +144,14 @@ def main():
             visit(h)
 
     for top in OTHER_FOLDERS:
+        if not os.path.isdir(os.path.join(args.root, top)):
+            problems.append(f"{top}/: no such folder; update OTHER_FOLDERS in scripts/check_layers.py")
         for folder, _, files in os.walk(os.path.join(args.root, top)):
             for f in files:
-                if f.endswith(SOURCES + BUILD_FILES):
-                    path = os.path.join(folder, f)
+                path = os.path.join(folder, f)
+                if f.endswith(SOURCES + BUILD_FILES) or ("." not in f and open(path, "rb").read(2) == b"#!"):
                     sizes.append((os.path.relpath(path, args.root), open(path, encoding="utf-8").read()))
+    problems += wide_code_in_docs(args.root)
     sizes.append(("CMakeLists.txt", open(os.path.join(args.root, "CMakeLists.txt"), encoding="utf-8").read()))
     size_of = {}
     for path, text in sorted(sizes):

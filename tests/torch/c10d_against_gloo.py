@@ -21,8 +21,9 @@ import threading
 import time
 from datetime import timedelta
 
-from against_gloo import Checker, finish, input_of, launch
-from c10d_calls import coalesced, exit_without_destroy, fsdp_calls, killed, p2p_orderings
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the harness beside this file
+from against_gloo import Checker, finish, input_of, launch  # noqa: E402
+from c10d_calls import coalesced, exit_without_destroy, fsdp_calls, killed, p2p_orderings  # noqa: E402
 
 
 def collectives(c, dist, torch, gloo, size, rank):

@@ -6,9 +6,11 @@ alive). c10d_against_gloo.py runs them."""
 
 import os
 import signal
+import sys
 import time
 
-from against_gloo import input_of
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the harness beside this file
+from against_gloo import input_of  # noqa: E402
 
 
 def coalesced(c, dist, torch, gloo, size, rank):
