@@ -72,6 +72,22 @@ struct expectations {
 
 bool near(double got, double want) { return std::abs(got - want) <= 1e-12 * std::max(1.0, std::abs(want)); }
 
+// This rank's slices of both layers' parameter gradients, and fc2's whole bias gradient, against
+// the unsplit block's.
+template <class Fc1, class Fc2>
+void check_parameter_gradients(Fc1& fc1, Fc2& fc2, const unsplit& ref, expectations& expect) {
+  const tp::slice mine = fc1.outputs();
+  for (std::size_t j = 0; j < mine.size; ++j) {
+    expect(near(fc1.parameters().bias_grad[j], ref.gb1[mine.begin + j]), "fc1 bias gradient");
+    for (std::size_t i = 0; i < in; ++i)
+      expect(near(fc1.parameters().weight_grad[j * in + i], ref.gw1[(mine.begin + j) * in + i]), "fc1 weight gradient");
+    for (std::size_t o = 0; o < out; ++o)
+      expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]),
+             "fc2 weight gradient");
+  }
+  for (std::size_t o = 0; o < out; ++o) expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
+}
+
 }  // namespace
 
 TEST_CASE("tensor parallel: an MLP block split over 1-4 ranks equals the unsplit block", "[tensor_parallel]") {
@@ -105,18 +121,7 @@ TEST_CASE("tensor parallel: an MLP block split over 1-4 ranks equals the unsplit
       fc1.backward(ref.x, dh, dx);
       expect(group.allreduces == (p > 1 ? 2 : 0), "one allreduce backward");
       for (std::size_t i = 0; i < dx.size(); ++i) expect(near(dx[i], ref.dx[i]), "input gradient " + std::to_string(i));
-      // Each rank's slices of the parameter gradients.
-      for (std::size_t j = 0; j < mine.size; ++j) {
-        expect(near(fc1.parameters().bias_grad[j], ref.gb1[mine.begin + j]), "fc1 bias gradient");
-        for (std::size_t i = 0; i < in; ++i)
-          expect(near(fc1.parameters().weight_grad[j * in + i], ref.gw1[(mine.begin + j) * in + i]),
-                 "fc1 weight gradient");
-        for (std::size_t o = 0; o < out; ++o)
-          expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]),
-                 "fc2 weight gradient");
-      }
-      for (std::size_t o = 0; o < out; ++o)
-        expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
+      check_parameter_gradients(fc1, fc2, ref, expect);
       auto& mine_whole = whole[static_cast<std::size_t>(r)];
       for (std::span<const std::byte> b : {std::as_bytes(std::span(y)), std::as_bytes(std::span(dx)),
                                            std::as_bytes(std::span(fc2.parameters().bias_grad))}) {
@@ -173,17 +178,7 @@ TEST_CASE("tensor parallel: sequence parallelism splits the block's rows and sti
       const std::vector<double> want_dx = my_rows(ref.dx, in);
       for (std::size_t i = 0; i < dx.size(); ++i)
         expect(near(dx[i], want_dx[i]), "input gradient " + std::to_string(i));
-      for (std::size_t j = 0; j < mine.size; ++j) {
-        expect(near(fc1.parameters().bias_grad[j], ref.gb1[mine.begin + j]), "fc1 bias gradient");
-        for (std::size_t i = 0; i < in; ++i)
-          expect(near(fc1.parameters().weight_grad[j * in + i], ref.gw1[(mine.begin + j) * in + i]),
-                 "fc1 weight gradient");
-        for (std::size_t o = 0; o < out; ++o)
-          expect(near(fc2.parameters().weight_grad[o * mine.size + j], ref.gw2[o * hidden + mine.begin + j]),
-                 "fc2 weight gradient");
-      }
-      for (std::size_t o = 0; o < out; ++o)
-        expect(near(fc2.parameters().bias_grad[o], ref.gb2[o]), "fc2 bias gradient");
+      check_parameter_gradients(fc1, fc2, ref, expect);
       const auto b = std::as_bytes(std::span(fc2.parameters().bias_grad));
       bias_bits[static_cast<std::size_t>(r)].assign(b.begin(), b.end());
     });
