@@ -215,6 +215,13 @@ inline void check_staleness_bound(const push_record& r, int bound) {
   CHECK(lead == bound);
 }
 
+// Both workers (ranks 3 and 4) report parameters equal to the serial simulation's.
+inline void check_workers_match_simulation(const group_run& g) {
+  for (int w : {3, 4}) {
+    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
+  }
+}
+
 inline void check_survivors(const group_run& g, int killed, int killed_later = -1) {
   REQUIRE(g.ranks[static_cast<std::size_t>(killed)].status == 128 + SIGKILL);
   if (killed_later >= 0) REQUIRE(g.ranks[static_cast<std::size_t>(killed_later)].status == 128 + SIGKILL);
@@ -230,9 +237,7 @@ inline void check_server_0_left(const group_run& g, std::size_t heir = 1) {
   for (const auto& r : g.ranks) CHECK(r.status == 0);
   CHECK(has(g.ranks[0].output, "server 0 left the job"));
   CHECK(has(g.ranks[heir].output, "heads shard 0 now"));
-  for (int w : {3, 4}) {
-    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
-  }
+  check_workers_match_simulation(g);
 }
 
 }  // namespace dtrain::fault_jobs

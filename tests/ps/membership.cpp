@@ -109,9 +109,7 @@ TEST_CASE("ps membership: a server added to the running job takes its share of t
   }
   check_k_copies(g, 8, replicas);
   if (mode == "asp") return check_exactly_once(2);
-  for (int w : {3, 4}) {
-    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
-  }
+  check_workers_match_simulation(g);
 }
 
 TEST_CASE(
@@ -134,9 +132,7 @@ TEST_CASE(
   for (int shard : {3, 7, 0}) CHECK(has(g.ranks[5].output, "holds a copy of shard " + std::to_string(shard) + " now"));
   check_k_copies(g, 8, 0);
   if (mode == "asp") return check_exactly_once(2);
-  for (int w : {3, 4}) {
-    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
-  }
+  check_workers_match_simulation(g);
 }
 
 TEST_CASE(
@@ -154,9 +150,7 @@ TEST_CASE(
                  << "\n"
                  << dump(g));
   check_survivors(g, killed, killed_later);
-  for (int w : {3, 4}) {
-    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
-  }
+  check_workers_match_simulation(g);
   const std::string& standby = g.ranks[5].output;
   for (int s : {killed, (killed + 2) % 3}) {
     CHECK(has(standby, "holds a copy of shard " + std::to_string(s) + " now"));
@@ -399,7 +393,5 @@ TEST_CASE("ps membership: a worker that joins the running job while a server is 
     return check_exactly_once(2);
   }
   CHECK(entered_at(g.ranks[4].output) == 6);
-  for (int w : {3, 4}) {
-    CHECK(has(g.ranks[static_cast<std::size_t>(w)].output, "parameters match the serial simulation"));
-  }
+  check_workers_match_simulation(g);
 }
