@@ -14,7 +14,7 @@ if(TARGET dtrain_test_thrust_cpp)
 endif()
 
 add_executable(tcp_worker transport/tcp_worker.cpp)
-target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_warnings)
+target_link_libraries(tcp_worker PRIVATE dtrain::asio dtrain_test_build)
 
 # Multi-process tests pass or fail by exit status only: every rank exits non-zero on a wrong
 # result, and dtrain-run (tested by tools/dtrain_run.sh) and mpirun exit non-zero when any rank
@@ -43,7 +43,7 @@ endif()
 # SIGKILLed, sleeps past the collectives' deadline and past dtrain-run's time limit; each time
 # dtrain-run's report must name that rank and that call (and a clean job must leave no report).
 add_executable(flight_worker tools/flight_worker.cpp)
-target_link_libraries(flight_worker PRIVATE dtrain::asio dtrain_warnings)
+target_link_libraries(flight_worker PRIVATE dtrain::asio dtrain_test_build)
 add_test(NAME flight_recorder
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/tools/flight_recorder.sh $<TARGET_FILE:dtrain-run>
                  $<TARGET_FILE:flight_worker>)
@@ -78,7 +78,7 @@ endforeach()
 # Process groups over real sockets: every collective and algorithm on the groups of three splits
 # and along both axes of a mesh, all at once; two groups of the same ranks on two threads.
 add_executable(tcp_groups_worker transport/tcp_groups_worker.cpp)
-target_link_libraries(tcp_groups_worker PRIVATE dtrain::asio dtrain_warnings)
+target_link_libraries(tcp_groups_worker PRIVATE dtrain::asio dtrain_test_build)
 foreach(n 3 4 6)
   add_test(NAME tcp_groups_dtrain_run_${n} COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_groups_worker>)
   set_tests_properties(tcp_groups_dtrain_run_${n} PROPERTIES TIMEOUT 600 LABELS tcp)
@@ -88,7 +88,7 @@ endforeach()
 # (even worlds) two data-parallel replicas of a pipeline along a mesh axis, and (4 ranks) two
 # tensor-parallel stages.
 add_executable(tcp_pipeline_worker pipeline/tcp_pipeline_worker.cpp)
-target_link_libraries(tcp_pipeline_worker PRIVATE dtrain::asio dtrain_warnings)
+target_link_libraries(tcp_pipeline_worker PRIVATE dtrain::asio dtrain_test_build)
 foreach(n 1 2 3 4)
   add_test(NAME tcp_pipeline_dtrain_run_${n}
            COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_pipeline_worker>)
@@ -194,7 +194,7 @@ endif()
 
 # The allreduce trainer across real processes, against the serial simulation.
 add_executable(trainer_worker allreduce/trainer_worker.cpp)
-target_link_libraries(trainer_worker PRIVATE dtrain::asio dtrain_warnings)
+target_link_libraries(trainer_worker PRIVATE dtrain::asio dtrain_test_build)
 foreach(mode sync local-sgd)
   foreach(n 2 3 4)
     add_test(NAME allreduce_trainer_tcp_${mode}_${n}
@@ -215,7 +215,7 @@ set_tests_properties(allreduce_trainer_tcp_resume_2 PROPERTIES TIMEOUT 300 LABEL
 
 # The sharded trainer across real processes, against the serial simulation of every rank.
 add_executable(sharded_worker sharded/sharded_worker.cpp)
-target_link_libraries(sharded_worker PRIVATE dtrain::asio dtrain_warnings)
+target_link_libraries(sharded_worker PRIVATE dtrain::asio dtrain_test_build)
 foreach(run zero1:3 zero2:3 zero3:3 zero3:4 hybrid:4 zero2:8 zero3:8 hybrid:8 bf16:3 bf16:8)
   string(REPLACE ":" ";" run ${run})
   list(GET run 0 mode)
@@ -227,7 +227,7 @@ endforeach()
 
 # The parameter server across real processes: 2 servers and 2 or 3 workers under dtrain-run.
 add_executable(ps_worker ps/ps_worker.cpp)
-target_link_libraries(ps_worker PRIVATE dtrain::asio dtrain_warnings)
+target_link_libraries(ps_worker PRIVATE dtrain::asio dtrain_test_build)
 foreach(n 4 5)
   add_test(NAME ps_tcp_bsp_${n} COMMAND ${CMAKE_COMMAND} -E env DTRAIN_PS_SERVERS=2
                                         $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:ps_worker> bsp)

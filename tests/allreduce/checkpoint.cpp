@@ -25,7 +25,7 @@
 
 using namespace dtrain;
 using namespace dtrain::testing;
-using comm_t = ring<process_group<inproc_transport>>;
+using group_ring = ring<process_group<inproc_transport>>;
 
 namespace {
 
@@ -59,7 +59,7 @@ std::vector<std::vector<double>> job(int p, std::size_t steps, Updater proto, co
     auto data = data_of(r);
     linear_model m(tensor_sizes, data, 0.25);
     auto first = world.form(rank_list::range(0, p), "first");
-    allreduce::trainer tr(comm_t(*first), proto, m, options());
+    allreduce::trainer tr(group_ring(*first), proto, m, options());
     if (save_at == 0) {
       run_steps(tr, 0, steps);
       out[static_cast<std::size_t>(r)] = m.weights();
@@ -70,7 +70,7 @@ std::vector<std::vector<double>> job(int p, std::size_t steps, Updater proto, co
     tr.save(file_of(dir, r), {0, save_at * batch % 400});
     linear_model fresh(tensor_sizes, data, -3.0);
     auto second = world.form(rank_list::range(0, p), "second");
-    allreduce::trainer resumed(comm_t(*second), proto, fresh, options());
+    allreduce::trainer resumed(group_ring(*second), proto, fresh, options());
     const auto at = resumed.load(file_of(dir, r));
     TCHECK(at.epoch == 0);
     TCHECK(at.next == save_at * batch % 400);
@@ -105,7 +105,7 @@ TEST_CASE("a checkpoint of another world size, model, updater or options is refu
     auto data = data_of(r);
     linear_model m(tensor_sizes, data, 0.25);
     process_group world(std::move(t));
-    allreduce::trainer tr(comm_t(world), momentum<double>(lr, mu), m, options());
+    allreduce::trainer tr(group_ring(world), momentum<double>(lr, mu), m, options());
     run_steps(tr, 0, 5);
     tr.save(file_of(dir.path, r));
   });
@@ -135,7 +135,7 @@ TEST_CASE("a checkpoint of another world size, model, updater or options is refu
   auto with_momentum = [](std::vector<std::size_t> sizes, allreduce::trainer_options o) {
     return [=](auto& world, auto& data, auto body) {
       linear_model m(sizes, data, 0.25);
-      allreduce::trainer tr(comm_t(world), momentum<double>(lr, mu), m, o);
+      allreduce::trainer tr(group_ring(world), momentum<double>(lr, mu), m, o);
       body(tr, m);
     };
   };
@@ -149,7 +149,7 @@ TEST_CASE("a checkpoint of another world size, model, updater or options is refu
   refused_on_every_rank(2, with_momentum(tensor_sizes, compressed), "other compression or local SGD options");
   refused_on_every_rank(2, [](auto& world, auto& data, auto body) {
     linear_model m(tensor_sizes, data, 0.25);
-    allreduce::trainer tr(comm_t(world), adam<double>(0.01), m, options());
+    allreduce::trainer tr(group_ring(world), adam<double>(0.01), m, options());
     body(tr, m);
   }, "updater momentum on 8-byte values; this trainer runs adam");
 
@@ -171,12 +171,12 @@ TEST_CASE("during local SGD each rank needs its own file", "[allreduce][checkpoi
     linear_model m(tensor_sizes, data, 0.25);
     process_group world(std::move(t));
     auto first = world.form(rank_list::range(0, 2), "first");
-    allreduce::trainer tr(comm_t(*first), momentum<double>(lr, mu), m, o);
+    allreduce::trainer tr(group_ring(*first), momentum<double>(lr, mu), m, o);
     run_steps(tr, 0, 6);  // mid-period: the replicas differ
     tr.save(file_of(dir.path, r));
     auto second = world.form(rank_list::range(0, 2), "second");
     linear_model fresh(tensor_sizes, data, 0.25);
-    allreduce::trainer other(comm_t(*second), momentum<double>(lr, mu), fresh, o);
+    allreduce::trainer other(group_ring(*second), momentum<double>(lr, mu), fresh, o);
     try {
       other.load(file_of(dir.path, 1 - r));  // the other rank's replica
     } catch (const dtrain::error& e) {

@@ -1,5 +1,5 @@
 #pragma once
-// What the in-process allreduce trainer tests share: several buckets in flight, and weights
+// What the in-process allreduce and sharded trainer tests share: several buckets in flight, and weights
 // compared with the serial simulation's.
 
 #include <cstddef>
@@ -7,6 +7,7 @@
 
 #include "../catch.hpp"
 #include "dtrain/allreduce/trainer_options.hpp"
+#include "dtrain/sharded/options.hpp"
 
 namespace dtrain::testing {
 
@@ -18,6 +19,10 @@ Options small_buckets() {
   o.bucket_bytes = 8 * 64;
   return o;
 }
+
+// The sharded trainer's: several buckets, most of them not a multiple of P long (69 and 61 of
+// linear_model.hpp's 130 parameters).
+inline sharded::trainer_options sharded_buckets() { return small_buckets<sharded::trainer_options>(); }
 
 inline void require_close(const std::vector<double>& got, const std::vector<double>& want, double rel) {
   REQUIRE(got.size() == want.size());

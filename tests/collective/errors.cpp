@@ -12,12 +12,13 @@
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/collective/communicator.hpp"
 #include "../support/thread_checks.hpp"
+#include "../support/text.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
 
 namespace {
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+using dtrain::testing::contains;
 
 communicator_options with_timeout(std::chrono::milliseconds t) {
   communicator_options o;

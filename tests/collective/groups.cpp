@@ -22,6 +22,7 @@
 #include "dtrain/topology/mesh.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "../support/text.hpp"
 
 using namespace dtrain;
 using namespace dtrain::conformance;
@@ -31,7 +32,7 @@ using group_comm = communicator<group>;
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using dtrain::testing::contains;
 
 }  // namespace
 

@@ -43,7 +43,7 @@ struct outcome {
   server_stats server;
 };
 
-ps_options quick() {
+ps_options quick_options() {
   ps_options o;
   o.timeout = 30s;
   o.heartbeat_interval = 100ms;
@@ -60,12 +60,12 @@ outcome run(int workers, int steps, U u, Make make) {
   run_inproc(1 + workers, [&](int rank, inproc_transport t) {
     if (rank == 0) {
       using algorithm = decltype(make());
-      server<inproc_transport, C, float, U> s(std::move(t), r, C{}, u, {}, quick(), algorithm::server_mode);
+      server<inproc_transport, C, float, U> s(std::move(t), r, C{}, u, {}, quick_options(), algorithm::server_mode);
       s.run();
       out.server = s.stats();
       return;
     }
-    worker<inproc_transport, C, float> w(std::move(t), r, range_sharding(1), quick());
+    worker<inproc_transport, C, float> w(std::move(t), r, range_sharding(1), quick_options());
     problem p(w.id());
     auto algo = make();
     std::vector<float> x(dim);
@@ -396,7 +396,7 @@ TEST_CASE("checkpoint and resume under BSP: the resumed job ends bit for bit lik
     });
     return center;
   };
-  ps_options o = quick();
+  ps_options o = quick_options();
   o.dense_slice_bytes = 16;  // 3 slices over 2 servers
   const auto uninterrupted = job(0, steps, o);
   o.checkpoint_prefix = prefix;

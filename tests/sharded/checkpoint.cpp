@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "../allreduce/checks.hpp"  // sharded_buckets
 #include "../allreduce/linear_model.hpp"
 #include "../allreduce/simulation.hpp"
 #include "../catch.hpp"
@@ -29,13 +30,6 @@ using namespace dtrain::testing;
 using comm_t = ring<inproc_transport>;
 
 namespace {
-
-sharded::trainer_options two_buckets() {
-  sharded::trainer_options o;
-  o.first_bucket_bytes = 8 * 10;  // buckets of 69 and 61 parameters
-  o.bucket_bytes = 8 * 64;
-  return o;
-}
 
 // What one run of a job does: load a set first (or not), take steps from step `from`, save.
 struct segment {
@@ -89,7 +83,7 @@ std::pair<std::vector<std::vector<double>>, std::vector<std::string>> run(const 
       if (other_model) sizes = {3, 40, 1, 17, 59, 10};
       linear_model m(sizes, data, 0.25);
       sharded::trainer<comm_t, Stage, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(0.01), m,
-                                                                     two_buckets());
+                                                                     sharded_buckets());
       go(tr, [&] { return m.weights(); });
     }
   });
@@ -159,7 +153,7 @@ TEST_CASE("a save completes on every rank or on none: no manifest when one rank 
     auto data = data_of(r);
     linear_model m(tensor_sizes, data, 0.25);
     sharded::trainer<comm_t, sharded::zero2, adam<double>, linear_model> tr(comm_t(std::move(t)), adam<double>(0.01),
-                                                                            m, two_buckets());
+                                                                            m, sharded_buckets());
     tr.step({0, batch});
     try {
       tr.save(a);

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "../allreduce/checks.hpp"  // require_close, small_buckets
+#include "../allreduce/checks.hpp"  // require_close, sharded_buckets
 #include "../allreduce/device_linear_model.hpp"
 #include "../allreduce/simulation.hpp"
 #include "../catch.hpp"
@@ -35,9 +35,6 @@ using namespace dtrain::testing;
 using staged_t = staged_communicator<inproc_transport>;
 
 namespace {
-
-// Several buckets, most of them not a multiple of P long.
-sharded::trainer_options sharded_buckets() { return small_buckets<sharded::trainer_options>(); }
 
 // Every rank's weights after `steps` steps of the device trainer (`device`) or the host one, both
 // over the staged communicator: the same reductions in the same order, so the same bits.

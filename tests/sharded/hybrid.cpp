@@ -28,13 +28,6 @@ using group_comm = ring<group>;
 
 namespace {
 
-sharded::trainer_options two_buckets() {
-  sharded::trainer_options o;
-  o.first_bucket_bytes = 8 * 10;  // buckets of 69 and 61 parameters
-  o.bucket_bytes = 8 * 64;
-  return o;
-}
-
 struct hybrid_run {
   std::vector<std::vector<double>> weights;
   std::vector<std::size_t> slice_bytes;  // each rank's master slice
@@ -78,7 +71,7 @@ hybrid_run train(int groups, int width, int from, int steps, const std::string& 
     } else {
       linear_model m(tensor_sizes, data, start);
       sharded::trainer<group_comm, Stage, momentum<double>, linear_model, group_comm> tr(
-          group_comm(shard_group), group_comm(replica_group), momentum<double>(lr, mu), m, two_buckets());
+          group_comm(shard_group), group_comm(replica_group), momentum<double>(lr, mu), m, sharded_buckets());
       go(tr, [&] { return m.weights(); });
     }
   });
@@ -114,7 +107,7 @@ TEMPLATE_TEST_CASE("a hybrid job's set resumes on plain sharded ranks", "[sharde
   CHECK(!std::filesystem::exists(sharded::shard_path(dir + "/a", 0, 4)));
   std::vector<std::vector<double>> weights(4);
   run_inproc(4, [&](int r, inproc_transport t) {
-    using comm_t = ring<inproc_transport>;
+    using inproc_ring = ring<inproc_transport>;
     auto data = data_of(r);
     auto go = [&](auto& tr) {
       tr.load(dir + "/a");
@@ -125,8 +118,8 @@ TEMPLATE_TEST_CASE("a hybrid job's set resumes on plain sharded ranks", "[sharde
     };
     if constexpr (std::is_same_v<TestType, sharded::zero3>) {
       unit_linear_model m(unit_sizes, data, 0.25);
-      sharded::trainer<comm_t, TestType, momentum<double>, unit_linear_model> tr(comm_t(std::move(t)),
-                                                                                 momentum<double>(lr, mu), m);
+      sharded::trainer<inproc_ring, TestType, momentum<double>, unit_linear_model> tr(
+          inproc_ring(std::move(t)), momentum<double>(lr, mu), m);
       go(tr);
       for (std::size_t u = 0; u < unit_sizes.size(); ++u) {
         const auto whole = tr.unit_parameters(u);
@@ -135,8 +128,8 @@ TEMPLATE_TEST_CASE("a hybrid job's set resumes on plain sharded ranks", "[sharde
       }
     } else {
       linear_model m(tensor_sizes, data, 0.25);
-      sharded::trainer<comm_t, TestType, momentum<double>, linear_model> tr(comm_t(std::move(t)),
-                                                                            momentum<double>(lr, mu), m, two_buckets());
+      sharded::trainer<inproc_ring, TestType, momentum<double>, linear_model> tr(
+          inproc_ring(std::move(t)), momentum<double>(lr, mu), m, sharded_buckets());
       go(tr);
       weights[static_cast<std::size_t>(r)] = m.weights();
     }
@@ -159,7 +152,7 @@ TEST_CASE("hybrid stage 1 leaves every rank's model the gradient averaged over a
     auto data = data_of(r);
     linear_model m(tensor_sizes, data, r == 0 ? 0.25 : 1.0 + r);
     sharded::trainer<group_comm, sharded::zero1, momentum<double>, linear_model, group_comm> tr(
-        group_comm(pair), group_comm(replicas), momentum<double>(lr, mu), m, two_buckets());
+        group_comm(pair), group_comm(replicas), momentum<double>(lr, mu), m, sharded_buckets());
     tr.step({0, batch});
     for (std::size_t i = 0; i < m.tensor_count(); ++i) {
       got[static_cast<std::size_t>(r)].insert(got[static_cast<std::size_t>(r)].end(), m.gradients(i).begin(),

@@ -31,9 +31,6 @@ using comm_t = ring<inproc_transport>;
 
 namespace {
 
-// Several buckets, most of them not a multiple of P long.
-sharded::trainer_options sharded_buckets() { return small_buckets<sharded::trainer_options>(); }
-
 template <class Stage, class Updater>
 std::vector<std::vector<double>> train(int p, int steps, Updater updater, sharded::trainer_options options,
                                        bool shuffled_ready_order = false, bool gaps = false) {

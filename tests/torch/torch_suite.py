@@ -11,12 +11,12 @@ sub-groups). Where the suite gates a test on the backend's name being Gloo's
 admits dtrain too: the suite is loaded from its source with those gates widened (GATES), so the
 tests of CPU features only Gloo had run on dtrain instead of skipping.
 
-Each backend's tests run in a process of their own (BACKEND set, as torch's runner sets it);
-each test starts its ranks by fork from that process (torch's runner spawns them, which
-costs seconds per test for the imports alone). The comparison fails where a test passes on Gloo
-and does not on dtrain, unless KNOWN_BY_MAJOR names it with the reason (mirrored in
-docs/pytorch.md), and where a test it names passes on dtrain now (the list must shrink with the
-code).
+Each backend's tests run in a process of their own, the two at once (BACKEND set, as torch's
+runner sets it); each test starts its ranks by fork from that process (torch's runner spawns
+them, which costs seconds per test for the imports alone). The comparison fails where a test
+passes on Gloo and does not on dtrain, unless KNOWN_BY_MAJOR names it with the reason (mirrored
+in docs/pytorch.md), and where a test it names passes on dtrain now (the list must shrink with
+the code).
 """
 import argparse
 import json
@@ -143,19 +143,31 @@ def run_backend(args):
 
 
 def compare(args):
-    results, took = {}, {}
-    for backend in ("gloo", "dtrain"):
-        with tempfile.NamedTemporaryFile(suffix=".json") as out:
-            cmd = [sys.executable, os.path.abspath(__file__), "--backend", backend, "--out", out.name, "--world-size",
+    # Both backends at once: each spends most of its time waiting (a test's ranks start, meet and
+    # time out), about a third of a core each on 2 cores.
+    results, took, runs = {}, {}, {}
+    with tempfile.TemporaryDirectory() as work:
+        for backend in ("gloo", "dtrain"):
+            out = os.path.join(work, backend + ".json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--backend", backend, "--out", out, "--world-size",
                    str(args.world_size), "--module-dir", args.module_dir] + sum((["-k", p] for p in args.k), [])
-            start = time.monotonic()
-            log = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=3600)
+            log = tempfile.TemporaryFile("w+", dir=work)
+            runs[backend] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True), log, out,
+                             time.monotonic())
+        for backend, (run, log, out, start) in runs.items():
+            try:
+                returncode = run.wait(timeout=3600)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                returncode = run.wait()
             took[backend] = time.monotonic() - start
-            with open(out.name) as f:
-                text = f.read()
-            if log.returncode != 0 or not text:
-                sys.stdout.write(log.stdout[-20000:])
-                print(f"the {backend} run exited {log.returncode} without its results")
+            text = open(out).read() if os.path.exists(out) else ""
+            if returncode != 0 or not text:
+                log.seek(0)
+                sys.stdout.write(log.read()[-20000:])
+                print(f"the {backend} run exited {returncode} without its results")
+                for other, _, _, _ in runs.values():
+                    other.kill()
                 return 1
             results[backend] = json.loads(text)
     gloo, ours = results["gloo"], results["dtrain"]

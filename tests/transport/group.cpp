@@ -16,6 +16,7 @@
 #include "dtrain/topology/mesh.hpp"
 #include "dtrain/transport/group.hpp"
 #include "dtrain/transport/inproc.hpp"
+#include "../support/text.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
@@ -25,7 +26,7 @@ static_assert(transport<group>);
 
 namespace {
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+using dtrain::testing::contains;
 
 // MPI_Comm_split, serially: the world ranks of rank r's group, ordered by (order, rank).
 std::vector<int> split_reference(const std::vector<int>& colors, const std::vector<int>& orders, int r) {

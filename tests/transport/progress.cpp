@@ -23,6 +23,7 @@
 #include "dtrain/transport/mixed.hpp"
 #include "dtrain/transport/shm.hpp"
 #include "dtrain/transport/tcp.hpp"
+#include "tcp_ranks.hpp"  // token
 
 using namespace dtrain;
 using namespace std::chrono_literals;
@@ -52,8 +53,6 @@ std::chrono::microseconds spin_given(bool spare) {
   REQUIRE(r.wait(deadline::after(1s), ec));
   return owner->last;
 }
-
-const std::string token = "test-token";
 
 // Lets the calling thread (a rank's, so no Catch2 assertion here) run on two of its cores only
 // (where it has two), so that the rule's answer depends on the ranks counted whatever the host:
@@ -141,7 +140,7 @@ TEST_CASE("progress: a TCP group counts its ranks on this host by its connection
   // cores (where it has two): one rank alone spins, two or three do not. A process group over
   // the transport answers as it does.
   tcp_options o;
-  o.token = token;
+  o.token = tcp_case::token;
   o.timeout = 20s;
   for (int n : {1, 2, 3}) {
     INFO(n << " ranks");
@@ -153,13 +152,13 @@ TEST_CASE("progress: a TCP group counts its ranks on this host by its connection
       if (world.spare_cores() != want) throw std::runtime_error("a process group answers otherwise");
       return world;
     };
-    testing::run_thread_ranks(n, token, connect, [](int, process_group<tcp_transport>&) {});
+    testing::run_thread_ranks(n, tcp_case::token, connect, [](int, process_group<tcp_transport>&) {});
   }
 }
 
 TEST_CASE("progress: a shared-memory group's ranks are all on this host", "[progress][shm]") {
   shm_options o;
-  o.token = token;
+  o.token = tcp_case::token;
   o.ring_bytes = 4096;
   for (int n : {1, 2, 3}) {
     INFO(n << " ranks");
@@ -171,6 +170,6 @@ TEST_CASE("progress: a shared-memory group's ranks are all on this host", "[prog
       if (any.spare_cores() != want) throw std::runtime_error("any_transport answers otherwise");
       return any;
     };
-    testing::run_thread_ranks(n, token, connect, [](int, any_transport&) {});
+    testing::run_thread_ranks(n, tcp_case::token, connect, [](int, any_transport&) {});
   }
 }

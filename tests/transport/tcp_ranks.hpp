@@ -1,6 +1,6 @@
 #pragma once
-// TCP ranks as threads of the test process, for tcp.cpp and tcp_forming.cpp: the token and
-// options every rank uses, and a runner that forms the group on loopback.
+// TCP ranks as threads of the test process, for tcp.cpp, tcp_forming.cpp and progress.cpp: the
+// token and options every rank uses, and a runner that forms the group on loopback.
 
 #include <chrono>
 #include <string>
