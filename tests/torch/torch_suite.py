@@ -21,6 +21,7 @@ the code).
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -144,32 +145,53 @@ def run_backend(args):
 
 def compare(args):
     # Both backends at once: each spends most of its time waiting (a test's ranks start, meet and
-    # time out), about a third of a core each on 2 cores.
+    # time out), about a third of a core each on 2 cores. Each run leads a process group of its
+    # own, so that a failure takes down its forked ranks with it.
     results, took, runs = {}, {}, {}
+    deadline = time.monotonic() + args.timeout
     with tempfile.TemporaryDirectory() as work:
-        for backend in ("gloo", "dtrain"):
-            out = os.path.join(work, backend + ".json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--backend", backend, "--out", out, "--world-size",
-                   str(args.world_size), "--module-dir", args.module_dir] + sum((["-k", p] for p in args.k), [])
-            log = tempfile.TemporaryFile("w+", dir=work)
-            runs[backend] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True), log, out,
-                             time.monotonic())
-        for backend, (run, log, out, start) in runs.items():
-            try:
-                returncode = run.wait(timeout=3600)
-            except subprocess.TimeoutExpired:
-                run.kill()
-                returncode = run.wait()
-            took[backend] = time.monotonic() - start
-            text = open(out).read() if os.path.exists(out) else ""
-            if returncode != 0 or not text:
+        try:
+            for backend in ("gloo", "dtrain"):
+                out = os.path.join(work, backend + ".json")
+                cmd = [sys.executable, os.path.abspath(__file__), "--backend", backend, "--out", out,
+                       "--world-size", str(args.world_size), "--module-dir", args.module_dir]
+                cmd += sum((["-k", p] for p in args.k), [])
+                log = open(os.path.join(work, backend + ".log"), "w+")
+                run = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                runs[backend] = (run, log, out, time.monotonic())
+            while len(took) < len(runs) and time.monotonic() < deadline:
+                for backend, (run, _, _, start) in runs.items():
+                    if backend not in took and run.poll() is not None:
+                        took[backend] = time.monotonic() - start
+                if any(run.returncode for run, _, _, _ in runs.values()):
+                    break  # reported below, with its log
+                time.sleep(0.5)
+            for backend, (run, log, out, _) in runs.items():
+                text = open(out).read() if backend in took and os.path.exists(out) else ""
+                if text and run.returncode == 0:
+                    results[backend] = json.loads(text)
+            # A run that failed is told first; one still running then was stopped, or timed out.
+            for backend in sorted(set(runs) - set(results), key=lambda b: b not in took):
+                run, log, _, _ = runs[backend]
                 log.seek(0)
-                sys.stdout.write(log.read()[-20000:])
-                print(f"the {backend} run exited {returncode} without its results")
-                for other, _, _, _ in runs.values():
-                    other.kill()
+                tail = log.read()[-20000:]
+                sys.stdout.write(tail if tail.endswith("\n") or not tail else tail + "\n")
+                if backend in took:
+                    print(f"the {backend} run exited {run.returncode} without its results")
+                elif time.monotonic() >= deadline:
+                    print(f"the {backend} run ran past {args.timeout} s")
+                else:
+                    print(f"the {backend} run was stopped, since the other failed")
+            if len(results) < len(runs):
                 return 1
-            results[backend] = json.loads(text)
+        finally:
+            for run, log, _, _ in runs.values():  # the run, and any rank it left behind
+                try:
+                    os.killpg(run.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                run.wait()
+                log.close()
     gloo, ours = results["gloo"], results["dtrain"]
     known_fails = known()
     passed_gloo = sorted(t for t, o in gloo.items() if o == "pass")
@@ -199,6 +221,7 @@ def main():
     p.add_argument("--world-size", type=int, default=3)
     p.add_argument("-k", action="append", default=[], help="only tests whose name contains this (repeatable)")
     p.add_argument("--json", default="", help="write both backends' outcomes here")
+    p.add_argument("--timeout", type=float, default=1000, help="seconds both runs may take together")
     p.add_argument("--min-gloo-passes", type=int, default=1,
                    help="fail if Gloo passes fewer tests (the comparison would shrink unnoticed)")
     p.add_argument("--backend", choices=["gloo", "dtrain"], help=argparse.SUPPRESS)
