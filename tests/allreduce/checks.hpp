@@ -1,6 +1,6 @@
 #pragma once
-// What the in-process allreduce and sharded trainer tests share: several buckets in flight, and weights
-// compared with the serial simulation's.
+// What the in-process allreduce and sharded trainer tests share: several buckets in flight, and
+// weights compared with the serial simulation's.
 
 #include <cstddef>
 #include <vector>
