@@ -18,7 +18,7 @@ using namespace dtrain;
 using namespace std::chrono_literals;
 
 namespace {
-using dtrain::testing::contains;
+using dtrain::testing::has;
 
 communicator_options with_timeout(std::chrono::milliseconds t) {
   communicator_options o;
@@ -47,8 +47,8 @@ TEST_CASE("errors: a different collective on another rank is a mismatch naming b
   CHECK(std::chrono::steady_clock::now() - start < 2s);  // at once, not at the 20 s deadline
   // Rank 1 (in broadcast) receives rank 0's allreduce message first.
   CHECK(codes[1] == errc::collective_mismatch);
-  CHECK(contains(messages[1], "rank 1 is in broadcast #0"));
-  CHECK(contains(messages[1], "rank 0 sent a message of allreduce #0 (ring, float32 sum, count 100)"));
+  CHECK(has(messages[1], "rank 1 is in broadcast #0"));
+  CHECK(has(messages[1], "rank 0 sent a message of allreduce #0 (ring, float32 sum, count 100)"));
   // Rank 0 either sees rank 1's broadcast message or loses rank 1 when it gives up.
   CHECK(codes[0]);
   CHECK((codes[0] == errc::collective_mismatch || codes[0] == errc::peer_lost));
@@ -86,7 +86,7 @@ TEST_CASE("errors: mismatched count, type, op and sequence are all caught",
     });
     INFO(msg);
     CHECK(rank1 == errc::collective_mismatch);
-    CHECK(contains(msg, "collective mismatch"));
+    CHECK(has(msg, "collective mismatch"));
   }
 }
 
@@ -111,8 +111,8 @@ TEST_CASE("errors: a split that differs between ranks names both sizes, and says
     const std::string& what = whats[static_cast<std::size_t>(r)];
     INFO(what);
     CHECK(codes[static_cast<std::size_t>(r)] == errc::message_truncated);
-    CHECK(contains(what, "reduce_scatterv #0"));
-    CHECK(contains(what, "received 8 bytes from rank " + std::to_string(1 - r) + " where 4 were expected"));
+    CHECK(has(what, "reduce_scatterv #0"));
+    CHECK(has(what, "received 8 bytes from rank " + std::to_string(1 - r) + " where 4 were expected"));
     const std::string reason = "message larger than the receive buffer";
     CHECK(what.find(reason) != std::string::npos);
     CHECK(what.find(reason) == what.rfind(reason));  // said once, not once by each layer
@@ -143,7 +143,7 @@ TEST_CASE("errors: a root mismatch where both ranks wait ends at the deadline, n
   });
   INFO(msg0);
   CHECK(ec0 == errc::timeout);
-  CHECK(contains(msg0, "waiting for rank 1"));
+  CHECK(has(msg0, "waiting for rank 1"));
 }
 
 TEST_CASE("errors: a root mismatch where messages flow is a mismatch naming both roots",
@@ -165,8 +165,8 @@ TEST_CASE("errors: a root mismatch where messages flow is a mismatch naming both
   });
   INFO(msgs[3]);
   CHECK(codes[3] == errc::collective_mismatch);
-  CHECK(contains(msgs[3], "rank 3 is in broadcast #0 (ring, float32, count 10, root 1)"));
-  CHECK(contains(msgs[3], "rank 2 sent a message of broadcast #0 (ring, float32, count 10, root 0)"));
+  CHECK(has(msgs[3], "rank 3 is in broadcast #0 (ring, float32, count 10, root 1)"));
+  CHECK(has(msgs[3], "rank 2 sent a message of broadcast #0 (ring, float32, count 10, root 0)"));
 }
 
 TEST_CASE("errors: a root mismatch where both ranks only send ends at the deadline in-process",
@@ -189,7 +189,7 @@ TEST_CASE("errors: a root mismatch where both ranks only send ends at the deadli
   });
   INFO("rank 0: " << msgs[0] << "\nrank 1: " << msgs[1]);
   CHECK(codes[1] == errc::timeout);
-  CHECK(contains(msgs[1], "waiting for rank 0 (send to rank 0)"));
+  CHECK(has(msgs[1], "waiting for rank 0 (send to rank 0)"));
   CHECK(codes[0] == errc::peer_lost);
 }
 
@@ -217,9 +217,9 @@ TEST_CASE("errors: a missed deadline names the operation, sequence number and pe
   });
   INFO(msg);
   CHECK(code == errc::timeout);
-  CHECK(contains(msg, "allreduce #1 (ring, float32 sum, count 64)"));
-  CHECK(contains(msg, "timed out after 300 ms"));
-  CHECK(contains(msg, "rank 2"));  // rank 0's left neighbour in the ring
+  CHECK(has(msg, "allreduce #1 (ring, float32 sum, count 64)"));
+  CHECK(has(msg, "timed out after 300 ms"));
+  CHECK(has(msg, "rank 2"));  // rank 0's left neighbour in the ring
   CHECK(took >= 300ms);
   CHECK(took < 900ms);
 }
@@ -245,7 +245,7 @@ TEST_CASE("errors: a rank that dies mid-collective fails the others with peer_lo
   }
   // Rank 2 exchanges with rank 3 directly; its error names it.
   CHECK(codes[2] == errc::peer_lost);
-  CHECK(contains(msgs[2], "rank 3 left the group"));
+  CHECK(has(msgs[2], "rank 3 left the group"));
 }
 
 TEST_CASE("errors: after a failure the communicator refuses further calls", "[collective][errors]") {
@@ -265,7 +265,7 @@ TEST_CASE("errors: after a failure the communicator refuses further calls", "[co
       TFAIL("a broken communicator ran a collective");
     } catch (const error& e) {
       TCHECK(e.code() == errc::broken);
-      TCHECK(contains(e.what(), "build a new communicator"));
+      TCHECK(has(e.what(), "build a new communicator"));
     }
   });
 }
@@ -278,12 +278,12 @@ TEST_CASE("errors: invalid arguments are typed errors raised before any communic
     std::error_code ec;
     c.allreduce<float>(a, std::span(b), reduce_op::sum, ec);
     TCHECK(ec == errc::invalid_argument);
-    TCHECK(contains(c.last_error(), "allreduce: in and out must have equal sizes"));
+    TCHECK(has(c.last_error(), "allreduce: in and out must have equal sizes"));
     c.broadcast(std::span(a), 3, ec);
     TCHECK(ec == errc::invalid_argument);
     c.allreduce<float>(std::span(a).first(6), std::span(a).last(6), reduce_op::sum, ec);
     TCHECK(ec == errc::invalid_argument);
-    TCHECK(contains(c.last_error(), "overlap"));
+    TCHECK(has(c.last_error(), "overlap"));
     c.reduce_scatter<float>(a, std::span(b), reduce_op::sum, ec);
     TCHECK(ec == errc::invalid_argument);
     TCHECK_FALSE(c.broken());  // nothing was sent, so the group is still consistent
@@ -303,7 +303,7 @@ TEST_CASE("errors: the throwing forms throw dtrain::error with the same code", "
       TFAIL("no error");
     } catch (const error& e) {
       TCHECK((e.code() == errc::peer_lost || e.code() == errc::timeout));
-      TCHECK(contains(e.what(), "allgather #0"));
+      TCHECK(has(e.what(), "allgather #0"));
     }
   });
 }

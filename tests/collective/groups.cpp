@@ -32,7 +32,7 @@ using group_comm = communicator<group>;
 
 namespace {
 
-using dtrain::testing::contains;
+using dtrain::testing::has;
 
 }  // namespace
 
@@ -153,8 +153,8 @@ TEST_CASE("groups: a mismatch inside a group names the group and both ranks' cal
   CHECK(errors[3].empty());
   for (int r : {0, 2}) {
     INFO(errors[static_cast<std::size_t>(r)]);
-    CHECK(contains(errors[static_cast<std::size_t>(r)], "collective mismatch"));
-    CHECK(contains(errors[static_cast<std::size_t>(r)], "of group 'world/split0:color0'"));
-    CHECK(contains(errors[static_cast<std::size_t>(r)], r == 0 ? "(world rank 2)" : "(world rank 0)"));
+    CHECK(has(errors[static_cast<std::size_t>(r)], "collective mismatch"));
+    CHECK(has(errors[static_cast<std::size_t>(r)], "of group 'world/split0:color0'"));
+    CHECK(has(errors[static_cast<std::size_t>(r)], r == 0 ? "(world rank 2)" : "(world rank 0)"));
   }
 }

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../catch.hpp"
+#include "text.hpp"  // has
 #include "dtrain/rendezvous/tcp_store.hpp"
 
 extern char** environ;
@@ -148,8 +149,6 @@ inline std::optional<long long> number_after(const std::string& text, const std:
   if (at == std::string::npos) return std::nullopt;
   return std::atoll(text.c_str() + at + marker.size());
 }
-
-inline bool has(const std::string& text, const std::string& word) { return text.find(word) != std::string::npos; }
 
 // tcp_worker's "mismatch" on 2 ranks (rank 0 allreduces, rank 1 broadcasts from 0): rank 1
 // receives rank 0's allreduce message in its broadcast and names both calls; rank 0 hears no

@@ -26,7 +26,7 @@ static_assert(transport<group>);
 
 namespace {
 
-using dtrain::testing::contains;
+using dtrain::testing::has;
 
 // MPI_Comm_split, serially: the world ranks of rank r's group, ordered by (order, rank).
 std::vector<int> split_reference(const std::vector<int>& colors, const std::vector<int>& orders, int r) {
@@ -63,8 +63,8 @@ TEST_CASE("rank_list: incl, excl, union, intersection, difference in MPI's order
     }
     return std::string("no error");
   };
-  CHECK(contains(what_of([] { rank_list({1, 2, 1}); }), "listed twice"));
-  CHECK(contains(what_of([&] { a.incl(std::vector<int>{4}); }), "outside a group of 4"));
+  CHECK(has(what_of([] { rank_list({1, 2, 1}); }), "listed twice"));
+  CHECK(has(what_of([&] { a.incl(std::vector<int>{4}); }), "outside a group of 4"));
 }
 
 TEST_CASE("split: every coloring and world size 1-9 forms MPI_Comm_split's groups", "[transport][group]") {
@@ -164,8 +164,8 @@ TEST_CASE("groups: form builds a group from a rank list, and errors name the gro
   });
   CHECK(errors[1] == "not a member");
   CHECK(errors[3] == "not a member");
-  CHECK(contains(errors[2], "rank 1 of group 'evens' (world rank 0)"));
-  CHECK(contains(errors[2], "deadline exceeded"));
+  CHECK(has(errors[2], "rank 1 of group 'evens' (world rank 0)"));
+  CHECK(has(errors[2], "deadline exceeded"));
 }
 
 TEST_CASE("groups: split refuses a bad color and times out naming who did not take part", "[transport][group]") {
@@ -180,9 +180,9 @@ TEST_CASE("groups: split refuses a bad color and times out naming who did not ta
     }
     if (r != 1) std::this_thread::sleep_for(400ms);  // stay: a rank that leaves is peer_lost
   });
-  CHECK(contains(errors[0], "color -5 is negative"));
-  CHECK(contains(errors[1], "process_group::split on rank 1"));
-  CHECK(contains(errors[1], "deadline exceeded"));
+  CHECK(has(errors[0], "color -5 is negative"));
+  CHECK(has(errors[1], "process_group::split on rank 1"));
+  CHECK(has(errors[1], "deadline exceeded"));
 }
 
 TEST_CASE("device_mesh: coordinates, rank order (last axis innermost) and axis groups", "[transport][group]") {
@@ -221,7 +221,7 @@ TEST_CASE("device_mesh: coordinates, rank order (last axis innermost) and axis g
       errors[static_cast<std::size_t>(r)] = e.what();
     }
   });
-  for (const auto& e : errors) CHECK(contains(e, "hold 6 ranks but the group has 4"));
+  for (const auto& e : errors) CHECK(has(e, "hold 6 ranks but the group has 4"));
 }
 
 TEST_CASE("device_mesh: a one-axis mesh names its group by the axis alone", "[transport][group]") {
