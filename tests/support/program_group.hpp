@@ -153,11 +153,12 @@ inline std::optional<long long> number_after(const std::string& text, const std:
 // tcp_worker's "mismatch" on 2 ranks (rank 0 allreduces, rank 1 broadcasts from 0): rank 1
 // receives rank 0's allreduce message in its broadcast and names both calls; rank 0 hears no
 // message of rank 1's (a broadcast's non-root sends nothing), so it learns of the mismatch from
-// rank 1's abort (`engine_handle::abort`): every rank names both calls, at once.
+// rank 1's abort (`engine_handle::abort`): every rank raises `collective_mismatch` naming both
+// calls, at once.
 inline void check_mismatch_verdicts(const group_run& g) {
   for (const auto& o : g.ranks) {
     CHECK(o.status == 3);
-    CHECK(has(o.output, "collective mismatch"));  // the finder's words reach every rank
+    CHECK(has(o.output, "[collective mismatch between ranks]"));  // the error's code, on every rank
     CHECK(has(o.output, "allreduce #0"));
     CHECK(has(o.output, "broadcast #0"));
     CHECK(!has(o.output, "deadline"));  // told at once, not by its deadline

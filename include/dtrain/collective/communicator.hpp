@@ -372,9 +372,10 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
       broken_by_ = e.what();
       flight::record_failure(flight, broken_by_);
       // One side finds a mismatch; the transport tells the others which calls disagreed, where
-      // it can, so that every rank's error names both calls, not only a peer leaving.
-      if constexpr (requires { transport_.abort(broken_by_); }) {
-        if (e.code() == errc::collective_mismatch) transport_.abort(broken_by_);
+      // it can, so that every rank raises `collective_mismatch` naming both calls, not a peer
+      // leaving.
+      if constexpr (requires { transport_.abort(broken_by_, errc::collective_mismatch); }) {
+        if (e.code() == errc::collective_mismatch) transport_.abort(broken_by_, errc::collective_mismatch);
       }
       throw;
     }

@@ -223,6 +223,8 @@ class call_context {
       fail(errc::timeout, "timed out after " + std::to_string(timeout_.count()) +
                               " ms waiting for " + peer_name(p.peer) + " (" + what + ")");
     }
+    // Another rank found the calls disagree and aborted the group; `detail` quotes its report.
+    if (ec == errc::collective_mismatch) fail(ec, "during " + what);
     if (ec == errc::peer_lost) {
       fail(errc::peer_lost,
            (detail.empty() ? peer_name(p.peer) + " left the group" : std::string("the group lost a rank")) +

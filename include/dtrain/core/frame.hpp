@@ -7,7 +7,7 @@
 /// |      0 |    4 | magic "DTRN"                                                   |
 /// |      4 |    2 | version (1)                                                    |
 /// |      6 |    2 | kind: data, goodbye, goodbye_ack, abort, remote, remote_done   |
-/// |      8 |    8 | tag                                                            |
+/// |      8 |    8 | tag (an abort frame's: `abort_tag`, what its reason reports)   |
 /// |     16 |    8 | sequence number of the frame on its connection (0, 1, 2, ...) |
 /// |     24 |    8 | payload length in bytes                                        |
 /// |     32 |   24 | collective signature: op, algo, dtype, redop (1 each), root    |
@@ -23,6 +23,7 @@
 #include <span>
 #include <string>
 
+#include "dtrain/core/error.hpp"
 #include "dtrain/core/signature.hpp"
 
 namespace dtrain {
@@ -65,6 +66,16 @@ inline std::string abort_reason(std::span<const std::byte> payload) {
     if (c >= ' ' && c <= '~') text[i] = c;
   }
   return text;
+}
+
+/// An abort frame's tag says what its reason reports, so that every rank raises the code of the
+/// rank that found the failure: a collective mismatch one rank finds is a mismatch on all. Any
+/// other value (0 included) reads as a lost peer.
+inline constexpr std::uint64_t abort_tag(errc code) noexcept {
+  return code == errc::collective_mismatch ? static_cast<std::uint64_t>(code) : 0;
+}
+inline constexpr errc abort_code(std::uint64_t tag) noexcept {
+  return tag == abort_tag(errc::collective_mismatch) ? errc::collective_mismatch : errc::peer_lost;
 }
 
 namespace detail::wire {

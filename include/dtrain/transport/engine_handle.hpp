@@ -69,10 +69,11 @@ class engine_handle : public transport_buffer_forms<Derived> {
   std::string failure() const { return engine_ ? engine_->failure() : std::string(); }
 
   /// Fails the group on every rank, telling each peer `why` (what this rank found, such as a
-  /// collective mismatch naming both calls): their waiting operations fail with it, where they
-  /// would otherwise only see this rank leave. Used by the communicators; the group is then done.
-  void abort(const std::string& why) noexcept {
-    if (engine_) engine_->abort(why);
+  /// collective mismatch naming both calls): their waiting operations fail with `code` and `why`,
+  /// where they would otherwise only see this rank leave (`peer_lost`). Used by the
+  /// communicators; the group is then done.
+  void abort(const std::string& why, errc code = errc::peer_lost) noexcept {
+    if (engine_) engine_->abort(why, code);
   }
 
   /// Leaves the group now (the destructor does this too): what was sent is delivered first.

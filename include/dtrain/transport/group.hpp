@@ -75,10 +75,10 @@ class process_group : public transport_buffer_forms<process_group<World>> {
 
   /// Fails the world's group, telling every rank `why`, where the world's transport can
   /// (`engine_handle::abort`); every group formed from the world shares it, so all of them fail.
-  void abort(const std::string& why) noexcept
-    requires requires(World& w) { w.abort(why); }
+  void abort(const std::string& why, errc code = errc::peer_lost) noexcept
+    requires requires(World& w) { w.abort(why, code); }
   {
-    world_->abort(why);
+    world_->abort(why, code);
   }
 
   /// Starts sending the bytes of `parts` to group rank `peer` on `tag` (in this group's tags).

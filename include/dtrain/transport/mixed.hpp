@@ -185,9 +185,9 @@ class basic_mixed_transport : public transport_buffer_forms<basic_mixed_transpor
 
   /// Fails the group on every rank, telling each peer `why`, through both paths (see
   /// `engine_handle::abort`).
-  void abort(const std::string& why) noexcept {
-    if (shm_) shm_->abort(why);
-    if (tcp_) tcp_->abort(why);
+  void abort(const std::string& why, errc code = errc::peer_lost) noexcept {
+    if (shm_) shm_->abort(why, code);
+    if (tcp_) tcp_->abort(why, code);
   }
 
   /// Why the group failed; empty while it is healthy.

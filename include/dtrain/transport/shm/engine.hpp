@@ -189,21 +189,21 @@ class engine : protected protocol {
   }
 
   /// Fails the group here and on every peer, telling each why (an abort frame: their waiting
-  /// operations fail naming this rank and `why`), once the frames are in the rings or the linger
-  /// time has passed.
-  void abort(const std::string& why) noexcept {
+  /// operations fail with `code`, naming this rank and `why`), once the frames are in the rings
+  /// or the linger time has passed.
+  void abort(const std::string& why, errc code = errc::peer_lost) noexcept {
     try {
       std::string text = rank_text(rank_) + " reports: " + why;
       text.resize(std::min(text.size(), max_abort_reason_bytes));
       const std::span<const std::byte> parts[] = {std::as_bytes(std::span(text))};
       std::vector<byte_op_ptr> frames;
       for (int p = 0; p < size_; ++p) {
-        if (p != rank_) frames.push_back(send(p, 0, signature{}, gather_list(parts), frame_kind::abort));
+        if (p != rank_) frames.push_back(send(p, abort_tag(code), signature{}, gather_list(parts), frame_kind::abort));
       }
       const deadline d = deadline::after(settings_.options.linger);
       for (auto& f : frames) wait(f, d, std::chrono::microseconds(0));
       std::lock_guard lock(m_);
-      fail_group(errc::peer_lost, why);  // (fails a frame still queued: `text` goes away)
+      fail_group(code, why);  // (fails a frame still queued: `text` goes away)
     } catch (...) {  // out of memory: the peers see this rank leave instead
     }
   }

@@ -290,7 +290,7 @@ class protocol {
     early_message_ptr m = std::move(l.rx_early);
     if (!m) return;  // its receive was abandoned
     if (l.rx_frame.kind == frame_kind::abort) {  // the peer's group failed, and it says why
-      return fail_group(errc::peer_lost, rank_text(p) + " aborted the group: " +
+      return fail_group(abort_code(m->tag), rank_text(p) + " aborted the group: " +
                                              abort_reason(std::span<const std::byte>(m->data.get(), m->length)));
     }
     m->complete = true;

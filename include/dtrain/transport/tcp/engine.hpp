@@ -167,7 +167,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
         return op;
       }
       lock.unlock();
-      op->complete(make_error_code(errc::peer_lost), failure_);
+      op->complete(make_error_code(failure_code_), failure_);
       return op;
     }
     if (in) {
@@ -311,12 +311,12 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   }
 
   /// Fails the group here and on every peer, telling each why (an abort frame: their waiting
-  /// operations fail naming this rank and `why`), and waits up to the linger time for the frames
-  /// to go out.
-  void abort(const std::string& why) noexcept {
+  /// operations fail with `code`, naming this rank and `why`), and waits up to the linger time
+  /// for the frames to go out.
+  void abort(const std::string& why, errc code = errc::peer_lost) noexcept {
     try {
       const deadline d = deadline::after(settings_.linger);
-      for (auto& frame : this->group_failed(why, -1)) frame->flag.block_until(d);
+      for (auto& frame : this->group_failed(why, -1, false, code)) frame->flag.block_until(d);
     } catch (...) {  // out of memory: the peers see this rank leave instead
     }
   }
@@ -347,6 +347,7 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
   bool failed_ = false;
   std::atomic<bool> stopping_{false};
   std::string failure_;
+  errc failure_code_ = errc::peer_lost;  // what the group's failure raises
 
   asio::io_context io_;
   tcp::acceptor acceptor_;

@@ -72,10 +72,11 @@ class failures {
     if (abort) group_failed(c.lost, c.peer, true);
   }
 
-  // The group cannot go on: fail every waiting receive, and tell the other peers why, so that
-  // ranks that never talked to the lost one fail at once too, naming it. Returns the abort
-  // frames it queued.
-  std::vector<op_ptr> group_failed(const std::string& why, int source, bool marked = false) {
+  // The group cannot go on: fail every waiting receive with `code`, and tell the other peers
+  // why, so that ranks that never talked to the lost one fail at once too, naming it. Returns
+  // the abort frames it queued.
+  std::vector<op_ptr> group_failed(const std::string& why, int source, bool marked = false,
+                                   errc code = errc::peer_lost) {
     std::vector<op_ptr> orphans, aborts;
     std::vector<connection*> others;
     {
@@ -83,18 +84,20 @@ class failures {
       if (self().failed_ && !marked) return aborts;
       self().failed_ = true;
       self().failure_ = why;
+      self().failure_code_ = code;
       orphans = self().queue_.take_all_receives();
       for (auto& c : self().conns_) {
         if (c && c->open && c->peer != source && !c->departed && !c->pending) others.push_back(c.get());
       }
     }
     log(log_level::warn, "rank " + std::to_string(self().rank_) + ": group failed: " + why);
-    for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), why);
+    for (auto& r : orphans) r->complete(make_error_code(code), why);
     for (connection* c : others) {
       auto abort = std::make_shared<operation>();
       abort->is_send = true;
       abort->kind = frame_kind::abort;
       abort->env.peer = c->peer;
+      abort->env.tag = abort_tag(code);
       abort->owned = "rank " + std::to_string(self().rank_) + " reports: " + why;
       if (abort->owned.size() > 4000) abort->owned.resize(4000);
       self().enqueue(*c, abort);

@@ -334,7 +334,8 @@ class receive_path {
     if (c.rx_frame.kind == frame_kind::abort && !c.rx_text.empty()) {
       const std::string text = abort_reason(c.rx_text);
       c.rx_text.clear();
-      self().group_failed(rank_text(c.peer) + " aborted the group: " + text, c.peer);
+      self().group_failed(rank_text(c.peer) + " aborted the group: " + text, c.peer, false,
+                          abort_code(c.rx_frame.tag));
     }
   }
 
