@@ -34,7 +34,7 @@ class gradient_ready {
 
 /// A model for data-parallel training.
 ///  1. `M::value_type` is the type of parameters and gradients: a `floating_element` (16-bit
-///     types train in mixed precision, with the sharded trainers only so far).
+///     types train in mixed precision, with `float` master weights in the trainer).
 ///  2. `M::batch_type` is whatever one `forward_backward` call consumes (a range of sample
 ///     indices, a tensor, ...); the trainer only passes it through.
 ///  3. `m.tensor_count()` is the number of parameter tensors (layers' weights, biases, ...).
