@@ -328,5 +328,8 @@ TEST_CASE("allreduce: the automatic first bucket cuts a small model only where e
       told[static_cast<std::size_t>(r)] = e.code() == errc::invalid_argument ? e.what() : "";
     }
   });
-  for (const auto& text : told) CHECK(text.find("ranks disagree on the model or trainer options") != std::string::npos);
+  for (const auto& text : told) {
+    CHECK(text.find("ranks disagree on the model or trainer options") != std::string::npos);
+    CHECK(text.find("their buckets (first_bucket_bytes, bucket_bytes): rank 0 has digest") != std::string::npos);
+  }
 }

@@ -207,6 +207,7 @@ TEST_CASE("allreduce: mixed precision refuses what it does not do, on every rank
   });
   for (const std::string& e : disagree) {
     CHECK(e.find("ranks disagree on the model or trainer options") != std::string::npos);
+    CHECK(e.find("reduce_in: rank 0 has master, rank 1 has model") != std::string::npos);  // by name, both values
   }
   const auto float_model = errors_of([](int r, comm_t c) {
     allreduce::trainer_options o;

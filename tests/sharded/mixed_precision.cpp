@@ -243,6 +243,10 @@ TEST_CASE("ranks that differ in precision or scaling fail at start-up, all of th
         errors[static_cast<std::size_t>(r)] = e.what();
       }
     });
-    for (const std::string& e : errors) CHECK(e.find("ranks disagree on") != std::string::npos);
+    for (const std::string& e : errors) {
+      CHECK(e.find("ranks disagree on") != std::string::npos);
+      CHECK(e.find(differ_in_scaling ? "scaling.enabled: rank 0 has false, rank 1 has true"
+                                     : "reduce_in: rank 0 has master, rank 1 has model") != std::string::npos);
+    }
   }
 }

@@ -312,12 +312,15 @@ class basic_trainer : public trainer_checkpoints<basic_trainer<Backend, Collecti
     return span(accumulation_.data() + plan_.parameter_offset(i), model_.gradients(i).size());
   }
 
-  // Every rank gathers every rank's plan digest and option digest; all raise the same error.
+  // Every rank gathers every rank's plan and options, by name; all raise the same error.
   void check_plan_matches() {
-    const auto mine = detail::digest_of(plan_, contiguous_, options_);
+    const auto fields = detail::agreed_fields(plan_, contiguous_, options_);
+    const std::vector<std::int64_t> mine = dtrain::detail::values_of(fields);
     const auto all = backend_.allgather_digests(comm_, std::span<const std::int64_t>(mine));
-    const std::string disagreement = detail::plan_disagreement(all, name());
-    if (!disagreement.empty()) throw error(errc::invalid_argument, disagreement);
+    const std::string disagreement = dtrain::detail::field_disagreement(fields, all);
+    if (disagreement.empty()) return;
+    throw error(errc::invalid_argument, name() + ": ranks disagree on the model or trainer options: " + disagreement +
+                                            ". Every rank must build the same model and pass the same trainer_options");
   }
 
   // Posts the ready buckets in plan order, except the last, which `step` reduces itself.

@@ -17,6 +17,7 @@
 
 #include "dtrain/allreduce/bucket_plan.hpp"
 #include "dtrain/core/trace.hpp"
+#include "dtrain/detail/agreed_fields.hpp"
 #include "dtrain/transport/progress.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
 
@@ -24,6 +25,7 @@ namespace dtrain::allreduce {
 
 /// Whether buckets travel in the model's precision, in 16 bits, or as their top-k entries.
 enum class compression { none, fp16, bf16, topk };
+inline constexpr const char* compression_names[] = {"none", "fp16", "bf16", "topk"};
 
 /// `trainer_options::first_bucket_bytes`'s default: sized by `first_bucket_capacity`.
 inline constexpr std::size_t automatic_first_bucket = 0;
@@ -116,9 +118,10 @@ struct trainer_stats {
 
 namespace detail {
 
-/// What ranks compare at start-up: the plan's digest, its size, and a digest of what changes
-/// the traffic: compression, local SGD, mixed precision, and which buckets are contiguous (those
-/// reduce in memory order, the others in plan order). Equal on every rank, or the job is misbuilt.
+/// The plan's digest, its size, and a digest of what changes the traffic: compression, local
+/// SGD, mixed precision, and which buckets are contiguous (those reduce in memory order, the
+/// others in plan order). A checkpoint records the last (`trainer_checkpoints.hpp`); the ranks
+/// compare the same at start-up field by field (`agreed_fields`).
 using plan_digest = std::array<std::int64_t, 4>;
 
 inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& contiguous, const trainer_options& o) {
@@ -156,21 +159,29 @@ bool every_rank_has_spare_cores(Backend& backend, Collective& comm) {
   }
 }
 
-/// Given every rank's digest (rank r at `all[4r, 4r + 4)`), "" if they agree, else the
-/// message every rank raises, naming the first rank that differs from rank 0.
-inline std::string plan_disagreement(std::span<const std::int64_t> all, const std::string& who) {
-  auto describe = [](const std::int64_t* p) {
-    return std::to_string(p[1]) + " tensors, " + std::to_string(p[2]) + " elements, plan digest " +
-           std::to_string(static_cast<std::uint64_t>(p[0])) + ", options digest " + std::to_string(p[3]);
-  };
-  for (std::size_t r = 1; 4 * r < all.size(); ++r) {
-    const std::int64_t* theirs = all.data() + 4 * r;
-    if (std::equal(theirs, theirs + 4, all.data())) continue;
-    return who + ": ranks disagree on the model or trainer options: rank 0 has " + describe(all.data()) + "; rank " +
-           std::to_string(r) + " has " + describe(theirs) +
-           ". Every rank must build the same model and pass the same trainer_options";
-  }
-  return {};
+/// What ranks compare at start-up, by name: the plan and every option that changes the traffic
+/// or the arithmetic (those `digest_of` folds into its digest for checkpoints).
+inline std::vector<dtrain::detail::agreed_field> agreed_fields(const bucket_plan& plan,
+                                                               const std::vector<bool>& contiguous,
+                                                               const trainer_options& o) {
+  using field = dtrain::detail::agreed_field;
+  std::uint64_t contiguity = 0;
+  for (bool c : contiguous) contiguity = contiguity * 3 + (c ? 1 : 2);
+  const loss_scaling& s = o.scaling;
+  return {field::count("tensors", plan.tensor_count()),
+          field::count("elements", plan.elements()),
+          field::digest("the tensors' sizes or their buckets (first_bucket_bytes, bucket_bytes)", plan.fingerprint()),
+          field::digest("which buckets lie contiguous in memory", contiguity),
+          field::choice("compress", o.compress, compression_names),
+          field::real("topk_density", o.compress == compression::topk ? o.topk_density : 0),
+          field::count("average_every", o.average_every),
+          field::count("local_sgd_after", o.local_sgd_after),
+          field::choice("reduce_in", o.reduce_in, reduce_precision_names),
+          field::flag("scaling.enabled", s.enabled),
+          field::real("scaling.initial_scale", s.enabled ? s.initial_scale : 0),
+          field::real("scaling.growth_factor", s.enabled ? s.growth_factor : 0),
+          field::real("scaling.backoff_factor", s.enabled ? s.backoff_factor : 0),
+          field::count("scaling.growth_interval", s.enabled ? s.growth_interval : 0)};
 }
 
 

@@ -1,6 +1,6 @@
 #pragma once
 /// @file
-/// How the ranks of a sharded trainer agree before they go on: on what they built (a digest
+/// How the ranks of a sharded trainer agree before they go on: on what they built (named values
 /// every rank compares), and on whether every rank managed a step that can fail on one of them
 /// alone (writing or reading a checkpoint). Every rank raises the same error, instead of some
 /// going on into a collective the others never reach.
@@ -16,39 +16,29 @@
 
 #include "dtrain/core/error.hpp"
 #include "dtrain/core/reduce_op.hpp"
+#include "dtrain/detail/agreed_fields.hpp"
 #include "dtrain/sharded/options.hpp"
 #include "dtrain/updater/loss_scaler.hpp"
 
 namespace dtrain::sharded {
 
-/// What ranks compare: counts of two things and a digest of the rest.
-using build_digest = std::array<std::int64_t, 3>;
-
-/// Every rank's `build_digest`, gathered in rank order (3 values each): if they differ, raises
-/// `invalid_argument`: "<who>: ranks disagree on <what>: rank 0 has <n0> <first>, <n1> <second>,
-/// digest ...; rank r has ...". Every rank sees the same values, so all raise it.
-inline void check_digests_agree(std::span<const std::int64_t> all, const std::string& who, const std::string& what,
-                                const char* first, const char* second) {
-  auto describe = [&](std::size_t r) {
-    return std::to_string(all[3 * r]) + " " + first + ", " + std::to_string(all[3 * r + 1]) + " " + second +
-           ", digest " + std::to_string(static_cast<std::uint64_t>(all[3 * r + 2]));
-  };
-  for (std::size_t r = 1; r < all.size() / 3; ++r) {
-    if (std::equal(all.begin(), all.begin() + 3, all.begin() + static_cast<std::ptrdiff_t>(3 * r))) continue;
-    throw error(errc::invalid_argument, who + ": ranks disagree on " + what + ": rank 0 has " + describe(0) +
-                                            "; rank " + std::to_string(r) + " has " + describe(r));
-  }
-}
-
-/// Every rank of `comm` and, under hybrid sharding, of `replicas` gathers every rank's `mine`
-/// (through `backend`'s memory: `allgather_digests`) and checks them (`check_digests_agree`).
+/// Every rank of `comm` and, under hybrid sharding, of `replicas` gathers every rank's values
+/// of `fields` (through `backend`'s memory: `allgather_digests`); if any rank's differ from rank
+/// 0's, raises `invalid_argument`: "<who>: ranks disagree on <what>: <field>: rank 0 has ...,
+/// rank r has ...". Every rank sees the same values, so all raise it.
 template <class Backend, class Collective, class Replicas>
-void check_agreement(Backend& backend, Collective& comm, Replicas& replicas, const build_digest& mine,
-                     const std::string& who, const std::string& what, const char* first, const char* second) {
-  check_digests_agree(backend.allgather_digests(comm, std::span<const std::int64_t>(mine)), who, what, first, second);
+void check_agreement(Backend& backend, Collective& comm, Replicas& replicas,
+                     std::span<const dtrain::detail::agreed_field> fields, const std::string& who,
+                     const std::string& what) {
+  const std::vector<std::int64_t> mine = dtrain::detail::values_of(fields);
+  auto check = [&](const std::vector<std::int64_t>& all, const std::string& where) {
+    const std::string disagreement = dtrain::detail::field_disagreement(fields, all);
+    if (disagreement.empty()) return;
+    throw error(errc::invalid_argument, where + ": ranks disagree on " + what + ": " + disagreement);
+  };
+  check(backend.allgather_digests(comm, std::span<const std::int64_t>(mine)), who);
   if constexpr (detail::has_replicas<Replicas>) {
-    check_digests_agree(backend.allgather_digests(replicas, std::span<const std::int64_t>(mine)),
-                        who + " across replicas", what, first, second);
+    check(backend.allgather_digests(replicas, std::span<const std::int64_t>(mine)), who + " across replicas");
   }
 }
 

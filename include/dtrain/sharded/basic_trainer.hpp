@@ -24,7 +24,6 @@
 #include "dtrain/concepts/updater.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
-#include "dtrain/core/hash.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
@@ -237,17 +236,17 @@ class basic_trainer {
 
   // Every rank of the group, and of the replicas, compares its plan and stage with the others'.
   void check_ranks_agree() {
-    fnv1a h;
-    h.word(plan_.fingerprint());
-    h.word(static_cast<std::uint64_t>(Stage::stage));
-    h.word(static_cast<std::uint64_t>(dtype_of_v<value_type>));
-    h.word(static_cast<std::uint64_t>(reduces_in_model()));
-    h.word(static_cast<std::uint64_t>(scaler_.enabled()));
-    const build_digest mine{static_cast<std::int64_t>(plan_.tensor_count()),
-                            static_cast<std::int64_t>(plan_.elements()), static_cast<std::int64_t>(h.value())};
-    check_agreement(backend_, comm_, replicas_, mine, name(),
-                    "the model, the buckets, the stage or the precision (every rank must build the same)", "tensors",
-                    "elements");
+    using field = dtrain::detail::agreed_field;
+    const field fields[] = {
+        field::count("tensors", plan_.tensor_count()),
+        field::count("elements", plan_.elements()),
+        field::digest("the tensors' sizes or their buckets (first_bucket_bytes, bucket_bytes)", plan_.fingerprint()),
+        field::count("stage", Stage::stage),
+        field::count("the model's value_type (dtype)", static_cast<std::uint64_t>(dtype_of_v<value_type>)),
+        field::choice("reduce_in", options_.reduce_in, reduce_precision_names),
+        field::flag("scaling.enabled", scaler_.enabled())};
+    check_agreement(backend_, comm_, replicas_, fields, name(),
+                    "the model, the buckets, the stage or the precision (every rank must build the same)");
   }
 
   void broadcast_parameters(std::size_t b) {

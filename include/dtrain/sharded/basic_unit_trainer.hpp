@@ -32,7 +32,6 @@
 #include "dtrain/concepts/unit_model.hpp"
 #include "dtrain/core/element.hpp"
 #include "dtrain/core/error.hpp"
-#include "dtrain/core/hash.hpp"
 #include "dtrain/core/reduce_op.hpp"
 #include "dtrain/core/trace.hpp"
 #include "dtrain/detail/comm_thread.hpp"
@@ -405,12 +404,16 @@ class basic_unit_trainer : private unit_access_of<Backend, typename Model::value
   }
 
   void check_ranks_agree() {
-    fnv1a h;
-    h.word(static_cast<std::uint64_t>(dtype_of_v<value_type>));
-    h.word(static_cast<std::uint64_t>(options_.reduce_in));
-    h.word(static_cast<std::uint64_t>(scaler_.enabled()));
-    check_agreement(backend_, comm_, replicas_, shapes_.digest(h), name(),
-                    "the model's units or the precision (every rank must build the same)", "units", "elements");
+    using field = dtrain::detail::agreed_field;
+    const field fields[] = {
+        field::count("units", shapes_.count()),
+        field::count("elements", shapes_.elements()),
+        field::digest("the units' tensor sizes", shapes_.digest()),
+        field::count("the model's value_type (dtype)", static_cast<std::uint64_t>(dtype_of_v<value_type>)),
+        field::choice("reduce_in", options_.reduce_in, reduce_precision_names),
+        field::flag("scaling.enabled", scaler_.enabled())};
+    check_agreement(backend_, comm_, replicas_, fields, name(),
+                    "the model's units or the precision (every rank must build the same)");
   }
 
   // Unit u, initialised on the root (in host memory) and broadcast; this rank keeps its slice.

@@ -62,15 +62,21 @@ class unit_shapes {
     }
   }
 
-  /// What ranks compare at start-up: units, elements, and a digest of every size and `salt`.
-  build_digest digest(fnv1a h) const {
+  /// Every unit's elements together.
+  std::size_t elements() const noexcept {
     std::size_t total = 0;
+    for (const std::size_t n : lengths_) total += n;
+    return total;
+  }
+
+  /// What ranks compare at start-up: a digest of every unit's tensor count and sizes.
+  std::uint64_t digest() const {
+    fnv1a h;
     for (std::size_t u = 0; u < count(); ++u) {
       h.word(tensors(u));
       for (const std::size_t n : sizes_[u]) h.word(n);
-      total += lengths_[u];
     }
-    return {static_cast<std::int64_t>(count()), static_cast<std::int64_t>(total), static_cast<std::int64_t>(h.value())};
+    return h.value();
   }
 
  private:

@@ -25,6 +25,7 @@ enum class reduce_precision : std::uint8_t {
   master,  ///< the master parameters' (`float`): each rank's 16-bit gradient summed exactly
   model,   ///< the model's own 16-bit type: half the bytes on the wire; every reduction step rounds
 };
+inline constexpr const char* reduce_precision_names[] = {"master", "model"};
 
 /// How a trainer scales the loss. Off by default; the defaults are `GradScaler`'s.
 struct loss_scaling {
