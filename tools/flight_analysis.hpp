@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -270,9 +271,18 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
     }
     bool disagreed = false;
     for (std::uint64_t seq : seqs) {
+      // The algorithm too (ranks whose DTRAIN_ALGORITHMS differ pick different ones for one
+      // call), named only where the calls are otherwise alike.
+      std::set<std::string> whats;
+      for (const auto& [rank, calls] : ch.by_rank) {
+        if (auto c = calls.find(seq); c != calls.end()) whats.insert(c->second.what());
+      }
       std::map<std::string, std::vector<int>> forms;
       for (const auto& [rank, calls] : ch.by_rank) {
-        if (auto c = calls.find(seq); c != calls.end()) forms[c->second.what()].push_back(rank);
+        const auto c = calls.find(seq);
+        if (c == calls.end()) continue;
+        const std::string by = whats.size() == 1 && !c->second.algo.empty() ? " by " + c->second.algo : "";
+        forms[c->second.what() + by].push_back(rank);
       }
       if (forms.size() < 2) continue;
       std::vector<std::pair<std::vector<int>, std::string>> sides;
@@ -318,8 +328,22 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
     std::stable_sort(behind.begin(), behind.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (auto& [cause, s] : behind) findings.push_back(std::move(s));
   }
-  // Messages waited for and never matched: what the peer posted there, and what it did instead.
+  // Messages that failed on their own (a peer's send of another type or size: the note ends with
+  // that error's words; a lost peer or a failed group is told above), and those waited for and
+  // never matched: what the peer posted there, and what it did instead.
+  auto own_failure = [](const std::string& note) {
+    for (const char* why : {"collective mismatch between ranks", "message larger than the receive buffer",
+                            "protocol error"}) {
+      if (note.size() >= std::strlen(why) && note.compare(note.size() - std::strlen(why), std::string::npos, why) == 0)
+        return true;
+    }
+    return false;
+  };
   for (const call_record* m : messages) {
+    if (m->state == "failed" && own_failure(m->note)) {
+      findings.push_back("rank " + std::to_string(m->rank) + "'s " + m->where() + " failed: " + m->note);
+      continue;
+    }
     if (m->state != "waiting") continue;
     // The peer's messages of the other direction to this rank there.
     const auto other = highest.find({m->peer, m->rank, m->group, m->tag, !m->sending()});

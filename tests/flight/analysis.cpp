@@ -77,6 +77,24 @@ TEST_CASE("flight: the analysis names the first call where the ranks disagree, b
         "ranks 0, 2 call broadcast (float32, count 8, root 0)");
 }
 
+TEST_CASE("flight: the analysis names the algorithms where ranks chose different ones for one call", "[flight]") {
+  // Rank 1's DTRAIN_ALGORITHMS differs: the first allreduce by ring everywhere, the second by
+  // ring there and by recursive doubling elsewhere.
+  std::vector<analysis::dump> dumps;
+  for (int r = 0; r < 3; ++r) {
+    auto first = record(r, 0, "allreduce", 8);
+    first.algo = "ring";
+    auto second = record(r, 1, "allreduce", 8, "failed");
+    second.algo = r == 1 ? "ring" : "recursive_doubling";
+    dumps.push_back(dump_of(r, {first, second}));
+  }
+  const auto findings = analysis::analyze(dumps, {3, {}});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0] ==
+        "call 1 of group 'world': the ranks disagree: rank 1 calls allreduce (float32 sum, count 8) by ring; "
+        "ranks 0, 2 call allreduce (float32 sum, count 8) by recursive_doubling");
+}
+
 TEST_CASE("flight: the analysis does not take calls a ring dropped for a disagreement", "[flight]") {
   // Rank 1's ring kept only its last two calls; the others kept all four.
   std::vector<analysis::dump> dumps;
@@ -211,6 +229,24 @@ TEST_CASE("flight: the analysis names a send no receive met, and a message poste
   REQUIRE(findings.size() == 1);
   CHECK(findings[0] == "rank 0 waits in send 1 to rank 1 (tag 5 of group 'world', 16 float32); rank 1 posted no "
                        "receives there; it was in none of its collectives when it dumped");
+}
+
+TEST_CASE("flight: the analysis names a message that failed on its own, not one its group's failure took",
+          "[flight][p2p]") {
+  // Rank 0's receive found rank 1's send of another type; rank 2's receive failed with the group.
+  std::vector<analysis::dump> dumps;
+  auto mismatched = message(0, 1, false, 1, 9, "failed");
+  mismatched.note = "staged receive from rank 1 (tag 9) at rank 0: expected 16 float32, the sender sent 16 float64: "
+                    "collective mismatch between ranks";
+  auto taken = message(2, 1, false, 1, 4, "failed");
+  taken.note = "rank 1 aborted the group: ...: peer lost";
+  dumps.push_back(dump_of(0, {mismatched}, "exit"));
+  dumps.push_back(dump_of(1, {message(1, 0, true, 1, 9), message(1, 2, true, 1, 4)}, "exit"));
+  dumps.push_back(dump_of(2, {taken}, "exit"));
+  in_world_of(3, dumps);
+  const auto findings = analysis::analyze(dumps, {3, {}});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0] == "rank 0's receive 1 from rank 1 (tag 9 of group 'world', 16 float32) failed: " + mismatched.note);
 }
 
 TEST_CASE("flight: the analysis does not count a withdrawn message as posted", "[flight][p2p]") {
