@@ -182,6 +182,7 @@ TEST_CASE("groups: split refuses a bad color and times out naming who did not ta
   });
   CHECK(has(errors[0], "color -5 is negative"));
   CHECK(has(errors[1], "process_group::split on rank 1"));
+  CHECK(has(errors[1], ": rank 0, rank 2 did not take part by the deadline"));  // both named, no tag
   CHECK(has(errors[1], "deadline exceeded"));
 }
 

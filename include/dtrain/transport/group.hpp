@@ -184,7 +184,19 @@ class process_group : public transport_buffer_forms<process_group<World>> {
       for (auto& q : receives) q.wait(d);
       for (auto& q : sends) q.wait(d);
     } catch (const error& e) {
-      throw error(e.code(), std::string(what) + " on " + describe_rank(rank_) + ": " + e.reason());
+      const std::string where = std::string(what) + " on " + describe_rank(rank_) + ": ";
+      if (e.code() == errc::timeout) {  // name every member whose values never came, not a tag
+        std::string missing;
+        for (std::size_t i = 0, r = 0; r < n; ++r) {
+          if (static_cast<int>(r) == rank_) continue;
+          if (!receives[i++].test()) missing += (missing.empty() ? "" : ", ") + describe_rank(static_cast<int>(r));
+        }
+        if (!missing.empty()) {
+          throw error(errc::timeout, where + missing + " did not take part by the deadline (every member must call " +
+                                         std::string(what) + ", in the same order as its other set-up calls)");
+        }
+      }
+      throw error(e.code(), where + e.reason());
     }
     return all;
   }
