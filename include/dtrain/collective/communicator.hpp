@@ -375,7 +375,7 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
       // it can, so that every rank raises `collective_mismatch` naming both calls, not a peer
       // leaving.
       if constexpr (requires { transport_.abort(broken_by_, errc::collective_mismatch); }) {
-        if (e.code() == errc::collective_mismatch) transport_.abort(broken_by_, errc::collective_mismatch);
+        if (e.code() == errc::collective_mismatch) transport_.abort(e.reason(), errc::collective_mismatch);
       }
       throw;
     }
