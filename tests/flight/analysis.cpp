@@ -246,7 +246,8 @@ TEST_CASE("flight: the analysis names a message that failed on its own, not one 
   in_world_of(3, dumps);
   const auto findings = analysis::analyze(dumps, {3, {}});
   REQUIRE(findings.size() == 1);
-  CHECK(findings[0] == "rank 0's receive 1 from rank 1 (tag 9 of group 'world', 16 float32) failed: " + mismatched.note);
+  CHECK(findings[0] ==
+        "rank 0's receive 1 from rank 1 (tag 9 of group 'world', 16 float32) failed: " + mismatched.note);
 }
 
 TEST_CASE("flight: the analysis does not count a withdrawn message as posted", "[flight][p2p]") {

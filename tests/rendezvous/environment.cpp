@@ -106,4 +106,12 @@ TEST_CASE("environment: malformed values are refused by name", "[rendezvous]") {
   bad({{"DTRAIN_RANK", "2"}, {"DTRAIN_WORLD_SIZE", "2"}}, "not below");
   bad({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "99999"}}, "MASTER_PORT");
   bad({{"DTRAIN_RANK", "0"}, {"DTRAIN_WORLD_SIZE", "2"}, {"DTRAIN_STORE", "nocolon"}}, "host:port");
+  // Half a launch: each process would otherwise run alone, a job of N separate copies.
+  bad({{"RANK", "1"}, {"MASTER_PORT", "29524"}}, "RANK is set but WORLD_SIZE is not");
+  bad({{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}}, "WORLD_SIZE is set but RANK is not");
+  bad({{"DTRAIN_WORLD_SIZE", "3"}}, "DTRAIN_WORLD_SIZE is set but DTRAIN_RANK is not");
+  bad({{"OMPI_COMM_WORLD_SIZE", "3"}}, "OMPI_COMM_WORLD_SIZE is set but OMPI_COMM_WORLD_RANK is not");
+  bad({{"PMI_RANK", "0"}}, "PMI_RANK is set but PMI_SIZE is not");
+  // Slurm's allocation shell sets the task count alone: one process, as without a launcher.
+  CHECK(detect({{"SLURM_NTASKS", "4"}}).size == 1);
 }

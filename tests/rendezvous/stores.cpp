@@ -8,6 +8,7 @@
 
 #include "../catch.hpp"
 #include "dtrain/rendezvous/file_store.hpp"
+#include "dtrain/rendezvous/launch_store.hpp"
 #include "dtrain/rendezvous/tcp_store.hpp"
 
 using namespace dtrain;
@@ -131,5 +132,29 @@ TEST_CASE("tcp store: no server means a timeout naming the address", "[rendezvou
   } catch (const error& e) {
     CHECK(e.code() == errc::timeout);
     CHECK(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)) != std::string::npos);
+    // What the attempts met, not the last one's cut-off by the deadline.
+    CHECK(std::string(e.what()).find("last error: Connection refused") != std::string::npos);
   }
+}
+
+TEST_CASE("launch store: a rank that cannot reach rank 0's store says where to look", "[rendezvous]") {
+  std::uint16_t port;
+  { tcp_store_server probe("127.0.0.1", 0, "s"); port = probe.port(); }
+  // Rank 1 of a torchrun-style job whose rank 0 never came (or listens on another port).
+  const std::string port_text = std::to_string(port);
+  const std::pair<const char*, const char*> vars[] = {
+      {"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port_text.c_str()}};
+  for (const auto& [k, v] : vars) ::setenv(k, v, 1);
+  std::string what;
+  try {
+    with_launch_store(300ms, "s", "", [](const std::string& h) { return h; },
+                      [](auto&, const launch_environment&) { return 0; });
+  } catch (const error& e) {
+    CHECK(e.code() == errc::timeout);
+    what = e.what();
+  }
+  for (const auto& [k, v] : vars) ::unsetenv(k);
+  INFO(what);
+  CHECK(what.find("cannot reach the rendezvous store at 127.0.0.1:" + port_text) != std::string::npos);
+  CHECK(what.find("rank 0 serves it: is rank 0 running, and do MASTER_ADDR and MASTER_PORT") != std::string::npos);
 }

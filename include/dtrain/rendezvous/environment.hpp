@@ -97,18 +97,27 @@ inline launch_environment detect_launch(const env_lookup& get = [](const char* n
     const char* launcher;
     const char* rank;
     const char* size;
+    bool pair;  // the launcher always sets both: one without the other is a launch script's slip
   };
+  // (Slurm's allocation shell sets SLURM_NTASKS with no SLURM_PROCID: a program started there,
+  // outside srun, runs alone.)
   static constexpr scheme schemes[] = {
-      {"dtrain", "DTRAIN_RANK", "DTRAIN_WORLD_SIZE"},
-      {"torchrun", "RANK", "WORLD_SIZE"},
-      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-      {"slurm", "SLURM_PROCID", "SLURM_NTASKS"},
-      {"pmi", "PMI_RANK", "PMI_SIZE"},
+      {"dtrain", "DTRAIN_RANK", "DTRAIN_WORLD_SIZE", true},
+      {"torchrun", "RANK", "WORLD_SIZE", true},
+      {"openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", true},
+      {"slurm", "SLURM_PROCID", "SLURM_NTASKS", false},
+      {"pmi", "PMI_RANK", "PMI_SIZE", true},
   };
+  auto set = [](const char* v) { return v != nullptr && *v != '\0'; };
   launch_environment e;
   for (const auto& s : schemes) {
     const char* r = get(s.rank);
     const char* n = get(s.size);
+    if (s.pair && set(r) != set(n)) {  // else each process would train alone, and say nothing
+      throw error(errc::invalid_argument, std::string("dtrain: ") + (set(r) ? s.rank : s.size) + " is set but " +
+                                              (set(r) ? s.size : s.rank) + " is not: a " + s.launcher +
+                                              "-style launch sets both (or neither, to run one process alone)");
+    }
     if (r == nullptr || n == nullptr) continue;
     e.launcher = s.launcher;
     e.rank = to_int(s.rank, r);

@@ -46,7 +46,18 @@ auto with_launch_store(std::chrono::milliseconds timeout, const std::string& tok
                                              std::to_string(server->port()));
     if (env.store_port == 0) env.store_port = server->port();
   }
-  tcp_store store(env.store_host, env.store_port, d, token);
+  auto reach = [&] {
+    try {
+      return tcp_store(env.store_host, env.store_port, d, token);
+    } catch (const error& e) {
+      if (e.code() != errc::timeout) throw;
+      throw error(errc::timeout, e.reason() + (env.store_external ? "; is the store DTRAIN_STORE names running?"
+                                                                  : "; rank 0 serves it: is rank 0 running, and do "
+                                                                    "MASTER_ADDR and MASTER_PORT (or their DTRAIN_ "
+                                                                    "forms) match on every rank?"));
+    }
+  };
+  tcp_store store = reach();
   return formed_from_launch<made>{form(store, env), std::move(server)};
 }
 

@@ -87,7 +87,7 @@ class tcp_store_server {
                    std::string token = detail::auth::load_token(std::nullopt))
       : token_(std::move(token)), acceptor_(io_) {
     port_ = detail::listen_on(acceptor_, bind_address, port, "the store",
-                              port == 0 ? "" : " (DTRAIN_MASTER_PORT picks another port)");
+                              port == 0 ? "" : " (DTRAIN_MASTER_PORT or MASTER_PORT picks another port)");
     accept_next();
     thread_ = std::thread([this] { io_.run(); });
   }
@@ -372,7 +372,7 @@ class tcp_store : public detail::store_throwing_forms<tcp_store> {
         });
     if (!run_until(d, finished)) {
       ec = make_error_code(errc::timeout);
-      why = "no answer";
+      if (why.empty()) why = "no answer";  // else what the attempt before this one met (refused, ...)
       return false;
     }
     return !ec;
