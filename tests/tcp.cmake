@@ -94,6 +94,10 @@ foreach(n 1 2 3 4)
            COMMAND $<TARGET_FILE:dtrain-run> -n ${n} $<TARGET_FILE:tcp_pipeline_worker>)
   set_tests_properties(tcp_pipeline_dtrain_run_${n} PROPERTIES TIMEOUT 600 LABELS tcp)
 endforeach()
+# Stages built with different seams: the one that finds it tells every rank, each of which must
+# raise it (the worker's exit status says so).
+add_test(NAME tcp_pipeline_misfit_3 COMMAND $<TARGET_FILE:dtrain-run> -n 3 $<TARGET_FILE:tcp_pipeline_worker> misfit)
+set_tests_properties(tcp_pipeline_misfit_3 PROPERTIES TIMEOUT 300 LABELS tcp)
 
 # The same on an emulated cluster (bench/emulated_cluster.sh: a network namespace per host, links
 # shaped by tc), where the hosts are real: discover_hosts must find the launcher's placement.

@@ -6,6 +6,10 @@
 //
 // Exit status: 0 every rank correct, 1 some rank saw a wrong parameter (every rank's verdict is
 // summed across the world, so every rank exits 1), 3 a dtrain::error (printed).
+//
+// `tcp_pipeline_worker misfit`: the last stage is built one layer off its neighbour's seam; every
+// rank must then raise `invalid_argument` naming the seam (the last stage finds it and tells the
+// others), exit status 0 on a rank that did, 1 on one that did not.
 
 #include <algorithm>
 #include <cstddef>
@@ -99,10 +103,40 @@ int tensor_parallel_pipelines(group& world) {
   return wrong;
 }
 
+// The pipeline with the last stage's first layer one early: only that stage can see the seam.
+int misfit(group& world) {
+  auto bounds = pipeline::uniform_partition(testing::test_widths().size() - 1, world.size());
+  const int r = world.rank();
+  const auto at = static_cast<std::size_t>(r);
+  const int first = r == world.size() - 1 ? bounds[at] - 1 : bounds[at];
+  std::vector<testing::mlp_stage<double>> chunk;
+  chunk.emplace_back(testing::test_widths(), first, bounds[at + 1], testing::test_batch);
+  pipeline::trainer_options o;
+  o.executor.timeout = std::chrono::seconds(60);  // told at once, or this deadline says it was not
+  try {
+    pipeline::trainer<group, pipeline::one_f_one_b, sgd<double>, testing::mlp_stage<double>> t(
+        world, std::move(chunk), sgd<double>(0.1), {}, o);
+    t.step();
+    std::printf("misfit: rank %d trained on: WRONG\n", r);
+  } catch (const dtrain::error& e) {
+    const bool told = e.code() == errc::invalid_argument &&
+                      std::string(e.what()).find("disagree on the activation between them") != std::string::npos;
+    std::printf("misfit: rank %d %s [%s]: %s\n", r, told ? "told" : "NOT TOLD", e.code().message().c_str(), e.what());
+    return told ? 0 : 1;
+  }
+  return 1;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::string(argv[1]) == "misfit") {
+      tcp_options o;
+      o.timeout = std::chrono::seconds(60);
+      group world(tcp_transport::from_environment(o));
+      return misfit(world);
+    }
     tcp_options o;
     o.timeout = std::chrono::seconds(120);
     group world(tcp_transport::from_environment(o));

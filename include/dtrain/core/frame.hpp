@@ -69,13 +69,17 @@ inline std::string abort_reason(std::span<const std::byte> payload) {
 }
 
 /// An abort frame's tag says what its reason reports, so that every rank raises the code of the
-/// rank that found the failure: a collective mismatch one rank finds is a mismatch on all. Any
-/// other value (0 included) reads as a lost peer.
+/// rank that found the failure: a collective mismatch one rank finds is a mismatch on all, and so
+/// is a job built differently on two ranks (`invalid_argument`). Any other value (0 included)
+/// reads as a lost peer.
 inline constexpr std::uint64_t abort_tag(errc code) noexcept {
-  return code == errc::collective_mismatch ? static_cast<std::uint64_t>(code) : 0;
+  const bool told = code == errc::collective_mismatch || code == errc::invalid_argument;
+  return told ? static_cast<std::uint64_t>(code) : 0;
 }
 inline constexpr errc abort_code(std::uint64_t tag) noexcept {
-  return tag == abort_tag(errc::collective_mismatch) ? errc::collective_mismatch : errc::peer_lost;
+  if (tag == abort_tag(errc::collective_mismatch)) return errc::collective_mismatch;
+  if (tag == abort_tag(errc::invalid_argument)) return errc::invalid_argument;
+  return errc::peer_lost;
 }
 
 namespace detail::wire {

@@ -143,6 +143,12 @@ class recorded {
     if (open_) close(false);  // still moving: it finishes unrecorded, and its channel forgets it
   }
   const envelope& info() const noexcept { return r_.info(); }
+  /// What the transport said of a failure (which rank was lost, or why the group was aborted).
+  std::string detail() const
+    requires requires(const Request& r) { r.detail(); }
+  {
+    return std::string(r_.detail());
+  }
 
  private:
   void learn_result() noexcept {

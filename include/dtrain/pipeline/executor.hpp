@@ -150,16 +150,24 @@ class executor {
                               std::to_string(rank_of(shape, s - 1)) + ")";
       if (theirs.ranks != mine.ranks || theirs.chunks != mine.chunks || theirs.micro_batches != mine.micro_batches ||
           std::string_view(theirs.schedule) != std::string_view(mine.schedule)) {
-        throw error(errc::invalid_argument, who + " run different schedules: " + describe_hello(mine) + " here, " +
-                                                describe_hello(theirs) + " there");
+        misbuilt(who + " run different schedules: " + describe_hello(mine) + " here, " + describe_hello(theirs) +
+                 " there");
       }
       if (theirs.elements != mine.elements) {
-        throw error(errc::invalid_argument,
-                    who + " disagree on the activation between them: " + std::to_string(mine.elements) +
-                        " elements expected here, " + std::to_string(theirs.elements) +
-                        " sent there (different partitions of the model?)");
+        misbuilt(who + " disagree on the activation between them: " + std::to_string(mine.elements) +
+                 " elements expected here, " + std::to_string(theirs.elements) +
+                 " sent there (different partitions of the model?)");
       }
     }
+  }
+
+  // Only the stage after the seam can see it: it tells every rank, where the transport can (the
+  // others would wait in their first step until the group lost it), and raises the same.
+  [[noreturn]] void misbuilt(const std::string& why) {
+    if constexpr (requires { transport_.abort(why, errc::invalid_argument); }) {
+      transport_.abort(why, errc::invalid_argument);
+    }
+    throw error(errc::invalid_argument, why);
   }
 
   /// Runs `actions` (this rank's sequence for `shape`) as step `step`, calling `hooks`.
@@ -327,8 +335,10 @@ class executor {
                              std::to_string(rank_of(st.shape, activation ? s - 1 : s + 1)) + ")";
     std::error_code ec;
     if (!it->second.wait(st.until, ec) && ec != values::mismatch) {
+      std::string why;  // the transport's account: which rank was lost, or why a rank aborted
+      if constexpr (requires { it->second.detail(); }) why = std::string(it->second.detail());
       throw error(ec, "pipeline step " + std::to_string(st.step) + ": waiting for the " +
-                          describe_message(activation, s, want) + " from " + from);
+                          describe_message(activation, s, want) + " from " + from + (why.empty() ? "" : ": " + why));
     }
     const signature& got = it->second.info().sig;
     if (ec || got != want) {

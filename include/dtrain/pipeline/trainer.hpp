@@ -132,7 +132,8 @@ class trainer {
   /// Neighbouring stages then check that they agree on the schedule and on the activations
   /// between them (every rank of the pipeline group constructs its trainer).
   /// @throws dtrain::error `invalid_argument` for the wrong number of chunks or micro-batches, or
-  ///   a neighbour with another schedule or partition (both named).
+  ///   a neighbour with another schedule or partition (both named; the stage that finds it tells
+  ///   every rank where the transport can abort the group, and they raise it in their first step).
   trainer(Transport pipeline, std::vector<Stage> chunks, Updater updater, Schedule schedule = {},
           trainer_options options = {}, Replicas replicas = {})
       : pipeline_(std::move(pipeline)), chunks_(std::move(chunks)), updater_(std::move(updater)),
