@@ -328,14 +328,17 @@ inline std::vector<std::string> analyze(const std::vector<dump>& dumps, const la
     std::stable_sort(behind.begin(), behind.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
     for (auto& [cause, s] : behind) findings.push_back(std::move(s));
   }
-  // Messages that failed on their own (a peer's send of another type or size: the note ends with
-  // that error's words; a lost peer or a failed group is told above), and those waited for and
-  // never matched: what the peer posted there, and what it did instead.
+  // Messages that failed on their own (a peer's send of another type or size: the note says how
+  // and ends with that error's words), and those waited for and never matched: what the peer
+  // posted there, and what it did instead. A message its group's failure took (a lost peer, or a
+  // rank that aborted the group, which the others then raise with its code: the note is the bare
+  // words or quotes the abort) is told above.
   auto own_failure = [](const std::string& note) {
+    if (note.find("aborted the group") != std::string::npos) return false;
     for (const char* why : {"collective mismatch between ranks", "message larger than the receive buffer",
                             "protocol error"}) {
-      if (note.size() >= std::strlen(why) && note.compare(note.size() - std::strlen(why), std::string::npos, why) == 0)
-        return true;
+      const std::size_t n = std::strlen(why);
+      if (note.size() > n && note.compare(note.size() - n, std::string::npos, why) == 0) return true;
     }
     return false;
   };

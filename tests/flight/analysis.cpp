@@ -233,16 +233,25 @@ TEST_CASE("flight: the analysis names a send no receive met, and a message poste
 
 TEST_CASE("flight: the analysis names a message that failed on its own, not one its group's failure took",
           "[flight][p2p]") {
-  // Rank 0's receive found rank 1's send of another type; rank 2's receive failed with the group.
+  // Rank 0's receive found rank 1's send of another type; rank 2's receives failed with the
+  // group: one when a rank was lost, two when the finder aborted the group, which the others
+  // raise with its code (the bare words, or quoting the abort).
   std::vector<analysis::dump> dumps;
   auto mismatched = message(0, 1, false, 1, 9, "failed");
   mismatched.note = "staged receive from rank 1 (tag 9) at rank 0: expected 16 float32, the sender sent 16 float64: "
                     "collective mismatch between ranks";
-  auto taken = message(2, 1, false, 1, 4, "failed");
-  taken.note = "rank 1 aborted the group: ...: peer lost";
+  auto lost = message(2, 1, false, 1, 4, "failed");
+  lost.note = "rank 1 has left the group: peer lost";
+  auto told = message(2, 1, false, 2, 4, "failed");
+  told.note = "collective mismatch between ranks";
+  auto quoted = message(2, 1, false, 3, 4, "failed");
+  quoted.note = "recv from rank 1 (tag 4) at rank 2: rank 0 aborted the group: rank 0 reports: ...: collective "
+                "mismatch between ranks";
   dumps.push_back(dump_of(0, {mismatched}, "exit"));
-  dumps.push_back(dump_of(1, {message(1, 0, true, 1, 9), message(1, 2, true, 1, 4)}, "exit"));
-  dumps.push_back(dump_of(2, {taken}, "exit"));
+  dumps.push_back(dump_of(1, {message(1, 0, true, 1, 9), message(1, 2, true, 1, 4), message(1, 2, true, 2, 4),
+                              message(1, 2, true, 3, 4)},
+                          "exit"));
+  dumps.push_back(dump_of(2, {lost, told, quoted}, "exit"));
   in_world_of(3, dumps);
   const auto findings = analysis::analyze(dumps, {3, {}});
   REQUIRE(findings.size() == 1);

@@ -114,4 +114,10 @@ TEST_CASE("environment: malformed values are refused by name", "[rendezvous]") {
   bad({{"PMI_RANK", "0"}}, "PMI_RANK is set but PMI_SIZE is not");
   // Slurm's allocation shell sets the task count alone: one process, as without a launcher.
   CHECK(detect({{"SLURM_NTASKS", "4"}}).size == 1);
+  // Half of one pair beside a whole later one is that launcher's job (a Slurm script exporting
+  // WORLD_SIZE for torch).
+  const auto slurm = detect({{"WORLD_SIZE", "4"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "4"},
+                             {"SLURM_STEP_NODELIST", "node1"}, {"SLURM_JOB_ID", "7"}});
+  CHECK(slurm.launcher == "slurm");
+  CHECK(slurm.rank == 1);
 }

@@ -128,3 +128,25 @@ TEST_CASE("faults: mismatched collectives across processes name both sides", "[t
   INFO(dump(g));
   check_mismatch_verdicts(g);
 }
+
+TEST_CASE("faults: a mismatch among 3 ranks, over TCP and over the mixed transport on 2 hosts, is one on every rank",
+          "[tcp][faults]") {
+  // Rank 0 allreduces, ranks 1 and 2 broadcast: whichever finds it tells the others, who pass
+  // the abort on to the ranks they reach (over TCP between all; mixed: ranks 0 and 2 share a
+  // host's memory, rank 1 is across TCP).
+  for (const bool mixed : {false, true}) {
+    auto g = run_group(3, "mismatch", [&](int) {
+      return mixed ? std::vector<std::string>{"DTRAIN_TEST_TRANSPORT=mixed", "DTRAIN_TEST_HOSTS=2"}
+                   : std::vector<std::string>{};
+    }, nothing_during);
+    INFO((mixed ? "mixed, 2 hosts: " : "tcp: ") << dump(g));
+    for (const auto& o : g.ranks) {
+      CHECK(o.status == 3);
+      CHECK(has(o.output, "[collective mismatch between ranks]"));
+      CHECK(has(o.output, "allreduce #0"));
+      CHECK(has(o.output, "broadcast #0"));
+      CHECK(!has(o.output, "deadline"));
+    }
+    CHECK(g.elapsed < 20s);
+  }
+}

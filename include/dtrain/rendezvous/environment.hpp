@@ -110,13 +110,13 @@ inline launch_environment detect_launch(const env_lookup& get = [](const char* n
   };
   auto set = [](const char* v) { return v != nullptr && *v != '\0'; };
   launch_environment e;
+  std::string half;  // the first launcher's pair found half set, refused if no launcher matches
   for (const auto& s : schemes) {
     const char* r = get(s.rank);
     const char* n = get(s.size);
-    if (s.pair && set(r) != set(n)) {  // else each process would train alone, and say nothing
-      throw error(errc::invalid_argument, std::string("dtrain: ") + (set(r) ? s.rank : s.size) + " is set but " +
-                                              (set(r) ? s.size : s.rank) + " is not: a " + s.launcher +
-                                              "-style launch sets both (or neither, to run one process alone)");
+    if (s.pair && set(r) != set(n) && half.empty()) {
+      half = std::string("dtrain: ") + (set(r) ? s.rank : s.size) + " is set but " + (set(r) ? s.size : s.rank) +
+             " is not: a " + s.launcher + "-style launch sets both (or neither, to run one process alone)";
     }
     if (r == nullptr || n == nullptr) continue;
     e.launcher = s.launcher;
@@ -128,6 +128,9 @@ inline launch_environment detect_launch(const env_lookup& get = [](const char* n
     }
     break;
   }
+  // Half a pair and no launcher: each process would train alone, and say nothing. (A launcher
+  // that did match wins: a Slurm script that exports WORLD_SIZE for torch, say.)
+  if (e.launcher == "none" && !half.empty()) throw error(errc::invalid_argument, half);
   const char* which = nullptr;
   if (const char* v = first({"DTRAIN_LOCAL_RANK", "LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID",
                              "MPI_LOCALRANKID"}, which)) {

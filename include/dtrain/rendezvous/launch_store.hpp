@@ -53,8 +53,9 @@ auto with_launch_store(std::chrono::milliseconds timeout, const std::string& tok
       if (e.code() != errc::timeout) throw;
       throw error(errc::timeout, e.reason() + (env.store_external ? "; is the store DTRAIN_STORE names running?"
                                                                   : "; rank 0 serves it: is rank 0 running, and do "
-                                                                    "MASTER_ADDR and MASTER_PORT (or their DTRAIN_ "
-                                                                    "forms) match on every rank?"));
+                                                                    "all ranks name the same address and port "
+                                                                    "(MASTER_ADDR and MASTER_PORT or their DTRAIN_ "
+                                                                    "forms, where set)?"));
     }
   };
   tcp_store store = reach();

@@ -339,6 +339,7 @@ class tcp_store : public detail::store_throwing_forms<tcp_store> {
   }
 
   bool try_connect(deadline d, std::error_code& ec, std::string& why) {
+    const std::string before = why;  // what the attempt before this one met
     boost::system::error_code ignored;
     socket_.close(ignored);
     socket_ = detail::tcp::socket(io_);
@@ -371,8 +372,10 @@ class tcp_store : public detail::store_throwing_forms<tcp_store> {
           });
         });
     if (!run_until(d, finished)) {
+      // Cut off by the deadline (its handler may have said "operation canceled"): what an attempt
+      // that ended met (refused, ...), else that nothing answered.
       ec = make_error_code(errc::timeout);
-      if (why.empty()) why = "no answer";  // else what the attempt before this one met (refused, ...)
+      why = before.empty() ? "no answer" : before;
       return false;
     }
     return !ec;
