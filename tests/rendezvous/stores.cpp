@@ -89,6 +89,32 @@ void store_semantics(MakeStore make) {
     CHECK(a->add("counter", 0, soon()) == threads * each);
     CHECK(a->add("counter", -5, soon()) == threads * each - 5);
   }
+  SECTION("keys up to the limit, escaped or not, stay apart and read back whole") {
+    const std::string longest(detail::max_store_key, 'k');
+    const std::string slashes(300, '/');                     // each byte a file name's three
+    const std::string alike = std::string(250, 'p') + "-a";  // past a file name: hashed
+    const std::string alike_too = std::string(250, 'p') + "-b";
+    a->set(longest, as_value("longest"), soon());
+    a->set(slashes, as_value("slashes"), soon());
+    a->set(alike, as_value("a"), soon());
+    a->set(alike_too, as_value(""), soon());  // empty, under a hashed name
+    CHECK(value_text(b->get(longest, soon())) == "longest");
+    CHECK(value_text(b->get(slashes, soon())) == "slashes");
+    CHECK(value_text(b->get(alike, soon())) == "a");
+    CHECK(value_text(b->get(alike_too, soon())).empty());
+    CHECK(b->add(alike + "-n", 7, soon()) == 7);
+    CHECK(b->add(alike + "-n", 1, soon()) == 8);
+  }
+  SECTION("what the store keeps beside a value (an add's lock, a value being written) is no key") {
+    a->add("counter", 5, soon());
+    a->set("value", as_value("v"), soon());
+    for (const char* other : {"counter.lock", "l-counter", "value.tmp", "t-value", "v-value"}) {
+      std::error_code ec;
+      b->get(other, deadline::after(50ms), ec);
+      INFO(other);
+      CHECK(ec == errc::timeout);
+    }
+  }
   SECTION("epochs keep keys apart") {
     a->set(epoch_key(0, "addr/0"), as_value("old"), soon());
     a->set(epoch_key(1, "addr/0"), as_value("new"), soon());
