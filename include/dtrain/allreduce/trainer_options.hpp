@@ -118,6 +118,13 @@ struct trainer_stats {
 
 namespace detail {
 
+/// Which buckets are contiguous (reduced in memory order) as one number, base 3.
+inline std::uint64_t contiguity_of(const std::vector<bool>& contiguous) noexcept {
+  std::uint64_t contiguity = 0;
+  for (bool c : contiguous) contiguity = contiguity * 3 + (c ? 1 : 2);
+  return contiguity;
+}
+
 /// The plan's digest, its size, and a digest of what changes the traffic: compression, local
 /// SGD, mixed precision, and which buckets are contiguous (those reduce in memory order, the
 /// others in plan order). A checkpoint records the last (`trainer_checkpoints.hpp`); the ranks
@@ -125,8 +132,7 @@ namespace detail {
 using plan_digest = std::array<std::int64_t, 4>;
 
 inline plan_digest digest_of(const bucket_plan& plan, const std::vector<bool>& contiguous, const trainer_options& o) {
-  std::uint64_t contiguity = 0;
-  for (bool c : contiguous) contiguity = contiguity * 3 + (c ? 1 : 2);
+  const std::uint64_t contiguity = contiguity_of(contiguous);
   const std::uint64_t traffic = (static_cast<std::uint64_t>(o.compress) ^ (contiguity << 2)) |
                                 (static_cast<std::uint64_t>(o.average_every) << 8) |
                                 (static_cast<std::uint64_t>(o.local_sgd_after) << 32);
@@ -165,8 +171,7 @@ inline std::vector<dtrain::detail::agreed_field> agreed_fields(const bucket_plan
                                                                const std::vector<bool>& contiguous,
                                                                const trainer_options& o) {
   using field = dtrain::detail::agreed_field;
-  std::uint64_t contiguity = 0;
-  for (bool c : contiguous) contiguity = contiguity * 3 + (c ? 1 : 2);
+  const std::uint64_t contiguity = contiguity_of(contiguous);
   const loss_scaling& s = o.scaling;
   return {field::count("tensors", plan.tensor_count()),
           field::count("elements", plan.elements()),
