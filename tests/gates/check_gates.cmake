@@ -9,7 +9,8 @@
 #                              whose capability this machine lacks), since then a failure that
 #                              exits with that code reads as a skip;
 #   a test belongs to no tier (tests/tiers.cmake), or
-#   (DTRAIN_FULL_SUITE) a tier holds fewer tests than its floor.
+#   (DTRAIN_FULL_SUITE) a tier holds fewer tests than its floor, or tests/costs/costs.cmake names a
+#   test the tree lacks.
 #
 #   cmake -DBUILD_DIR=<build tree> [-DCTEST=<ctest>] [-DCHECK_FLOORS=OFF] -P check_gates.cmake
 # The CUDA build, which builds only its GPU tests, passes CHECK_FLOORS=OFF.
@@ -36,6 +37,7 @@ endif()
 
 set(verdict_overrides PASS_REGULAR_EXPRESSION SKIP_REGULAR_EXPRESSION WILL_FAIL DISABLED)
 set(offenders "")
+set(listed_names "\n")
 string(JSON count LENGTH "${listing}" tests)
 foreach(tier IN LISTS DTRAIN_SUITE_TIERS)
   set(tier_count_${tier} 0)
@@ -45,6 +47,7 @@ if(count GREATER 0)
   foreach(i RANGE ${last})
     string(JSON test GET "${listing}" tests ${i})
     string(JSON name GET "${test}" name)
+    string(APPEND listed_names "${name}\n")
     set(labels "")
     set(skip_code "")
     string(JSON program ERROR_VARIABLE no_command GET "${test}" command 0)
@@ -112,6 +115,23 @@ foreach(floor IN LISTS DTRAIN_SUITE_FLOORS)
     list(APPEND short_tiers "${tier}: ${tier_count_${tier}} tests, below its floor of ${CMAKE_MATCH_2}")
   endif()
 endforeach()
+
+# The full suite has every test tests/costs/costs.cmake names; one it lacks was renamed or removed.
+set(stale_costs "")
+function(dtrain_cost seconds)
+  string(CONCAT name ${ARGN})
+  string(FIND "${listed_names}" "\n${name}\n" at)
+  if(at EQUAL -1)
+    set(stale_costs "${stale_costs}\n  ${name}" PARENT_SCOPE)
+  endif()
+endfunction()
+if(CHECK_FLOORS AND DTRAIN_SUITE_FULL)
+  include(${CMAKE_CURRENT_LIST_DIR}/../costs/costs.cmake)
+endif()
+if(stale_costs)
+  message(FATAL_ERROR "check_gates: tests/costs/costs.cmake names tests this tree lacks (rename or drop them):"
+                      "${stale_costs}")
+endif()
 
 if(offenders)
   list(JOIN offenders "\n  " text)
