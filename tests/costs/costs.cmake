@@ -3,7 +3,8 @@
 # other slots stand empty. Once a tree has run, CTest's own record of each test's time
 # (Testing/Temporary/CTestCostData.txt) replaces these; they matter for a fresh tree, as CI's.
 # apply.cmake gives them to CTest; a name here that names no test fails the suite's gates
-# (tests/gates/check_gates.cmake). dtrain_cost(SECONDS NAME...): a long name comes in parts.
+# (tests/gates/check_gates.cmake). dtrain_cost(SECONDS [TORCH2] NAME...): a long name comes in
+# parts; TORCH2 marks a test that only a torch 2 tree has (CI's build-torch2).
 
 dtrain_cost(110 "inproc_large_allreduce")
 dtrain_cost(105 "torch backend: PyTorch's own distributed test suite, every test Gloo passes passes on dtrain, 3 "
@@ -29,12 +30,12 @@ dtrain_cost(24 "ps membership: a server added to the running job while another i
                "under ASP")
 dtrain_cost(24 "torch backend: the CUDA test's calls on CPU tensors against Gloo, 2 ranks")
 dtrain_cost(24 "uint8, int8 and bool reduce as documented, raw bytes broadcast and gather")
-dtrain_cost(24 "torch backend: FSDP and HSDP on a 2x2 DeviceMesh over dtrain and over Gloo agree, 4 ranks")
+dtrain_cost(24 TORCH2 "torch backend: FSDP and HSDP on a 2x2 DeviceMesh over dtrain and over Gloo agree, 4 ranks")
 dtrain_cost(23 "torch backend: sparse allreduce against Gloo, 3 ranks over TCP")
 dtrain_cost(22 "ps membership: a server added to the running job takes its share of the shards from their first "
                "copies, k copies throughout, bit for bit as the serial simulation under BSP and exactly once "
                "under ASP")
-dtrain_cost(22 "torch backend: FSDP trained over dtrain and over Gloo agree, 3 ranks")
+dtrain_cost(22 TORCH2 "torch backend: FSDP trained over dtrain and over Gloo agree, 3 ranks")
 dtrain_cost(21 "torch backend: every collective against Gloo, 3 ranks started by torchrun")
 dtrain_cost(19 "flight_recorder")
 dtrain_cost(17 "torch backend: sparse allreduce and DDP with a sparse embedding against Gloo, 3 ranks")

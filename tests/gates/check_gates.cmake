@@ -119,6 +119,9 @@ endforeach()
 # The full suite has every test tests/costs/costs.cmake names; one it lacks was renamed or removed.
 set(stale_costs "")
 function(dtrain_cost seconds)
+  if("${ARGV1}" STREQUAL "TORCH2")  # a torch 2 tree's, which runs the gates without floors
+    return()
+  endif()
   string(CONCAT name ${ARGN})
   string(FIND "${listed_names}" "\n${name}\n" at)
   if(at EQUAL -1)
