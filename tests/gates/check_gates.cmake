@@ -9,10 +9,10 @@
 #                              whose capability this machine lacks), since then a failure that
 #                              exits with that code reads as a skip;
 #   a test belongs to no tier (tests/tiers.cmake), or
-#   (DTRAIN_FULL_SUITE) a tier holds fewer tests than its floor, or tests/costs/costs.cmake names a
-#   test the tree lacks.
+#   (DTRAIN_FULL_SUITE) a tier holds fewer tests than its floor, or the costs file (COSTS, the
+#   suite's tests/costs/costs.cmake) names a test the tree lacks.
 #
-#   cmake -DBUILD_DIR=<build tree> [-DCTEST=<ctest>] [-DCHECK_FLOORS=OFF] -P check_gates.cmake
+#   cmake -DBUILD_DIR=<build tree> [-DCTEST=<ctest>] [-DCHECK_FLOORS=OFF] [-DCOSTS=<file>] -P check_gates.cmake
 # The CUDA build, which builds only its GPU tests, passes CHECK_FLOORS=OFF.
 cmake_minimum_required(VERSION 3.25)
 if(NOT BUILD_DIR)
@@ -116,7 +116,7 @@ foreach(floor IN LISTS DTRAIN_SUITE_FLOORS)
   endif()
 endforeach()
 
-# The full suite has every test tests/costs/costs.cmake names; one it lacks was renamed or removed.
+# The full suite has every test the costs name; one it lacks was renamed or removed.
 set(stale_costs "")
 function(dtrain_cost seconds)
   if("${ARGV1}" STREQUAL "TORCH2")  # a torch 2 tree's, which runs the gates without floors
@@ -128,12 +128,11 @@ function(dtrain_cost seconds)
     set(stale_costs "${stale_costs}\n  ${name}" PARENT_SCOPE)
   endif()
 endfunction()
-if(CHECK_FLOORS AND DTRAIN_SUITE_FULL)
-  include(${CMAKE_CURRENT_LIST_DIR}/../costs/costs.cmake)
+if(COSTS AND CHECK_FLOORS AND DTRAIN_SUITE_FULL)
+  include(${COSTS})
 endif()
 if(stale_costs)
-  message(FATAL_ERROR "check_gates: tests/costs/costs.cmake names tests this tree lacks (rename or drop them):"
-                      "${stale_costs}")
+  message(FATAL_ERROR "check_gates: ${COSTS} names tests this tree lacks (rename or drop them):${stale_costs}")
 endif()
 
 if(offenders)

@@ -16,7 +16,8 @@ set(cases
   "gpu_skip_with_device|offender \\(SKIP_RETURN_CODE 77, not a test that may skip here\\)"
   "gpu_label_only|offender \\(SKIP_RETURN_CODE 77, not a test that may skip here\\)"
   "no_tier|offender \\(no tier"
-  "below_floor|unit: 2 tests, below its floor of 3")
+  "below_floor|unit: 2 tests, below its floor of 3"
+  "stale_cost|names tests this tree lacks.*a renamed test")
 foreach(row IN LISTS cases)
   string(REPLACE "|" ";" row "${row}")
   list(GET row 0 case)
@@ -31,7 +32,7 @@ foreach(row IN LISTS cases)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "check_gates_selftest: cannot configure the fixture's case ${case}")
   endif()
-  execute_process(COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${work} -DCTEST=${CTEST} -P ${CHECK}
+  execute_process(COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${work} -DCTEST=${CTEST} -DCOSTS=${work}/costs.cmake -P ${CHECK}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(expected STREQUAL "")
     if(NOT rc EQUAL 0)
