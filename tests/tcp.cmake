@@ -29,9 +29,7 @@ set_tests_properties(dtrain_run_contract PROPERTIES TIMEOUT 120 LABELS tcp)
 # docs/parameter_server.md's whole program (its first block, compiled by the doc-block rules)
 # run as the page says: one server, two workers, each of which must have trained.
 if(TARGET doc_block_docs_parameter_server_1)
-  # Its object is linked, so it is compiled in full (the other blocks only for their diagnostics).
-  set_target_properties(doc_block_docs_parameter_server_1
-                        PROPERTIES CXX_COMPILER_LAUNCHER "${CMAKE_CXX_COMPILER_LAUNCHER}")
+  # Its object is compiled in full (dtrain_linked_doc_blocks), the other blocks' only to IR.
   add_executable(doc_ps_program $<TARGET_OBJECTS:doc_block_docs_parameter_server_1>)
   target_link_libraries(doc_ps_program PRIVATE dtrain::asio)
   add_test(NAME doc_ps_program COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/examples/status_and_line.sh 0

@@ -1,23 +1,21 @@
 # The tests that run longest, with their seconds under `ctest -j2` on a 2-vCPU machine (rounded):
-# CTest starts the costliest first, so that none of them starts last and runs alone while the
-# other slots stand empty. Once a tree has run, CTest's own record of each test's time
-# (Testing/Temporary/CTestCostData.txt) replaces these; they matter for a fresh tree, as CI's.
-# apply.cmake gives them to CTest; a name here that names no test fails the suite's gates
-# (tests/gates/check_gates.cmake). dtrain_cost(SECONDS [TORCH2] NAME...): a long name comes in
-# parts; TORCH2 marks a test that only a torch 2 tree has (CI's build-torch2).
+# CTest starts the costliest first, so that none of them starts late and runs alone while the
+# other slots stand empty. A test's COST outranks CTest's record of its past times (which it reads
+# only for tests without one). Tests that run alone (RUN_SERIAL) add their time wherever they fall;
+# the two listed outrank every other and go first. apply.cmake gives these to CTest; a name here
+# that names no test fails the suite's gates (tests/gates/check_gates.cmake).
+# dtrain_cost(SECONDS [TORCH2] NAME...): a long name comes in parts; TORCH2 marks a test that only
+# a torch 2 tree has (CI's build-torch2, whose gates do not read this file).
 
 dtrain_cost(110 "inproc_large_allreduce")
 dtrain_cost(105 "torch backend: PyTorch's own distributed test suite, every test Gloo passes passes on dtrain, 3 "
                 "ranks")
 dtrain_cost(91 "conformance: allreduce")
-dtrain_cost(87 "tcp_large_allreduce_4")
 dtrain_cost(41 "fashion_mnist_parallel_device_pp2_tp2")
 dtrain_cost(38 "torch backend: monitored_barrier names the late ranks as Gloo does, and releases them at once, 3 "
                "ranks")
-dtrain_cost(36 "cmake_consumer_cuda")
 dtrain_cost(36 "fuzz_frame_decoder")
 dtrain_cost(35 "conformance: reduce")
-dtrain_cost(33 "tcp_large_allreduce_2")
 dtrain_cost(31 "torch backend: monitored_barrier against Gloo's, 3 ranks over TCP")
 dtrain_cost(31 "fashion_mnist_ps_bsp_reproducible")
 dtrain_cost(31 "cmake_consumer_readme")

@@ -132,7 +132,8 @@ if(COSTS AND CHECK_FLOORS AND DTRAIN_SUITE_FULL)
   include(${COSTS})
 endif()
 if(stale_costs)
-  message(FATAL_ERROR "check_gates: ${COSTS} names tests this tree lacks (rename or drop them):${stale_costs}")
+  message(FATAL_ERROR "check_gates: the costs name tests this tree lacks (rename or drop them in ${COSTS}):"
+                      "${stale_costs}")
 endif()
 
 if(offenders)
