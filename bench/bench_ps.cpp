@@ -13,9 +13,12 @@
 // test_benchmark does with its keys (40 per server); time is per tensor.
 // push+pull is one `push_pull` request per server (ps-lite's ZPushPull, as its benchmark's
 // PUSH_PULL mode): the server applies the push and answers with the new values.
+// Every result is checked: the gradients are powers of two, so each value is an exact multiple of
+// its step, and a worker that pushed k times must pull at least k steps (`wrong` counts the rest).
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
@@ -40,9 +43,27 @@ struct result {
   std::string what;
   std::size_t bytes = 0, keys = 0;
   double seconds = 0, gbps = 0, mkeys = 0;
+  long wrong = 0;  // values found wrong after these measurements (this worker's)
 };
 
 using worker_t = worker<tcp_transport, asp, float>;
+
+// lr * g[i] = 2^-20 (1 + i % 7): sums of up to 2^21 steps are exact in float, and a value put at
+// the wrong offset shows as a step count that is not a whole number.
+constexpr float lr = 1.0f / 1024;
+float gradient(std::size_t i) { return static_cast<float>(1 + i % 7) / 1024; }
+
+// Elements of `values` that do not hold -(lr g[i]) k for a whole k >= `pushed` (this worker's own
+// pushes; other workers' add to k) from the zero the servers start with.
+long wrong_values(std::span<const float> values, std::span<const key_type> keys, long pushed) {
+  long wrong = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    const double step = double{lr} * gradient(keys.empty() ? i : keys[i]);
+    const double k = -double{values[i]} / step;
+    wrong += k != std::floor(k) || k < static_cast<double>(pushed);
+  }
+  return wrong;
+}
 
 }  // namespace
 
@@ -80,7 +101,7 @@ int main(int argc, char** argv) {
   if (no_key_cache) o.key_cache_lists = 0;
   o.replicas = replicas;
   if (r.is_server(t.rank())) {
-    server<tcp_transport, asp, float, sgd<float>> s(std::move(t), r, asp{}, sgd<float>(1e-6), {}, o);
+    server<tcp_transport, asp, float, sgd<float>> s(std::move(t), r, asp{}, sgd<float>(lr), {}, o);
     s.run();
     if (replicas > 1) {
       const auto& c = s.replication();
@@ -96,12 +117,15 @@ int main(int argc, char** argv) {
     const std::size_t n = bytes / sizeof(float);
     std::vector<std::size_t> tensors;
     for (int k = 0; k < depth; ++k) tensors.push_back(w.add_dense(n));
-    std::vector<float> grad(n, 1e-3f);
+    std::vector<float> grad(n);
+    for (std::size_t i = 0; i < n; ++i) grad[i] = gradient(i);
     std::vector<std::vector<float>> values(tensors.size(), std::vector<float>(n));
     std::vector<worker_t::request> round(tensors.size());
+    long pushed = 0;  // by this worker, to each of `tensors`
     for (const char* what : {"push", "pull", "push+pull"}) {
       const std::string op = what;
       const double s = dtrain::bench::time_per_call([&] {
+        pushed += op != "pull";
         for (std::size_t k = 0; k < tensors.size(); ++k) {
           round[k] = op == "push"   ? w.push_dense(tensors[k], grad)
                      : op == "pull" ? w.pull_dense(tensors[k], values[k])
@@ -112,6 +136,12 @@ int main(int argc, char** argv) {
       const double moved = static_cast<double>(bytes) * (op == "push+pull" ? 2 : 1) * r.workers;
       results.push_back({"dense " + op, bytes, 0, s, moved / s / 1e9, 0});
     }
+    long bad = 0;
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      w.wait(round[k] = w.pull_dense(tensors[k], values[k]));
+      bad += wrong_values(values[k], {}, pushed);
+    }
+    for (std::size_t i = results.size() - 3; i < results.size(); ++i) results[i].wrong = bad;
   }
   std::mt19937_64 gen(static_cast<std::uint64_t>(w.id()) + 7);
   if (only == "dense") sparse_keys = 0;
@@ -119,32 +149,39 @@ int main(int argc, char** argv) {
   for (auto& k : keys) k = gen() % (std::uint64_t{1} << 24);
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  std::vector<float> grad(keys.size(), 1e-3f), values(keys.size());
+  std::vector<float> grad(keys.size()), values(keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) grad[i] = gradient(keys[i]);
+  long pushed = 0;
   const double s = keys.empty() ? 1.0 : dtrain::bench::time_per_call([&] {
     auto q = w.push_pull(keys, std::span<const float>(grad), std::span(values), 1);
     w.wait(q);
+    ++pushed;
   }, seconds, 3);
   if (!keys.empty()) results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
                      2.0 * static_cast<double>(keys.size() * sizeof(float)) * r.workers / s / 1e9,
-                     static_cast<double>(keys.size()) * r.workers / s / 1e6});
+                     static_cast<double>(keys.size()) * r.workers / s / 1e6, wrong_values(values, keys, pushed)});
+  long wrong = 0;
+  for (const result& x : results) wrong += x.wrong;
+  if (wrong != 0) fmt::print(stderr, "bench_ps: worker {} pulled {} wrong values\n", w.id(), wrong);
   w.finish();
   if (w.id() == 0) {
     fmt::print(
         "# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers, {} dense tensor(s) in flight, "
         "{} KiB slices, {} posted receives, {} replica(s)\n",
         r.servers, r.workers, depth, slice_kib, posted, replicas);
-    fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10}\n", "op", "size(B)", "keys", "time(us)", "GB/s", "Mkeys/s");
+    fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10} {:>7}\n", "op", "size(B)", "keys", "time(us)", "GB/s",
+               "Mkeys/s", "#wrong");
     std::string out = "[\n";
     for (std::size_t i = 0; i < results.size(); ++i) {
       const auto& x = results[i];
-      fmt::print("  {:<18} {:>12} {:>10} {:>12.1f} {:>10.3f} {:>10.2f}\n", x.what, x.bytes, x.keys, x.seconds * 1e6,
-                 x.gbps, x.mkeys);
+      fmt::print("  {:<18} {:>12} {:>10} {:>12.1f} {:>10.3f} {:>10.2f} {:>7}\n", x.what, x.bytes, x.keys,
+                 x.seconds * 1e6, x.gbps, x.mkeys, x.wrong);
       out += fmt::format("  {{\"op\": \"{}\", \"servers\": {}, \"workers\": {}, \"bytes\": {}, \"keys\": {}, "
-                         "\"time_us\": {:.2f}, \"GBps\": {:.4f}, \"Mkeys_per_s\": {:.3f}}}{}\n",
-                         x.what, r.servers, r.workers, x.bytes, x.keys, x.seconds * 1e6, x.gbps, x.mkeys,
+                         "\"time_us\": {:.2f}, \"GBps\": {:.4f}, \"Mkeys_per_s\": {:.3f}, \"wrong\": {}}}{}\n",
+                         x.what, r.servers, r.workers, x.bytes, x.keys, x.seconds * 1e6, x.gbps, x.mkeys, x.wrong,
                          i + 1 < results.size() ? "," : "");
     }
     bench::write_file(json, out + "]\n");
   }
-  return 0;
+  return wrong == 0 ? 0 : 1;
 }
