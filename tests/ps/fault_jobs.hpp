@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -37,15 +38,16 @@ inline std::string checkpoint_file(const std::string& prefix, int s, int c, cons
   return prefix + ".shard" + std::to_string(s) + ".c" + std::to_string(c) + "." + which;
 }
 
-// Removes the checkpoints `shards` shards wrote every 5 clocks up to `last` under `prefix`.
-inline void remove_checkpoints(const std::string& prefix, int shards, int last) {
-  for (int s = 0; s < shards; ++s) {
-    for (int c = 0; c <= last; c += 5) {
-      for (const char* which : {"sparse", "dense"}) std::remove(checkpoint_file(prefix, s, c, which).c_str());
-    }
+// Removes every file named `prefix`.shard*, in its directory: the checkpoints, and the temporary
+// file a server SIGKILLed mid-write leaves beside them.
+inline void remove_checkpoints(const std::string& prefix) {
+  const std::filesystem::path p(prefix);
+  const std::string start = p.filename().string() + ".shard";
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(p.parent_path(), ec)) {
+    if (f.path().filename().string().starts_with(start)) std::filesystem::remove(f.path(), ec);
   }
 }
-
 
 // Where the exact modes' workers write their push logs (one test process runs one job at a time).
 inline std::string push_log_prefix() { return "/tmp/dtrain_ps_pushes_" + std::to_string(::getpid()); }
@@ -185,6 +187,7 @@ inline void check_exactly_once(int workers) {
     INFO("worker " << w << "'s final pull");
     CHECK(r.finals[w] == expected);
   }
+  remove_push_logs(workers);  // read for the last time (kept where a REQUIRE stopped short)
 }
 
 // SSP(S)'s bound, from the workers' own step times on one clock (CLOCK_MONOTONIC): a worker's

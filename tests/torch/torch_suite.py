@@ -157,7 +157,11 @@ def compare(args):
                        "--world-size", str(args.world_size), "--module-dir", args.module_dir]
                 cmd += sum((["-k", p] for p in args.k), [])
                 log = open(os.path.join(work, backend + ".log"), "w+")
-                run = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                # torch's suite leaves a store file per test in the temporary directory: this one's.
+                tmp = os.path.join(work, backend + ".tmp")
+                os.mkdir(tmp)
+                run = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                       env=dict(os.environ, TMPDIR=tmp))
                 runs[backend] = (run, log, out, time.monotonic())
             while len(took) < len(runs) and time.monotonic() < deadline:
                 for backend, (run, _, _, start) in runs.items():
