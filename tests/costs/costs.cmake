@@ -5,7 +5,7 @@
 # the two listed outrank every other and go first. apply.cmake gives these to CTest; a name here
 # that names no test fails the suite's gates (tests/gates/check_gates.cmake).
 # dtrain_cost(SECONDS [TORCH2] NAME...): a long name comes in parts; TORCH2 marks a test that only
-# a torch 2 tree has (CI's build-torch2, whose gates do not read this file).
+# a torch 2 tree has (CI's build-torch2, whose gates check those entries alone: .ci/run).
 
 dtrain_cost(110 "inproc_large_allreduce")
 dtrain_cost(105 "torch backend: PyTorch's own distributed test suite, every test Gloo passes passes on dtrain, 3 "

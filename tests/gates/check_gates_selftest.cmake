@@ -17,7 +17,9 @@ set(cases
   "gpu_label_only|offender \\(SKIP_RETURN_CODE 77, not a test that may skip here\\)"
   "no_tier|offender \\(no tier"
   "below_floor|unit: 2 tests, below its floor of 3"
-  "stale_cost|the costs name tests this tree lacks .* a renamed test hones$")
+  "stale_cost|the costs name tests this tree lacks .* a renamed test hones$"
+  "torch2_tree|"
+  "torch2_tree_stale|the costs name tests this tree lacks .* a torch 2 tree's$")
 foreach(row IN LISTS cases)
   string(REPLACE "|" ";" row "${row}")
   list(GET row 0 case)
@@ -32,7 +34,12 @@ foreach(row IN LISTS cases)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "check_gates_selftest: cannot configure the fixture's case ${case}")
   endif()
-  execute_process(COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${work} -DCTEST=${CTEST} -DCOSTS=${work}/costs.cmake -P ${CHECK}
+  set(tree "")
+  if(case MATCHES "^torch2_")  # checked as .ci/run checks the torch 2 tree
+    set(tree -DCHECK_FLOORS=OFF -DCOSTS_OF=TORCH2)
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${work} -DCTEST=${CTEST} -DCOSTS=${work}/costs.cmake ${tree}
+                          -P ${CHECK}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   # CMake wraps an error's first paragraph at a width its length decides: matched on one line.
   string(REPLACE "${WORK}" "<work>" flat "${err}")  # a path may hold any word
