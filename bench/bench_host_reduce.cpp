@@ -6,7 +6,9 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -33,27 +35,35 @@ double best_seconds(int reps, F&& f) {
   return best;
 }
 
-// Elements of one reduction of small whole numbers (exact in every type) that differ from the
-// plain scalar result: the kernels this file times are built with -O3 -march=native, which the
-// test programs are not.
+// Elements of one reduction that differ, bit for bit, from a scalar loop in the compute type
+// (float for the 16-bit types, rounded back): the kernels this file times are built with -O3
+// -march=native (F16C, AVX), which the test programs are not. Floating inputs are random in
+// [-4, 4], so sums and products round, and the 16-bit types meet ties; integers stay in
+// [-1000, 1000], so products do not overflow.
 template <class T>
 long wrong_elements(std::size_t n, dtrain::reduce_op op) {
   using C = dtrain::compute_type_t<T>;
-  std::vector<T> a(n), b(n);
+  std::mt19937_64 gen(n + static_cast<std::size_t>(op));
+  std::uniform_real_distribution<double> real(-4, 4);
+  std::uniform_int_distribution<int> whole(-1000, 1000);
+  auto draw = [&] {
+    if constexpr (std::is_integral_v<C>) return static_cast<T>(static_cast<C>(whole(gen)));
+    else return static_cast<T>(static_cast<C>(real(gen)));
+  };
+  std::vector<T> a(n), b(n), want(n);
   for (std::size_t i = 0; i < n; ++i) {
-    a[i] = static_cast<T>(static_cast<C>(1 + i % 5));
-    b[i] = static_cast<T>(static_cast<C>(2 + i % 3));
+    a[i] = draw();
+    b[i] = draw();
+    const C x = static_cast<C>(a[i]), y = static_cast<C>(b[i]);
+    const C r = op == dtrain::reduce_op::prod ? static_cast<C>(x * y)
+                : op == dtrain::reduce_op::min ? (y < x ? y : x)
+                : op == dtrain::reduce_op::max ? (x < y ? y : x)
+                                               : static_cast<C>(x + y);  // sum, and avg (which combines as sum)
+    want[i] = static_cast<T>(r);
   }
   dtrain::host_reduction{}(std::span<T>(a), std::span<const T>(b), op);
   long wrong = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto x = static_cast<C>(1 + i % 5), y = static_cast<C>(2 + i % 3);
-    const C want = op == dtrain::reduce_op::prod ? x * y
-                   : op == dtrain::reduce_op::min ? std::min(x, y)
-                   : op == dtrain::reduce_op::max ? std::max(x, y)
-                                                  : x + y;  // sum, and avg (which combines as sum)
-    wrong += static_cast<C>(a[i]) != want;
-  }
+  for (std::size_t i = 0; i < n; ++i) wrong += std::memcmp(&a[i], &want[i], sizeof(T)) != 0;
   return wrong;
 }
 

@@ -13,8 +13,10 @@
 // test_benchmark does with its keys (40 per server); time is per tensor.
 // push+pull is one `push_pull` request per server (ps-lite's ZPushPull, as its benchmark's
 // PUSH_PULL mode): the server applies the push and answers with the new values.
-// Every result is checked: the gradients are powers of two, so each value is an exact multiple of
-// its step, and a worker that pushed k times must pull at least k steps (`wrong` counts the rest).
+// Every result is checked: each value's step (the learning rate times its gradient) is a small
+// odd multiple of 2^-20, so the values are exact multiples of their step, and a worker that pushed k
+// times must pull at least k steps; a last tensor, pushed three times by each worker, must hold
+// exactly three of this worker's steps (`wrong` counts the values that break either).
 
 #include <algorithm>
 #include <chrono>
@@ -48,19 +50,48 @@ struct result {
 
 using worker_t = worker<tcp_transport, asp, float>;
 
-// lr * g[i] = 2^-20 (1 + i % 7): sums of up to 2^21 steps are exact in float, and a value put at
-// the wrong offset shows as a step count that is not a whole number.
+// lr * g[i] = 2^-20 c, c an odd prime up to 19: sums of up to 2^19 / 19 steps stay below 8, where
+// float holds every multiple of 2^-20, and a value put at another element's place shows as a step
+// count that is not a whole number (unless c divides it).
 constexpr float lr = 1.0f / 1024;
-float gradient(std::size_t i) { return static_cast<float>(1 + i % 7) / 1024; }
+float gradient(std::size_t i) {
+  constexpr int odd[] = {3, 5, 7, 11, 13, 17, 19};
+  return static_cast<float>(odd[i % 7]) / 1024;
+}
 
 // Elements of `values` that do not hold -(lr g[i]) k for a whole k >= `pushed` (this worker's own
-// pushes; other workers' add to k) from the zero the servers start with.
+// pushes; other workers' add to k) from the zero the servers start with. Past 8 the sums round
+// (a run of millions of pushes): such elements are not judged.
 long wrong_values(std::span<const float> values, std::span<const key_type> keys, long pushed) {
   long wrong = 0;
   for (std::size_t i = 0; i < values.size(); ++i) {
     const double step = double{lr} * gradient(keys.empty() ? i : keys[i]);
     const double k = -double{values[i]} / step;
-    wrong += k != std::floor(k) || k < static_cast<double>(pushed);
+    if (std::isfinite(k) && std::abs(values[i]) >= 8) continue;
+    wrong += !std::isfinite(k) || k != std::floor(k) || k < static_cast<double>(pushed);
+  }
+  return wrong;
+}
+
+// Exactly once: every worker pushes a fresh tensor 3 times, worker w's gradient 2^(4w) / 1024, so
+// each worker's pushes add up in 4 bits of their own (exact in float for up to 6 workers). Once its
+// pushes are acknowledged, a worker's bits must read 3: a push lost or applied twice shows. Returns
+// the values that do not.
+long wrong_exactly_once(worker_t& w, int workers) {
+  if (workers > 6) return 0;
+  const std::size_t n = 1000;
+  const std::size_t tensor = w.add_dense(n);
+  std::vector<float> grad(n, std::ldexp(1.0f, 4 * w.id()) / 1024), values(n, std::nanf(""));
+  for (int i = 0; i < 3; ++i) {
+    auto q = w.push_dense(tensor, grad);
+    w.wait(q);
+  }
+  auto q = w.pull_dense(tensor, values);
+  w.wait(q);
+  long wrong = 0;
+  for (float v : values) {
+    const double k = -std::ldexp(double{v}, 20);  // the sum of every worker's bits
+    wrong += !std::isfinite(k) || k != std::floor(k) || (static_cast<long long>(k) >> (4 * w.id()) & 15) != 3;
   }
   return wrong;
 }
@@ -136,13 +167,13 @@ int main(int argc, char** argv) {
       const double moved = static_cast<double>(bytes) * (op == "push+pull" ? 2 : 1) * r.workers;
       results.push_back({"dense " + op, bytes, 0, s, moved / s / 1e9, 0});
     }
-    long bad = 0;
-    for (std::size_t k = 0; k < tensors.size(); ++k) {
+    for (std::size_t k = 0; k < tensors.size(); ++k) {  // into NaN, so a pull that wrote nothing shows
+      std::fill(values[k].begin(), values[k].end(), std::nanf(""));
       w.wait(round[k] = w.pull_dense(tensors[k], values[k]));
-      bad += wrong_values(values[k], {}, pushed);
+      results.back().wrong += wrong_values(values[k], {}, pushed);  // found after the size's three rows
     }
-    for (std::size_t i = results.size() - 3; i < results.size(); ++i) results[i].wrong = bad;
   }
+  const long once = only == "sparse" ? 0 : wrong_exactly_once(w, r.workers);
   std::mt19937_64 gen(static_cast<std::uint64_t>(w.id()) + 7);
   if (only == "dense") sparse_keys = 0;
   std::vector<key_type> keys(sparse_keys);
@@ -157,18 +188,26 @@ int main(int argc, char** argv) {
     w.wait(q);
     ++pushed;
   }, seconds, 3);
+  if (!keys.empty()) {  // once more, into NaN, so a reply that wrote nothing shows
+    std::fill(values.begin(), values.end(), std::nanf(""));
+    auto q = w.push_pull(keys, std::span<const float>(grad), std::span(values), 1);
+    w.wait(q);
+    ++pushed;
+  }
   if (!keys.empty()) results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
                      2.0 * static_cast<double>(keys.size() * sizeof(float)) * r.workers / s / 1e9,
                      static_cast<double>(keys.size()) * r.workers / s / 1e6, wrong_values(values, keys, pushed)});
-  long wrong = 0;
+  long wrong = once;
   for (const result& x : results) wrong += x.wrong;
   if (wrong != 0) fmt::print(stderr, "bench_ps: worker {} pulled {} wrong values\n", w.id(), wrong);
+  if (once != 0) fmt::print(stderr, "bench_ps: worker {}: {} values not exactly its 3 pushes\n", w.id(), once);
   w.finish();
   if (w.id() == 0) {
     fmt::print(
         "# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers, {} dense tensor(s) in flight, "
         "{} KiB slices, {} posted receives, {} replica(s)\n",
         r.servers, r.workers, depth, slice_kib, posted, replicas);
+    if (only != "sparse" && r.workers <= 6) fmt::print("# exactly once: {} wrong values of worker 0\n", once);
     fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10} {:>7}\n", "op", "size(B)", "keys", "time(us)", "GB/s",
                "Mkeys/s", "#wrong");
     std::string out = "[\n";

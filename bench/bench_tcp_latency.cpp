@@ -34,18 +34,21 @@ struct point {
 };
 
 // Mean one-way time in microseconds for `bytes`, after a warm-up of a tenth of the iterations;
-// `wrong`: on rank 0, the bytes of its message that did not come back as sent.
+// `wrong`: on rank 0, the bytes of its last message that did not come back as sent. Rank 0 sends
+// from `sent`, stamped with the round trip's number, and receives into a buffer that started at
+// zero, so an empty, stale or changed echo shows.
 template <class Transport>
 double one_way_us(Transport& t, std::size_t bytes, int iterations, long& wrong) {
-  std::vector<std::byte> sent(bytes);
+  std::vector<std::byte> sent(bytes), buf(bytes);
   for (std::size_t i = 0; i < bytes; ++i) sent[i] = static_cast<std::byte>(i * 131 + 7);
-  std::vector<std::byte> buf = t.rank() == 0 ? sent : std::vector<std::byte>(bytes);
   const int peer = 1 - t.rank();
   const auto d = dtrain::deadline::after(std::chrono::seconds(60));
+  int trip = 0;
   auto bounce = [&](int n) {
     for (int i = 0; i < n; ++i) {
       if (t.rank() == 0) {
-        t.isend(peer, 1, {}, buf).wait(d);
+        if (bytes > 0) sent[0] = static_cast<std::byte>(++trip);
+        t.isend(peer, 1, {}, sent).wait(d);
         t.irecv(peer, 1, std::span(buf)).wait(d);
       } else {
         t.irecv(peer, 1, std::span(buf)).wait(d);

@@ -82,24 +82,26 @@ function(dtrain_check_tiers)
   # tier     | floor | what it needs (what scripts/install-deps.sh installs). A floor is the tier's
   # count when it was last set: raise it as tests are added, lower it only with tests removed.
   set(DTRAIN_TIER_TABLE
-    "unit     | 212 | Catch2"
+    "unit     | 209 | Catch2"
     "gates    | 5 | Python 3 (the layering and rank-thread checks)"
     "cmake    | 5 | CMake"
     "thrust   | 9 | Thrust (libthrust-dev)"
-    "tcp      | 83 | Boost.Asio and libcrypto (libboost-dev, libssl-dev)"
-    "shm      | 33 | Boost.Asio and libcrypto (libboost-dev, libssl-dev)"
+    "tcp      | 77 | Boost.Asio and libcrypto (libboost-dev, libssl-dev)"
+    "shm      | 32 | Boost.Asio and libcrypto (libboost-dev, libssl-dev)"
     "mixed    | 16 | Boost.Asio and libcrypto (libboost-dev, libssl-dev)"
     "mpirun   | 5 | Open MPI's mpirun (openmpi-bin)"
     "fuzz     | 1 | clang++-14 and its libFuzzer runtime (clang-14, libclang-rt-14-dev)"
     "examples | 12 | Eigen, zlib, CLI11, fmt and the Fashion-MNIST data (dataset-fashion-mnist)"
+    "bench    | 10 | the benchmarks (DTRAIN_BUILD_BENCH), dtrain-run and Python 3"
     "torch    | 12 | a Python that imports torch, libtorch, pybind11 (python3-torch, libtorch-dev), expecttest (PyPI)"
     "netns    | 3 | root, iproute2 and tc (a capability: without root these tests may skip)"
     "gpu      | 5 | the CUDA toolkit and NCCL (a capability: without a device these tests may skip)")
   set(present unit gates cmake)
   set(missing "")
-  set(tiers unit gates cmake thrust tcp shm mixed mpirun fuzz examples torch netns gpu)  # every label a test may carry
+  set(tiers unit gates cmake thrust tcp shm mixed mpirun fuzz examples bench torch netns gpu)  # every label a test may carry
   foreach(pair "thrust;Thrust_FOUND" "tcp;DTRAIN_HAS_ASIO" "shm;DTRAIN_HAS_ASIO" "mixed;DTRAIN_HAS_ASIO"
                "mpirun;DTRAIN_MPIRUN" "fuzz;DTRAIN_CAN_FUZZ" "examples;DTRAIN_HAS_EXAMPLE_TESTS"
+               "bench;DTRAIN_HAS_BENCH_TESTS"
                "torch;DTRAIN_HAS_TORCH_TESTS" "netns;DTRAIN_CAN_NETNS" "gpu;DTRAIN_HAS_NCCL")
     list(GET pair 0 tier)
     list(GET pair 1 variable)

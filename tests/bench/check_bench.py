@@ -50,7 +50,12 @@ def close(a, b, abs_tol, rel_tol=1e-3):
     return math.isfinite(a) and math.isfinite(b) and abs(a - b) <= abs_tol + rel_tol * max(abs(a), abs(b))
 
 
-def run(cmd, env=None, timeout=240):
+def launched(args, ranks, cmd):
+    """`cmd` under dtrain-run, which stops every rank past its time limit."""
+    return [args.launcher, "-n", str(ranks), "--time-limit", "100"] + cmd
+
+
+def run(cmd, env=None, timeout=120):
     """The program's stdout, with dtrain-run's "[rank] " prefixes removed; fails on a non-zero exit."""
     full_env = dict(os.environ, **(env or {}))
     p = subprocess.run(cmd, env=full_env, capture_output=True, text=True, timeout=timeout)
@@ -108,7 +113,7 @@ def check_collectives(args, transport, ranks):
         out = os.path.join(tmp, "c.json")
         cmd = [os.path.join(args.bench_dir, "bench_collectives"), "--transport", transport, "-b", str(lo), "-e",
                str(hi), "-f", str(factor), "-t", "0.002", "--json", out]
-        cmd = cmd + ["-n", str(ranks)] if transport == "inproc" else [args.launcher, "-n", str(ranks)] + cmd
+        cmd = cmd + ["-n", str(ranks)] if transport == "inproc" else launched(args, ranks, cmd)
         lines = run(cmd)
         data = load(out)
     expect(header(lines, "size(B)") == ["size(B)", "count", "type", "redop", "root", "|", "time(us)", "algbw",
@@ -121,6 +126,7 @@ def check_collectives(args, transport, ranks):
         op, algo = t[10].split("/")
         where = f"{op}/{algo} at {j['bytes']} B"
         expect((op, algo) == (j["op"], j["algorithm"]), f"table row {t} against JSON {j}")
+        expect(j["time_us"] > 0, f"{where}: time {j['time_us']} us")
         expect(j["ranks"] == ranks and j["type"] == "float32", f"{where}: {j['ranks']} ranks, {j['type']}")
         expect(j["wrong"] == 0 and t[9] == "0", f"{where}: {j['wrong']} wrong elements")
         expect(j["redop"] == ("sum" if op in ("allreduce", "reduce_scatter", "reduce") else "none"),
@@ -133,7 +139,6 @@ def check_collectives(args, transport, ranks):
                 requested = s
         expect(requested is not None, f"{where}: count {j['count']} fits no requested size")
         seen.setdefault((op, algo), []).append(requested)
-        expect(j["time_us"] > 0, f"{where}: time {j['time_us']} us")
         expect(close(j["algbw_GBps"], j["bytes"] / j["time_us"] / 1e3, 1e-4),
                f"{where}: algbw {j['algbw_GBps']} is not bytes / time")
         expect(close(j["busbw_GBps"], j["algbw_GBps"] * busbw_factor(op, ranks), 1e-4),
@@ -156,20 +161,32 @@ def check_ps(args, extra, servers=2, workers=2):
     requested = [4096, 65540]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ps.json")
-        lines = run([args.launcher, "-n", str(servers + workers), os.path.join(args.bench_dir, "bench_ps"),
-                     "--seconds", "0.02", "--sizes"] + [str(s) for s in requested] + ["--keys", "100", "--json", out]
-                    + extra, env={"DTRAIN_PS_SERVERS": str(servers)})
+        cmd = [os.path.join(args.bench_dir, "bench_ps"), "--seconds", "0.02", "--sizes"] + [str(s) for s in requested]
+        lines = run(launched(args, servers + workers, cmd + ["--keys", "100", "--json", out] + extra),
+                    env={"DTRAIN_PS_SERVERS": str(servers)})
         data = load(out)
     expect(header(lines, "op") == ["op", "size(B)", "keys", "time(us)", "GB/s", "Mkeys/s", "#wrong"],
            f"bench_ps' columns: {header(lines, 'op')}")
+    # Each worker pushes a last tensor 3 times and must find exactly its own 3 pushes (worker 0 reports).
+    expect("# exactly once: 0 wrong values of worker 0" in lines, "no '# exactly once: 0 wrong values' line")
+    if "--replicas" in extra:  # every server forwarded updates down its chain
+        chains = [int(m.group(1)) for m in (re.match(r"# server \d+: (\d+) updates down its chain", x) for x in lines)
+                  if m]
+        expect(len(chains) == servers and all(c > 0 for c in chains), f"servers' forwarded updates: {chains}")
     want = [(f"dense {w}", s) for s in requested for w in ("push", "pull", "push+pull")]
     if "--only" not in extra:
         want.append(("sparse push+pull", None))
     expect([(j["op"], j["bytes"] if j["keys"] == 0 else None) for j in data] == want,
            f"bench_ps measured {[(j['op'], j['bytes']) for j in data]}, not {want}")
-    for j in data:
+    table = [x.split() for x in lines if x.startswith("  ") and (x.split() or [""])[0] in ("dense", "sparse")]
+    expect(len(table) == len(data), f"{len(table)} table rows but {len(data)} JSON rows")
+    for t, j in zip(table, data):
         where = f"{j['op']} at {j['bytes']} B"
+        expect(" ".join(t[:-6]) == j["op"] and int(t[-6]) == j["bytes"] and int(t[-5]) == j["keys"]
+               and int(t[-1]) == j["wrong"] and close(float(t[-4]), j["time_us"], 0.06, 0),
+               f"{where}: the table's {t} against the JSON's {j}")
         expect(j["wrong"] == 0, f"{where}: {j['wrong']} wrong values")
+        expect(j["time_us"] > 0, f"{where}: time {j['time_us']} us")
         expect((j["servers"], j["workers"]) == (servers, workers), f"{where}: {j['servers']}+{j['workers']}")
         both = 2 if j["op"].endswith("push+pull") else 1
         expect(close(j["GBps"], both * j["bytes"] * workers / j["time_us"] / 1e3, 1e-4),
@@ -184,9 +201,10 @@ def check_ps(args, extra, servers=2, workers=2):
 def check_pipeline(args, p=3):
     with tempfile.TemporaryDirectory() as tmp:
         table_json, timeline_json = os.path.join(tmp, "p.json"), os.path.join(tmp, "t.json")
-        prog = [args.launcher, "-n", str(p), os.path.join(args.bench_dir, "bench_pipeline"), "--forward-us", "300"]
-        run(prog + ["--rounds", "1", "--steps", "1", "--micro-batches", "1,4", "--json", table_json])
-        run(prog + ["--micro-batches", "3", "--timeline", timeline_json])
+        prog = [os.path.join(args.bench_dir, "bench_pipeline"), "--forward-us", "300"]
+        lines = run(launched(args, p, prog + ["--rounds", "1", "--steps", "1", "--micro-batches", "1,4", "--json",
+                                              table_json]))
+        run(launched(args, p, prog + ["--micro-batches", "3", "--timeline", timeline_json]))
         points, timelines = load(table_json), load(timeline_json)
     schedules = ["gpipe", "one_f_one_b", "interleaved_one_f_one_b", "pipedream"]
     expect([(x["schedule"], x["m"]) for x in points] == [(s, m) for m in (1, 4) for s in schedules],
@@ -199,8 +217,16 @@ def check_pipeline(args, p=3):
         expect(0 <= x["bubble"] < 1 and 0 <= x["model"] < 1, f"{where}: bubble {x['bubble']} model {x['model']}")
         expect(0 < x["peak_live"] <= x["promised_peak"],
                f"{where}: {x['peak_live']} activations alive, more than the schedule's {x['promised_peak']}")
+        if v == 1:  # GPipe keeps every micro-batch's; 1F1B and PipeDream min(p, m) on the first stage
+            peak = x["m"] if x["schedule"] == "gpipe" else min(p, x["m"])
+            expect(x["peak_live"] == x["promised_peak"] == peak, f"{where}: peak {x['peak_live']}, not {peak}")
+    table = [x.split() for x in lines if x.startswith("  ") and len(x.split()) == 11]
+    expect([(t[0], int(t[3]), int(t[8])) for t in table] == [(x["schedule"], x["m"], x["peak_live"]) for x in points],
+           "the table and its JSON differ")
     expect([t["schedule"] for t in timelines] == schedules, f"timelines {[t['schedule'] for t in timelines]}")
     for t in timelines:
+        v = 2 if t["schedule"].startswith("interleaved") else 1
+        expect((t["p"], t["v"], t["m"]) == (p, v, 3), f"{t['schedule']}: p {t['p']} v {t['v']} m {t['m']}")
         check_timeline(t, p)
     return f"{len(points)} points, {len(timelines)} timelines, p={p}"
 
@@ -231,14 +257,15 @@ def check_timeline(t, p):
 def check_tcp_latency(args):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "l.json")
-        lines = run([args.launcher, "-n", "2", os.path.join(args.bench_dir, "bench_tcp_latency"), "-b", "8", "-e",
-                     "65536", "-f", "8", "-i", "50", "--json", out])
+        lines = run(launched(args, 2, [os.path.join(args.bench_dir, "bench_tcp_latency"), "-b", "8", "-e", "65536",
+                                       "-f", "8", "-i", "50", "--json", out]))
         data = load(out)
     expect(header(lines, "size(B)") == ["size(B)", "progress", "|", "one-way(us)", "#wrong"],
            f"bench_tcp_latency's columns: {header(lines, 'size(B)')}")
     table = rows(lines, 5)
     want = [(s, pol) for pol in ("blocking", "spin_then_block<1000>") for s in sizes(8, 65536, 8)]
     expect([(j["bytes"], j["progress"]) for j in data] == want, f"points {[(j['bytes'], j['progress']) for j in data]}")
+    expect(len(table) == len(data), f"{len(table)} table rows but {len(data)} JSON rows")
     for t, j in zip(table, data):
         expect(j["wrong"] == 0 and t[4] == "0", f"{j}: the message came back changed")
         expect(j["one_way_us"] > 0 and close(float(t[3]), j["one_way_us"], 0.006, 0), f"table {t} against {j}")
@@ -258,9 +285,13 @@ def check_host_reduce(args):
            f"ratio_to_plain {data['ratio_to_plain']} is not the two bandwidths' ratio")
     types = ["float32", "float64", "int32", "int64", "float16", "bfloat16"]
     expect([r["type"] for r in data["by_type"]] == types, f"types {[r['type'] for r in data['by_type']]}")
+    ops = ["sum", "prod", "min", "max", "avg"]
+    expect(any(x.split() == ["type"] + ops for x in lines), "no table header 'type sum prod min max avg'")
+    table = {x.split()[0]: x.split()[1:] for x in lines if x.split() and x.split()[0] in types}
     for r in data["by_type"]:
-        for op in ("sum", "prod", "min", "max", "avg"):
-            expect(r[op] > 0, f"{r['type']} {op}: {r[op]} GB/s")
+        for op, printed in zip(ops, table.get(r["type"], [])):
+            expect(r[op] > 0 and close(float(printed), r[op], 0.006, 0), f"{r['type']} {op}: {printed} and {r[op]}")
+        expect(len(table.get(r["type"], [])) == len(ops), f"{r['type']}: table row {table.get(r['type'])}")
     return f"{len(types)} types x 5 operations"
 
 
@@ -274,16 +305,24 @@ def check_tcp_ceiling(args):
     expect(header(lines, "op") == ["op", "size(B)", "time(us)", "GB/s"], f"columns {header(lines, 'op')}")
     want = [(f"tcp {w}", s) for s in requested for w in ("push", "pull", "push+pull")]
     expect([(j["op"], j["bytes"]) for j in data] == want, f"rows {[(j['op'], j['bytes']) for j in data]}")
-    for j in data:
+    table = [x.split() for x in lines if x.startswith("  tcp ")]
+    expect(len(table) == len(data), f"{len(table)} table rows but {len(data)} JSON rows")
+    for t, j in zip(table, data):
         both = 2 if j["op"].endswith("push+pull") else 1
-        expect(close(j["GBps"], both * j["bytes"] / j["time_us"] / 1e3, 1e-4), f"{j}: GB/s is not bytes / time")
+        expect(j["time_us"] > 0 and close(j["GBps"], both * j["bytes"] / j["time_us"] / 1e3, 1e-4),
+               f"{j}: GB/s is not bytes / time")
+        expect(" ".join(t[:-3]) == j["op"] and int(t[-3]) == j["bytes"] and close(float(t[-2]), j["time_us"], 0.06, 0),
+               f"the table's {t} against the JSON's {j}")
     return f"{len(data)} rows"
 
 
 def check_simulate_scale(args):
+    ranks, per_host, requested = [4, 8], [1, 2], sizes(4096, 65536, 4)
+    flat = ALGORITHMS["allreduce"]
     with tempfile.TemporaryDirectory() as tmp:
         out, predicted = os.path.join(tmp, "s.json"), os.path.join(tmp, "p.json")
-        run([os.path.join(args.bench_dir, "simulate_scale"), "--json", out])
+        table_lines = run([os.path.join(args.bench_dir, "simulate_scale"), "--ranks", "4,8", "--per-host", "1,2", "-b",
+                           "4096", "-e", "65536", "-f", "4", "--json", out])
         lines = run([os.path.join(args.bench_dir, "simulate_scale"), "--predict", "--hosts", "3", "--per-host", "2",
                      "-b", "1024", "-e", "65536", "-f", "8", "--json", predicted])
         table, shape = load(out), load(predicted)
@@ -293,16 +332,43 @@ def check_simulate_scale(args):
         expect(j["op"] == "allreduce" and p == j["hosts"] * j["per_host"], f"{where}: {p} ranks")
         expect(j["time_us"] > 0 and close(j["busbw_GBps"], j["bytes"] / j["time_us"] / 1e3 * 2 * (p - 1) / p, 1e-4),
                f"{where}: busbw {j['busbw_GBps']} is not bytes / time * 2(P-1)/P")
+    # Every world size, ranks per host and size asked for, by every flat algorithm, and in two levels
+    # where hosts hold several ranks.
+    got = sorted((j["ranks"], j["per_host"], j["bytes"], j["algorithm"]) for j in table)
+    want = sorted((p, l, b, a) for p in ranks for l in per_host for b in requested
+                  for a in (flat | {"hierarchical"} if l > 1 else flat))
+    expect(got == want, f"simulate_scale predicted {len(got)} points, not the {len(want)} asked for")
+    # Its table: one row per (size, P, L), each busbw as in the JSON, and the fastest named.
+    busbw = {(j["bytes"], j["ranks"], j["per_host"], j["algorithm"]): j["busbw_GBps"] for j in table}
+    names = ["ring", "halving_doubling", "recursive_doubling", "binomial_tree", "double_binary_tree", "hierarchical"]
+    size, checked = None, 0
+    for line in table_lines:
+        m = re.match(r"# allreduce of (\d+) bytes", line)
+        if m:
+            size = int(m.group(1))
+        f = line.split()
+        if size is None or not line.startswith("  ") or len(f) != 12:
+            continue
+        p, l = int(f[0]), int(f[2])
+        row = {a: float(x) for a, x in zip(names, f[4:10]) if x != "-"}
+        for a, x in row.items():
+            expect(close(x, busbw[(size, p, l, a)], 6e-5, 0), f"{a} at {size} B, P={p}, L={l}: {x} in the table")
+        best = max(busbw[(size, p, l, a)] for a in row)  # ties within the printed digits may go either way
+        expect(f[11] in row and busbw[(size, p, l, f[11])] >= best - 1e-4,
+               f"at {size} B, P={p}, L={l} the table names {f[11]} fastest: {row}")
+        checked += 1
+    expect(checked == len(ranks) * len(per_host) * len(requested), f"{checked} table rows")
     got = sorted({(j["bytes"], j["algorithm"]) for j in shape})
-    algos = sorted(ALGORITHMS["allreduce"] | {"hierarchical"})
-    expect(got == sorted((s, a) for s in sizes(1024, 65536, 8) for a in algos), f"--predict gave {got}")
+    expect(all((j["hosts"], j["per_host"], j["ranks"]) == (3, 2, 6) for j in shape), "--predict's shape")
+    expect(got == sorted((s, a) for s in sizes(1024, 65536, 8) for a in flat | {"hierarchical"}),
+           f"--predict gave {got}")
     expect(header(lines, "size") == ["size", "count", "type", "redop", "algorithm", "|", "time(us)", "algbw", "busbw"],
            f"simulate_scale --predict's columns: {header(lines, 'size')}")
+    expect(len(rows(lines, 9)) == len(shape), "the --predict table and its JSON differ in length")
     for t, j in zip(rows(lines, 9), shape):
         expect((int(t[0]), t[4]) == (j["bytes"], j["algorithm"]) and close(float(t[6]), j["time_us"], 0.06, 0),
                f"the --predict table's {t} against its JSON {j}")
-    expect(len(rows(lines, 9)) == len(shape), "the --predict table and its JSON differ in length")
-    return f"{len(table)} predictions, {len(shape)} for one shape"
+    return f"{len(table)} predictions and {checked} table rows, {len(shape)} for one shape"
 
 
 CASES = {
@@ -327,7 +393,7 @@ def main():
     args = parser.parse_args()
     try:
         print(f"bench {args.case}: ok ({CASES[args.case](args)})")
-    except (Failure, KeyError, ValueError, subprocess.TimeoutExpired) as e:
+    except Exception as e:  # noqa: BLE001 (any error is the benchmark's failure, told with its type)
         print(f"bench {args.case}: FAILED: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     return 0
