@@ -98,7 +98,8 @@ function(dtrain_check_tiers)
     "gpu      | 5 | the CUDA toolkit and NCCL (a capability: without a device these tests may skip)")
   set(present unit gates cmake)
   set(missing "")
-  set(tiers unit gates cmake thrust tcp shm mixed mpirun fuzz examples bench torch netns gpu)  # every label a test may carry
+  # every label a test may carry
+  set(tiers unit gates cmake thrust tcp shm mixed mpirun fuzz examples bench torch netns gpu)
   foreach(pair "thrust;Thrust_FOUND" "tcp;DTRAIN_HAS_ASIO" "shm;DTRAIN_HAS_ASIO" "mixed;DTRAIN_HAS_ASIO"
                "mpirun;DTRAIN_MPIRUN" "fuzz;DTRAIN_CAN_FUZZ" "examples;DTRAIN_HAS_EXAMPLE_TESTS"
                "bench;DTRAIN_HAS_BENCH_TESTS"
