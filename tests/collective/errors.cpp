@@ -11,6 +11,7 @@
 #include "../catch.hpp"
 #include "dtrain/transport/inproc.hpp"
 #include "dtrain/collective/communicator.hpp"
+#include "../support/scoped_env.hpp"
 #include "../support/thread_checks.hpp"
 #include "../support/text.hpp"
 
@@ -222,6 +223,56 @@ TEST_CASE("errors: a missed deadline names the operation, sequence number and pe
   CHECK(has(msg, "rank 2"));  // rank 0's left neighbour in the ring
   CHECK(took >= 300ms);
   CHECK(took < 900ms);
+}
+
+TEST_CASE("errors: DTRAIN_COLLECTIVE_TIMEOUT_MS replaces the code's deadline, and a bad value is refused naming it",
+          "[collective][errors]") {
+  std::string msg;
+  std::error_code code;
+  std::chrono::steady_clock::duration took{};
+  std::vector<std::chrono::milliseconds> deadlines(2);
+  {
+    testing::scoped_env env("DTRAIN_COLLECTIVE_TIMEOUT_MS", "300");
+    run_inproc(2, [&](int r, inproc_transport t) {
+      ring<inproc_transport> c(std::move(t), with_timeout(20s));  // the variable wins over 20 s
+      deadlines[static_cast<std::size_t>(r)] = c.options().timeout;
+      if (r == 1) {
+        std::this_thread::sleep_for(1s);  // never joins the call in time
+        return;
+      }
+      std::vector<float> v(64, 1.0f);
+      const auto start = std::chrono::steady_clock::now();
+      std::error_code ec;
+      c.allreduce(std::span(v), reduce_op::sum, ec);
+      took = std::chrono::steady_clock::now() - start;
+      code = ec;
+      msg = c.last_error();
+    });
+  }
+  INFO(msg);
+  CHECK(deadlines == std::vector<std::chrono::milliseconds>{300ms, 300ms});
+  CHECK(code == errc::timeout);
+  CHECK(has(msg, "timed out after 300 ms"));
+  CHECK(took >= 300ms);
+  CHECK(took < 900ms);
+  for (const char* bad : {"0", "-5", "12x", "1.5", "99999999999999999999"}) {
+    testing::scoped_env env("DTRAIN_COLLECTIVE_TIMEOUT_MS", bad);
+    std::string refused;
+    run_inproc(1, [&](int, inproc_transport t) {
+      try {
+        communicator<inproc_transport> c(std::move(t));
+      } catch (const dtrain::error& e) {
+        refused = e.code() == errc::invalid_argument ? e.what() : "";
+      }
+    });
+    INFO(bad << ": " << refused);
+    CHECK(has(refused, std::string("DTRAIN_COLLECTIVE_TIMEOUT_MS=") + bad));
+  }
+  testing::scoped_env unset("DTRAIN_COLLECTIVE_TIMEOUT_MS", "");  // empty: as if unset
+  run_inproc(1, [&](int, inproc_transport t) {
+    deadlines[0] = communicator<inproc_transport>(std::move(t)).options().timeout;
+  });
+  CHECK(deadlines[0] == 60s);
 }
 
 TEST_CASE("errors: a rank that dies mid-collective fails the others with peer_lost, at once",

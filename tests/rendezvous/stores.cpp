@@ -15,31 +15,14 @@
 #include "dtrain/rendezvous/file_store.hpp"
 #include "dtrain/rendezvous/launch_store.hpp"
 #include "dtrain/rendezvous/tcp_store.hpp"
+#include "../support/scoped_env.hpp"
 
 using namespace dtrain;
 using namespace std::chrono_literals;
 
 namespace {
 
-// Sets variables for its lifetime and gives back what they were (set or not), on any way out.
-class scoped_env {
- public:
-  explicit scoped_env(std::vector<std::pair<std::string, std::string>> vars) {
-    for (auto& [k, v] : vars) {
-      const char* old = std::getenv(k.c_str());
-      saved_.push_back({k, old ? std::optional<std::string>(old) : std::nullopt});
-      ::setenv(k.c_str(), v.c_str(), 1);
-    }
-  }
-  ~scoped_env() {
-    for (const auto& [k, v] : saved_) v ? ::setenv(k.c_str(), v->c_str(), 1) : ::unsetenv(k.c_str());
-  }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
+using dtrain::testing::scoped_env;
 
 template <class MakeStore>
 void store_semantics(MakeStore make) {

@@ -77,18 +77,12 @@ class communicator : public detail::error_code_forms<communicator<Transport, Red
       error_code_forms::barrier, error_code_forms::broadcast, error_code_forms::gather, error_code_forms::reduce,
       error_code_forms::reduce_scatter, error_code_forms::scatter;
 
-  /// Takes this rank's transport endpoint. @throws dtrain::error if DTRAIN_ALGORITHMS is set
-  /// and cannot be read.
+  /// Takes this rank's transport endpoint. @throws dtrain::error if DTRAIN_ALGORITHMS or
+  /// DTRAIN_COLLECTIVE_TIMEOUT_MS is set and cannot be read.
   explicit communicator(Transport transport, communicator_options options = {},
                         Reduction reduce = {})
       : transport_(std::move(transport)), options_(std::move(options)), reduce_(reduce) {
-    if (const char* env = std::getenv("DTRAIN_ALGORITHMS"); env != nullptr && *env != '\0') {
-      selection_table from_env;
-      from_env.parse(env);
-      for (const auto& r : options_.algorithms.rules()) from_env.add(r);
-      from_env.model() = options_.algorithms.model();
-      options_.algorithms = std::move(from_env);
-    }
+    detail::apply_environment(options_);
     options_.algorithms.model().segment_bytes = static_cast<double>(options_.segment_bytes);
     flight_group_ = flight::flight_group(transport_, options_.tag);
     flight::dumper::global().set_rank(flight_group_.world_rank);
