@@ -47,7 +47,9 @@ double one_way_us(Transport& t, std::size_t bytes, int iterations, long& wrong) 
   auto bounce = [&](int n) {
     for (int i = 0; i < n; ++i) {
       if (t.rank() == 0) {
-        if (bytes > 0) sent[0] = static_cast<std::byte>(++trip);
+        ++trip;
+        if (bytes > 0) sent[0] = static_cast<std::byte>(trip);
+        if (bytes > 1) sent[1] = static_cast<std::byte>(trip >> 8);
         t.isend(peer, 1, {}, sent).wait(d);
         t.irecv(peer, 1, std::span(buf)).wait(d);
       } else {

@@ -92,7 +92,7 @@ function(dtrain_check_tiers)
     "mpirun   | 5 | Open MPI's mpirun (openmpi-bin)"
     "fuzz     | 1 | clang++-14 and its libFuzzer runtime (clang-14, libclang-rt-14-dev)"
     "examples | 12 | Eigen, zlib, CLI11, fmt and the Fashion-MNIST data (dataset-fashion-mnist)"
-    "bench    | 10 | the benchmarks (DTRAIN_BUILD_BENCH), dtrain-run and Python 3"
+    "bench    | 10 | the benchmarks (DTRAIN_BUILD_BENCH), dtrain-run, Boost.Asio and Python 3"
     "torch    | 12 | a Python that imports torch, libtorch, pybind11 (python3-torch, libtorch-dev), expecttest (PyPI)"
     "netns    | 3 | root, iproute2 and tc (a capability: without root these tests may skip)"
     "gpu      | 5 | the CUDA toolkit and NCCL (a capability: without a device these tests may skip)")

@@ -34,6 +34,7 @@ ALGORITHMS = {
     "alltoall": {"pairwise", "linear"},
 }
 ROOTED = {"broadcast", "reduce", "gather", "scatter"}
+FORWARD_US = 300  # bench_pipeline's sleeping stages: a forward per micro-batch (a backward twice that)
 WHOLE_VECTOR = {"allreduce", "broadcast", "reduce"}  # nccl-tests' size: the vector; else all blocks
 
 
@@ -147,6 +148,7 @@ def check_collectives(args, transport, ranks):
             expect(close(float(t[column]), j[key], 0.6 * 10**-digits, 0),
                    f"{where}: the table's {t[column]} against the JSON's {key} {j[key]}")
         expect(int(t[0]) == j["bytes"] and int(t[1]) == j["count"], f"{where}: table {t[:2]}")
+    expect({o for (o, _) in seen} == set(ALGORITHMS), f"collectives {sorted({o for (o, _) in seen})}")
     for op, algos in ALGORITHMS.items():
         found = {a for (o, a) in seen if o == op}
         expect(found == algos, f"{op}: the benchmark ran {sorted(found)}, the library has {sorted(algos)}")
@@ -169,6 +171,8 @@ def check_ps(args, extra, servers=2, workers=2):
            f"bench_ps' columns: {header(lines, 'op')}")
     # Each worker pushes a last tensor 3 times and must find exactly its own 3 pushes (worker 0 reports).
     expect("# exactly once: 0 wrong values of worker 0" in lines, "no '# exactly once: 0 wrong values' line")
+    expect("# values of worker 0 past float's exact range, not judged: 0" in lines,
+           "bench_ps left values unjudged (or no longer says how many)")
     if "--replicas" in extra:  # every server forwarded updates down its chain
         chains = [int(m.group(1)) for m in (re.match(r"# server \d+: (\d+) updates down its chain", x) for x in lines)
                   if m]
@@ -183,7 +187,8 @@ def check_ps(args, extra, servers=2, workers=2):
     for t, j in zip(table, data):
         where = f"{j['op']} at {j['bytes']} B"
         expect(" ".join(t[:-6]) == j["op"] and int(t[-6]) == j["bytes"] and int(t[-5]) == j["keys"]
-               and int(t[-1]) == j["wrong"] and close(float(t[-4]), j["time_us"], 0.06, 0),
+               and int(t[-1]) == j["wrong"] and close(float(t[-4]), j["time_us"], 0.06, 0)
+               and close(float(t[-3]), j["GBps"], 6e-4, 0) and close(float(t[-2]), j["Mkeys_per_s"], 6e-3, 0),
                f"{where}: the table's {t} against the JSON's {j}")
         expect(j["wrong"] == 0, f"{where}: {j['wrong']} wrong values")
         expect(j["time_us"] > 0, f"{where}: time {j['time_us']} us")
@@ -201,7 +206,7 @@ def check_ps(args, extra, servers=2, workers=2):
 def check_pipeline(args, p=3):
     with tempfile.TemporaryDirectory() as tmp:
         table_json, timeline_json = os.path.join(tmp, "p.json"), os.path.join(tmp, "t.json")
-        prog = [os.path.join(args.bench_dir, "bench_pipeline"), "--forward-us", "300"]
+        prog = [os.path.join(args.bench_dir, "bench_pipeline"), "--forward-us", str(FORWARD_US)]
         lines = run(launched(args, p, prog + ["--rounds", "1", "--steps", "1", "--micro-batches", "1,4", "--json",
                                               table_json]))
         run(launched(args, p, prog + ["--micro-batches", "3", "--timeline", timeline_json]))
@@ -221,7 +226,10 @@ def check_pipeline(args, p=3):
             peak = x["m"] if x["schedule"] == "gpipe" else min(p, x["m"])
             expect(x["peak_live"] == x["promised_peak"] == peak, f"{where}: peak {x['peak_live']}, not {peak}")
     table = [x.split() for x in lines if x.startswith("  ") and len(x.split()) == 11]
-    expect([(t[0], int(t[3]), int(t[8])) for t in table] == [(x["schedule"], x["m"], x["peak_live"]) for x in points],
+    expect([(t[0], int(t[3]), int(t[8]), int(t[9])) for t in table]
+           == [(x["schedule"], x["m"], x["peak_live"], x["promised_peak"]) for x in points]
+           and all(close(float(t[c]), x[k], 6e-5, 0) for t, x in zip(table, points)
+                   for c, k in ((4, "bubble"), (5, "formula"), (7, "model"))),
            "the table and its JSON differ")
     expect([t["schedule"] for t in timelines] == schedules, f"timelines {[t['schedule'] for t in timelines]}")
     for t in timelines:
@@ -239,7 +247,10 @@ def check_timeline(t, p):
     for rank, stage, mb, forward, start, end in t["runs"]:
         key = (int(stage), int(mb), bool(forward))
         expect(key not in runs, f"{t['schedule']}: stage {stage} micro-batch {mb} ran twice")
-        expect(rank == stage % p and start <= end, f"{t['schedule']}: {[rank, stage, mb, forward, start, end]}")
+        # A stage sleeps forward_us / v per forward, twice that per backward (ms, to the microsecond).
+        least = FORWARD_US / 1000 / t["v"] * (1 if forward else 2) - 1e-3
+        expect(rank == stage % p and end - start >= least,
+               f"{t['schedule']}: {[rank, stage, mb, forward, start, end]} ran under its {least} ms")
         runs[key] = (start, end)
     expect(len(runs) == 2 * stages * m, f"{t['schedule']}: {len(runs)} runs, not {2 * stages * m}")
     for mb in range(m):
@@ -311,8 +322,8 @@ def check_tcp_ceiling(args):
         both = 2 if j["op"].endswith("push+pull") else 1
         expect(j["time_us"] > 0 and close(j["GBps"], both * j["bytes"] / j["time_us"] / 1e3, 1e-4),
                f"{j}: GB/s is not bytes / time")
-        expect(" ".join(t[:-3]) == j["op"] and int(t[-3]) == j["bytes"] and close(float(t[-2]), j["time_us"], 0.06, 0),
-               f"the table's {t} against the JSON's {j}")
+        expect(" ".join(t[:-3]) == j["op"] and int(t[-3]) == j["bytes"] and close(float(t[-2]), j["time_us"], 0.06, 0)
+               and close(float(t[-1]), j["GBps"], 6e-4, 0), f"the table's {t} against the JSON's {j}")
     return f"{len(data)} rows"
 
 
@@ -341,7 +352,7 @@ def check_simulate_scale(args):
     # Its table: one row per (size, P, L), each busbw as in the JSON, and the fastest named.
     busbw = {(j["bytes"], j["ranks"], j["per_host"], j["algorithm"]): j["busbw_GBps"] for j in table}
     names = ["ring", "halving_doubling", "recursive_doubling", "binomial_tree", "double_binary_tree", "hierarchical"]
-    size, checked = None, 0
+    size, checked = None, set()
     for line in table_lines:
         m = re.match(r"# allreduce of (\d+) bytes", line)
         if m:
@@ -356,8 +367,9 @@ def check_simulate_scale(args):
         best = max(busbw[(size, p, l, a)] for a in row)  # ties within the printed digits may go either way
         expect(f[11] in row and busbw[(size, p, l, f[11])] >= best - 1e-4,
                f"at {size} B, P={p}, L={l} the table names {f[11]} fastest: {row}")
-        checked += 1
-    expect(checked == len(ranks) * len(per_host) * len(requested), f"{checked} table rows")
+        expect((size, p, l) not in checked, f"the table has ({size} B, P={p}, L={l}) twice")
+        checked.add((size, p, l))
+    expect(checked == {(b, p, l) for b in requested for p in ranks for l in per_host}, f"table rows {sorted(checked)}")
     got = sorted({(j["bytes"], j["algorithm"]) for j in shape})
     expect(all((j["hosts"], j["per_host"], j["ranks"]) == (3, 2, 6) for j in shape), "--predict's shape")
     expect(got == sorted((s, a) for s in sizes(1024, 65536, 8) for a in flat | {"hierarchical"}),
@@ -368,7 +380,7 @@ def check_simulate_scale(args):
     for t, j in zip(rows(lines, 9), shape):
         expect((int(t[0]), t[4]) == (j["bytes"], j["algorithm"]) and close(float(t[6]), j["time_us"], 0.06, 0),
                f"the --predict table's {t} against its JSON {j}")
-    return f"{len(table)} predictions and {checked} table rows, {len(shape)} for one shape"
+    return f"{len(table)} predictions and {len(checked)} table rows, {len(shape)} for one shape"
 
 
 CASES = {

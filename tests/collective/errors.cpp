@@ -255,7 +255,8 @@ TEST_CASE("errors: DTRAIN_COLLECTIVE_TIMEOUT_MS replaces the code's deadline, an
   CHECK(has(msg, "timed out after 300 ms"));
   CHECK(took >= 300ms);
   CHECK(took < 900ms);
-  for (const char* bad : {"0", "-5", "12x", "1.5", "99999999999999999999"}) {
+  for (const char* bad : {"0", "-5", "12x", "1.5", "+300", " 300", "2147483648", "9223372036854775807",
+                          "99999999999999999999"}) {
     testing::scoped_env env("DTRAIN_COLLECTIVE_TIMEOUT_MS", bad);
     std::string refused;
     run_inproc(1, [&](int, inproc_transport t) {
@@ -268,6 +269,13 @@ TEST_CASE("errors: DTRAIN_COLLECTIVE_TIMEOUT_MS replaces the code's deadline, an
     INFO(bad << ": " << refused);
     CHECK(has(refused, std::string("DTRAIN_COLLECTIVE_TIMEOUT_MS=") + bad));
   }
+  {
+    testing::scoped_env most("DTRAIN_COLLECTIVE_TIMEOUT_MS", "2147483647");  // the largest taken
+    run_inproc(1, [&](int, inproc_transport t) {
+      deadlines[0] = communicator<inproc_transport>(std::move(t)).options().timeout;
+    });
+  }
+  CHECK(deadlines[0] == 2147483647ms);
   testing::scoped_env unset("DTRAIN_COLLECTIVE_TIMEOUT_MS", "");  // empty: as if unset
   run_inproc(1, [&](int, inproc_transport t) {
     deadlines[0] = communicator<inproc_transport>(std::move(t)).options().timeout;

@@ -21,8 +21,9 @@ namespace dtrain {
 struct communicator_options {
   /// Deadline of each call, from its start. A call that cannot finish in time raises
   /// `errc::timeout` naming the operation, its sequence number and the peer it waited for.
-  /// The environment variable DTRAIN_COLLECTIVE_TIMEOUT_MS, where set, replaces it (a job's
-  /// launcher can lengthen every deadline without a rebuild, as DTRAIN_ALGORITHMS pins algorithms).
+  /// The environment variable DTRAIN_COLLECTIVE_TIMEOUT_MS, where set, replaces it when the
+  /// communicator is built (a job's launcher can lengthen the deadlines without a rebuild, as
+  /// DTRAIN_ALGORITHMS pins algorithms); `set_timeout` still changes it afterwards.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   /// The transport tag all of this communicator's messages use. Two communicators over one
   /// transport need different tags.
@@ -36,15 +37,17 @@ struct communicator_options {
 
 namespace detail {
 
-/// DTRAIN_COLLECTIVE_TIMEOUT_MS's value (`text`): whole milliseconds, at least 1.
+/// DTRAIN_COLLECTIVE_TIMEOUT_MS's value (`text`): whole milliseconds, digits only, from 1 to
+/// 2^31 - 1 (24.8 days; a deadline further out would overflow the clock's nanoseconds).
 /// @throws dtrain::error (invalid_argument) naming the variable and the value.
 inline std::chrono::milliseconds collective_timeout_from(const char* text) {
+  constexpr long long most = 2147483647;
   char* end = nullptr;
   errno = 0;
-  const long long ms = std::strtoll(text, &end, 10);
-  if (end == text || *end != '\0' || ms < 1 || errno == ERANGE) {
+  const long long ms = text[0] >= '0' && text[0] <= '9' ? std::strtoll(text, &end, 10) : 0;
+  if (end == nullptr || *end != '\0' || ms < 1 || ms > most || errno == ERANGE) {
     throw error(errc::invalid_argument, std::string("dtrain: DTRAIN_COLLECTIVE_TIMEOUT_MS=") + text +
-                                            " is not a whole number of milliseconds of at least 1");
+                                            " is not a whole number of milliseconds from 1 to 2147483647");
   }
   return std::chrono::milliseconds(ms);
 }
