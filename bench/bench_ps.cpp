@@ -198,11 +198,11 @@ int main(int argc, char** argv) {
     auto q = w.push_pull(keys, std::span<const float>(grad), std::span(values), 1);
     w.wait(q);
     ++pushed;
+    results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
+                       2.0 * static_cast<double>(keys.size() * sizeof(float)) * r.workers / s / 1e9,
+                       static_cast<double>(keys.size()) * r.workers / s / 1e6,
+                       wrong_values(values, keys, pushed, unjudged)});
   }
-  if (!keys.empty()) results.push_back({"sparse push+pull", keys.size() * sizeof(float), keys.size(), s,
-                     2.0 * static_cast<double>(keys.size() * sizeof(float)) * r.workers / s / 1e9,
-                     static_cast<double>(keys.size()) * r.workers / s / 1e6,
-                     wrong_values(values, keys, pushed, unjudged)});
   long wrong = once;
   for (const result& x : results) wrong += x.wrong;
   if (wrong != 0) fmt::print(stderr, "bench_ps: worker {} pulled {} wrong values\n", w.id(), wrong);
