@@ -101,6 +101,29 @@ std::string describe_status(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
+// A rank that crashes closes its sockets a moment before it can be reaped, so a peer that lost it
+// may exit (failing) first. Gives the ranks still running `patience` to end on their own, reaping
+// them, and blames the lowest rank a signal killed over `first`, which exited with a failure.
+// @returns the rank to blame; `running` counts those still running.
+child& blame(std::vector<child>& children, child& first, int& running, std::chrono::milliseconds patience) {
+  const auto until = std::chrono::steady_clock::now() + patience;
+  auto killed = [&]() -> child* {
+    for (auto& c : children)
+      if (!c.running && c.pid > 0 && WIFSIGNALED(c.status)) return &c;
+    return nullptr;
+  };
+  while (!WIFSIGNALED(first.status) && killed() == nullptr && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    for (auto& c : children) {
+      if (!c.running || ::waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
+      c.running = false;
+      --running;
+    }
+  }
+  child* signalled = killed();
+  return WIFSIGNALED(first.status) || signalled == nullptr ? first : *signalled;
+}
+
 // Prints what the dumps in `dir` say. @returns whether there was any dump to read.
 bool report_flight(const std::filesystem::path& dir, const dtrain_tools::flight::launch_facts& facts) {
   std::vector<std::string> problems;
@@ -362,9 +385,10 @@ int main(int argc, char** argv) {
       c.status = status;
       --running;
       if (failed(status) && !first_failure && !over_time) {  // past the limit: stopped by us
-        first_failure = c.rank;
-        first_status = status;
-        std::fprintf(stderr, "dtrain-run: rank %d %s; %s\n", c.rank, describe_status(status).c_str(),
+        const child& cause = blame(children, c, running, std::chrono::milliseconds(250));
+        first_failure = cause.rank;
+        first_status = cause.status;
+        std::fprintf(stderr, "dtrain-run: rank %d %s; %s\n", cause.rank, describe_status(cause.status).c_str(),
                      keep_going ? "the others go on (--keep-going)" : "stopping the other ranks");
         if (!keep_going) {
           request_dumps(children, flight_dir, dumps_patience);

@@ -29,6 +29,17 @@ launch -n 2 sh -c 'if [ "$DTRAIN_RANK" = 0 ]; then kill -KILL $$; fi; exec sleep
 expect "a rank killed by SIGKILL gives 137 (got $status)" test "$status" -eq 137
 expect "the signal is named" has_err "rank 0 was killed by signal 9 (SIGKILL)"
 
+# A rank that crashes closes its sockets just before it can be reaped, so the peer that lost it
+# may exit first; the crash is the cause: rank 2 exits 3, and rank 1 aborts once it sees rank 2's
+# last act (a file, so the order holds however loaded the machine is).
+gone=$(mktemp -u)
+launch GONE="$gone" -- -n 3 sh -c 'case "$DTRAIN_RANK" in
+  2) touch "$GONE"; exit 3;;
+  1) while [ ! -e "$GONE" ]; do sleep 0.01; done; kill -ABRT $$;; esac; exec sleep 60'
+rm -f "$gone"
+expect "a crash just after a peer's failure gives 134 (got $status)" test "$status" -eq 134
+expect "the crashed rank is named, not the peer that lost it" has_err "rank 1 was killed by signal 6 (SIGABRT)"
+
 # Ranks that ignore SIGTERM are killed once the grace period is over.
 launch -n 3 --grace-ms 500 sh -c 'if [ "$DTRAIN_RANK" = 2 ]; then sleep 0.2; exit 5; fi; trap "" TERM; exec sleep 60'
 expect "after the grace period the rest are killed; status 5 (got $status)" test "$status" -eq 5
