@@ -16,10 +16,16 @@ class deadline {
   /// A deadline at `when`.
   constexpr explicit deadline(clock::time_point when) noexcept : at_(when) {}
 
-  /// A deadline `timeout` from now.
+  /// A deadline `timeout` from now. A timeout past the clock's range (`milliseconds::max()`, a
+  /// large configured value) never expires rather than wrapping into the past; a negative or NaN
+  /// one has expired already.
   template <class Rep, class Period>
   static deadline after(std::chrono::duration<Rep, Period> timeout) noexcept {
-    return deadline(clock::now() + std::chrono::duration_cast<clock::duration>(timeout));
+    const auto now = clock::now();
+    using exact = std::chrono::duration<long double>;  // holds any duration without overflow
+    if (!(exact(timeout) > exact::zero())) return deadline(now);
+    if (exact(timeout) >= exact(clock::time_point::max() - now)) return never();
+    return deadline(now + std::chrono::duration_cast<clock::duration>(timeout));
   }
 
   /// A deadline that never expires; for callers that really mean "wait forever".
