@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "process_group.hpp"
 #include "tensors.hpp"
@@ -55,12 +56,17 @@ dtrain_process_group::work_ptr dtrain_process_group::receive(::c10d::OpType type
   host_staging staging(t[0].device(), "recv");
   auto into = std::make_shared<dense>(staging.write(t[0]));
   const auto bytes = std::span(static_cast<std::byte*>(into->data.data_ptr()), into->data.nbytes());
+  // A message larger than the tensor lands here instead, so that its error can say its size.
+  auto larger = std::make_shared<std::vector<std::byte>>();
   const std::string what = src == any_peer ? "recv from any rank" : "recv from rank " + std::to_string(src);
   calls_.fetch_add(1);
   return post(
       type, t, std::move(staging), named(what, tag), deadline::after(timeout_.load()),
-      [this, into, bytes, src, tag] { return comm_->transport().irecv(src, p2p_tag(tag), bytes); },
-      [into, bytes, tag](point_to_point::request& r) {
+      [this, into, bytes, larger, src, tag] {
+        const std::span<std::byte> parts[] = {bytes};
+        return comm_->transport().irecv(src, p2p_tag(tag), scatter_list(parts), larger.get());
+      },
+      [into, bytes, larger, tag](point_to_point::request& r) {
         const int from = r.info().peer;
         if (r.info().bytes != bytes.size()) {
           throw error(errc::invalid_argument, "dtrain: recv from rank " + std::to_string(from) + " (tag " +

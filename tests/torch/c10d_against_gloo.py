@@ -287,6 +287,24 @@ def collectives(c, dist, torch, gloo, size, rank):
         if rank == 1:
             dist.send(torch.arange(4.0), 0, tag=99)
 
+    # a message of another size than its tensor, larger or smaller: an error naming both sizes,
+    # and the next message, of the right size, still lands
+    if rank == 0:
+        for sent in (5, 3):
+            try:
+                dist.recv(torch.empty(4), src=1, tag=98)
+                c.true(f"{sent} floats into a tensor of 4 raises", False, "(returned)")
+            except RuntimeError as e:
+                c.true(f"{sent} floats into a tensor of 4 raises, naming both sizes",
+                       f"{4 * sent} bytes arrived for a tensor of 16" in str(e), str(e))
+        right = torch.empty(4)
+        dist.recv(right, src=1, tag=98)
+        c.same("the message after two of the wrong size", right, torch.arange(4.0) + 1, True)
+    elif rank == 1:
+        for sent in (5, 3):
+            dist.send(torch.ones(sent), 0, tag=98)
+        dist.send(torch.arange(4.0) + 1, 0, tag=98)
+
     # destroying a group ends a receive that waits on it at once, not at its 60 s deadline (rank
     # 0 destroys it first: the others' goodbyes would end the receive too)
     lonely = dist.new_group(list(range(size)), backend="dtrain", timeout=timedelta(seconds=60))
