@@ -15,8 +15,9 @@
 // PUSH_PULL mode): the server applies the push and answers with the new values.
 // Every result is checked: each value's step (the learning rate times its gradient) is a small
 // odd multiple of 2^-20, so the values are exact multiples of their step, and a worker that pushed k
-// times must pull at least k steps; a last tensor, pushed three times by each worker, must hold
-// exactly three of this worker's steps (`wrong` counts the values that break either).
+// times must pull at least k steps; a last tensor and a last set of keys, each pushed three times by
+// each worker (twice by push, once by push+pull), must hold exactly three of this worker's steps
+// (`wrong` counts the values that break either).
 
 #include <algorithm>
 #include <chrono>
@@ -76,26 +77,53 @@ long wrong_values(std::span<const float> values, std::span<const key_type> keys,
   return wrong;
 }
 
-// Exactly once: every worker pushes a fresh tensor 3 times, worker w's gradient 2^(4w) / 1024, so
-// each worker's pushes add up in 4 bits of their own (exact in float for up to 6 workers). Once its
-// pushes are acknowledged, a worker's bits must read 3: a push lost or applied twice shows. Returns
-// the values that do not.
-long wrong_exactly_once(worker_t& w, int workers) {
-  if (workers > 6) return 0;
-  const std::size_t n = 1000;
-  const std::size_t tensor = w.add_dense(n);
-  std::vector<float> grad(n, std::ldexp(1.0f, 4 * w.id()) / 1024), values(n, std::nanf(""));
-  for (int i = 0; i < 3; ++i) {
-    auto q = w.push_dense(tensor, grad);
-    w.wait(q);
-  }
-  auto q = w.pull_dense(tensor, values);
-  w.wait(q);
+// Values of `values` whose 4 bits of worker `id` do not read 3. Worker w's gradient is
+// 2^(4w) / 1024, so at lr 2^-10 each of its pushes adds 2^(4w) * 2^-20 in bits of its own (exact in
+// float for up to 6 workers).
+long not_three(std::span<const float> values, int id) {
   long wrong = 0;
   for (float v : values) {
     const double k = -std::ldexp(double{v}, 20);  // the sum of every worker's bits
     const bool whole = std::isfinite(k) && k == std::floor(k) && k >= 0 && k < 0x1p24;
-    wrong += !whole || ((static_cast<long long>(k) >> (4 * w.id())) & 15) != 3;
+    wrong += !whole || ((static_cast<long long>(k) >> (4 * id)) & 15) != 3;
+  }
+  return wrong;
+}
+
+// Exactly once: every worker pushes a fresh dense tensor and a fresh set of keys three times each,
+// twice by push and the third time by push+pull, each acknowledged before the next. The push+pull's
+// reply and a pull after it must read 3 in the worker's bits: a push lost or applied twice, by
+// either request, shows. The keys are even, the throughput run's odd. Returns the values that fail.
+long wrong_exactly_once(worker_t& w, int workers, bool dense, bool sparse) {
+  if (workers > 6) return 0;
+  const std::size_t n = 1000;
+  const std::vector<float> grad(n, std::ldexp(1.0f, 4 * w.id()) / 1024);
+  std::vector<float> reply(n, std::nanf("")), values(n, std::nanf(""));
+  long wrong = 0;
+  if (dense) {
+    const std::size_t tensor = w.add_dense(n);
+    for (int i = 0; i < 2; ++i) {
+      auto q = w.push_dense(tensor, grad);
+      w.wait(q);
+    }
+    auto q = w.push_pull_dense(tensor, grad, reply);
+    w.wait(q);
+    w.wait(q = w.pull_dense(tensor, values));
+    wrong += not_three(reply, w.id()) + not_three(values, w.id());
+  }
+  if (sparse) {
+    std::vector<key_type> keys(n);  // even keys spread over every server's range
+    for (std::size_t i = 0; i < n; ++i) keys[i] = 2 * i * ((std::uint64_t{1} << 23) / n);
+    std::fill(reply.begin(), reply.end(), std::nanf(""));
+    std::fill(values.begin(), values.end(), std::nanf(""));
+    for (int i = 0; i < 2; ++i) {
+      auto q = w.push(keys, grad, 1);
+      w.wait(q);
+    }
+    auto q = w.push_pull(keys, grad, reply, 1);
+    w.wait(q);
+    w.wait(q = w.pull(keys, values, 1));
+    wrong += not_three(reply, w.id()) + not_three(values, w.id());
   }
   return wrong;
 }
@@ -178,11 +206,11 @@ int main(int argc, char** argv) {
       results.back().wrong += wrong_values(values[k], {}, pushed, unjudged);  // after the size's three rows
     }
   }
-  const long once = only == "sparse" ? 0 : wrong_exactly_once(w, r.workers);
+  const long once = wrong_exactly_once(w, r.workers, only != "sparse", only != "dense");
   std::mt19937_64 gen(static_cast<std::uint64_t>(w.id()) + 7);
   if (only == "dense") sparse_keys = 0;
   std::vector<key_type> keys(sparse_keys);
-  for (auto& k : keys) k = gen() % (std::uint64_t{1} << 24);
+  for (auto& k : keys) k = 2 * (gen() % (std::uint64_t{1} << 23)) + 1;  // odd: apart from the exactly-once keys
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   std::vector<float> grad(keys.size()), values(keys.size());
@@ -213,7 +241,7 @@ int main(int argc, char** argv) {
         "# dtrain bench_ps: {} server(s), {} worker(s), TCP, ASP, SGD on the servers, {} dense tensor(s) in flight, "
         "{} KiB slices, {} posted receives, {} replica(s)\n",
         r.servers, r.workers, depth, slice_kib, posted, replicas);
-    if (only != "sparse" && r.workers <= 6) fmt::print("# exactly once: {} wrong values of worker 0\n", once);
+    if (r.workers <= 6) fmt::print("# exactly once: {} wrong values of worker 0\n", once);
     fmt::print("# values of worker 0 past float's exact range, not judged: {}\n", unjudged);
     fmt::print("# {:<18} {:>12} {:>10} {:>12} {:>10} {:>10} {:>7}\n", "op", "size(B)", "keys", "time(us)", "GB/s",
                "Mkeys/s", "#wrong");
