@@ -101,29 +101,6 @@ std::string describe_status(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-// A rank that crashes closes its sockets a moment before it can be reaped, so a peer that lost it
-// may exit (failing) first. Gives the ranks still running `patience` to end on their own, reaping
-// them, and blames the lowest rank a signal killed over `first`, which exited with a failure.
-// @returns the rank to blame; `running` counts those still running.
-child& blame(std::vector<child>& children, child& first, int& running, std::chrono::milliseconds patience) {
-  const auto until = std::chrono::steady_clock::now() + patience;
-  auto killed = [&]() -> child* {
-    for (auto& c : children)
-      if (!c.running && c.pid > 0 && WIFSIGNALED(c.status)) return &c;
-    return nullptr;
-  };
-  while (!WIFSIGNALED(first.status) && killed() == nullptr && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    for (auto& c : children) {
-      if (!c.running || ::waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
-      c.running = false;
-      --running;
-    }
-  }
-  child* signalled = killed();
-  return WIFSIGNALED(first.status) || signalled == nullptr ? first : *signalled;
-}
-
 // Prints what the dumps in `dir` say. @returns whether there was any dump to read.
 bool report_flight(const std::filesystem::path& dir, const dtrain_tools::flight::launch_facts& facts) {
   std::vector<std::string> problems;
@@ -342,7 +319,9 @@ int main(int argc, char** argv) {
 
   std::optional<int> first_failure;
   int first_status = 0;
+  bool sent_term = false, sent_kill = false;  // whether a rank's SIGTERM or SIGKILL can be ours
   auto stop_others = [&] {
+    sent_term = true;
     for (auto& c : children) {
       if (c.running) ::kill(c.pid, SIGTERM);
     }
@@ -385,16 +364,21 @@ int main(int argc, char** argv) {
       c.status = status;
       --running;
       if (failed(status) && !first_failure && !over_time) {  // past the limit: stopped by us
-        const child& cause = blame(children, c, running, std::chrono::milliseconds(250));
-        first_failure = cause.rank;
-        first_status = cause.status;
-        std::fprintf(stderr, "dtrain-run: rank %d %s; %s\n", cause.rank, describe_status(cause.status).c_str(),
+        first_failure = c.rank;
+        first_status = status;
+        std::fprintf(stderr, "dtrain-run: rank %d %s; %s\n", c.rank, describe_status(status).c_str(),
                      keep_going ? "the others go on (--keep-going)" : "stopping the other ranks");
         if (!keep_going) {
           request_dumps(children, flight_dir, dumps_patience);
           stop_others();
           killed_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(grace_ms);
         }
+      } else if (failed(status) && WIFSIGNALED(status) && !(WTERMSIG(status) == SIGTERM && sent_term) &&
+                 !(WTERMSIG(status) == SIGKILL && sent_kill)) {
+        // A crash after the first failure: a rank closes its sockets a moment before it can be
+        // reaped, so the peer that lost it may have ended first. Said, not guessed at; the flight
+        // report tells which rank stopped first.
+        std::fprintf(stderr, "dtrain-run: rank %d %s as well\n", c.rank, describe_status(status).c_str());
       }
     }
     if (time_limit_s > 0 && !over_time &&
@@ -408,6 +392,7 @@ int main(int argc, char** argv) {
     }
     if (std::chrono::steady_clock::now() > killed_at) {
       for (auto& c : children) if (c.running) ::kill(c.pid, SIGKILL);
+      sent_kill = true;
       killed_at = std::chrono::steady_clock::time_point::max();
     }
   }

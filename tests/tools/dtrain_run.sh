@@ -29,16 +29,20 @@ launch -n 2 sh -c 'if [ "$DTRAIN_RANK" = 0 ]; then kill -KILL $$; fi; exec sleep
 expect "a rank killed by SIGKILL gives 137 (got $status)" test "$status" -eq 137
 expect "the signal is named" has_err "rank 0 was killed by signal 9 (SIGKILL)"
 
-# A rank that crashes closes its sockets just before it can be reaped, so the peer that lost it
-# may exit first; the crash is the cause: rank 2 exits 3, and rank 1 aborts once it sees rank 2's
-# last act (a file, so the order holds however loaded the machine is).
+# A rank that crashes closes its sockets a moment before it can be reaped, so the peer that lost it
+# may exit first: rank 2 exits 3, and once dtrain-run has reaped it (its pid is gone) rank 1, which
+# ignores the SIGTERM that follows, aborts. The first failure gives the status; the crash is said too.
 gone=$(mktemp -u)
-launch GONE="$gone" -- -n 3 sh -c 'case "$DTRAIN_RANK" in
-  2) touch "$GONE"; exit 3;;
-  1) while [ ! -e "$GONE" ]; do sleep 0.01; done; kill -ABRT $$;; esac; exec sleep 60'
+launch GONE="$gone" -- -n 3 --grace-ms 5000 sh -c 'ulimit -c 0; case "$DTRAIN_RANK" in
+  2) echo $$ > "$GONE.tmp"; mv "$GONE.tmp" "$GONE"; exit 3;;
+  1) trap "" TERM; while [ ! -s "$GONE" ] || kill -0 "$(cat "$GONE")" 2> /dev/null; do sleep 0.01; done
+     kill -ABRT $$;; esac; exec sleep 60'
 rm -f "$gone"
-expect "a crash just after a peer's failure gives 134 (got $status)" test "$status" -eq 134
-expect "the crashed rank is named, not the peer that lost it" has_err "rank 1 was killed by signal 6 (SIGABRT)"
+expect "a crash after a peer's failure: the first failure's status (got $status)" test "$status" -eq 3
+expect "the first failure is named" has_err "rank 2 exited with status 3; stopping the other ranks"
+expect "and the crash after it" has_err "dtrain-run: rank 1 was killed by signal 6 (SIGABRT) as well"
+launch -n 3 sh -c 'if [ "$DTRAIN_RANK" = 1 ]; then exit 7; fi; exec sleep 60'
+expect "ranks that dtrain-run stopped are not said to have crashed" test "$(grep -c 'as well' "$err")" -eq 0
 
 # Ranks that ignore SIGTERM are killed once the grace period is over.
 launch -n 3 --grace-ms 500 sh -c 'if [ "$DTRAIN_RANK" = 2 ]; then sleep 0.2; exit 5; fi; trap "" TERM; exec sleep 60'

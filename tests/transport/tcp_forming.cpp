@@ -3,6 +3,7 @@
 // rebuilt in a new epoch, a late rank joining a running group, a second process for one rank.
 
 #include <atomic>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +58,22 @@ TEST_CASE("tcp: a rank that never shows up is named in the timeout", "[tcp]") {
   }, 1);
   INFO(errors[0]);
   for (const auto& e : errors) TCHECK(e.find("rank 0 did not join the group before the deadline") != std::string::npos);
+}
+
+// "No time limit" spelled as the duration's max: the deadline saturates, and nothing derived from it
+// (a connect attempt's 50 ms of slack, the store's wait) may wrap into the past and fail at once.
+TEST_CASE("tcp: a group with milliseconds::max() as its timeout forms and moves messages", "[tcp]") {
+  auto o = test_options();
+  o.timeout = std::chrono::milliseconds::max();
+  run_tcp(3, [](int r, tcp_transport& t) {
+    std::vector<int> out{r, r + 10}, in(2, -1);
+    const int next = (r + 1) % 3, prev = (r + 2) % 3;
+    auto rx = t.irecv(prev, 5, std::as_writable_bytes(std::span(in)));
+    auto tx = t.isend(next, 5, signature{}, std::as_bytes(std::span(out)));
+    tx.wait(deadline::after(20s));
+    rx.wait(deadline::after(20s));
+    TCHECK(in == std::vector<int>{prev, prev + 10});
+  }, o);
 }
 
 TEST_CASE("tcp: a peer with another token is refused at the handshake", "[tcp]") {

@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -41,7 +42,16 @@ class failures {
     } else {
       q.swap(c.sendq);
     }
-    for (auto& op : q) op->complete(make_error_code(errc::peer_lost), departure_text(c));
+    const auto [code, why] = ended(c);
+    for (auto& op : q) op->complete(make_error_code(code), why);
+  }
+
+  // Why an operation on `c` cannot complete: the group's failure once there is one (the first
+  // cause, which a later loss, such as the peer exiting once told of it, must not hide), else
+  // `c`'s departure. Requires the engine lock.
+  std::pair<errc, std::string> ended(const connection& c) const {
+    if (self().failed_) return {self().failure_code_, self().failure_};
+    return {errc::peer_lost, departure_text(c)};
   }
 
   void connection_failed(connection& c, errc code, const std::string& why) {

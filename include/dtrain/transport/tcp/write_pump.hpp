@@ -34,8 +34,8 @@ class write_pump {
     {
       std::lock_guard lock(self().m_);
       if (!c.open || (self().failed_ && op->kind == frame_kind::data)) {
-        std::string why = c.open ? self().failure_ : self().departure_text(c);
-        op->complete(make_error_code(c.open ? self().failure_code_ : errc::peer_lost), why);
+        const auto [code, why] = self().ended(c);
+        op->complete(make_error_code(code), why);
         return;
       }
       if (c.departed && op->kind == frame_kind::data) {
