@@ -287,22 +287,44 @@ def collectives(c, dist, torch, gloo, size, rank):
         if rank == 1:
             dist.send(torch.arange(4.0), 0, tag=99)
 
-    # a message of another size than its tensor, larger or smaller: an error naming both sizes,
-    # and the next message, of the right size, still lands
-    if rank == 0:
-        for sent in (5, 3):
+    # a message of another size than its tensor, larger or smaller, with the receive posted before
+    # the message arrives and after: an error naming both sizes, a larger message leaves the tensor
+    # as it was, and the next message, of the right size, still lands
+    cases = [(5, True), (5, False), (3, True), (3, False)]
+    for sent, posted_first in cases:
+        if rank == 0:
+            into = torch.full((4,), -1.0)
+            if posted_first:
+                work = dist.irecv(into, src=1, tag=98)
+                dist.barrier(group=gloo)  # rank 1 sends after this
+            else:
+                dist.barrier(group=gloo)  # rank 1 has sent
+                time.sleep(0.1)  # and the message is here before the receive
+                work = dist.irecv(into, src=1, tag=98)
+            order = "posted first" if posted_first else "arrived first"
             try:
-                dist.recv(torch.empty(4), src=1, tag=98)
-                c.true(f"{sent} floats into a tensor of 4 raises", False, "(returned)")
+                work.wait()
+                c.true(f"{sent} floats into a tensor of 4, {order}, raises", False, "(returned)")
             except RuntimeError as e:
-                c.true(f"{sent} floats into a tensor of 4 raises, naming both sizes",
+                c.true(f"{sent} floats into a tensor of 4, {order}, raises, naming both sizes",
                        f"{4 * sent} bytes arrived for a tensor of 16" in str(e), str(e))
+            if sent > 4:
+                c.same(f"{sent} floats into a tensor of 4, {order}: the tensor is untouched", into,
+                       torch.full((4,), -1.0), True)
+        elif rank == 1:
+            if posted_first:
+                dist.barrier(group=gloo)
+                dist.send(torch.ones(sent), 0, tag=98)
+            else:
+                dist.send(torch.ones(sent), 0, tag=98)
+                dist.barrier(group=gloo)
+        else:
+            dist.barrier(group=gloo)
+    if rank == 0:
         right = torch.empty(4)
         dist.recv(right, src=1, tag=98)
-        c.same("the message after two of the wrong size", right, torch.arange(4.0) + 1, True)
+        c.same("the message after four of the wrong size", right, torch.arange(4.0) + 1, True)
     elif rank == 1:
-        for sent in (5, 3):
-            dist.send(torch.ones(sent), 0, tag=98)
         dist.send(torch.arange(4.0) + 1, 0, tag=98)
 
     # destroying a group ends a receive that waits on it at once, not at its 60 s deadline (rank
