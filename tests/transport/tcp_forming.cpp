@@ -3,7 +3,6 @@
 // rebuilt in a new epoch, a late rank joining a running group, a second process for one rank.
 
 #include <atomic>
-#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,8 +67,8 @@ TEST_CASE("tcp: a group with milliseconds::max() as its timeout forms and moves 
   run_tcp(3, [](int r, tcp_transport& t) {
     std::vector<int> out{r, r + 10}, in(2, -1);
     const int next = (r + 1) % 3, prev = (r + 2) % 3;
-    auto rx = t.irecv(prev, 5, std::as_writable_bytes(std::span(in)));
-    auto tx = t.isend(next, 5, signature{}, std::as_bytes(std::span(out)));
+    auto rx = t.irecv(prev, 5, testing::bytes_of(in));
+    auto tx = t.isend(next, 5, signature{}, testing::bytes_of(out));
     tx.wait(deadline::after(20s));
     rx.wait(deadline::after(20s));
     TCHECK(in == std::vector<int>{prev, prev + 10});

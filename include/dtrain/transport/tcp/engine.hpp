@@ -184,9 +184,8 @@ class engine : private receive_path<engine>, private write_pump<engine>, private
     if (peer != any_peer && peer != rank_) {
       const connection& c = *conns_[static_cast<std::size_t>(peer)];
       if (!c.open || c.departed) {
-        const auto [code, why] = this->ended(c);
         lock.unlock();
-        op->complete(make_error_code(code), why);
+        op->complete(make_error_code(errc::peer_lost), departure_text(c));
         return op;
       }
     }
