@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/deadline.hpp"
@@ -340,15 +341,18 @@ class receive_path {
   }
 
   // The connection broke mid-frame: whoever waited on this frame fails.
+  // Once the group has failed, its first cause is what they report.
   void fail_reception(connection& c, const std::string& what) {
-    if (op_ptr recv = std::move(c.rx_recv))
-      recv->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " " + what);
-    if (incoming_ptr in = std::move(c.rx_in)) {
-      std::unique_lock lock(self().m_);
-      op_ptr claimant = std::move(in->claimed);
-      lock.unlock();
-      if (claimant) claimant->complete(make_error_code(errc::peer_lost), rank_text(c.peer) + " " + what);
+    std::pair<errc, std::string> why{errc::peer_lost, rank_text(c.peer) + " " + what};
+    op_ptr claimant;
+    {
+      std::lock_guard lock(self().m_);
+      if (self().failed_) why = self().ended(c);
+      if (c.rx_in) claimant = std::move(c.rx_in->claimed);
     }
+    c.rx_in.reset();
+    if (op_ptr recv = std::move(c.rx_recv)) recv->complete(make_error_code(why.first), why.second);
+    if (claimant) claimant->complete(make_error_code(why.first), why.second);
   }
 
   void read_failed(connection& c, const std::string& why) {
@@ -367,14 +371,16 @@ class receive_path {
 
   void on_goodbye(connection& c) {
     std::vector<op_ptr> orphans;
+    std::string why;
     {
       std::lock_guard lock(self().m_);
       c.departed = true;
       // Everything the peer sent came before its goodbye; receives still waiting on it never
       // will be satisfied.
       orphans = self().queue_.take_receives_from(c.peer);
+      why = self().departure_text(c);  // reads c.lost, which the lock guards
     }
-    for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), self().departure_text(c));
+    for (auto& r : orphans) r->complete(make_error_code(errc::peer_lost), why);
     auto ack = std::make_shared<operation>();
     ack->is_send = true;
     ack->kind = frame_kind::goodbye_ack;

@@ -19,6 +19,7 @@
 #include <span>
 #include <string>
 #include <system_error>
+#include <utility>
 #include <vector>
 
 #include "dtrain/core/error.hpp"
@@ -95,14 +96,17 @@ class write_pump {
           wait_writable(c);
           return;
         }
-        int err = errno;
+        const int err = errno;
+        const std::string lost = "write failed: " + std::string(std::strerror(err));
+        std::pair<errc, std::string> why{errc::peer_lost, lost};
         {
           std::lock_guard lock(self().m_);
           c.sendq.pop_front();
           c.writing = false;
+          if (self().failed_) why = self().ended(c);  // the group's first cause, not its aftermath
         }
-        op->complete(make_error_code(errc::peer_lost), "write failed: " + std::string(std::strerror(err)));
-        self().connection_failed(c, errc::peer_lost, "write failed: " + std::string(std::strerror(err)));
+        op->complete(make_error_code(why.first), why.second);
+        self().connection_failed(c, errc::peer_lost, lost);
         return;
       }
       {
