@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -90,40 +91,45 @@ long not_three(std::span<const float> values, int id) {
   return wrong;
 }
 
+// Pushes twice, then push+pulls into `reply` and pulls into `values`, each acknowledged before the
+// next. @returns the values of both that do not read 3 in the worker's bits.
+template <class Push, class PushPull, class Pull>
+long three_pushes(worker_t& w, std::span<float> reply, std::span<float> values, Push push, PushPull push_pull,
+                  Pull pull) {
+  std::ranges::fill(reply, std::nanf(""));
+  std::ranges::fill(values, std::nanf(""));
+  for (int i = 0; i < 2; ++i) {
+    auto q = push();
+    w.wait(q);
+  }
+  auto q = push_pull();
+  w.wait(q);
+  w.wait(q = pull());
+  return not_three(reply, w.id()) + not_three(values, w.id());
+}
+
 // Exactly once: every worker pushes a fresh dense tensor and a fresh set of keys three times each,
-// twice by push and the third time by push+pull, each acknowledged before the next. The push+pull's
-// reply and a pull after it must read 3 in the worker's bits: a push lost or applied twice, by
-// either request, shows. The keys are even, the throughput run's odd. Returns the values that fail.
+// twice by push and the third time by push+pull. The push+pull's reply and a pull after it must
+// read 3 in the worker's bits: a push lost or applied twice, by either request, shows. The keys are
+// even, the throughput run's odd. Returns the values that fail.
 long wrong_exactly_once(worker_t& w, int workers, bool dense, bool sparse) {
   if (workers > 6) return 0;
   const std::size_t n = 1000;
   const std::vector<float> grad(n, std::ldexp(1.0f, 4 * w.id()) / 1024);
-  std::vector<float> reply(n, std::nanf("")), values(n, std::nanf(""));
+  std::vector<float> reply(n), values(n);
   long wrong = 0;
   if (dense) {
     const std::size_t tensor = w.add_dense(n);
-    for (int i = 0; i < 2; ++i) {
-      auto q = w.push_dense(tensor, grad);
-      w.wait(q);
-    }
-    auto q = w.push_pull_dense(tensor, grad, reply);
-    w.wait(q);
-    w.wait(q = w.pull_dense(tensor, values));
-    wrong += not_three(reply, w.id()) + not_three(values, w.id());
+    wrong += three_pushes(
+        w, reply, values, [&] { return w.push_dense(tensor, grad); },
+        [&] { return w.push_pull_dense(tensor, grad, reply); }, [&] { return w.pull_dense(tensor, values); });
   }
   if (sparse) {
     std::vector<key_type> keys(n);  // even keys spread over every server's range
     for (std::size_t i = 0; i < n; ++i) keys[i] = 2 * i * ((std::uint64_t{1} << 23) / n);
-    std::fill(reply.begin(), reply.end(), std::nanf(""));
-    std::fill(values.begin(), values.end(), std::nanf(""));
-    for (int i = 0; i < 2; ++i) {
-      auto q = w.push(keys, grad, 1);
-      w.wait(q);
-    }
-    auto q = w.push_pull(keys, grad, reply, 1);
-    w.wait(q);
-    w.wait(q = w.pull(keys, values, 1));
-    wrong += not_three(reply, w.id()) + not_three(values, w.id());
+    wrong += three_pushes(
+        w, reply, values, [&] { return w.push(keys, grad, 1); }, [&] { return w.push_pull(keys, grad, reply, 1); },
+        [&] { return w.pull(keys, values, 1); });
   }
   return wrong;
 }

@@ -37,3 +37,21 @@ TEST_CASE("deadline::after saturates at the clock's end and expires at once for 
     CHECK(deadline::after(-1ms).remaining() == deadline::clock::duration::zero());
   }
 }
+
+TEST_CASE("deadline::later adds without wrapping and leaves never() alone", "[core][deadline]") {
+  const deadline at(deadline::clock::time_point(100s));
+  CHECK(at.later(50ms).time() == deadline::clock::time_point(100s + 50ms));
+  CHECK(deadline::never().later(50ms) == deadline::never());
+  CHECK(deadline::never().later(std::chrono::hours::max()) == deadline::never());
+  CHECK(at.later(std::chrono::nanoseconds::max()) == deadline::never());
+  CHECK(at.later(std::chrono::duration<double>(std::numeric_limits<double>::infinity())) == deadline::never());
+  CHECK(at.later(0s) == at);
+  CHECK(at.later(-5s) == at);
+  CHECK(at.later(std::chrono::duration<double>(std::numeric_limits<double>::quiet_NaN())) == at);
+  // One nanosecond short of the clock's end still adds exactly.
+  const deadline near(deadline::clock::time_point::max() - 2ns);
+  CHECK(near.later(1ns).time() == deadline::clock::time_point::max() - 1ns);
+  CHECK(near.later(3ns) == deadline::never());
+  CHECK(near.later(1h) == deadline::never());
+  static_assert(deadline(deadline::clock::time_point(1s)).later(5ms).time() == deadline::clock::time_point(1s + 5ms));
+}

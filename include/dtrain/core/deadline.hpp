@@ -28,6 +28,17 @@ class deadline {
     return deadline(now + std::chrono::duration_cast<clock::duration>(timeout));
   }
 
+  /// A deadline `extra` after this one, for a step that must answer after its caller's own
+  /// timeout has: `never()` stays `never()`, a sum past the clock's range never expires, and a
+  /// negative or NaN `extra` adds nothing.
+  template <class Rep, class Period>
+  constexpr deadline later(std::chrono::duration<Rep, Period> extra) const noexcept {
+    using exact = std::chrono::duration<long double>;
+    if (!(exact(extra) > exact::zero())) return *this;
+    if (exact(extra) >= exact(clock::time_point::max() - at_)) return never();
+    return deadline(at_ + std::chrono::duration_cast<clock::duration>(extra));
+  }
+
   /// A deadline that never expires; for callers that really mean "wait forever".
   static constexpr deadline never() noexcept { return deadline(clock::time_point::max()); }
 

@@ -305,7 +305,7 @@ class tcp_store : public detail::store_throwing_forms<tcp_store> {
     std::uint64_t arg = 0;
     // The server answers "timeout" itself; the client waits a little longer for that answer.
     call({detail::store_wire::op::get, static_cast<std::uint32_t>(key.size()), static_cast<std::uint64_t>(ms)},
-         key, {}, deadline::after(d.remaining() + std::chrono::seconds(5)), ec, arg, out);
+         key, {}, deadline::after(d.remaining()).later(std::chrono::seconds(5)), ec, arg, out);
     return out;
   }
 

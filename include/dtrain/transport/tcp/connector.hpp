@@ -238,9 +238,8 @@ class connector {
             });
           });
     });
-    // 50 ms past the deadline, so that the handshake's own timeout answers first; never stays never
-    const auto until = d == deadline::never() ? d.time() : d.time() + std::chrono::milliseconds(50);
-    if (future.wait_until(until) != std::future_status::ready) {
+    // 50 ms past the deadline, so that the handshake's own timeout answers first
+    if (future.wait_until(d.later(std::chrono::milliseconds(50)).time()) != std::future_status::ready) {
       asio::post(self().io_, [sock, resolver] {
         boost::system::error_code ignored;
         resolver->cancel();

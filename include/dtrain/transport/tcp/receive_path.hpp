@@ -348,7 +348,12 @@ class receive_path {
     {
       std::lock_guard lock(self().m_);
       if (self().failed_) why = self().ended(c);
-      if (c.rx_in) claimant = std::move(c.rx_in->claimed);
+      if (c.rx_in) {
+        // Out of the queue too, or a receive posted before the connection's failure is recorded
+        // would claim a message that never completes, and wait past its deadline.
+        claimant = std::move(c.rx_in->claimed);
+        self().queue_.withdraw_message(c.rx_in);
+      }
     }
     c.rx_in.reset();
     if (op_ptr recv = std::move(c.rx_recv)) recv->complete(make_error_code(why.first), why.second);

@@ -103,7 +103,7 @@ class write_pump {
           std::lock_guard lock(self().m_);
           c.sendq.pop_front();
           c.writing = false;
-          if (self().failed_) why = self().ended(c);  // the group's first cause, not its aftermath
+          if (self().failed_ || !c.open) why = self().ended(c);  // the first cause, not its aftermath
         }
         op->complete(make_error_code(why.first), why.second);
         self().connection_failed(c, errc::peer_lost, lost);
