@@ -21,11 +21,7 @@ class deadline {
   /// one has expired already.
   template <class Rep, class Period>
   static deadline after(std::chrono::duration<Rep, Period> timeout) noexcept {
-    const auto now = clock::now();
-    using exact = std::chrono::duration<long double>;  // holds any duration without overflow
-    if (!(exact(timeout) > exact::zero())) return deadline(now);
-    if (exact(timeout) >= exact(clock::time_point::max() - now)) return never();
-    return deadline(now + std::chrono::duration_cast<clock::duration>(timeout));
+    return deadline(clock::now()).later(timeout);
   }
 
   /// A deadline `extra` after this one, for a step that must answer after its caller's own
@@ -33,7 +29,7 @@ class deadline {
   /// negative or NaN `extra` adds nothing.
   template <class Rep, class Period>
   constexpr deadline later(std::chrono::duration<Rep, Period> extra) const noexcept {
-    using exact = std::chrono::duration<long double>;
+    using exact = std::chrono::duration<long double>;  // holds any duration without overflow
     if (!(exact(extra) > exact::zero())) return *this;
     if (exact(extra) >= exact(clock::time_point::max() - at_)) return never();
     return deadline(at_ + std::chrono::duration_cast<clock::duration>(extra));
